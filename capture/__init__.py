@@ -1,0 +1,1 @@
+"""prism.capture: run a slice of a training job and record its traces."""

@@ -1,0 +1,1 @@
+"""Built-in reference workloads."""

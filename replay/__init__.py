@@ -1,0 +1,1 @@
+"""prism.replay: the virtual-peer process group, the co-simulation clock, the replay runtime."""

@@ -1,0 +1,1 @@
+"""prism.schemas: layout maths and every file format prism writes, declared once."""

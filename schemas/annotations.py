@@ -1,0 +1,161 @@
+"""Grammar of the ``record_function`` names that mark blocks in a trace.
+
+A mark is ``prism:<phase>`` followed by ``|key=value`` fields in a fixed key order, e.g.::
+
+    prism:iter|iter=3
+    prism:fwd|stage=1|mb=4                 forward of microbatch 4 on stage 1
+    prism:fwd|stage=1|mb=4|layer=9         forward of (global) layer 9 inside it
+    prism:fwd|stage=0|mb=4|part=embed      embedding / head / loss parts of a stage
+    prism:bwd|stage=1|mb=4|layer=9
+    prism:send|dir=fwd|stage=1|mb=4|peer=17   pipeline transfer posted to rank 17
+    prism:recv|dir=bwd|stage=1|mb=4|peer=17
+    prism:p2p_wait|stage=1                  waiting for the transfers just posted
+    prism:grad_sync|bucket=2               DP gradient sync (bucket field on per-bucket marks)
+    prism:optim                            optimizer step
+    prism:comm|op=all_reduce|group=tp.3|gseq=12|bytes=4096   one process-group call
+
+``format_mark`` writes these names and ``parse_mark`` reads them back; nothing else in prism
+builds or splits them by hand.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, fields
+
+PREFIX = "prism:"
+
+
+class Phase(enum.StrEnum):
+    """What a marked block means."""
+
+    ITERATION = "iter"
+    FORWARD = "fwd"
+    BACKWARD = "bwd"
+    SEND = "send"
+    RECV = "recv"
+    P2P_WAIT = "p2p_wait"
+    GRAD_SYNC = "grad_sync"
+    OPTIMIZER = "optim"
+    COMM = "comm"
+
+
+class Direction(enum.StrEnum):
+    """Which way a pipeline transfer goes: activations forward or their gradients backward."""
+
+    FORWARD = "fwd"
+    BACKWARD = "bwd"
+
+
+class Part(enum.StrEnum):
+    """Non-layer pieces of a stage's forward/backward."""
+
+    EMBED = "embed"
+    HEAD = "head"
+    LOSS = "loss"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mark:
+    """One parsed annotation. Fields that do not apply to the phase are None."""
+
+    phase: Phase
+    """What the block is."""
+    iter: int | None = None
+    """Training iteration (ITERATION marks)."""
+    dir: Direction | None = None
+    """Pipeline transfer direction (SEND / RECV)."""
+    stage: int | None = None
+    """Pipeline stage the block runs on."""
+    mb: int | None = None
+    """Microbatch index within the iteration."""
+    layer: int | None = None
+    """Global transformer-layer index."""
+    part: Part | None = None
+    """Embedding / head / loss piece of a stage."""
+    peer: int | None = None
+    """Global rank of the other side of a transfer."""
+    bucket: int | None = None
+    """Gradient bucket index (GRAD_SYNC)."""
+    op: str | None = None
+    """Process-group operation (COMM), e.g. all_reduce, send."""
+    group: str | None = None
+    """Group label (COMM): '<axis>.<index>' such as 'tp.3', or 'world', or 'g<name>'."""
+    gseq: int | None = None
+    """Per-group sequence number of the call (COMM)."""
+    bytes: int | None = None
+    """Payload bytes of the call on this rank (COMM)."""
+
+
+# Field order in names, and how to read each value back.
+_FIELD_TYPES: dict[str, type] = {
+    "iter": int,
+    "dir": Direction,
+    "stage": int,
+    "mb": int,
+    "layer": int,
+    "part": Part,
+    "peer": int,
+    "bucket": int,
+    "op": str,
+    "group": str,
+    "gseq": int,
+    "bytes": int,
+}
+assert list(_FIELD_TYPES) == [f.name for f in fields(Mark)][1:], "keep _FIELD_TYPES in Mark's field order"
+
+
+class MarkError(ValueError):
+    """A name that starts with the prism prefix but does not follow the grammar."""
+
+
+def format_mark(mark: Mark) -> str:
+    """The record_function name of ``mark``."""
+    parts = [PREFIX + mark.phase.value]
+    for key in _FIELD_TYPES:
+        value = getattr(mark, key)
+        if value is None:
+            continue
+        text = value.value if isinstance(value, enum.Enum) else str(value)
+        if "|" in text or "=" in text:
+            raise MarkError(f"value {text!r} of {key} may not contain '|' or '='")
+        parts.append(f"{key}={text}")
+    return "|".join(parts)
+
+
+def is_mark(name: str) -> bool:
+    return name.startswith(PREFIX)
+
+
+def parse_mark(name: str) -> Mark:
+    """Inverse of ``format_mark``; raises MarkError on a malformed prism name."""
+    if not is_mark(name):
+        raise MarkError(f"not a prism mark: {name!r}")
+    head, *pairs = name[len(PREFIX) :].split("|")
+    try:
+        phase = Phase(head)
+    except ValueError:
+        raise MarkError(f"unknown phase {head!r} in {name!r}") from None
+    values: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or key not in _FIELD_TYPES:
+            raise MarkError(f"bad field {pair!r} in {name!r}")
+        try:
+            values[key] = _FIELD_TYPES[key](text)
+        except ValueError:
+            raise MarkError(f"bad value for {key} in {name!r}") from None
+    return Mark(phase=phase, **values)
+
+
+def try_parse_mark(name: str) -> Mark | None:
+    """The mark named ``name``, or None for any name that is not a well-formed prism mark."""
+    try:
+        return parse_mark(name)
+    except MarkError:
+        return None
+
+
+def group_label(axis: str, index: int) -> str:
+    """Label of a layout group, e.g. ('tp', 3) -> 'tp.3'; the whole world is 'world'."""
+    return "world" if axis == "world" else f"{axis}.{index}"

@@ -1,0 +1,126 @@
+"""The comm log: every process-group call one rank made, as the ``prism`` backend saw it.
+
+One JSON file per rank (``comm/rank{r}.comm.json`` in a capture directory)::
+
+    {"schema": "prism.comm_log", "version": 1, "rank": 7, "world_size": 8192,
+     "clock": "time.time_ns", "groups": [CommGroup...], "calls": [CommCall...]}
+
+Timestamps are ``time.time_ns()`` so that they sit on the same wall clock as Kineto events.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from prism.schemas.files import write_json_atomic
+
+SCHEMA = "prism.comm_log"
+VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommGroup:
+    """A process group the rank belonged to."""
+
+    name: str
+    """torch.distributed group name (unique per process)."""
+    label: str
+    """Layout label such as 'tp.3', 'dp.0', 'pp.5', 'world'; 'g<name>' when not a layout group."""
+    ranks: tuple[int, ...]
+    """Global ranks of the members, in group-rank order."""
+    real_ranks: tuple[int, ...]
+    """Members that were real processes; the others were virtual."""
+
+    @property
+    def delegated(self) -> bool:
+        """True when every member is real, so calls ran on a real gloo/NCCL group."""
+        return len(self.real_ranks) == len(self.ranks)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommCall:
+    """One call on a process group, from this rank's point of view."""
+
+    seq: int
+    """Index of the call among all calls of this rank."""
+    op: str
+    """Operation: all_reduce, all_gather, reduce_scatter, broadcast, barrier, all_to_all, send, recv."""
+    group: str
+    """Name of the group (see CommGroup.name)."""
+    label: str
+    """Layout label of the group (see CommGroup.label)."""
+    group_size: int
+    """Number of members of the group."""
+    gseq: int
+    """Per-group sequence number: the n-th call this rank made on this group."""
+    bytes: int
+    """Bytes this rank contributes (send / input side); for recv the bytes received."""
+    dtype: str
+    """torch dtype of the payload, e.g. 'float32'."""
+    shape: tuple[int, ...]
+    """Shape of this rank's input tensor (recv: of the receive buffer)."""
+    peer: int | None = None
+    """Global rank of the other side (send / recv / broadcast root), else None."""
+    tag: int | None = None
+    """p2p tag, else None."""
+    reduce_op: str | None = None
+    """Reduction (sum, max, ...) for reducing collectives, else None."""
+    async_op: bool = False
+    """Whether the caller asked for an asynchronous Work."""
+    enter_ns: int = 0
+    """Wall time the call was made."""
+    exit_ns: int = 0
+    """Wall time the call returned to the program."""
+    done_ns: int = 0
+    """Wall time the operation completed (its Work became ready)."""
+    delegated: bool = False
+    """True when the call ran on a real gloo/NCCL group; False when peers were virtual."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommLog:
+    """All calls of one rank."""
+
+    rank: int
+    """Global rank that made the calls."""
+    world_size: int
+    """Size of the default group."""
+    groups: tuple[CommGroup, ...] = ()
+    """Every group the rank created or joined."""
+    calls: tuple[CommCall, ...] = field(default_factory=tuple)
+    """Calls in the order they were made."""
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": SCHEMA,
+            "version": VERSION,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "clock": "time.time_ns",
+            "groups": [asdict(g) for g in self.groups],
+            "calls": [asdict(c) for c in self.calls],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CommLog:
+        if data.get("schema") != SCHEMA:
+            raise ValueError(f"not a prism comm log (schema={data.get('schema')!r})")
+        if data.get("version") != VERSION:
+            raise ValueError(f"comm log version {data.get('version')!r} is not supported (expected {VERSION})")
+        groups = tuple(
+            CommGroup(**{**g, "ranks": tuple(g["ranks"]), "real_ranks": tuple(g["real_ranks"])})
+            for g in data["groups"]
+        )
+        calls = tuple(CommCall(**{**c, "shape": tuple(c["shape"])}) for c in data["calls"])
+        return cls(rank=data["rank"], world_size=data["world_size"], groups=groups, calls=calls)
+
+
+def write_comm_log(log: CommLog, path: str | os.PathLike) -> None:
+    write_json_atomic(path, log.to_dict())
+
+
+def read_comm_log(path: str | os.PathLike) -> CommLog:
+    return CommLog.from_dict(json.loads(Path(path).read_text()))
