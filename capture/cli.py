@@ -1,0 +1,141 @@
+"""``prism-capture``: run a slice of the built-in GPT job and record its traces."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from prism.capture.preflight import CaptureError
+from prism.capture.progress import RankProgress
+from prism.capture.runner import CaptureHooks, CaptureOptions, RealMode, run_capture
+from prism.schemas.comm_log import read_comm_log
+from prism.schemas.layout import LayoutError, Role
+from prism.schemas.manifest import CaptureFiles, CaptureManifest
+from prism.schemas.workload import ConfigError, GPTConfig
+
+app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=False)
+console = Console(stderr=True)
+DEFAULT = GPTConfig()
+
+
+class ConsoleHooks(CaptureHooks):
+    """Shows one progress bar per running rank."""
+
+    def __init__(self) -> None:
+        self._progress: RankProgress | None = None
+
+    def batch_starting(self, ranks: tuple[int, ...], roles: dict[int, Role]) -> Callable[[dict], None]:
+        labels = {r: f"rank {r} ({roles[r].value})" for r in ranks}
+        self._progress = RankProgress(console, labels).__enter__()
+        for rank in ranks:
+            self._progress.starting(rank)
+        return self._progress
+
+    def batch_done(self, ranks: tuple[int, ...]) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(None, None, None)
+            self._progress = None
+
+    def close(self) -> None:
+        self.batch_done(())
+
+
+def _summary(manifest: CaptureManifest, out_dir: Path) -> Table:
+    files = CaptureFiles(out_dir)
+    table = Table(title=f"capture of {manifest.layout} — {out_dir}")
+    for column in ("rank", "role", "stage", "iter ms (median, profiled)", "kineto", "ET", "comm calls"):
+        table.add_column(column, justify="right" if column != "role" else "left")
+    profiled = manifest.job.iterations
+    for r in manifest.ranks:
+        iter_ms = statistics.median(r.result.iteration_ns[-profiled:]) / 1e6
+        comm_calls = str(len(read_comm_log(files.comm(r.rank)).calls))
+        table.add_row(
+            str(r.rank),
+            r.role.value,
+            str(r.stage),
+            f"{iter_ms:.1f}",
+            _size(files.kineto(r.rank)),
+            _size(files.et(r.rank)),
+            comm_calls,
+        )
+    table.caption = f"wall time {manifest.wall_s:.1f} s"
+    return table
+
+
+def _size(path: Path) -> str:
+    size = path.stat().st_size
+    return f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.0f} KiB"
+
+
+@app.command()
+def capture(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Capture directory to create.")] = Path("capture-out"),
+    tp: Annotated[int, typer.Option(help="Target tensor-parallel degree.")] = DEFAULT.tp,
+    pp: Annotated[int, typer.Option(help="Target pipeline-parallel degree.")] = DEFAULT.pp,
+    dp: Annotated[int, typer.Option(help="Target data-parallel degree.")] = DEFAULT.dp,
+    layers: Annotated[int, typer.Option(help="Transformer layers of the whole model.")] = DEFAULT.layers,
+    hidden: Annotated[int, typer.Option(help="Model width.")] = DEFAULT.hidden,
+    heads: Annotated[int, typer.Option(help="Attention heads.")] = DEFAULT.heads,
+    ffn_hidden: Annotated[int | None, typer.Option(help="MLP width [default: 4 * hidden].")] = None,
+    seq_len: Annotated[int, typer.Option(help="Tokens per sample.")] = DEFAULT.seq_len,
+    vocab: Annotated[int, typer.Option(help="Vocabulary size.")] = DEFAULT.vocab,
+    micro_batch_size: Annotated[int, typer.Option("--micro-batch-size", "--mbs", help="Samples per microbatch.")] = DEFAULT.micro_batch_size,
+    microbatches: Annotated[int, typer.Option(help="Microbatches per iteration per DP rank.")] = DEFAULT.microbatches,
+    dtype: Annotated[str, typer.Option(help="float32, float64, bfloat16 or float16.")] = DEFAULT.dtype,
+    seed: Annotated[int, typer.Option(help="Seed of weights and data.")] = DEFAULT.seed,
+    grad_bucket_mb: Annotated[float, typer.Option(help="DP gradient bucket size (MiB).")] = DEFAULT.grad_bucket_mb,
+    iterations: Annotated[int, typer.Option(help="Iterations profiled per rank.")] = 2,
+    warmup: Annotated[int, typer.Option(help="Iterations run before profiling.")] = 1,
+    device: Annotated[str, typer.Option(help="cpu (gloo) or cuda (NCCL).")] = "cpu",
+    real: Annotated[RealMode, typer.Option(help="roles: one real rank per role, peers virtual; all: every rank real.")] = RealMode.ROLES,
+    threads: Annotated[int, typer.Option(help="torch intra-op threads per rank process.")] = 1,
+    overwrite: Annotated[bool, typer.Option(help="Replace a non-empty output directory.")] = False,
+    rank_timeout: Annotated[float, typer.Option(help="Seconds before stuck rank processes are killed.")] = 1800.0,
+) -> None:
+    """Capture a slice of the built-in GPT job at its target layout (default: tiny model, tp=8 pp=16 dp=64)."""
+    hooks = ConsoleHooks()
+    try:
+        config = GPTConfig(
+            layers=layers, hidden=hidden, heads=heads, ffn_hidden=ffn_hidden, seq_len=seq_len, vocab=vocab,
+            micro_batch_size=micro_batch_size, microbatches=microbatches, tp=tp, pp=pp, dp=dp, dtype=dtype,
+            device=device, seed=seed, grad_bucket_mb=grad_bucket_mb,
+        )  # fmt: skip
+        options = CaptureOptions(
+            config=config, out_dir=out, real=real, warmup=warmup, iterations=iterations, threads=threads,
+            overwrite=overwrite, rank_timeout_s=rank_timeout,
+        )  # fmt: skip
+        console.print(f"[bold]prism-capture[/] {config.layout}, real={real.value}, model {_model_line(config)}")
+        manifest = run_capture(options, hooks)
+    except (CaptureError, ConfigError, LayoutError) as e:
+        hooks.close()
+        first, *rest = str(e).splitlines()
+        console.print(f"[bold red]error:[/] {first}", highlight=False, soft_wrap=True)
+        for line in rest:
+            console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        hooks.close()
+        console.print("[bold red]interrupted[/]: nothing was written")
+        raise typer.Exit(130) from None
+    console.print(_summary(manifest, out))
+
+
+def _model_line(c: GPTConfig) -> str:
+    return (
+        f"layers={c.layers} hidden={c.hidden} heads={c.heads} seq={c.seq_len} vocab={c.vocab} "
+        f"mbs={c.micro_batch_size} microbatches={c.microbatches} {c.dtype} on {c.device}"
+    )
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Checks made before any process starts, so bad input fails at once with one clear line."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import psutil
+import torch
+
+from prism.schemas.workload import GPTConfig
+
+# A CPU rank process (torch + gloo + profiler) costs this much beyond its tensors.
+PROCESS_OVERHEAD_BYTES = 400 * 2**20
+# Bytes kept per parameter: weight, grad, grad bucket, two Adam moments.
+COPIES_PER_PARAMETER = 5
+# More CPU rank processes than this per core only measures the scheduler.
+MAX_PROCESSES_PER_CORE = 4
+
+
+class CaptureError(RuntimeError):
+    """A capture that cannot be run or did not complete; its message is one line for the user."""
+
+
+def check_device(config: GPTConfig) -> None:
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise CaptureError("--device cuda was asked for but CUDA is not available on this machine")
+
+
+def stage_parameter_count(config: GPTConfig, stage: int) -> int:
+    """Parameters one rank of ``stage`` holds (analytic; matches the workload's shapes)."""
+    h, f, tp = config.hidden, config.ffn, config.tp
+    per_layer = (3 * h * h + 3 * h) // tp + h * h // tp + h + (h * f + f) // tp + f * h // tp + h + 4 * h
+    params = config.layers_per_stage * per_layer
+    if stage == 0:
+        params += config.vocab // tp * h + config.seq_len * h
+    if stage == config.pp - 1:
+        params += 2 * h + h * config.vocab // tp
+    return params
+
+
+def activation_bytes(config: GPTConfig) -> int:
+    """Rough bytes of activations held by a stage-0 rank at its 1F1B peak."""
+    itemsize = torch.empty(0, dtype=getattr(torch, config.dtype)).element_size()
+    tokens = config.micro_batch_size * config.seq_len
+    per_layer = tokens * (16 * config.hidden + 2 * config.ffn) // config.tp * itemsize
+    per_layer += config.micro_batch_size * config.heads // config.tp * config.seq_len**2 * 3 * itemsize
+    in_flight = min(config.pp, config.microbatches)
+    return in_flight * config.layers_per_stage * per_layer
+
+
+def rank_bytes_estimate(config: GPTConfig) -> int:
+    itemsize = torch.empty(0, dtype=getattr(torch, config.dtype)).element_size()
+    params = max(stage_parameter_count(config, s) for s in {0, config.pp - 1})
+    return params * itemsize * COPIES_PER_PARAMETER + activation_bytes(config)
+
+
+def check_full_run_fits(config: GPTConfig) -> None:
+    """``--real all`` runs world_size processes at once: refuse what the machine cannot hold."""
+    world = config.layout.world_size
+    if config.device == "cuda":
+        devices = torch.cuda.device_count()
+        if world > devices:
+            raise CaptureError(f"--real all needs one GPU per rank: {world} ranks but {devices} GPU(s) here")
+        return
+    cores = os.cpu_count() or 1
+    if world > MAX_PROCESSES_PER_CORE * cores:
+        raise CaptureError(
+            f"--real all would start {world} rank processes on {cores} CPU core(s) "
+            f"(at most {MAX_PROCESSES_PER_CORE * cores}); use a smaller layout or --real roles"
+        )
+    needed = world * (rank_bytes_estimate(config) + PROCESS_OVERHEAD_BYTES)
+    available = psutil.virtual_memory().available
+    if needed > 0.8 * available:
+        raise CaptureError(
+            f"--real all needs about {needed / 2**30:.1f} GiB for {world} ranks but only "
+            f"{available / 2**30:.1f} GiB is available; use a smaller layout or --real roles"
+        )
+
+
+def check_output(out_dir: Path, *, overwrite: bool) -> None:
+    """The output must be a new (or, with overwrite, replaceable) directory in a writable parent."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise CaptureError(f"output {out_dir} exists and is not a directory")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
+        raise CaptureError(f"output directory {out_dir} is not empty; pass --overwrite to replace it")
+    parent = out_dir.resolve().parent
+    if not parent.is_dir():
+        raise CaptureError(f"cannot write {out_dir}: parent directory {parent} does not exist")
+    try:
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as e:
+        raise CaptureError(f"cannot write {out_dir}: {e.strerror or e}") from e

@@ -1,0 +1,118 @@
+"""One rank process of a capture: ``python -m prism.capture.rank_main --job job.json --rank R --out DIR``.
+
+It joins the target world as rank R through the ``prism`` backend (peers outside
+``job.real_ranks`` are virtual), runs ``warmup + iterations`` training iterations, profiles the
+last ``iterations`` of them and writes its Kineto trace, Execution Trace, comm log and result
+into the capture directory ``DIR``. Progress goes to stdout (``prism.capture.progress``).
+When several ranks are real at once, MASTER_ADDR / MASTER_PORT / LOCAL_RANK come from the
+environment, as under torchrun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from prism.capture.profiling import ProfileSpec, profiled
+from prism.capture.progress import report
+from prism.capture.workloads.gpt import GPTWorkload
+from prism.replay.backend import BACKEND_NAME, VirtualWorld, activate, current_comm_log
+from prism.replay.clock import FreeRunningClock
+from prism.schemas.annotations import group_label
+from prism.schemas.comm_log import write_comm_log
+from prism.schemas.files import write_json_atomic
+from prism.schemas.layout import ParallelLayout
+from prism.schemas.manifest import CaptureFiles, RankJob, RankResult
+
+def layout_labeler(layout: ParallelLayout):
+    """Group label ('tp.3', 'dp.0', 'world', ...) of a set of global ranks, or None."""
+
+    def label(ranks: tuple[int, ...]) -> str | None:
+        found = layout.group_of_ranks(ranks)
+        return None if found is None else group_label(*found)
+
+    return label
+
+
+def _init_distributed(job: RankJob, rank: int) -> None:
+    layout = job.config.layout
+    real = None if job.real_ranks is None else frozenset(job.real_ranks)
+    activate(VirtualWorld(real_ranks=real, clock=FreeRunningClock(), labeler=layout_labeler(layout)))
+    if real is not None and len(real) == 1:
+        dist.init_process_group(BACKEND_NAME, rank=rank, world_size=layout.world_size, store=dist.HashStore())
+    else:
+        dist.init_process_group(BACKEND_NAME, init_method="env://", rank=rank, world_size=layout.world_size)
+
+
+def _peak_device_bytes(job: RankJob) -> int | None:
+    return torch.cuda.max_memory_allocated() if job.config.device == "cuda" else None
+
+
+def run_rank(job: RankJob, rank: int, out_dir: Path) -> RankResult:
+    """Run one rank of ``job`` and write its files under ``out_dir``."""
+    started = time.perf_counter()
+    torch.set_num_threads(job.threads)
+    if job.config.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    _init_distributed(job, rank)
+    files = CaptureFiles(out_dir)
+    workload = GPTWorkload(job.config)
+    total = job.warmup + job.iterations
+    spec = ProfileSpec(
+        warmup=job.warmup,
+        iterations=job.iterations,
+        kineto_path=files.kineto(rank),
+        et_path=files.et(rank),
+        cuda=job.config.device == "cuda",
+    )
+    iteration_ns: list[int] = []
+    losses: list[float | None] = []
+    report(rank=rank, event="start", total=total)
+    with profiled(spec) as prof:
+        for it in range(total):
+            t0 = time.perf_counter_ns()
+            result = workload.train_step(it)
+            if job.config.device == "cuda":
+                torch.cuda.synchronize()
+            iteration_ns.append(time.perf_counter_ns() - t0)
+            losses.append(result.loss)
+            prof.step()
+            report(rank=rank, event="iteration", done=it + 1, total=total, ms=iteration_ns[-1] / 1e6)
+    write_comm_log(current_comm_log(), files.comm(rank))
+    dist.destroy_process_group()
+    result = RankResult(
+        rank=rank,
+        iteration_ns=tuple(iteration_ns),
+        losses=tuple(losses),
+        parameter_count=workload.parameter_count,
+        peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        peak_device_bytes=_peak_device_bytes(job),
+        wall_s=time.perf_counter() - started,
+    )
+    write_json_atomic(files.result(rank), asdict(result))
+    report(rank=rank, event="done")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m prism.capture.rank_main", description=__doc__.splitlines()[0])
+    parser.add_argument("--job", type=Path, required=True, help="job.json of the capture")
+    parser.add_argument("--rank", type=int, required=True, help="global rank to run")
+    parser.add_argument("--out", type=Path, required=True, help="capture directory to write into")
+    args = parser.parse_args(argv)
+    job = RankJob.from_dict(json.loads(args.job.read_text()))
+    run_rank(job, args.rank, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

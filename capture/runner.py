@@ -1,0 +1,222 @@
+"""Run a capture: plan which ranks are real, run them, and assemble the capture directory.
+
+Everything is written into a temporary directory beside the output and renamed into place at
+the end, so a failed capture leaves nothing half-written behind.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import json
+import os
+import platform
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from prism.capture.launch import LaunchError, RankLaunch, rank_command, run_processes
+from prism.capture.preflight import CaptureError, check_device, check_full_run_fits, check_output
+from prism.schemas.files import write_json_atomic
+from prism.schemas.layout import Role
+from prism.schemas.manifest import (
+    CapturedRank,
+    CaptureFiles,
+    CaptureManifest,
+    RankJob,
+    RankResult,
+    write_manifest,
+)
+from prism.schemas.workload import GPTConfig
+
+PRISM_VERSION = "0.1.0"
+
+
+class RealMode(enum.StrEnum):
+    """Which ranks run for real during the capture."""
+
+    ROLES = "roles"  # one real process per role, one after another; all peers virtual
+    ALL = "all"  # every rank of the layout at once (ground truth for small layouts)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CaptureOptions:
+    """A capture to run."""
+
+    config: GPTConfig
+    """Model and target layout."""
+    out_dir: Path
+    """Capture directory to create."""
+    real: RealMode = RealMode.ROLES
+    """Which ranks run for real."""
+    warmup: int = 1
+    """Iterations before profiling."""
+    iterations: int = 2
+    """Iterations profiled."""
+    threads: int = 1
+    """torch intra-op threads per rank process."""
+    overwrite: bool = False
+    """Replace a non-empty output directory."""
+    rank_timeout_s: float = 1800.0
+    """A batch of rank processes still running after this long is killed."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankBatch:
+    """Ranks started together; batches run one after another."""
+
+    ranks: tuple[int, ...]
+    """Global ranks of the batch."""
+
+
+class CaptureHooks:
+    """Callbacks the console front end uses to show progress; the defaults do nothing."""
+
+    def batch_starting(self, ranks: tuple[int, ...], roles: dict[int, Role]) -> Callable[[dict], None] | None:
+        """Called before a batch starts; may return a callback for its progress events."""
+        return None
+
+    def batch_done(self, ranks: tuple[int, ...]) -> None:
+        """Called after a batch finished."""
+
+
+def plan_batches(options: CaptureOptions) -> list[RankBatch]:
+    """The batches of real ranks to run, in order."""
+    layout = options.config.layout
+    if options.real == RealMode.ALL:
+        return [RankBatch(ranks=tuple(range(layout.world_size)))]
+    # Roles run one after another, each alone with all its peers virtual: one device is enough.
+    return [RankBatch(ranks=(rank,)) for rank in layout.roles().values()]
+
+
+def check_options(options: CaptureOptions) -> None:
+    if options.iterations < 1:
+        raise CaptureError(f"--iterations must be at least 1, got {options.iterations}")
+    if options.warmup < 0:
+        raise CaptureError(f"--warmup must be 0 or more, got {options.warmup}")
+    if options.threads < 1:
+        raise CaptureError(f"--threads must be at least 1, got {options.threads}")
+    check_device(options.config)
+    if options.real == RealMode.ALL:
+        check_full_run_fits(options.config)
+    check_output(options.out_dir, overwrite=options.overwrite)
+
+
+def _job(options: CaptureOptions, real_ranks: tuple[int, ...] | None) -> RankJob:
+    return RankJob(
+        workload="gpt",
+        config=options.config,
+        real_ranks=real_ranks,
+        warmup=options.warmup,
+        iterations=options.iterations,
+        threads=options.threads,
+    )
+
+
+def _run_batch(options: CaptureOptions, tmp: Path, batch: RankBatch, hooks: CaptureHooks) -> None:
+    files = CaptureFiles(tmp)
+    layout = options.config.layout
+    real = None if options.real == RealMode.ALL else batch.ranks
+    job_path = tmp / f".job-{'-'.join(map(str, batch.ranks[:4]))}.json"
+    write_json_atomic(job_path, _job(options, real).to_dict())
+    launches = [
+        RankLaunch(rank=r, argv=rank_command(job_path, r, tmp), log_path=files.log(r), local_rank=i)
+        for i, r in enumerate(batch.ranks)
+    ]
+    on_event = hooks.batch_starting(batch.ranks, {r: layout.role(r) for r in batch.ranks})
+    # Rank processes pin their own thread count; keep OpenMP from oversubscribing before that.
+    env = {"OMP_NUM_THREADS": str(options.threads)}
+    try:
+        run_processes(
+            launches, world_size=layout.world_size, timeout_s=options.rank_timeout_s, on_event=on_event, env=env
+        )
+    except LaunchError as e:
+        raise CaptureError(str(e)) from e
+    finally:
+        job_path.unlink(missing_ok=True)
+    hooks.batch_done(batch.ranks)
+
+
+def _captured_rank(tmp: Path, rank: int, options: CaptureOptions) -> CapturedRank:
+    files = CaptureFiles(tmp)
+    missing = [p.relative_to(tmp) for p in files.rank_files(rank) if not p.is_file()]
+    if missing:
+        raise CaptureError(f"rank {rank} exited cleanly but did not write {', '.join(map(str, missing))}")
+    layout = options.config.layout
+    return CapturedRank(
+        rank=rank,
+        role=layout.role(rank),
+        stage=layout.stage(rank),
+        kineto=str(files.kineto(rank).relative_to(tmp)),
+        et=str(files.et(rank).relative_to(tmp)),
+        comm=str(files.comm(rank).relative_to(tmp)),
+        result=RankResult.from_dict(json.loads(files.result(rank).read_text())),
+    )
+
+
+def _device_name(config: GPTConfig) -> str:
+    return torch.cuda.get_device_name() if config.device == "cuda" else "cpu"
+
+
+def run_capture(options: CaptureOptions, hooks: CaptureHooks | None = None) -> CaptureManifest:
+    """Run the capture described by ``options`` and return its manifest."""
+    hooks = hooks or CaptureHooks()
+    check_options(options)
+    started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    t0 = time.perf_counter()
+    out_dir = options.out_dir
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.resolve().parent))
+    try:
+        batches = plan_batches(options)
+        for batch in batches:
+            _run_batch(options, tmp, batch, hooks)
+        ranks = tuple(_captured_rank(tmp, r, options) for b in batches for r in b.ranks)
+        real_ranks = None if options.real == RealMode.ALL else tuple(r.rank for r in ranks)
+        job = _job(options, real_ranks)
+        write_json_atomic(CaptureFiles(tmp).job, job.to_dict())
+        manifest = CaptureManifest(
+            layout=options.config.layout,
+            mode=options.real.value,
+            job=job,
+            ranks=ranks,
+            rerun_command=rerun_command_template(),
+            torch_version=torch.__version__,
+            device=_device_name(options.config),
+            host=socket.gethostname(),
+            started_at=started_at,
+            wall_s=round(time.perf_counter() - t0, 3),
+            prism_version=PRISM_VERSION,
+            notes={"platform": platform.platform(), "cpu_count": os.cpu_count(), "python": platform.python_version()},
+        )
+        write_manifest(manifest, tmp)
+        _move_into_place(tmp, out_dir)
+        return manifest
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def rerun_command_template() -> tuple[str, ...]:
+    """argv that re-runs one rank of a capture; replay fills in the placeholders.
+
+    With ``job.real_ranks`` naming several ranks, the rank process also expects MASTER_ADDR,
+    MASTER_PORT and LOCAL_RANK in its environment, as under torchrun.
+    """
+    return rank_command(Path("{capture_dir}") / "job.json", "{rank}", Path("{out_dir}"))
+
+
+def _move_into_place(tmp: Path, out_dir: Path) -> None:
+    if out_dir.exists():
+        # Only reached with overwrite (checked up front): swap, then delete the old one.
+        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+        os.replace(out_dir, old)
+        os.replace(tmp, out_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out_dir)

@@ -1,0 +1,252 @@
+"""The capture directory: its file names, the job each rank process runs, and ``manifest.json``.
+
+    capture/
+      manifest.json               CaptureManifest (written last: its presence means complete)
+      job.json                    RankJob every rank process of the capture ran
+      kineto/rank{r}.trace.json.gz   Kineto trace (hta.TraceAnalysis(trace_dir=capture/kineto))
+      et/rank{r}.et.json          PyTorch Execution Trace of the profiled iterations
+      comm/rank{r}.comm.json      comm log (prism.schemas.comm_log)
+      logs/rank{r}.log            the rank process's stdout/stderr
+      logs/rank{r}.result.json    RankResult of the rank process
+
+ET files live apart from Kineto files because HTA loads every JSON file of its directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from prism.schemas.files import write_json_atomic
+from prism.schemas.layout import ParallelLayout, Role
+from prism.schemas.workload import GPTConfig
+
+SCHEMA = "prism.capture_manifest"
+VERSION = 1
+
+MANIFEST_FILE = "manifest.json"
+JOB_FILE = "job.json"
+KINETO_DIR = "kineto"
+ET_DIR = "et"
+COMM_DIR = "comm"
+LOG_DIR = "logs"
+
+
+class ManifestError(ValueError):
+    """A capture directory or manifest that prism cannot read."""
+
+
+@dataclass(frozen=True)
+class CaptureFiles:
+    """Paths of the files of one capture directory."""
+
+    root: Path
+    """The capture directory."""
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / MANIFEST_FILE
+
+    @property
+    def job(self) -> Path:
+        return self.root / JOB_FILE
+
+    @property
+    def kineto_dir(self) -> Path:
+        return self.root / KINETO_DIR
+
+    def kineto(self, rank: int) -> Path:
+        return self.root / KINETO_DIR / f"rank{rank}.trace.json.gz"
+
+    def et(self, rank: int) -> Path:
+        return self.root / ET_DIR / f"rank{rank}.et.json"
+
+    def comm(self, rank: int) -> Path:
+        return self.root / COMM_DIR / f"rank{rank}.comm.json"
+
+    def log(self, rank: int) -> Path:
+        return self.root / LOG_DIR / f"rank{rank}.log"
+
+    def result(self, rank: int) -> Path:
+        return self.root / LOG_DIR / f"rank{rank}.result.json"
+
+    def rank_files(self, rank: int) -> tuple[Path, ...]:
+        """The files every captured rank must leave behind."""
+        return (self.kineto(rank), self.et(rank), self.comm(rank), self.result(rank))
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankJob:
+    """What one rank process of a capture runs (``job.json``); replay re-runs it."""
+
+    workload: str
+    """Name of the workload; 'gpt' is the built-in one."""
+    config: GPTConfig
+    """Model and target layout: every real rank gets the per-rank shapes of this job."""
+    real_ranks: tuple[int, ...] | None
+    """Ranks that run as real processes at the same time; None means all of them."""
+    warmup: int
+    """Iterations run before profiling starts."""
+    iterations: int
+    """Iterations profiled."""
+    threads: int
+    """torch intra-op threads per rank process."""
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["config"] = self.config.to_dict()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RankJob:
+        real = data["real_ranks"]
+        return cls(
+            workload=data["workload"],
+            config=GPTConfig.from_dict(data["config"]),
+            real_ranks=None if real is None else tuple(real),
+            warmup=int(data["warmup"]),
+            iterations=int(data["iterations"]),
+            threads=int(data["threads"]),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankResult:
+    """What one rank process measured about itself (``logs/rank{r}.result.json``)."""
+
+    rank: int
+    """Global rank."""
+    iteration_ns: tuple[int, ...]
+    """Wall time of every iteration, warm-up ones first."""
+    losses: tuple[float | None, ...]
+    """Mean loss of every iteration (last stage only; None elsewhere)."""
+    parameter_count: int
+    """Parameters this rank holds."""
+    peak_rss_bytes: int
+    """Peak resident set size of the process."""
+    peak_device_bytes: int | None
+    """torch.cuda.max_memory_allocated on CUDA, None on CPU."""
+    wall_s: float
+    """Wall time of the whole rank process, start-up included."""
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RankResult:
+        return cls(**{**data, "iteration_ns": tuple(data["iteration_ns"]), "losses": tuple(data["losses"])})
+
+
+@dataclass(frozen=True, kw_only=True)
+class CapturedRank:
+    """One rank that ran for real, and where its files are."""
+
+    rank: int
+    """Global rank in the target layout."""
+    role: Role
+    """Role the rank stands for."""
+    stage: int
+    """Pipeline stage of the rank."""
+    kineto: str
+    """Kineto trace, relative to the capture directory."""
+    et: str
+    """Execution Trace, relative to the capture directory."""
+    comm: str
+    """Comm log, relative to the capture directory."""
+    result: RankResult
+    """What the rank process measured."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CaptureManifest:
+    """Everything later stages need to know about a capture (``manifest.json``)."""
+
+    layout: ParallelLayout
+    """Target layout, rank order included."""
+    mode: str
+    """'roles' (one real rank per role, peers virtual) or 'all' (every rank real)."""
+    job: RankJob
+    """The job every captured rank ran."""
+    ranks: tuple[CapturedRank, ...]
+    """Captured ranks, in capture order."""
+    rerun_command: tuple[str, ...]
+    """argv that re-runs one rank; '{capture_dir}', '{rank}' and '{out_dir}' are placeholders."""
+    torch_version: str
+    """torch.__version__ of the capture."""
+    device: str
+    """'cpu' or the CUDA device name."""
+    host: str
+    """Host name."""
+    started_at: str
+    """ISO-8601 time the capture started."""
+    wall_s: float
+    """Wall time of the whole capture."""
+    prism_version: str
+    """prism version that wrote the capture."""
+    notes: dict = field(default_factory=dict)
+    """Free-form extra facts (CPU model, thread settings, ...)."""
+
+    def rank_of_role(self, role: Role) -> CapturedRank | None:
+        return next((r for r in self.ranks if r.role == role), None)
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": SCHEMA,
+            "version": VERSION,
+            "layout": self.layout.to_dict(),
+            "mode": self.mode,
+            "job": self.job.to_dict(),
+            "ranks": [{**asdict(r), "role": r.role.value, "result": asdict(r.result)} for r in self.ranks],
+            "rerun_command": list(self.rerun_command),
+            "torch_version": self.torch_version,
+            "device": self.device,
+            "host": self.host,
+            "started_at": self.started_at,
+            "wall_s": self.wall_s,
+            "prism_version": self.prism_version,
+            "notes": self.notes,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CaptureManifest:
+        if data.get("schema") != SCHEMA:
+            raise ManifestError(f"not a prism capture manifest (schema={data.get('schema')!r})")
+        if data.get("version") != VERSION:
+            raise ManifestError(
+                f"capture manifest version {data.get('version')!r} is not supported by this prism (expects {VERSION})"
+            )
+        try:
+            ranks = tuple(
+                CapturedRank(**{**r, "role": Role(r["role"]), "result": RankResult.from_dict(r["result"])})
+                for r in data["ranks"]
+            )
+            return cls(
+                layout=ParallelLayout.from_dict(data["layout"]),
+                mode=data["mode"],
+                job=RankJob.from_dict(data["job"]),
+                ranks=ranks,
+                rerun_command=tuple(data["rerun_command"]),
+                torch_version=data["torch_version"],
+                device=data["device"],
+                host=data["host"],
+                started_at=data["started_at"],
+                wall_s=float(data["wall_s"]),
+                prism_version=data["prism_version"],
+                notes=dict(data.get("notes", {})),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ManifestError(f"malformed capture manifest: {e}") from e
+
+
+def write_manifest(manifest: CaptureManifest, capture_dir: str | os.PathLike) -> None:
+    write_json_atomic(CaptureFiles(Path(capture_dir)).manifest, manifest.to_dict())
+
+
+def read_manifest(capture_dir: str | os.PathLike) -> CaptureManifest:
+    path = CaptureFiles(Path(capture_dir)).manifest
+    if not path.is_file():
+        raise ManifestError(f"{capture_dir} is not a complete capture: {MANIFEST_FILE} is missing")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ManifestError(f"{path} is not valid JSON: {e}") from e
+    return CaptureManifest.from_dict(data)

@@ -1,0 +1,38 @@
+"""The rank-process launcher reports failures and time-outs instead of hanging."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from prism.capture.launch import LaunchError, RankLaunch, run_processes
+from prism.capture.progress import PROGRESS_PREFIX
+
+
+def launch(tmp_path: Path, rank: int, code: str) -> RankLaunch:
+    return RankLaunch(rank=rank, argv=(sys.executable, "-c", code), log_path=tmp_path / f"rank{rank}.log")
+
+
+def test_progress_events_reach_the_callback(tmp_path: Path) -> None:
+    code = f"print({PROGRESS_PREFIX!r} + '{{\"rank\": 0, \"event\": \"iteration\", \"done\": 1}}'); print('hello')"
+    events: list[dict] = []
+    run_processes([launch(tmp_path, 0, code)], world_size=1, timeout_s=60, on_event=events.append)
+    assert events == [{"rank": 0, "event": "iteration", "done": 1}]
+    assert "hello" in (tmp_path / "rank0.log").read_text()
+
+
+def test_failing_rank_kills_the_others_and_names_itself(tmp_path: Path) -> None:
+    stuck = launch(tmp_path, 0, "import time; time.sleep(120)")
+    failing = launch(tmp_path, 1, "import sys; print('boom: bad shape'); sys.exit(3)")
+    t0 = time.monotonic()
+    with pytest.raises(LaunchError, match=r"rank 1 exited with code 3[\s\S]*boom: bad shape"):
+        run_processes([stuck, failing], world_size=2, timeout_s=60)
+    assert time.monotonic() - t0 < 30
+
+
+def test_timeout_kills_stuck_ranks(tmp_path: Path) -> None:
+    with pytest.raises(LaunchError, match="still running after 1 s"):
+        run_processes([launch(tmp_path, 0, "import time; time.sleep(120)")], world_size=1, timeout_s=1)
