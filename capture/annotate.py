@@ -15,10 +15,10 @@ Each context manager opens a ``record_function`` whose name follows the grammar 
         with annotate.optimizer():
             ...
 
-Backward marks of a block come from two identity autograd nodes: one on the block's output,
-whose backward runs first and opens the range, and one on its input, whose backward runs
-after every op of the block and closes it. A block whose input needs no gradient (the
-embedding) has its range closed when the enclosing ``backward`` context exits.
+Backward marks of a block come from gradient hooks: the one on the block's output fires
+first and opens the range, the one on its input fires after every op of the block and closes
+it. A block whose input needs no gradient (the embedding) has its range closed when the
+enclosing ``backward`` context exits.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def forward(*, stage: int, mb: int, layer: int | None = None, part: Part | None 
 @contextlib.contextmanager
 def backward(*, stage: int, mb: int) -> Iterator[None]:
     """Backward of a microbatch; closes block ranges whose input needed no gradient."""
-    depth = len(_open_ranges())
+    depth = len(_ranges)
     with mark(Mark(phase=Phase.BACKWARD, stage=stage, mb=mb)):
         try:
             yield
@@ -81,23 +81,25 @@ def optimizer() -> contextlib.AbstractContextManager[None]:
 
 # -- forward + backward marks of one block ---------------------------------------------------
 
-_local = threading.local()
+# Open backward ranges. One list per process rather than per thread: on CUDA the autograd
+# engine runs a block's backward on a device thread, and the enclosing ``backward`` context
+# (on the caller's thread) must still be able to close what a hook opened there.
+_ranges: list[record_function] = []
+_ranges_lock = threading.Lock()
 
 
 def _open_ranges() -> list[record_function]:
-    if not hasattr(_local, "ranges"):
-        _local.ranges = []
-    return _local.ranges
+    return _ranges
 
 
 def _close_ranges_above(depth: int) -> None:
-    ranges = _open_ranges()
-    while len(ranges) > depth:
-        ranges.pop().__exit__(None, None, None)
+    with _ranges_lock:
+        while len(_ranges) > depth:
+            _ranges.pop().__exit__(None, None, None)
 
 
 class _RangeSlot:
-    """The backward range of one block, shared by its opening and closing autograd nodes."""
+    """The backward range of one block."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -106,38 +108,42 @@ class _RangeSlot:
     def open(self) -> None:
         self.range = record_function(self.name)
         self.range.__enter__()
-        _open_ranges().append(self.range)
+        with _ranges_lock:
+            _ranges.append(self.range)
 
     def close(self) -> None:
-        ranges = _open_ranges()
-        if self.range is not None and self.range in ranges:
+        if self.range is not None and self.range in _ranges:
             # Close anything opened inside this block too, so ranges stay properly nested.
-            _close_ranges_above(ranges.index(self.range))
+            _close_ranges_above(_ranges.index(self.range))
         self.range = None
 
 
-class _OpenOnBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, slot: _RangeSlot) -> torch.Tensor:
-        ctx.slot = slot
-        return x.view_as(x)
+class _Boundary:
+    """The one gradient hook of a tensor between blocks.
+
+    Layer l's output is layer l+1's input: when its gradient is ready, block l+1's backward
+    is over and block l's begins, so closes must run before opens whatever order the hooks
+    were registered in.
+    """
+
+    def __init__(self) -> None:
+        self.closes: list[_RangeSlot] = []
+        self.opens: list[_RangeSlot] = []
+
+    def __call__(self, grad: torch.Tensor) -> None:
+        for slot in self.closes:
+            slot.close()
+        for slot in self.opens:
+            slot.open()
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        ctx.slot.open()
-        return grad, None
-
-
-class _CloseOnBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, slot: _RangeSlot) -> torch.Tensor:
-        ctx.slot = slot
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        ctx.slot.close()
-        return grad, None
+    def of(t: torch.Tensor) -> _Boundary:
+        boundary = getattr(t, "_prism_boundary", None)
+        if boundary is None:
+            boundary = _Boundary()
+            t.register_hook(boundary)
+            t._prism_boundary = boundary
+        return boundary
 
 
 def block(
@@ -149,13 +155,20 @@ def block(
     layer: int | None = None,
     part: Part | None = None,
 ) -> torch.Tensor:
-    """Run ``fn(x)`` marked as the forward of one block, and mark the block's backward too."""
+    """Run ``fn(x)`` marked as the forward of one block, and mark the block's backward too.
+
+    The gradient hook of the output fires when backward reaches the block (it opens the
+    range); the hook of the input fires once every op of the block has contributed to the
+    input's gradient (it closes it). Hooks add no node to the graph, so in-place ops on the
+    block's input or output work as without the mark.
+    """
     fields = {"stage": stage, "mb": mb, "layer": layer, "part": part}
     slot = _RangeSlot(format_mark(Mark(phase=Phase.BACKWARD, **fields)))
-    if torch.is_grad_enabled() and x.requires_grad:
-        x = _CloseOnBackward.apply(x, slot)
+    tracking = torch.is_grad_enabled()
+    if tracking and x.requires_grad:
+        _Boundary.of(x).closes.append(slot)
     with mark(Mark(phase=Phase.FORWARD, **fields)):
         y = fn(x)
-    if torch.is_grad_enabled() and y.requires_grad:
-        y = _OpenOnBackward.apply(y, slot)
+    if tracking and y.requires_grad:
+        _Boundary.of(y).opens.append(slot)
     return y

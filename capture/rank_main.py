@@ -33,6 +33,7 @@ from prism.schemas.files import write_json_atomic
 from prism.schemas.layout import ParallelLayout
 from prism.schemas.manifest import CaptureFiles, RankJob, RankResult
 
+
 def layout_labeler(layout: ParallelLayout):
     """Group label ('tp.3', 'dp.0', 'world', ...) of a set of global ranks, or None."""
 

@@ -21,6 +21,7 @@ builds or splits them by hand.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, fields
 
 PREFIX = "prism:"
@@ -141,11 +142,24 @@ def parse_mark(name: str) -> Mark:
         key, sep, text = pair.partition("=")
         if not sep or key not in _FIELD_TYPES:
             raise MarkError(f"bad field {pair!r} in {name!r}")
-        try:
-            values[key] = _FIELD_TYPES[key](text)
-        except ValueError:
-            raise MarkError(f"bad value for {key} in {name!r}") from None
+        if values and _FIELD_ORDER[key] <= _FIELD_ORDER[next(reversed(values))]:
+            raise MarkError(f"field {key} repeated or out of order in {name!r}")
+        values[key] = _parse_value(key, text, name)
     return Mark(phase=phase, **values)
+
+
+_FIELD_ORDER = {key: i for i, key in enumerate(_FIELD_TYPES)}
+_INT = re.compile(r"-?[0-9]+")
+
+
+def _parse_value(key: str, text: str, name: str) -> object:
+    kind = _FIELD_TYPES[key]
+    if kind is int and not _INT.fullmatch(text):
+        raise MarkError(f"bad value for {key} in {name!r}")
+    try:
+        return kind(text)
+    except ValueError:
+        raise MarkError(f"bad value for {key} in {name!r}") from None
 
 
 def try_parse_mark(name: str) -> Mark | None:

@@ -110,6 +110,7 @@ class ParallelLayout:
     # -- groups ------------------------------------------------------------------------------
     def group_index(self, rank: int, axis: str) -> int:
         """Index of ``rank``'s group along ``axis`` among all groups of that axis (0-based, dense)."""
+        self.degree(axis)
         c = self.coords(rank)
         others = [a for a in self._axes if a != axis]
         index, scale = 0, 1
@@ -123,6 +124,7 @@ class ParallelLayout:
 
     def group(self, rank: int, axis: str) -> tuple[int, ...]:
         """Global ranks of ``rank``'s group along ``axis``, in group-rank order."""
+        self.degree(axis)
         start = rank - self.coords(rank).on(axis) * self.stride(axis)
         stride = self.stride(axis)
         return tuple(start + i * stride for i in range(self.degree(axis)))
@@ -192,7 +194,8 @@ class ParallelLayout:
 
     @classmethod
     def from_dict(cls, data: dict) -> ParallelLayout:
-        return cls(tp=int(data["tp"]), pp=int(data["pp"]), dp=int(data["dp"]), order=str(data.get("order", DEFAULT_ORDER)))
+        # No coercion: a float or bool degree in a file is an error, as in the constructor.
+        return cls(tp=data["tp"], pp=data["pp"], dp=data["dp"], order=data.get("order", DEFAULT_ORDER))
 
     def __str__(self) -> str:
         return f"tp={self.tp} pp={self.pp} dp={self.dp} ({self.order}, {self.world_size} ranks)"

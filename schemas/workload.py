@@ -85,6 +85,9 @@ class GPTConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        ffn = self.ffn_hidden
+        if ffn is not None and (isinstance(ffn, bool) or not isinstance(ffn, int) or ffn < 1):
+            raise ConfigError(f"ffn_hidden must be a positive integer or None, got {ffn!r}")
         checks = [
             (self.hidden % self.heads == 0, f"hidden ({self.hidden}) must be divisible by heads ({self.heads})"),
             (self.heads % self.tp == 0, f"heads ({self.heads}) must be divisible by tp ({self.tp})"),

@@ -1,0 +1,159 @@
+"""Comm log files: lossless round trip, version checks, atomic writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from prism.schemas.comm_log import (
+    SCHEMA,
+    VERSION,
+    CommCall,
+    CommGroup,
+    CommLog,
+    read_comm_log,
+    write_comm_log,
+)
+from prism.schemas.files import write_json_atomic
+
+
+def sample_log() -> CommLog:
+    groups = (
+        CommGroup(name="0", label="world", ranks=tuple(range(8)), real_ranks=(0, 4)),
+        CommGroup(name="1", label="tp.0", ranks=(0, 1), real_ranks=(0, 1)),
+    )
+    calls = (
+        CommCall(
+            seq=0,
+            op="all_reduce",
+            group="1",
+            label="tp.0",
+            group_size=2,
+            gseq=0,
+            bytes=4096,
+            dtype="float32",
+            shape=(32, 32),
+            reduce_op="sum",
+            enter_ns=10,
+            exit_ns=20,
+            done_ns=30,
+            delegated=True,
+        ),
+        CommCall(
+            seq=1,
+            op="send",
+            group="0",
+            label="world",
+            group_size=8,
+            gseq=0,
+            bytes=512,
+            dtype="bfloat16",
+            shape=(4, 8, 8),
+            peer=4,
+            tag=7,
+            async_op=True,
+            enter_ns=40,
+            exit_ns=41,
+            done_ns=90,
+        ),
+        CommCall(
+            seq=2,
+            op="barrier",
+            group="0",
+            label="world",
+            group_size=8,
+            gseq=1,
+            bytes=0,
+            dtype="float32",
+            shape=(),
+        ),
+    )
+    return CommLog(rank=0, world_size=8, groups=groups, calls=calls)
+
+
+def test_dict_round_trip() -> None:
+    log = sample_log()
+    data = log.to_dict()
+    assert (data["schema"], data["version"], data["rank"], data["world_size"]) == (SCHEMA, VERSION, 0, 8)
+    assert len(data["groups"]) == 2 and len(data["calls"]) == 3
+    assert CommLog.from_dict(data) == log
+    assert CommLog.from_dict(json.loads(json.dumps(data))) == log  # lists come back as tuples
+    assert log.groups[1].delegated and not log.groups[0].delegated
+
+
+def test_file_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "comm" / "rank0.comm.json"  # parent does not exist yet
+    write_comm_log(sample_log(), path)
+    assert read_comm_log(path) == sample_log()
+    assert json.loads(path.read_text())["schema"] == SCHEMA
+    assert sorted(p.name for p in path.parent.iterdir()) == ["rank0.comm.json"]
+
+
+def test_empty_log_round_trip() -> None:
+    log = CommLog(rank=3, world_size=4)
+    assert CommLog.from_dict(json.loads(json.dumps(log.to_dict()))) == log
+
+
+@pytest.mark.parametrize(
+    ("patch", "pattern"),
+    [
+        ({"schema": "prism.manifest"}, "not a prism comm log"),
+        ({"schema": None}, "not a prism comm log"),
+        ({"version": VERSION + 1}, f"version {VERSION + 1} is not supported"),
+        ({"version": str(VERSION)}, "is not supported"),
+        ({"version": None}, "is not supported"),
+    ],
+)
+def test_wrong_schema_or_version_rejected(patch: dict, pattern: str) -> None:
+    with pytest.raises(ValueError, match=pattern):
+        CommLog.from_dict({**sample_log().to_dict(), **patch})
+
+
+def test_missing_schema_rejected() -> None:
+    data = sample_log().to_dict()
+    del data["schema"]
+    with pytest.raises(ValueError, match="not a prism comm log"):
+        CommLog.from_dict(data)
+
+
+def test_failed_write_leaves_nothing_behind(tmp_path: Path) -> None:
+    bad = CommLog(
+        rank=0,
+        world_size=1,
+        calls=(
+            CommCall(
+                seq=0,
+                op="barrier",
+                group="0",
+                label="world",
+                group_size=1,
+                gseq=0,
+                bytes=0,
+                dtype="float32",
+                shape=(object(),),
+            ),
+        ),
+    )
+    path = tmp_path / "rank0.comm.json"
+    with pytest.raises(TypeError):
+        write_comm_log(bad, path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failed_write_keeps_the_previous_file(tmp_path: Path) -> None:
+    path = tmp_path / "out.json"
+    write_json_atomic(path, {"a": 1})
+    with pytest.raises(TypeError):
+        write_json_atomic(path, {"a": {1, 2}})
+    assert json.loads(path.read_text()) == {"a": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
+
+
+def test_overwrite_replaces_content(tmp_path: Path) -> None:
+    path = tmp_path / "rank0.comm.json"
+    write_comm_log(CommLog(rank=0, world_size=1), path)
+    write_comm_log(sample_log(), path)
+    assert read_comm_log(path) == sample_log()
+    assert [p.name for p in tmp_path.iterdir()] == ["rank0.comm.json"]
