@@ -25,7 +25,7 @@ import torch.distributed as dist
 from prism.capture.profiling import ProfileSpec, profiled
 from prism.capture.progress import report
 from prism.capture.workloads.gpt import GPTWorkload
-from prism.replay.backend import BACKEND_NAME, VirtualWorld, activate, current_comm_log
+from prism.replay.backend import BACKEND_NAME, VirtualWorld, activate, current_comm_log, rendezvous_store
 from prism.replay.clock import FreeRunningClock
 from prism.schemas.annotations import group_label
 from prism.schemas.comm_log import write_comm_log
@@ -47,11 +47,11 @@ def layout_labeler(layout: ParallelLayout):
 def _init_distributed(job: RankJob, rank: int) -> None:
     layout = job.config.layout
     real = None if job.real_ranks is None else frozenset(job.real_ranks)
-    activate(VirtualWorld(real_ranks=real, clock=FreeRunningClock(), labeler=layout_labeler(layout)))
-    if real is not None and len(real) == 1:
-        dist.init_process_group(BACKEND_NAME, rank=rank, world_size=layout.world_size, store=dist.HashStore())
-    else:
-        dist.init_process_group(BACKEND_NAME, init_method="env://", rank=rank, world_size=layout.world_size)
+    world = VirtualWorld(real_ranks=real, clock=FreeRunningClock(), labeler=layout_labeler(layout))
+    activate(world)
+    # The store waits only for the real ranks: virtual ones never connect.
+    store = rendezvous_store(rank, layout.world_size, world)
+    dist.init_process_group(BACKEND_NAME, rank=rank, world_size=layout.world_size, store=store)
 
 
 def _peak_device_bytes(job: RankJob) -> int | None:

@@ -26,9 +26,10 @@ class CommGroup:
     """A process group the rank belonged to."""
 
     name: str
-    """torch.distributed group name (unique per process)."""
+    """torch.distributed group name (unique per process): match calls on (name, gseq)."""
     label: str
-    """Layout label such as 'tp.3', 'dp.0', 'pp.5', 'world'; 'g<name>' when not a layout group."""
+    """Layout label such as 'tp.3', 'dp.0', 'pp.5', 'world'; 'g<name>' when not a layout group.
+    Two groups over the same ranks share a label, so it is not a key."""
     ranks: tuple[int, ...]
     """Global ranks of the members, in group-rank order."""
     real_ranks: tuple[int, ...]
@@ -47,7 +48,7 @@ class CommCall:
     seq: int
     """Index of the call among all calls of this rank."""
     op: str
-    """Operation: all_reduce, all_gather, reduce_scatter, broadcast, barrier, all_to_all, send, recv."""
+    """Operation: all_reduce, all_gather, reduce_scatter, broadcast, barrier, all_to_all, reduce, gather, scatter, send, recv."""
     group: str
     """Name of the group (see CommGroup.name)."""
     label: str

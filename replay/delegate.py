@@ -1,0 +1,133 @@
+"""Real backends behind a prism group whose members are all real processes.
+
+The prism group keeps logging every call and forwards it to a gloo backend (CPU tensors) or an
+NCCL backend (CUDA tensors) over the same members, built on the store torch handed to prism.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+
+
+def make_backend(
+    device_type: str,
+    *,
+    store: dist.Store,
+    rank: int,
+    size: int,
+    global_ranks: tuple[int, ...],
+    group_name: str,
+    timeout: timedelta,
+) -> dist.Backend:
+    """A real backend of ``size`` members for tensors on ``device_type`` (collective on the members)."""
+    # Each device gets its own key space so that a later NCCL rendezvous cannot collide with gloo's.
+    prefixed = dist.PrefixStore(f"{device_type}/", store)
+    if device_type == "cpu":
+        return _gloo(prefixed, rank, size, global_ranks, group_name, timeout)
+    if device_type == "cuda":
+        return _nccl(prefixed, rank, size, global_ranks, group_name, timeout)
+    raise NotImplementedError(f"prism delegates CPU (gloo) and CUDA (NCCL) tensors only, not {device_type!r}")
+
+
+def _gloo(store, rank, size, global_ranks, group_name, timeout) -> dist.Backend:
+    from torch.distributed import ProcessGroupGloo
+
+    backend = ProcessGroupGloo(store, rank, size, timeout=timeout)
+    backend.options.global_ranks_in_group = list(global_ranks)
+    backend.options.group_name = group_name
+    backend._set_sequence_number_for_group()  # as torch does for a gloo group
+    return backend
+
+
+def _nccl(store, rank, size, global_ranks, group_name, timeout) -> dist.Backend:
+    # Untested here (no GPU): mirrors the NCCL branch of torch's _new_process_group_helper.
+    from torch.distributed import ProcessGroupNCCL
+
+    options = ProcessGroupNCCL.Options()
+    options.is_high_priority_stream = False
+    options._timeout = timeout
+    options.global_ranks_in_group = list(global_ranks)
+    options.group_name = group_name
+    backend = ProcessGroupNCCL(store, rank, size, options)
+    backend._set_sequence_number_for_group()
+    return backend
+
+
+def track_completion(work: dist.Work | None, on_done: Callable[[], None]) -> dist.Work | None:
+    """``work`` with ``on_done`` called when it completes (when it is waited for, if it has no future)."""
+    if work is None:  # NCCL inside a coalesced group: the group's Work comes at the end
+        return None
+    try:
+        future = work.get_future()
+    except RuntimeError:  # gloo send/recv: "Work::getFuture not implemented"
+        return ForwardingWork([work], on_done)
+    future.add_done_callback(lambda _: on_done())
+    return work
+
+
+def run_coalesced(
+    backend: dist.Backend, device: torch.device, calls: list[Callable[[], dist.Work]]
+) -> dist.Work:
+    """Issue ``calls`` as one coalesced group where the backend can (NCCL), else as one combined Work."""
+    if backend.supports_coalescing:
+        backend._start_coalescing(device)
+        for call in calls:
+            call()
+        return backend._end_coalescing(device)
+    return combine([call() for call in calls])
+
+
+def combine(works: list[dist.Work]) -> dist.Work:
+    """One Work that completes when all of ``works`` have."""
+    if len(works) == 1:
+        return works[0]
+    try:
+        futures = [w.get_future() for w in works]
+    except RuntimeError:  # some have no future: waiting on the result waits on each
+        return ForwardingWork(works)
+    return _create_work_from_future(torch.futures.collect_all(futures))
+
+
+class ForwardingWork(dist.Work):
+    """Real Works without futures (gloo send/recv): waits on each, then reports completion."""
+
+    def __init__(self, works: list[dist.Work], on_done: Callable[[], None] | None = None) -> None:
+        super().__init__()
+        self._works = works
+        self._on_done = on_done
+
+    def _done(self) -> None:
+        if self._on_done is not None:
+            self._on_done()
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        ok = all([w.wait(timeout) for w in self._works])
+        self._done()
+        return ok
+
+    def is_completed(self) -> bool:
+        done = all(w.is_completed() for w in self._works)
+        if done:
+            self._done()
+        return done
+
+    def is_success(self) -> bool:
+        return all(w.is_success() for w in self._works)
+
+    def exception(self):
+        return next((e for w in self._works if (e := w.exception()) is not None), None)
+
+    def synchronize(self) -> None:
+        for w in self._works:
+            w.synchronize()
+
+    def source_rank(self) -> int:
+        return self._works[0]._source_rank()
+
+    def _source_rank(self) -> int:
+        return self._works[0]._source_rank()

@@ -1,0 +1,65 @@
+"""A small layout captured with every rank real (the ground truth that fidelity checks compare to)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from prism.capture.runner import CaptureOptions, RealMode, run_capture
+from prism.schemas.comm_log import read_comm_log
+from prism.schemas.manifest import CaptureFiles, read_manifest
+from prism.schemas.workload import GPTConfig
+
+pytestmark = pytest.mark.slow
+
+CONFIG = GPTConfig(
+    layers=4, hidden=64, heads=4, seq_len=32, vocab=256, microbatches=4, tp=2, pp=2, dp=1, grad_bucket_mb=0.05
+)
+
+
+@pytest.fixture(scope="module")
+def capture_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("full") / "capture"
+    run_capture(CaptureOptions(config=CONFIG, out_dir=out, real=RealMode.ALL, warmup=0, iterations=1))
+    return out
+
+
+def test_every_rank_is_captured_and_real(capture_dir: Path) -> None:
+    manifest = read_manifest(capture_dir)
+    assert manifest.mode == "all" and manifest.job.real_ranks is None
+    assert [r.rank for r in manifest.ranks] == [0, 1, 2, 3]
+    files = CaptureFiles(capture_dir)
+    for r in manifest.ranks:
+        log = read_comm_log(files.comm(r.rank))
+        assert log.calls and all(c.delegated for c in log.calls)
+        assert all(g.delegated for g in log.groups)
+
+
+def test_group_members_log_the_same_collectives(capture_dir: Path) -> None:
+    files = CaptureFiles(capture_dir)
+    by_label: dict[str, dict[int, list]] = {}
+    for rank in range(4):
+        for c in read_comm_log(files.comm(rank)).calls:
+            if c.op not in ("send", "recv"):
+                by_label.setdefault(c.label, {}).setdefault(rank, []).append((c.gseq, c.op, c.bytes, c.dtype))
+    assert {label.split(".")[0] for label in by_label} >= {"tp"}
+    for label, per_rank in by_label.items():
+        sequences = list(per_rank.values())
+        assert all(seq == sequences[0] for seq in sequences), label
+
+
+def test_every_send_has_its_recv(capture_dir: Path) -> None:
+    files = CaptureFiles(capture_dir)
+    sends, recvs = Counter(), Counter()
+    for rank in range(4):
+        for c in read_comm_log(files.comm(rank)).calls:
+            if c.op == "send":
+                sends[(rank, c.peer, c.bytes)] += 1
+            elif c.op == "recv":
+                recvs[(c.peer, rank, c.bytes)] += 1
+    assert sends and sends == recvs
+    # 1F1B with M microbatches: M activations forward and M gradients back per pipeline pair.
+    assert sends[(0, 2, 1 * 32 * 64 * 4)] == CONFIG.microbatches
+    assert sends[(2, 0, 1 * 32 * 64 * 4)] == CONFIG.microbatches
