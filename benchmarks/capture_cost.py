@@ -30,10 +30,32 @@ def parse_args() -> tuple[argparse.Namespace, GPTConfig]:
     parser.add_argument("--iterations", type=int, default=2)
     parser.add_argument("--real", choices=[m.value for m in RealMode], default=RealMode.ROLES.value)
     defaults = GPTConfig()
-    for name in ("tp", "pp", "dp", "layers", "hidden", "heads", "seq_len", "vocab", "micro_batch_size", "microbatches"):
+    for name in (
+        "tp",
+        "pp",
+        "dp",
+        "layers",
+        "hidden",
+        "heads",
+        "seq_len",
+        "vocab",
+        "micro_batch_size",
+        "microbatches",
+    ):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
     args = parser.parse_args()
-    fields = ("tp", "pp", "dp", "layers", "hidden", "heads", "seq_len", "vocab", "micro_batch_size", "microbatches")
+    fields = (
+        "tp",
+        "pp",
+        "dp",
+        "layers",
+        "hidden",
+        "heads",
+        "seq_len",
+        "vocab",
+        "micro_batch_size",
+        "microbatches",
+    )
     return args, GPTConfig(**{f: getattr(args, f) for f in fields})
 
 
@@ -41,7 +63,11 @@ def measure_once(config: GPTConfig, args: argparse.Namespace) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "capture"
         options = CaptureOptions(
-            config=config, out_dir=out, real=RealMode(args.real), warmup=args.warmup, iterations=args.iterations
+            config=config,
+            out_dir=out,
+            real=RealMode(args.real),
+            warmup=args.warmup,
+            iterations=args.iterations,
         )
         manifest = run_capture(options)
         files = CaptureFiles(out)
@@ -66,7 +92,11 @@ def main() -> None:
     runs = [measure_once(config, args) for _ in range(args.repeats)]
     keys = [k for k in runs[0][0] if k not in ("rank", "role")]
     records = [
-        {"rank": row["rank"], "role": row["role"], **{k: statistics.median(run[i][k] for run in runs) for k in keys}}
+        {
+            "rank": row["rank"],
+            "role": row["role"],
+            **{k: statistics.median(run[i][k] for run in runs) for k in keys},
+        }
         for i, row in enumerate(runs[0])
     ]
     table = Table(title=f"capture cost, {config.layout}, median of {args.repeats}")

@@ -44,7 +44,9 @@ def iteration(index: int) -> contextlib.AbstractContextManager[None]:
     return mark(Mark(phase=Phase.ITERATION, iter=index))
 
 
-def forward(*, stage: int, mb: int, layer: int | None = None, part: Part | None = None) -> contextlib.AbstractContextManager[None]:
+def forward(
+    *, stage: int, mb: int, layer: int | None = None, part: Part | None = None
+) -> contextlib.AbstractContextManager[None]:
     return mark(Mark(phase=Phase.FORWARD, stage=stage, mb=mb, layer=layer, part=part))
 
 

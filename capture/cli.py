@@ -75,7 +75,9 @@ def _size(path: Path) -> str:
 
 @app.command()
 def capture(
-    out: Annotated[Path, typer.Option("--out", "-o", help="Capture directory to create.")] = Path("capture-out"),
+    out: Annotated[Path, typer.Option("--out", "-o", help="Capture directory to create.")] = Path(
+        "capture-out"
+    ),
     tp: Annotated[int, typer.Option(help="Target tensor-parallel degree.")] = DEFAULT.tp,
     pp: Annotated[int, typer.Option(help="Target pipeline-parallel degree.")] = DEFAULT.pp,
     dp: Annotated[int, typer.Option(help="Target data-parallel degree.")] = DEFAULT.dp,
@@ -85,18 +87,28 @@ def capture(
     ffn_hidden: Annotated[int | None, typer.Option(help="MLP width [default: 4 * hidden].")] = None,
     seq_len: Annotated[int, typer.Option(help="Tokens per sample.")] = DEFAULT.seq_len,
     vocab: Annotated[int, typer.Option(help="Vocabulary size.")] = DEFAULT.vocab,
-    micro_batch_size: Annotated[int, typer.Option("--micro-batch-size", "--mbs", help="Samples per microbatch.")] = DEFAULT.micro_batch_size,
-    microbatches: Annotated[int, typer.Option(help="Microbatches per iteration per DP rank.")] = DEFAULT.microbatches,
+    micro_batch_size: Annotated[
+        int, typer.Option("--micro-batch-size", "--mbs", help="Samples per microbatch.")
+    ] = DEFAULT.micro_batch_size,
+    microbatches: Annotated[
+        int, typer.Option(help="Microbatches per iteration per DP rank.")
+    ] = DEFAULT.microbatches,
     dtype: Annotated[str, typer.Option(help="float32, float64, bfloat16 or float16.")] = DEFAULT.dtype,
     seed: Annotated[int, typer.Option(help="Seed of weights and data.")] = DEFAULT.seed,
-    grad_bucket_mb: Annotated[float, typer.Option(help="DP gradient bucket size (MiB).")] = DEFAULT.grad_bucket_mb,
+    grad_bucket_mb: Annotated[
+        float, typer.Option(help="DP gradient bucket size (MiB).")
+    ] = DEFAULT.grad_bucket_mb,
     iterations: Annotated[int, typer.Option(help="Iterations profiled per rank.")] = 2,
     warmup: Annotated[int, typer.Option(help="Iterations run before profiling.")] = 1,
     device: Annotated[str, typer.Option(help="cpu (gloo) or cuda (NCCL).")] = "cpu",
-    real: Annotated[RealMode, typer.Option(help="roles: one real rank per role, peers virtual; all: every rank real.")] = RealMode.ROLES,
+    real: Annotated[
+        RealMode, typer.Option(help="roles: one real rank per role, peers virtual; all: every rank real.")
+    ] = RealMode.ROLES,
     threads: Annotated[int, typer.Option(help="torch intra-op threads per rank process.")] = 1,
     overwrite: Annotated[bool, typer.Option(help="Replace a non-empty output directory.")] = False,
-    rank_timeout: Annotated[float, typer.Option(help="Seconds before stuck rank processes are killed.")] = 1800.0,
+    rank_timeout: Annotated[
+        float, typer.Option(help="Seconds before stuck rank processes are killed.")
+    ] = 1800.0,
 ) -> None:
     """Capture a slice of the built-in GPT job at its target layout (default: tiny model, tp=8 pp=16 dp=64)."""
     hooks = ConsoleHooks()
@@ -110,7 +122,9 @@ def capture(
             config=config, out_dir=out, real=real, warmup=warmup, iterations=iterations, threads=threads,
             overwrite=overwrite, rank_timeout_s=rank_timeout,
         )  # fmt: skip
-        console.print(f"[bold]prism-capture[/] {config.layout}, real={real.value}, model {_model_line(config)}")
+        console.print(
+            f"[bold]prism-capture[/] {config.layout}, real={real.value}, model {_model_line(config)}"
+        )
         manifest = run_capture(options, hooks)
     except (CaptureError, ConfigError, LayoutError) as e:
         hooks.close()

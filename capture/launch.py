@@ -44,7 +44,17 @@ def free_port() -> int:
 
 
 def rank_command(job_path: Path, rank: int | str, out_dir: Path) -> tuple[str, ...]:
-    return (sys.executable, "-m", "prism.capture.rank_main", "--job", str(job_path), "--rank", str(rank), "--out", str(out_dir))
+    return (
+        sys.executable,
+        "-m",
+        "prism.capture.rank_main",
+        "--job",
+        str(job_path),
+        "--rank",
+        str(rank),
+        "--out",
+        str(out_dir),
+    )
 
 
 def _pump(proc: subprocess.Popen, rank: int, log_path: Path, events: queue.Queue) -> None:
@@ -103,7 +113,9 @@ def run_processes(
                 launch.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=proc_env
             )
             procs[launch.rank] = proc
-            threading.Thread(target=_pump, args=(proc, launch.rank, launch.log_path, events), daemon=True).start()
+            threading.Thread(
+                target=_pump, args=(proc, launch.rank, launch.log_path, events), daemon=True
+            ).start()
         _wait_all(procs, {lr.rank: lr.log_path for lr in launches}, events, timeout_s, on_event)
     finally:
         for proc in procs.values():

@@ -105,7 +105,9 @@ def run_rank(job: RankJob, rank: int, out_dir: Path) -> RankResult:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m prism.capture.rank_main", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m prism.capture.rank_main", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--job", type=Path, required=True, help="job.json of the capture")
     parser.add_argument("--rank", type=int, required=True, help="global rank to run")
     parser.add_argument("--out", type=Path, required=True, help="capture directory to write into")

@@ -134,7 +134,11 @@ def _run_batch(options: CaptureOptions, tmp: Path, batch: RankBatch, hooks: Capt
     env = {"OMP_NUM_THREADS": str(options.threads)}
     try:
         run_processes(
-            launches, world_size=layout.world_size, timeout_s=options.rank_timeout_s, on_event=on_event, env=env
+            launches,
+            world_size=layout.world_size,
+            timeout_s=options.rank_timeout_s,
+            on_event=on_event,
+            env=env,
         )
     except LaunchError as e:
         raise CaptureError(str(e)) from e
@@ -192,7 +196,11 @@ def run_capture(options: CaptureOptions, hooks: CaptureHooks | None = None) -> C
             started_at=started_at,
             wall_s=round(time.perf_counter() - t0, 3),
             prism_version=PRISM_VERSION,
-            notes={"platform": platform.platform(), "cpu_count": os.cpu_count(), "python": platform.python_version()},
+            notes={
+                "platform": platform.platform(),
+                "cpu_count": os.cpu_count(),
+                "python": platform.python_version(),
+            },
         )
         write_manifest(manifest, tmp)
         _move_into_place(tmp, out_dir)

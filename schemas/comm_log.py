@@ -110,7 +110,9 @@ class CommLog:
         if data.get("schema") != SCHEMA:
             raise ValueError(f"not a prism comm log (schema={data.get('schema')!r})")
         if data.get("version") != VERSION:
-            raise ValueError(f"comm log version {data.get('version')!r} is not supported (expected {VERSION})")
+            raise ValueError(
+                f"comm log version {data.get('version')!r} is not supported (expected {VERSION})"
+            )
         groups = tuple(
             CommGroup(**{**g, "ranks": tuple(g["ranks"]), "real_ranks": tuple(g["real_ranks"])})
             for g in data["groups"]

@@ -80,7 +80,18 @@ class GPTConfig:
         return range(stage * n, (stage + 1) * n)
 
     def validate(self) -> None:
-        ints = ("layers", "hidden", "heads", "seq_len", "vocab", "micro_batch_size", "microbatches", "tp", "pp", "dp")
+        ints = (
+            "layers",
+            "hidden",
+            "heads",
+            "seq_len",
+            "vocab",
+            "micro_batch_size",
+            "microbatches",
+            "tp",
+            "pp",
+            "dp",
+        )
         for name in ints:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -89,7 +100,10 @@ class GPTConfig:
         if ffn is not None and (isinstance(ffn, bool) or not isinstance(ffn, int) or ffn < 1):
             raise ConfigError(f"ffn_hidden must be a positive integer or None, got {ffn!r}")
         checks = [
-            (self.hidden % self.heads == 0, f"hidden ({self.hidden}) must be divisible by heads ({self.heads})"),
+            (
+                self.hidden % self.heads == 0,
+                f"hidden ({self.hidden}) must be divisible by heads ({self.heads})",
+            ),
             (self.heads % self.tp == 0, f"heads ({self.heads}) must be divisible by tp ({self.tp})"),
             (self.ffn % self.tp == 0, f"ffn hidden ({self.ffn}) must be divisible by tp ({self.tp})"),
             (self.vocab % self.tp == 0, f"vocab ({self.vocab}) must be divisible by tp ({self.tp})"),

@@ -35,7 +35,9 @@ def load_kineto(path: Path) -> dict:
 
 
 def marks_of(trace: dict) -> list:
-    return [m for e in trace["traceEvents"] if e.get("ph") == "X" and (m := try_parse_mark(e["name"])) is not None]
+    return [
+        m for e in trace["traceEvents"] if e.get("ph") == "X" and (m := try_parse_mark(e["name"])) is not None
+    ]
 
 
 def test_manifest_names_one_rank_per_role(capture_dir: Path) -> None:
@@ -83,7 +85,9 @@ def expected_blocks(stage: int) -> Counter:
         blocks[(phase, None, None, None)] += 1
         for layer in CONFIG.stage_layers(stage):
             blocks[(phase, layer, None, None)] += 1
-        parts = ([Part.EMBED] if stage == 0 else []) + ([Part.HEAD, Part.LOSS] if stage == CONFIG.pp - 1 else [])
+        parts = ([Part.EMBED] if stage == 0 else []) + (
+            [Part.HEAD, Part.LOSS] if stage == CONFIG.pp - 1 else []
+        )
         for part in parts:
             blocks[(phase, None, part, None)] += 1
     if stage > 0:
@@ -107,14 +111,18 @@ def test_every_block_is_marked_for_every_microbatch(capture_dir: Path) -> None:
                 per_mb.setdefault(m.mb, Counter())[(m.phase, m.layer, m.part, m.dir)] += 1
         assert sorted(per_mb) == list(range(CONFIG.microbatches))
         for mb, seen in per_mb.items():
-            assert seen == Counter({k: v * ITERATIONS for k, v in expected_blocks(r.stage).items()}), f"rank {r.rank} microbatch {mb}"
+            assert seen == Counter({k: v * ITERATIONS for k, v in expected_blocks(r.stage).items()}), (
+                f"rank {r.rank} microbatch {mb}"
+            )
         phases = Counter(m.phase for m in marks)
         assert phases[Phase.ITERATION] == ITERATIONS
         assert phases[Phase.OPTIMIZER] == ITERATIONS
         assert phases[Phase.GRAD_SYNC] >= ITERATIONS
         peers = {m.peer for m in marks if m.phase in (Phase.SEND, Phase.RECV)}
         layout = manifest.layout
-        assert peers == {p for p in (layout.pipeline_prev(r.rank), layout.pipeline_next(r.rank)) if p is not None}
+        assert peers == {
+            p for p in (layout.pipeline_prev(r.rank), layout.pipeline_next(r.rank)) if p is not None
+        }
 
 
 def test_comm_log_binds_calls_to_layout_groups(capture_dir: Path) -> None:
@@ -129,11 +137,15 @@ def test_comm_log_binds_calls_to_layout_groups(capture_dir: Path) -> None:
         tp_label = f"tp.{layout.group_index(r.rank, 'tp')}"
         assert {c.label for c in log.calls if c.label.startswith("tp")} == {tp_label}
         p2p = [c for c in log.calls if c.op in ("send", "recv")]
-        assert p2p and all(c.bytes == CONFIG.micro_batch_size * CONFIG.seq_len * CONFIG.hidden * 4 for c in p2p)
+        assert p2p and all(
+            c.bytes == CONFIG.micro_batch_size * CONFIG.seq_len * CONFIG.hidden * 4 for c in p2p
+        )
         assert not any(c.delegated for c in log.calls)
         # Per-group sequence numbers count up from 0 on every group.
         for group in {c.group for c in log.calls}:
-            assert [c.gseq for c in log.calls if c.group == group] == list(range(sum(c.group == group for c in log.calls)))
+            assert [c.gseq for c in log.calls if c.group == group] == list(
+                range(sum(c.group == group for c in log.calls))
+            )
 
 
 def test_hta_loads_each_trace_with_its_rank(capture_dir: Path) -> None:

@@ -17,7 +17,9 @@ def launch(tmp_path: Path, rank: int, code: str) -> RankLaunch:
 
 
 def test_progress_events_reach_the_callback(tmp_path: Path) -> None:
-    code = f"print({PROGRESS_PREFIX!r} + '{{\"rank\": 0, \"event\": \"iteration\", \"done\": 1}}'); print('hello')"
+    code = (
+        f'print({PROGRESS_PREFIX!r} + \'{{"rank": 0, "event": "iteration", "done": 1}}\'); print(\'hello\')'
+    )
     events: list[dict] = []
     run_processes([launch(tmp_path, 0, code)], world_size=1, timeout_s=60, on_event=events.append)
     assert events == [{"rank": 0, "event": "iteration", "done": 1}]

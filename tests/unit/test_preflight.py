@@ -1,0 +1,37 @@
+"""The analytic per-rank parameter count behind the --real all memory check matches the model."""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+
+from prism.capture.preflight import CaptureError, check_full_run_fits, stage_parameter_count
+from prism.capture.workloads.gpt import GPTWorkload
+from prism.replay import BACKEND_NAME, FreeRunningClock, VirtualWorld, activate
+from prism.schemas.workload import GPTConfig
+
+CONFIG = GPTConfig(layers=4, hidden=64, heads=4, seq_len=16, vocab=256, microbatches=4, tp=2, pp=4, dp=2)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 3])
+def test_stage_parameter_count_matches_the_built_shard(stage: int) -> None:
+    rank = CONFIG.layout.rank(tp=1, dp=1, pp=stage)
+    activate(VirtualWorld(real_ranks=frozenset({rank}), clock=FreeRunningClock()))
+    dist.init_process_group(
+        BACKEND_NAME, rank=rank, world_size=CONFIG.layout.world_size, store=dist.HashStore()
+    )
+    try:
+        assert GPTWorkload(CONFIG).parameter_count == stage_parameter_count(CONFIG, stage)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_full_run_beyond_memory_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import prism.capture.preflight as preflight
+
+    class Tiny:
+        available = 1 * 2**20
+
+    monkeypatch.setattr(preflight.psutil, "virtual_memory", lambda: Tiny)
+    with pytest.raises(CaptureError, match="GiB is available"):
+        check_full_run_fits(GPTConfig(layers=2, hidden=64, heads=2, tp=1, pp=1, dp=2, microbatches=1))
