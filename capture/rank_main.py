@@ -46,8 +46,9 @@ def layout_labeler(layout: ParallelLayout):
 
 def _init_distributed(job: RankJob, rank: int) -> None:
     layout = job.config.layout
-    real = None if job.real_ranks is None else frozenset(job.real_ranks)
-    world = VirtualWorld(real_ranks=real, clock=FreeRunningClock(), labeler=layout_labeler(layout))
+    world = VirtualWorld(
+        real_ranks=job.real_ranks_for(rank), clock=FreeRunningClock(), labeler=layout_labeler(layout)
+    )
     activate(world)
     # The store waits only for the real ranks: virtual ones never connect.
     store = rendezvous_store(rank, layout.world_size, world)

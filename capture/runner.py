@@ -108,11 +108,12 @@ def check_options(options: CaptureOptions) -> None:
     check_output(options.out_dir, overwrite=options.overwrite)
 
 
-def _job(options: CaptureOptions, real_ranks: tuple[int, ...] | None) -> RankJob:
+def _job(options: CaptureOptions) -> RankJob:
+    # Roles run alone (empty tuple: only the rank itself is real); --real all runs every rank.
     return RankJob(
         workload="gpt",
         config=options.config,
-        real_ranks=real_ranks,
+        real_ranks=None if options.real == RealMode.ALL else (),
         warmup=options.warmup,
         iterations=options.iterations,
         threads=options.threads,
@@ -122,11 +123,8 @@ def _job(options: CaptureOptions, real_ranks: tuple[int, ...] | None) -> RankJob
 def _run_batch(options: CaptureOptions, tmp: Path, batch: RankBatch, hooks: CaptureHooks) -> None:
     files = CaptureFiles(tmp)
     layout = options.config.layout
-    real = None if options.real == RealMode.ALL else batch.ranks
-    job_path = tmp / f".job-{'-'.join(map(str, batch.ranks[:4]))}.json"
-    write_json_atomic(job_path, _job(options, real).to_dict())
     launches = [
-        RankLaunch(rank=r, argv=rank_command(job_path, r, tmp), log_path=files.log(r), local_rank=i)
+        RankLaunch(rank=r, argv=rank_command(files.job, r, tmp), log_path=files.log(r), local_rank=i)
         for i, r in enumerate(batch.ranks)
     ]
     on_event = hooks.batch_starting(batch.ranks, {r: layout.role(r) for r in batch.ranks})
@@ -142,8 +140,6 @@ def _run_batch(options: CaptureOptions, tmp: Path, batch: RankBatch, hooks: Capt
         )
     except LaunchError as e:
         raise CaptureError(str(e)) from e
-    finally:
-        job_path.unlink(missing_ok=True)
     hooks.batch_done(batch.ranks)
 
 
@@ -177,13 +173,12 @@ def run_capture(options: CaptureOptions, hooks: CaptureHooks | None = None) -> C
     out_dir = options.out_dir
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.resolve().parent))
     try:
+        job = _job(options)
+        write_json_atomic(CaptureFiles(tmp).job, job.to_dict())
         batches = plan_batches(options)
         for batch in batches:
             _run_batch(options, tmp, batch, hooks)
         ranks = tuple(_captured_rank(tmp, r, options) for b in batches for r in b.ranks)
-        real_ranks = None if options.real == RealMode.ALL else tuple(r.rank for r in ranks)
-        job = _job(options, real_ranks)
-        write_json_atomic(CaptureFiles(tmp).job, job.to_dict())
         manifest = CaptureManifest(
             layout=options.config.layout,
             mode=options.real.value,
@@ -213,8 +208,9 @@ def run_capture(options: CaptureOptions, hooks: CaptureHooks | None = None) -> C
 def rerun_command_template() -> tuple[str, ...]:
     """argv that re-runs one rank of a capture; replay fills in the placeholders.
 
-    With ``job.real_ranks`` naming several ranks, the rank process also expects MASTER_ADDR,
-    MASTER_PORT and LOCAL_RANK in its environment, as under torchrun.
+    For a roles capture the command runs alone; for a ``--real all`` capture every rank of the
+    world must be started together, with MASTER_ADDR, MASTER_PORT and LOCAL_RANK in the
+    environment, as under torchrun.
     """
     return rank_command(Path("{capture_dir}") / "job.json", "{rank}", Path("{out_dir}"))
 

@@ -86,7 +86,15 @@ class RankJob:
     config: GPTConfig
     """Model and target layout: every real rank gets the per-rank shapes of this job."""
     real_ranks: tuple[int, ...] | None
-    """Ranks that run as real processes at the same time; None means all of them."""
+    """Ranks that run as real processes at the same time; None means all of them, and an
+    empty tuple means the rank being run alone (every peer virtual, as in a roles capture)."""
+
+    def real_ranks_for(self, rank: int) -> frozenset[int] | None:
+        """The real ranks seen by the process that runs ``rank``."""
+        if self.real_ranks is None:
+            return None
+        return frozenset(self.real_ranks) if self.real_ranks else frozenset({rank})
+
     warmup: int
     """Iterations run before profiling starts."""
     iterations: int

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -156,3 +157,21 @@ def test_hta_loads_each_trace_with_its_rank(capture_dir: Path) -> None:
     assert sorted(ta.t.get_ranks()) == ranks
     for rank in ranks:
         assert len(ta.t.get_trace(rank)) > 100
+
+
+def test_rerun_command_runs_one_rank_alone(capture_dir: Path, tmp_path: Path) -> None:
+    """Replay starts ranks with the manifest's command: it must work for a rank on its own."""
+    manifest = read_manifest(capture_dir)
+    middle = manifest.rank_of_role(Role.MIDDLE)
+    values = {"{capture_dir}": str(capture_dir), "{rank}": str(middle.rank), "{out_dir}": str(tmp_path)}
+    argv = [values.get(arg, arg) for arg in manifest.rerun_command]
+    argv = [arg.replace("{capture_dir}", str(capture_dir)) for arg in argv]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rerun = CaptureFiles(tmp_path)
+    assert all(p.is_file() for p in rerun.rank_files(middle.rank))
+    original = read_comm_log(CaptureFiles(capture_dir).comm(middle.rank)).calls
+    again = read_comm_log(rerun.comm(middle.rank)).calls
+    assert [(c.op, c.label, c.gseq, c.bytes) for c in again] == [
+        (c.op, c.label, c.gseq, c.bytes) for c in original
+    ]
