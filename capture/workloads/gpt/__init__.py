@@ -6,7 +6,7 @@ non-interleaved 1F1B pipeline parallelism and bucketed data-parallel gradient av
     result = wl.train_step(it)     # result.loss on the last stage, None elsewhere
 """
 
-from prism.capture.workloads.gpt.schedule import Action, Step, one_f_one_b
 from prism.capture.workloads.gpt.train import GPTWorkload, StepResult
+from prism.schemas.pipeline_schedule import Action, Step, one_f_one_b
 
 __all__ = ["Action", "GPTWorkload", "Step", "StepResult", "one_f_one_b"]

@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 
 from prism.capture import annotate
-from prism.capture.workloads.gpt.schedule import Action, Step
 from prism.schemas.annotations import Direction
+from prism.schemas.pipeline_schedule import Action, Step
 
 ForwardStep = Callable[[int, torch.Tensor | None], torch.Tensor]
 """(microbatch, received input activation or None on the first stage) -> output (loss on the last stage)."""

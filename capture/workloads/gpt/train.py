@@ -24,7 +24,7 @@ from prism.capture.workloads.gpt.init import ParamFactory
 from prism.capture.workloads.gpt.model import GPTStage
 from prism.capture.workloads.gpt.parallel_state import ParallelState, build_parallel_state
 from prism.capture.workloads.gpt.pipeline import P2P, ForwardStep, run_schedule
-from prism.capture.workloads.gpt.schedule import one_f_one_b
+from prism.schemas.pipeline_schedule import one_f_one_b
 from prism.schemas.workload import GPTConfig
 
 

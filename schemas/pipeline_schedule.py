@@ -1,4 +1,5 @@
-"""The non-interleaved 1F1B pipeline schedule as a pure list of steps (Megatron's
+"""The non-interleaved 1F1B pipeline schedule as a pure list of steps, shared by the workload
+that runs it and the graph builder that extrapolates it (Megatron's
 ``forward_backward_pipelining_without_interleaving``).
 
 Stage ``s`` of ``pp`` runs ``W = min(pp - s - 1, M)`` warm-up forwards, then ``M - W`` steady

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from prism.capture.workloads.gpt.schedule import TRANSFERS, Action, Step, one_f_one_b, warmup_forwards
+from prism.schemas.pipeline_schedule import TRANSFERS, Action, Step, one_f_one_b, warmup_forwards
 
 PP, M = 4, 8
 COMPUTE = (Action.FORWARD, Action.BACKWARD)
