@@ -1,0 +1,140 @@
+"""``graph.parquet``: the full-scale execution graph, one row per node (an op instance on one rank).
+
+Rows are sorted by (rank, stream, index) and written in row groups of consecutive ranks, so
+that reading one rank prunes every other row group. Program order is the row order within
+(rank, stream); ``deps`` lists extra same-rank dependencies (a wait on earlier asynchronous
+transfers). Cross-rank dependencies are implicit: collective nodes of one instance share a
+``coll_id``; the n-th send from rank a to rank b meets the n-th recv at b from a (``p2p_seq``).
+
+File-level metadata (key ``prism``) is a JSON object: see ``GraphMetadata``.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import asdict, dataclass, field
+
+import pyarrow as pa
+
+SCHEMA_NAME = "prism.graph"
+VERSION = 1
+METADATA_KEY = b"prism"
+
+
+class NodeKind(enum.StrEnum):
+    """What a node does."""
+
+    COMPUTE = "compute"  # CPU/GPU work of the rank itself; takes dur_ns
+    COLLECTIVE = "collective"  # starts when every member of coll_id has arrived
+    SEND = "send"  # pipeline transfer to ``peer``
+    RECV = "recv"  # pipeline transfer from ``peer``
+
+
+# Column names: every reader and writer uses these constants.
+RANK = "rank"
+STREAM = "stream"
+INDEX = "index"
+KIND = "kind"
+NAME = "name"
+PHASE = "phase"
+STAGE = "stage"
+MB = "mb"
+LAYER = "layer"
+PART = "part"
+DUR_NS = "dur_ns"
+GAP_NS = "gap_ns"
+COLL_ID = "coll_id"
+GROUP_KIND = "group_kind"
+GROUP_INDEX = "group_index"
+GROUP_SIZE = "group_size"
+PEER = "peer"
+P2P_SEQ = "p2p_seq"
+BYTES = "bytes"
+DTYPE = "dtype"
+IS_ASYNC = "is_async"
+ALLOC_BYTES = "alloc_bytes"
+FREE_BYTES = "free_bytes"
+DEPS = "deps"
+SRC_RANK = "src_rank"
+SRC_OP = "src_op"
+
+NONE = -1
+"""Integer columns use -1 for 'does not apply' (no microbatch, no peer, ...)."""
+
+_DICT = pa.dictionary(pa.int32(), pa.string())
+
+SCHEMA = pa.schema(
+    [
+        pa.field(RANK, pa.int32(), nullable=False),  # global rank in the target layout
+        pa.field(STREAM, pa.int16(), nullable=False),  # 0: the rank's main CPU thread
+        pa.field(INDEX, pa.int32(), nullable=False),  # program order within (rank, stream)
+        pa.field(KIND, _DICT, nullable=False),  # NodeKind
+        pa.field(NAME, _DICT, nullable=False),  # op name, e.g. aten::mm or all_reduce
+        pa.field(PHASE, _DICT, nullable=False),  # annotation phase of the block (fwd, bwd, ...)
+        pa.field(STAGE, pa.int16(), nullable=False),  # pipeline stage of the rank
+        pa.field(MB, pa.int32(), nullable=False),  # microbatch, or -1
+        pa.field(LAYER, pa.int32(), nullable=False),  # global layer, or -1
+        pa.field(PART, _DICT, nullable=False),  # embed / head / loss, or ""
+        pa.field(DUR_NS, pa.int64(), nullable=False),  # compute: measured; comm: cost model
+        pa.field(GAP_NS, pa.int64(), nullable=False),  # idle time before the node after its predecessor
+        pa.field(COLL_ID, pa.int64(), nullable=False),  # collective instance, or -1
+        pa.field(GROUP_KIND, _DICT, nullable=False),  # tp / dp / pp / world, or ""
+        pa.field(GROUP_INDEX, pa.int32(), nullable=False),  # index of the group along its axis, or -1
+        pa.field(GROUP_SIZE, pa.int32(), nullable=False),  # members of the group (2 for p2p), or 0
+        pa.field(PEER, pa.int32(), nullable=False),  # other rank of a send/recv, or -1
+        pa.field(P2P_SEQ, pa.int32(), nullable=False),  # n-th transfer between (src, dst), or -1
+        pa.field(BYTES, pa.int64(), nullable=False),  # payload of comm nodes, 0 otherwise
+        pa.field(DTYPE, _DICT, nullable=False),  # payload dtype, or ""
+        pa.field(IS_ASYNC, pa.bool_(), nullable=False),  # completion does not block program order
+        pa.field(ALLOC_BYTES, pa.int64(), nullable=False),  # bytes allocated by the node
+        pa.field(FREE_BYTES, pa.int64(), nullable=False),  # bytes freed by the node
+        pa.field(DEPS, pa.list_(pa.int32()), nullable=False),  # indices (same rank, stream) it waits on
+        pa.field(SRC_RANK, pa.int32(), nullable=False),  # captured rank the node was taken from
+        pa.field(SRC_OP, pa.int64(), nullable=False),  # op of the captured rank's table it copies
+    ]
+)
+
+COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GraphMetadata:
+    """File-level facts of a graph (stored as JSON under the ``prism`` metadata key)."""
+
+    layout: dict
+    """Target layout: tp, pp, dp, order."""
+    model: dict
+    """Workload config of the target job (GPTConfig fields)."""
+    cluster: dict
+    """Cluster spec the comm durations were computed with."""
+    capture_digest: str
+    """sha256 of the capture's manifest.json."""
+    build_options: dict
+    """Options of the build (microbatches, layers, ...)."""
+    prism_version: str
+    """prism version that built the graph."""
+    schema: str = SCHEMA_NAME
+    """Always 'prism.graph'."""
+    version: int = VERSION
+    """Graph format version."""
+    extra: dict = field(default_factory=dict)
+    """Summary numbers of the build (nodes, collectives, bytes by group kind)."""
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> GraphMetadata:
+        values = json.loads(data)
+        if values.get("schema") != SCHEMA_NAME:
+            raise ValueError(f"not a prism graph (schema={values.get('schema')!r})")
+        if values.get("version") != VERSION:
+            raise ValueError(
+                f"graph format version {values.get('version')!r} is not supported (expects {VERSION})"
+            )
+        return cls(**values)
+
+
+def schema_with_metadata(metadata: GraphMetadata) -> pa.Schema:
+    return SCHEMA.with_metadata({METADATA_KEY: metadata.to_bytes()})
