@@ -9,6 +9,7 @@ from pathlib import Path
 import psutil
 import torch
 
+from prism.schemas.gpt_params import stage_parameter_numels
 from prism.schemas.workload import GPTConfig
 
 # A CPU rank process (torch + gloo + profiler) costs this much beyond its tensors.
@@ -29,15 +30,8 @@ def check_device(config: GPTConfig) -> None:
 
 
 def stage_parameter_count(config: GPTConfig, stage: int) -> int:
-    """Parameters one rank of ``stage`` holds (analytic; matches the workload's shapes)."""
-    h, f, tp = config.hidden, config.ffn, config.tp
-    per_layer = (3 * h * h + 3 * h) // tp + h * h // tp + h + (h * f + f) // tp + f * h // tp + h + 4 * h
-    params = config.layers_per_stage * per_layer
-    if stage == 0:
-        params += config.vocab // tp * h + config.seq_len * h
-    if stage == config.pp - 1:
-        params += 2 * h + h * config.vocab // tp
-    return params
+    """Parameters one rank of ``stage`` holds."""
+    return sum(stage_parameter_numels(config, stage))
 
 
 def activation_bytes(config: GPTConfig) -> int:

@@ -8,9 +8,12 @@ import torch.distributed as dist
 from prism.capture.preflight import CaptureError, check_full_run_fits, stage_parameter_count
 from prism.capture.workloads.gpt import GPTWorkload
 from prism.replay import BACKEND_NAME, FreeRunningClock, VirtualWorld, activate
+from prism.schemas.gpt_params import stage_buckets, stage_parameter_shapes
 from prism.schemas.workload import GPTConfig
 
-CONFIG = GPTConfig(layers=4, hidden=64, heads=4, seq_len=16, vocab=256, microbatches=4, tp=2, pp=4, dp=2)
+CONFIG = GPTConfig(
+    layers=8, hidden=64, heads=4, seq_len=16, vocab=256, microbatches=4, tp=2, pp=4, dp=2, grad_bucket_mb=0.02
+)
 
 
 @pytest.mark.parametrize("stage", [0, 1, 3])
@@ -21,7 +24,15 @@ def test_stage_parameter_count_matches_the_built_shard(stage: int) -> None:
         BACKEND_NAME, rank=rank, world_size=CONFIG.layout.world_size, store=dist.HashStore()
     )
     try:
-        assert GPTWorkload(CONFIG).parameter_count == stage_parameter_count(CONFIG, stage)
+        workload = GPTWorkload(CONFIG)
+        assert workload.parameter_count == stage_parameter_count(CONFIG, stage)
+        # The graph builder plans DP buckets from these shapes: they must be the model's, in order.
+        built = [(name, tuple(p.shape)) for name, p in workload.model.named_parameters()]
+        declared = stage_parameter_shapes(CONFIG, stage)
+        assert [shape for _, shape in built] == [shape for _, shape in declared]
+        assert [b.numel for b in workload.grad_sync.buckets] == [
+            b.numel for b in stage_buckets(CONFIG, stage, 4)
+        ]
     finally:
         dist.destroy_process_group()
 

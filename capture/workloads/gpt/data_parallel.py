@@ -13,50 +13,13 @@ With dp == 1 the buckets and their marks are the same but nothing is copied or c
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from prism.capture import annotate
-
-MIB = 1 << 20
-
-
-@dataclass(frozen=True, kw_only=True)
-class Bucket:
-    """Parameters whose gradients are all-reduced together."""
-
-    index: int
-    """Position in the sync order."""
-    params: tuple[int, ...]
-    """Indices into the parameter list, in packing order."""
-    numel: int
-    """Elements of the flat buffer."""
-
-
-def plan_buckets(sizes_bytes: Sequence[int], numels: Sequence[int], bucket_bytes: int) -> list[Bucket]:
-    """Pack parameters (given by size, in model order) into buckets, last parameter first."""
-    buckets: list[Bucket] = []
-    current: list[int] = []
-    filled = 0
-
-    def close() -> None:
-        nonlocal current, filled
-        buckets.append(
-            Bucket(index=len(buckets), params=tuple(current), numel=sum(numels[i] for i in current))
-        )
-        current, filled = [], 0
-
-    for i in reversed(range(len(sizes_bytes))):
-        current.append(i)
-        filled += sizes_bytes[i]
-        if filled >= bucket_bytes:
-            close()
-    if current:
-        close()
-    return buckets
+from prism.schemas.gpt_params import MIB, Bucket, plan_buckets
 
 
 class GradSync:
