@@ -1,0 +1,430 @@
+"""Calibrate the ``local`` cluster spec: time real gloo collectives here, fit α and β per op class.
+
+The local machine is treated as one node of ``procs`` GPUs. For every op class c the samples are
+fitted by least squares to ``T = hops·α_c + volume·β_c`` (hops and volume from
+``prism.graph.comm.single_node_terms``, so the fit speaks the cost model's language), then turned
+into a spec: p2p is the reference link (``α = α_p2p``, ``B = 1/β_p2p``) and every other class gets
+``latency_factor = α_c/α_p2p`` and ``bandwidth_efficiency = β_p2p/β_c``; the model built from the
+spec then reproduces each class's fitted line exactly. Times span several decades between 4 KiB
+and 16 MiB, so rows are weighted by 1/T: the fit minimises *relative* error, otherwise the
+largest sizes alone would set α.
+
+Samples come from a microbenchmark (``run_benchmark``) and optionally from the comm logs of a
+``--real all`` capture (``samples_from_comm_logs``), whose delegated calls ran on real gloo groups.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from prism.graph.comm import OPS, CommModel, op_class, single_node_terms
+from prism.schemas.cluster import OP_CLASSES, ClusterSpec, local_path
+from prism.schemas.comm_log import CommLog, read_comm_log
+from prism.schemas.manifest import COMM_DIR
+
+KiB, MiB = 2**10, 2**20
+DEFAULT_SIZES = (4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB)
+BENCH_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "gather", "scatter", "barrier", "send")  # fmt: skip
+
+
+class CalibrationError(RuntimeError):
+    """The benchmark failed or its timings cannot be fitted."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sample:
+    """One measured point: the median time of one (op, bytes, group size) on one node."""
+
+    op: str
+    """Comm-log op name."""
+    bytes: int
+    """Bytes this rank contributes, as in the comm log."""
+    group_size: int
+    """Members of the group."""
+    seconds: float
+    """Median duration."""
+    source: str = "bench"
+    """'bench' (microbenchmark) or 'comm_log' (delegated calls of a capture)."""
+    count: int = 1
+    """Observations behind the median."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClassFit:
+    """Fitted α and β of one op class."""
+
+    alpha_s: float
+    """Latency per hop (seconds)."""
+    beta_s_per_byte: float
+    """Seconds per byte of volume (1/bandwidth); 0 for barrier."""
+    samples: int
+    """Samples the fit used."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibrationFit:
+    """Per-class fits, and the classes that could not be fitted with the reason."""
+
+    classes: dict[str, ClassFit]
+    """Fitted classes by OP_CLASSES key."""
+    skipped: dict[str, str] = field(default_factory=dict)
+    """Class -> why it was not fitted (it keeps factor 1.0 in the spec)."""
+
+    def to_spec(self, *, gpus_per_node: int, name: str = "local", notes: str = "") -> ClusterSpec:
+        """One-node spec whose model reproduces every fitted class (inter-node = intra-node)."""
+        with_bw = [c for c in OP_CLASSES if c in self.classes and self.classes[c].beta_s_per_byte > 0]
+        if not with_bw:
+            raise CalibrationError("no op class with a bandwidth could be fitted; use larger sizes")
+        ref = self.classes["p2p" if "p2p" in with_bw else with_bw[0]]
+        alpha = ref.alpha_s if ref.alpha_s > 0 else max(f.alpha_s for f in self.classes.values())
+        efficiency = {
+            c: ref.beta_s_per_byte / f.beta_s_per_byte
+            for c, f in self.classes.items()
+            if f.beta_s_per_byte > 0
+        }
+        factor = {c: f.alpha_s / alpha for c, f in self.classes.items()} if alpha > 0 else {}
+        for table in (efficiency, factor):  # on one node the tree must never undercut the ring
+            if "all_reduce" in table:
+                table["all_reduce_tree"] = table["all_reduce"]
+        bw = 1.0 / ref.beta_s_per_byte
+        return ClusterSpec(
+            name=name, gpus_per_node=gpus_per_node, intra_bandwidth_bytes_per_s=bw, intra_latency_s=alpha,
+            inter_bandwidth_bytes_per_s=bw, inter_latency_s=alpha, bandwidth_efficiency=efficiency,
+            latency_factor=factor, notes=notes,
+        )  # fmt: skip
+
+
+# -- fitting ---------------------------------------------------------------------------------
+
+
+def fit_samples(samples: Iterable[Sample]) -> CalibrationFit:
+    """Weighted (relative-error) least squares of ``T = hops·α + volume·β`` per op class."""
+    by_class: dict[str, list[Sample]] = defaultdict(list)
+    for s in samples:
+        if s.seconds > 0 and (s.group_size > 1 or op_class(s.op) == "p2p"):
+            by_class[op_class(s.op)].append(s)
+    classes, skipped = {}, {}
+    for cls, rows in by_class.items():
+        try:
+            classes[cls] = _fit_class(cls, rows)
+        except CalibrationError as e:
+            skipped[cls] = str(e)
+    return CalibrationFit(classes=classes, skipped=skipped)
+
+
+def _fit_class(cls: str, rows: list[Sample]) -> ClassFit:
+    hops, volume = (np.concatenate(a) for a in zip(*(_terms(s) for s in rows), strict=True))
+    t = np.array([s.seconds for s in rows])
+    columns = [hops] if cls == "barrier" else [hops, volume]
+    coef = _lstsq(np.stack(columns, axis=1), t)
+    if len(coef) == 2 and coef[0] < 0:  # negative latency is noise: refit the slope alone
+        coef = np.array([0.0, *_lstsq(volume[:, None], t)])
+    if len(coef) == 2 and coef[1] <= 0:
+        raise CalibrationError("time does not grow with size; measure larger sizes")
+    alpha, beta = float(max(coef[0], 0.0)), float(coef[1]) if len(coef) == 2 else 0.0
+    return ClassFit(alpha_s=alpha, beta_s_per_byte=beta, samples=len(rows))
+
+
+def _terms(s: Sample) -> tuple[np.ndarray, np.ndarray]:
+    return single_node_terms(s.op, np.array([s.bytes]), np.array([s.group_size]))
+
+
+def _lstsq(a: np.ndarray, t: np.ndarray) -> np.ndarray:
+    weighted = a / t[:, None]  # row i divided by T_i: residuals become relative errors
+    if np.linalg.matrix_rank(weighted) < a.shape[1]:
+        raise CalibrationError("needs samples at two or more sizes or group sizes")
+    coef, *_ = np.linalg.lstsq(weighted, np.ones_like(t), rcond=None)
+    return coef
+
+
+def samples_from_comm_logs(logs: Iterable[CommLog]) -> list[Sample]:
+    """Median ``done_ns - enter_ns`` per (op, bytes, group size) of delegated calls (one node assumed)."""
+    durations: dict[tuple[str, int, int], list[float]] = defaultdict(list)
+    for log in logs:
+        for c in log.calls:
+            if c.delegated and c.op in OPS and c.done_ns > c.enter_ns:
+                durations[(c.op, c.bytes, c.group_size)].append((c.done_ns - c.enter_ns) / 1e9)
+    return [
+        Sample(op=op, bytes=n, group_size=p, seconds=statistics.median(d), source="comm_log", count=len(d))
+        for (op, n, p), d in sorted(durations.items())
+    ]
+
+
+def fit_from_comm_logs(logs: Iterable[CommLog]) -> CalibrationFit:
+    """Fit α and β per op class from the delegated calls of comm logs alone."""
+    return fit_samples(samples_from_comm_logs(logs))
+
+
+def read_comm_logs(paths: Iterable[Path]) -> list[CommLog]:
+    """Comm logs from files or capture directories (their ``comm/rank*.comm.json``)."""
+    files: list[Path] = []
+    for path in map(Path, paths):
+        if not path.exists():
+            raise CalibrationError(f"no capture directory or comm log at {path}")
+        found = sorted((path / COMM_DIR).glob("rank*.comm.json")) if path.is_dir() else [path]
+        if not found:
+            raise CalibrationError(f"no comm logs under {path / COMM_DIR}")
+        files += found
+    return [read_comm_log(f) for f in files]
+
+
+# -- the whole calibration -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibrationConfig:
+    """What to measure and where to write the spec."""
+
+    sizes: tuple[int, ...] = DEFAULT_SIZES
+    """Bytes per rank (comm-log meaning) to time each op at."""
+    max_procs: int = max(2, min(4, os.cpu_count() or 2))
+    """Processes to spawn; group sizes are the powers of two from 2 up to it."""
+    ops: tuple[str, ...] = BENCH_OPS
+    """Ops to time ('send' times a send/recv ping-pong)."""
+    reps: int = 9
+    """Timed repetitions per point (the median is kept)."""
+    calls_per_rep: int = 3
+    """Back-to-back calls per repetition (their mean is one repetition's time)."""
+    warmup: int = 2
+    """Untimed repetitions before the timed ones."""
+    timeout_s: float = 300.0
+    """Seconds before the benchmark processes are killed."""
+    comm_logs: tuple[Path, ...] = ()
+    """Comm-log files or capture directories whose delegated calls join the fit."""
+    out: Path | None = None
+    """Spec file to write; None writes the 'local' path."""
+    gpus_per_node: int | None = None
+    """'GPUs' per node of the spec; None: max(max_procs, CPU count), as every local rank shares this node."""
+
+    def __post_init__(self) -> None:
+        if self.max_procs < 2:
+            raise ValueError(f"max_procs must be at least 2, got {self.max_procs}")
+        if not self.sizes or min(self.sizes) < 4:
+            raise ValueError("sizes must be given and at least 4 bytes each")
+        unknown = sorted(set(self.ops) - set(BENCH_OPS))
+        if unknown:
+            raise ValueError(f"cannot time op(s) {', '.join(unknown)}; known: {', '.join(BENCH_OPS)}")
+        if self.reps < 1 or self.calls_per_rep < 1 or self.warmup < 0:
+            raise ValueError("reps and calls_per_rep must be positive, warmup non-negative")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Check:
+    """A sample against the fitted model."""
+
+    sample: Sample
+    """What was measured."""
+    predicted_s: float
+    """What the fitted spec's CommModel predicts."""
+
+    @property
+    def rel_error(self) -> float:
+        return abs(self.predicted_s - self.sample.seconds) / self.sample.seconds
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibrationResult:
+    """The fitted spec, where it was written, and how well it predicts the samples."""
+
+    spec: ClusterSpec
+    """The 'local' spec."""
+    fit: CalibrationFit
+    """Per-class α and β."""
+    checks: tuple[Check, ...]
+    """Every sample with its prediction."""
+    path: Path
+    """Where the spec was written."""
+
+    @property
+    def median_rel_error(self) -> float:
+        return statistics.median(c.rel_error for c in self.checks)
+
+
+def check_samples(spec: ClusterSpec, samples: list[Sample]) -> tuple[Check, ...]:
+    model = CommModel(spec)
+    return tuple(
+        Check(sample=s, predicted_s=model.duration_ns(s.op, s.bytes, s.group_size, 1) / 1e9) for s in samples
+    )
+
+
+def calibrate(config: CalibrationConfig) -> CalibrationResult:
+    """Time collectives here, add comm-log samples, fit, write the spec, check it."""
+    logs = read_comm_logs(config.comm_logs)
+    samples = run_benchmark(config) + samples_from_comm_logs(logs)
+    fit = fit_samples(samples)
+    notes = (
+        f"calibrated by prism-calibrate on {os.uname().nodename} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}: "
+        f"gloo, {config.max_procs} processes, {len(samples)} samples"
+    )
+    gpus_per_node = config.gpus_per_node or max(config.max_procs, os.cpu_count() or 1)
+    spec = fit.to_spec(gpus_per_node=gpus_per_node, notes=notes)
+    path = spec.save(config.out or local_path())
+    return CalibrationResult(spec=spec, fit=fit, checks=check_samples(spec, samples), path=path)
+
+
+# -- the microbenchmark ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Plan:
+    """What every benchmark process runs (pickled to the spawned processes)."""
+
+    world: int
+    port: int
+    group_sizes: tuple[int, ...]
+    sizes: tuple[int, ...]
+    ops: tuple[str, ...]
+    reps: int
+    calls_per_rep: int
+    warmup: int
+    timeout_s: float
+    result_path: str
+
+
+def run_benchmark(config: CalibrationConfig) -> list[Sample]:
+    """Spawn gloo processes on localhost and time every (op, size, group size); rank 0 reports."""
+    group_sizes = tuple(2**i for i in range(1, config.max_procs.bit_length()) if 2**i <= config.max_procs)
+    with tempfile.TemporaryDirectory(prefix="prism-calibrate-") as tmp:
+        plan = _Plan(
+            world=group_sizes[-1], port=_free_port(), group_sizes=group_sizes, sizes=tuple(sorted(config.sizes)),
+            ops=config.ops, reps=config.reps, calls_per_rep=config.calls_per_rep, warmup=config.warmup,
+            timeout_s=config.timeout_s, result_path=str(Path(tmp) / "result.json"),
+        )  # fmt: skip
+        ctx = mp.get_context("spawn")  # fork would copy this process's threads and torch state
+        procs = [ctx.Process(target=_worker, args=(r, plan), daemon=True) for r in range(plan.world)]
+        for proc in procs:
+            proc.start()
+        _join(procs, config.timeout_s)
+        points = json.loads(Path(plan.result_path).read_text())
+    return [Sample(op=op, bytes=n, group_size=p, seconds=t, count=config.reps) for op, n, p, t in points]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _join(procs: list, timeout_s: float) -> None:
+    """Wait for all; on a failure or timeout kill the rest so a stuck collective never hangs us."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        while any(p.exitcode is None for p in procs):
+            failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if failed:
+                raise CalibrationError(f"a benchmark process exited with code {failed[0]} (see its stderr)")
+            if time.monotonic() > deadline:
+                raise CalibrationError(f"benchmark still running after {timeout_s:.0f} s; killed")
+            time.sleep(0.05)
+        if any(p.exitcode != 0 for p in procs):
+            raise CalibrationError("a benchmark process failed (see its stderr)")
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join()
+
+
+def _points(plan: _Plan) -> list[tuple[str, int, int]]:
+    """(op, group size, float32 elements per rank) in the order every rank runs them."""
+    points = []
+    for p in plan.group_sizes:
+        for op in plan.ops:
+            if op == "barrier":
+                points.append((op, p, 0))
+            elif op != "send" or p == 2:  # the ping-pong runs between ranks 0 and 1 only
+                points += [(op, p, max(1, size // 4 // p) * p) for size in plan.sizes]
+    return points
+
+
+def _worker(rank: int, plan: _Plan) -> None:
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{plan.port}", rank=rank, world_size=plan.world,
+        timeout=timedelta(seconds=plan.timeout_s),
+    )  # fmt: skip
+    groups = {p: dist.new_group(list(range(p))) for p in plan.group_sizes}
+    points = _points(plan)
+    times = torch.zeros(len(points), plan.reps, dtype=torch.float64)
+    for i, (op, p, numel) in enumerate(points):
+        if rank < p:
+            times[i] = torch.tensor(_time_point(_make_call(op, p, numel, rank, groups[p]), groups[p], plan))
+    # The slowest member sets a collective's time; ranks outside a group contribute zeros.
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        medians = times.median(dim=1).values.tolist()
+        rows = [
+            (op, 4 * numel, p, t / 2 if op == "send" else t)
+            for (op, p, numel), t in zip(points, medians, strict=True)
+        ]
+        Path(plan.result_path).write_text(json.dumps(rows))
+    dist.destroy_process_group()
+
+
+def _time_point(call, group, plan: _Plan) -> list[float]:
+    import torch.distributed as dist
+
+    out = []
+    for rep in range(plan.warmup + plan.reps):
+        dist.barrier(group=group)
+        start = time.perf_counter()
+        for _ in range(plan.calls_per_rep):
+            call()
+        if rep >= plan.warmup:
+            out.append((time.perf_counter() - start) / plan.calls_per_rep)
+    return out
+
+
+def _make_call(op: str, p: int, numel: int, rank: int, group):
+    """A no-argument callable running ``op`` once with ``numel`` float32 elements per rank."""
+    import torch
+    import torch.distributed as dist
+
+    x = torch.zeros(numel)
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        out = torch.zeros({"all_gather": numel * p, "reduce_scatter": numel // p}.get(op, numel))
+        fn = {"all_gather": dist.all_gather_single, "reduce_scatter": dist.reduce_scatter_single}
+        return lambda: fn.get(op, dist.all_to_all_single)(out, x, group=group)
+    if op in ("gather", "scatter"):
+        chunks = [torch.zeros(numel) for _ in range(p)] if rank == 0 else None
+        if op == "gather":
+            return lambda: dist.gather(x, chunks, dst=0, group=group)
+        return lambda: dist.scatter(x, chunks, src=0, group=group)
+    if op == "send":
+        return lambda: _ping_pong(x, rank)
+    return {
+        "all_reduce": lambda: dist.all_reduce(x, group=group),
+        "broadcast": lambda: dist.broadcast(x, src=0, group=group),
+        "reduce": lambda: dist.reduce(x, dst=0, group=group),
+        "barrier": lambda: dist.barrier(group=group),
+    }[op]
+
+
+def _ping_pong(x, rank: int) -> None:
+    """One round trip between ranks 0 and 1; the worker halves its time (one-way send)."""
+    import torch.distributed as dist
+
+    if rank == 0:
+        dist.send(x, 1)
+        dist.recv(x, 1)
+    else:
+        dist.recv(x, 0)
+        dist.send(x, 0)

@@ -1,0 +1,248 @@
+"""The α-β communication cost model: how long a collective or transfer takes on a cluster.
+
+Arguments of every call, as in the comm log (``prism.schemas.comm_log``):
+
+- ``n`` (``bytes``): bytes *this rank contributes*, i.e. its input. For all_reduce, broadcast,
+  reduce, reduce_scatter and all_to_all that is the whole tensor; for all_gather and gather it is
+  one shard (the output is p·n); for scatter it is the shard received; for send/recv the message.
+- ``p`` (``group_size``): members of the group. A collective with p = 1 costs 0; send/recv ignore p.
+- ``k`` (``nodes_spanned``): distinct nodes holding members (``rank // gpus_per_node``); for
+  send/recv 1 when both ends share a node, else 2. Members are assumed spread evenly, which every
+  layout group is: ``g = p // k`` members per node.
+
+Spec terms (``prism.schemas.cluster.ClusterSpec``): ``α_i, α_e`` intra/inter-node hop latency,
+``B_i, B_e`` intra/inter-node bandwidth per GPU and direction, ``α_0`` the base latency of a call,
+``e_c`` and ``f_c`` the bandwidth efficiency and latency factor of op class ``c``.
+
+Bottleneck bandwidth of a ring or tree: ``B = B_i`` on one node; across nodes every ring leaves
+each node once and NCCL runs one channel per NIC, so the g members of a node drive g NICs in
+parallel: ``B = min(B_i, g·B_e)``. Hop latency: a ring of p members over k nodes has k - 1
+network hops per pass (NCCL's ``nInterSteps``), the others are intra-node.
+
+Durations (seconds; rounded to integer ns)::
+
+    ring all_reduce   α_0 + f·(2(p-k)·α_i + 2(k-1)·α_e) + 2(p-1)/p · n/(e·B)
+    tree all_reduce   α_0 + f·2((g-1)·α_i + ⌈log2 k⌉·α_e) + 2·n/(e·B)
+    all_reduce        min(ring, tree)                                   (as NCCL's tuner picks)
+    barrier           α_0 + f·min(ring hops, tree hops)                  (latency only)
+    all_gather        α_0 + f·((p-k)·α_i + (k-1)·α_e) + (p-1)·n/(e·B)    (= (p-1)/p · pn/(e·B))
+    reduce_scatter    α_0 + f·((p-k)·α_i + (k-1)·α_e) + (p-1)/p · n/(e·B)
+    broadcast, reduce α_0 + f·((p-k)·α_i + (k-1)·α_e) + n/(e·B)          (pipelined chain)
+    all_to_all        α_0 + f·((g-1)·α_i + (p-g)·α_e) + max((g-1)/p·n/(e·B_i), (p-g)/p·n/(e·B_e))
+    gather, scatter   α_0 + f·((g-1)·α_i + (p-g)·α_e) + max((g-1)·n/(e·B_i), (p-g)·n/(e·B_e))
+    send, recv        α_0 + f·α_link + n/(e·B_link)       (link: intra if k == 1, else inter)
+
+all_to_all, gather and scatter move data point to point: the off-node part goes through the
+rank's own NIC only (no aggregation), the on-node part over NVLink, concurrently.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from prism.schemas.cluster import ClusterSpec
+from prism.schemas.layout import ParallelLayout
+
+OPS: tuple[str, ...] = (
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "broadcast",
+    "barrier",
+    "all_to_all",
+    "reduce",
+    "gather",
+    "scatter",
+    "send",
+    "recv",
+)
+"""Operation names of the comm log."""
+P2P_OPS = frozenset({"send", "recv"})
+_CHAIN_OPS = ("all_gather", "reduce_scatter", "broadcast", "reduce")
+
+
+def op_class(op: str) -> str:
+    """The ClusterSpec factor key of a comm-log op (send/recv -> 'p2p'; all_reduce -> ring class)."""
+    if op not in OPS:
+        raise ValueError(f"unknown comm op {op!r}; expected one of {', '.join(OPS)}")
+    return "p2p" if op in P2P_OPS else op
+
+
+class CommModel:
+    """Durations of collectives and transfers under a cluster spec (see the module docstring)."""
+
+    def __init__(self, spec: ClusterSpec) -> None:
+        self.spec = spec
+
+    def duration_ns(self, op: str, bytes: int, group_size: int, nodes_spanned: int) -> int:
+        """Duration of one call in ns."""
+        return int(
+            self.durations_ns(op, np.array([bytes]), np.array([group_size]), np.array([nodes_spanned]))[0]
+        )
+
+    def durations_ns(
+        self,
+        op: str | np.ndarray,
+        bytes: np.ndarray,
+        group_size: np.ndarray,
+        nodes_spanned: np.ndarray,
+    ) -> np.ndarray:
+        """Durations in ns (int64) of many calls at once; arguments broadcast against each other.
+
+        ``op`` is one name for all rows or an array of names; the work is vectorised per
+        distinct op, never per row.
+        """
+        n, p, k = np.broadcast_arrays(
+            np.asarray(bytes, dtype=np.float64), np.asarray(group_size), np.asarray(nodes_spanned)
+        )
+        p, k = p.astype(np.int64), k.astype(np.int64)
+        _check(n, k)
+        if isinstance(op, str):
+            return _to_ns(self._seconds(op, n, p, k))
+        ops = np.broadcast_to(np.asarray(op), n.shape)
+        seconds, seen = np.zeros(n.shape, dtype=np.float64), np.zeros(n.shape, dtype=bool)
+        for name in OPS:  # one equality pass per known op: cheaper than sorting names
+            rows = ops == name
+            if rows.any():
+                seconds[rows] = self._seconds(name, n[rows], p[rows], k[rows])
+                seen |= rows
+        if not seen.all():
+            unknown = ", ".join(map(repr, np.unique(ops[~seen]).tolist()[:5]))
+            raise ValueError(f"unknown comm op(s) {unknown}; expected one of {', '.join(OPS)}")
+        return _to_ns(seconds)
+
+    # -- per op ----------------------------------------------------------------------------------
+    def _seconds(self, op: str, n: np.ndarray, p: np.ndarray, k: np.ndarray) -> np.ndarray:
+        cls = op_class(op)
+        if cls == "p2p":
+            return self._p2p(n, k)
+        if np.any(p < 1) or np.any(k > p):
+            raise ValueError(f"{op}: group_size must be at least 1 and at least nodes_spanned")
+        if op == "all_reduce":
+            out = np.minimum(self._ring_all_reduce(n, p, k), self._tree_all_reduce(n, p, k))
+        elif op == "barrier":
+            hops = np.minimum(_ring_hop_s(self.spec, p, k, 2), _tree_hop_s(self.spec, p, k))
+            out = self.spec.base_latency_s + self.spec.latency_scale(cls) * hops
+        elif op in _CHAIN_OPS:
+            out = self._chain(cls, n, p, k)
+        else:
+            out = self._direct(cls, n, p, k)
+        return np.where(p > 1, out, 0.0)
+
+    def _ring_all_reduce(self, n: np.ndarray, p: np.ndarray, k: np.ndarray) -> np.ndarray:
+        s = self.spec
+        lat = s.base_latency_s + s.latency_scale("all_reduce") * _ring_hop_s(s, p, k, 2)
+        return lat + 2 * (p - 1) / p * n / (s.efficiency("all_reduce") * _ring_bw(s, p, k))
+
+    def _tree_all_reduce(self, n: np.ndarray, p: np.ndarray, k: np.ndarray) -> np.ndarray:
+        s = self.spec
+        lat = s.base_latency_s + s.latency_scale("all_reduce_tree") * _tree_hop_s(s, p, k)
+        return lat + 2 * n / (s.efficiency("all_reduce_tree") * _ring_bw(s, p, k))
+
+    def _chain(self, cls: str, n: np.ndarray, p: np.ndarray, k: np.ndarray) -> np.ndarray:
+        s = self.spec
+        volume = {"all_gather": (p - 1) * n, "reduce_scatter": (p - 1) / p * n}.get(cls, n)
+        lat = s.base_latency_s + s.latency_scale(cls) * _ring_hop_s(s, p, k, 1)
+        return lat + volume / (s.efficiency(cls) * _ring_bw(s, p, k))
+
+    def _direct(self, cls: str, n: np.ndarray, p: np.ndarray, k: np.ndarray) -> np.ndarray:
+        s = self.spec
+        g = _per_node(p, k)
+        per_peer = n / p if cls == "all_to_all" else n
+        eff = s.efficiency(cls)
+        on_node = (g - 1) * per_peer / (eff * s.intra_bandwidth_bytes_per_s)
+        off_node = (p - g) * per_peer / (eff * s.inter_bandwidth_bytes_per_s)
+        hops = (g - 1) * s.intra_latency_s + (p - g) * s.inter_latency_s
+        return s.base_latency_s + s.latency_scale(cls) * hops + np.maximum(on_node, off_node)
+
+    def _p2p(self, n: np.ndarray, k: np.ndarray) -> np.ndarray:
+        s = self.spec
+        if np.any(k > 2):
+            raise ValueError("send/recv: nodes_spanned must be 1 (same node) or 2")
+        same = k == 1
+        alpha = np.where(same, s.intra_latency_s, s.inter_latency_s)
+        bw = np.where(same, s.intra_bandwidth_bytes_per_s, s.inter_bandwidth_bytes_per_s)
+        return s.base_latency_s + s.latency_scale("p2p") * alpha + n / (s.efficiency("p2p") * bw)
+
+
+def _to_ns(seconds: np.ndarray) -> np.ndarray:
+    return np.rint(seconds * 1e9).astype(np.int64)
+
+
+def _check(n: np.ndarray, k: np.ndarray) -> None:
+    if np.any(n < 0) or not np.all(np.isfinite(n)):
+        raise ValueError("bytes must be finite and non-negative")
+    if np.any(k < 1):
+        raise ValueError("nodes_spanned must be at least 1")
+
+
+def _per_node(p: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Members per node, g = p // k (the least-populated node of an uneven group has at most g)."""
+    return np.maximum(p // k, 1)
+
+
+def _ring_bw(s: ClusterSpec, p: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Bottleneck bandwidth of a ring/tree: B_i on one node, min(B_i, g·B_e) across nodes."""
+    across = np.minimum(s.intra_bandwidth_bytes_per_s, _per_node(p, k) * s.inter_bandwidth_bytes_per_s)
+    return np.where(k > 1, across, s.intra_bandwidth_bytes_per_s)
+
+
+def _ring_hop_s(s: ClusterSpec, p: np.ndarray, k: np.ndarray, passes: int) -> np.ndarray:
+    """Latency of ``passes`` ring passes: (p-k) intra hops and (k-1) network hops each."""
+    return passes * ((p - k) * s.intra_latency_s + (k - 1) * s.inter_latency_s)
+
+
+def _tree_hop_s(s: ClusterSpec, p: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Up and down a tree: a chain of g-1 hops in the node, ⌈log2 k⌉ hops between nodes."""
+    depth = np.ceil(np.log2(np.maximum(k, 1)))
+    return 2 * ((_per_node(p, k) - 1) * s.intra_latency_s + depth * s.inter_latency_s)
+
+
+# -- single-node terms (what calibration fits) -------------------------------------------------
+
+
+def single_node_terms(op: str, bytes: np.ndarray, group_size: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(hops, volume) with ``T = f_c·hops·α + volume/(e_c·B)`` for a group on one node.
+
+    all_reduce is taken as the ring (on one node the tree is never cheaper); α_0 = 0.
+    """
+    n = np.asarray(bytes, dtype=np.float64)
+    p = np.asarray(group_size, dtype=np.float64)
+    cls = op_class(op)
+    if cls == "p2p":
+        return np.ones_like(n), n
+    hops = {"all_reduce": 2 * (p - 1), "barrier": 2 * (p - 1)}.get(cls, p - 1)
+    volume = {
+        "all_reduce": 2 * (p - 1) / p * n,
+        "barrier": 0 * n,
+        "all_gather": (p - 1) * n,
+        "reduce_scatter": (p - 1) / p * n,
+        "all_to_all": (p - 1) / p * n,
+        "gather": (p - 1) * n,
+        "scatter": (p - 1) * n,
+    }.get(cls, n)
+    return np.broadcast_to(hops, n.shape).astype(np.float64), np.broadcast_to(volume, n.shape)
+
+
+# -- where groups sit --------------------------------------------------------------------------
+
+
+def nodes_spanned(ranks: np.ndarray | list[int] | tuple[int, ...], gpus_per_node: int) -> int | np.ndarray:
+    """Distinct nodes (rank // gpus_per_node) of one group (1-D ranks -> int) or of each row of a
+    (groups, members) array (-> array of shape (groups,))."""
+    if gpus_per_node < 1:
+        raise ValueError(f"gpus_per_node must be positive, got {gpus_per_node}")
+    nodes = np.sort(np.asarray(ranks, dtype=np.int64) // gpus_per_node, axis=-1)
+    spanned = 1 + np.count_nonzero(np.diff(nodes, axis=-1), axis=-1)
+    return int(spanned) if np.ndim(spanned) == 0 else spanned
+
+
+def p2p_nodes_spanned(src: np.ndarray, dst: np.ndarray, gpus_per_node: int) -> np.ndarray:
+    """1 where both ends of a transfer share a node, else 2."""
+    same = np.asarray(src) // gpus_per_node == np.asarray(dst) // gpus_per_node
+    return np.where(same, 1, 2)
+
+
+def layout_nodes_spanned(layout: ParallelLayout, axis: str, gpus_per_node: int) -> np.ndarray:
+    """Nodes spanned by each group of ``axis`` ('tp', 'dp', 'pp') of a ParallelLayout, by group index."""
+    return nodes_spanned(np.array(layout.groups(axis), dtype=np.int64), gpus_per_node)

@@ -1,0 +1,239 @@
+"""The cluster spec: links, latencies and efficiencies the comm cost model prices collectives with.
+
+Declared once here; written as TOML (``prism-calibrate`` writes the ``local`` one, presets ship in
+``schemas/clusters/*.toml``) and embedded as a dict in graph.parquet metadata. Units are in the
+names: bytes per second, seconds. Bandwidths are *per GPU, one direction*.
+
+    name = "h100-ib"
+    gpus_per_node = 8
+    intra_bandwidth_bytes_per_s = 4.5e+11
+    ...
+    [bandwidth_efficiency]
+    all_reduce = 0.8
+    [latency_factor]
+    barrier = 1.0
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from importlib import resources
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+LOCAL_ENV = "PRISM_LOCAL_CLUSTER"
+"""Environment variable naming the calibrated ``local`` spec file."""
+DEFAULT_LOCAL_PATH = Path("~/.cache/prism/local.toml")
+"""Where ``prism-calibrate`` writes the ``local`` spec unless told otherwise."""
+
+OP_CLASSES: tuple[str, ...] = (
+    "all_reduce",  # ring algorithm
+    "all_reduce_tree",  # NCCL double binary tree, chosen when cheaper than the ring
+    "all_gather",
+    "reduce_scatter",
+    "broadcast",
+    "reduce",
+    "all_to_all",
+    "gather",
+    "scatter",
+    "barrier",
+    "p2p",  # send / recv
+)
+"""Keys of the per-class factor tables; a class not listed in a table has factor 1.0."""
+
+_FLOAT_FIELDS = (
+    "intra_bandwidth_bytes_per_s",
+    "intra_latency_s",
+    "inter_bandwidth_bytes_per_s",
+    "inter_latency_s",
+    "base_latency_s",
+)
+_TABLES = ("bandwidth_efficiency", "latency_factor")
+
+
+class ClusterSpecError(ValueError):
+    """A cluster spec that cannot be used (bad value, unknown key, missing file)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterSpec:
+    """Interconnect of a homogeneous GPU cluster, as the α-β comm model sees it."""
+
+    name: str
+    """Short name, e.g. 'h100-ib' or 'local'."""
+    gpus_per_node: int
+    """GPUs (ranks) per node; global rank r sits on node r // gpus_per_node."""
+    intra_bandwidth_bytes_per_s: float
+    """Intra-node bandwidth per GPU, one direction (NVLink/NVSwitch; loopback for 'local')."""
+    intra_latency_s: float
+    """Latency of one intra-node hop (α of one ring step)."""
+    inter_bandwidth_bytes_per_s: float
+    """Network bandwidth per GPU, one direction (one NIC per GPU)."""
+    inter_latency_s: float
+    """Latency of one inter-node hop."""
+    base_latency_s: float = 0.0
+    """Fixed cost of every call with two or more members (launch and set-up), added once."""
+    bandwidth_efficiency: Mapping[str, float] = field(default_factory=dict, hash=False)
+    """Achieved fraction of the link bandwidth per op class (see OP_CLASSES); default 1.0.
+    Usually at most 1; a calibrated spec may exceed 1 where an op beats the p2p reference."""
+    latency_factor: Mapping[str, float] = field(default_factory=dict, hash=False)
+    """Multiplier of the per-hop latency per op class; default 1.0."""
+    notes: str = ""
+    """Where the numbers come from (free text)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ClusterSpecError(f"name must be a non-empty string, got {self.name!r}")
+        gpn = self.gpus_per_node
+        if isinstance(gpn, bool) or not isinstance(gpn, int) or gpn < 1:
+            raise ClusterSpecError(f"gpus_per_node must be a positive integer, got {gpn!r}")
+        for name in _FLOAT_FIELDS:
+            value = _number(name, getattr(self, name))
+            positive = name.endswith("bandwidth_bytes_per_s")
+            if (value <= 0) if positive else (value < 0):
+                need = "positive" if positive else "non-negative"
+                raise ClusterSpecError(f"{name} must be {need}, got {value!r}")
+            object.__setattr__(self, name, value)
+        for table in _TABLES:
+            object.__setattr__(self, table, _check_table(table, getattr(self, table)))
+
+    def efficiency(self, op_class: str) -> float:
+        return self.bandwidth_efficiency.get(op_class, 1.0)
+
+    def latency_scale(self, op_class: str) -> float:
+        return self.latency_factor.get(op_class, 1.0)
+
+    # -- serialisation -----------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        for table in _TABLES:
+            out[table] = dict(out[table])
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ClusterSpec:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ClusterSpecError(f"unknown cluster spec key(s): {', '.join(unknown)}")
+        missing = sorted(f.name for f in fields(cls) if f.name not in data and _required(f.name))
+        if missing:
+            raise ClusterSpecError(f"cluster spec lacks required key(s): {', '.join(missing)}")
+        return cls(**data)
+
+    def to_toml(self) -> str:
+        data = self.to_dict()
+        lines = [f"{key} = {_toml_value(value)}" for key, value in data.items() if key not in _TABLES]
+        for table in _TABLES:
+            lines += ["", f"[{table}]"]
+            lines += [f"{key} = {_toml_value(value)}" for key, value in sorted(data[table].items())]
+        return "\n".join(lines) + "\n"
+
+    @classmethod
+    def from_toml(cls, text: str) -> ClusterSpec:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ClusterSpecError(f"not valid TOML: {e}") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> ClusterSpec:
+        path = Path(path).expanduser()
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise ClusterSpecError(f"cannot read cluster spec {path}: {e.strerror or e}") from None
+        try:
+            return cls.from_toml(text)
+        except ClusterSpecError as e:
+            raise ClusterSpecError(f"{path}: {e}") from None
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the TOML beside ``path`` and rename it into place; returns the path written."""
+        path = Path(path).expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(self.to_toml())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+
+def _required(name: str) -> bool:
+    return name not in ("base_latency_s", "notes", *_TABLES)
+
+
+def _number(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ClusterSpecError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _check_table(table: str, values: object) -> MappingProxyType[str, float]:
+    if not hasattr(values, "items"):
+        raise ClusterSpecError(f"{table} must be a table of op class -> number, got {values!r}")
+    checked: dict[str, float] = {}
+    for key, value in values.items():  # type: ignore[union-attr]
+        if key not in OP_CLASSES:
+            raise ClusterSpecError(
+                f"unknown op class {key!r} in {table}; expected one of {', '.join(OP_CLASSES)}"
+            )
+        number = _number(f"{table}.{key}", value)
+        if (number <= 0) if table == "bandwidth_efficiency" else (number < 0):
+            raise ClusterSpecError(
+                f"{table}.{key} must be {'positive' if table == 'bandwidth_efficiency' else 'non-negative'}, got {number!r}"
+            )
+        checked[key] = number
+    return MappingProxyType(checked)
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, str):
+        # JSON escapes are TOML basic-string escapes; TOML also forbids a raw DEL.
+        return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
+    if isinstance(value, float):
+        return repr(value)  # shortest text that reads back to the same float
+    return str(value)
+
+
+# -- presets ---------------------------------------------------------------------------------
+
+
+def local_path() -> Path:
+    """The calibrated spec file: $PRISM_LOCAL_CLUSTER, else ~/.cache/prism/local.toml."""
+    return Path(os.environ.get(LOCAL_ENV) or DEFAULT_LOCAL_PATH).expanduser()
+
+
+def preset_names() -> tuple[str, ...]:
+    """Packaged presets, then 'local'."""
+    shipped = resources.files("prism.schemas") / "clusters"
+    names = sorted(p.name.removesuffix(".toml") for p in shipped.iterdir() if p.name.endswith(".toml"))
+    return (*names, "local")
+
+
+def preset(name: str) -> ClusterSpec:
+    """A packaged spec by name (e.g. 'h100-ib'), or 'local' as written by prism-calibrate."""
+    if name == "local":
+        path = local_path()
+        if not path.is_file():
+            raise ClusterSpecError(
+                f"no calibrated local cluster spec at {path}; run `prism-calibrate` first "
+                f"(or set {LOCAL_ENV} to a spec file)"
+            )
+        return ClusterSpec.load(path)
+    shipped = resources.files("prism.schemas") / "clusters" / f"{name}.toml"
+    if not shipped.is_file():
+        raise ClusterSpecError(f"unknown cluster preset {name!r}; known: {', '.join(preset_names())}")
+    return ClusterSpec.from_toml(shipped.read_text())

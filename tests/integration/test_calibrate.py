@@ -1,0 +1,117 @@
+"""prism-calibrate: real gloo timings fitted into a 'local' spec; the fit itself on synthetic logs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from prism.graph.calibrate import (
+    CalibrationConfig,
+    CalibrationError,
+    Sample,
+    calibrate,
+    fit_from_comm_logs,
+    fit_samples,
+    read_comm_logs,
+)
+from prism.graph.calibrate_cli import app
+from prism.graph.comm import CommModel, single_node_terms
+from prism.schemas.cluster import ClusterSpec
+from prism.schemas.comm_log import CommCall, CommGroup, CommLog, write_comm_log
+
+KiB = 1024
+
+
+@pytest.mark.slow
+def test_quick_calibration_predicts_what_it_measured(tmp_path) -> None:
+    # timeout_s bounds the whole benchmark: a run over 30 s fails instead of passing slowly.
+    config = CalibrationConfig(
+        sizes=(4 * KiB, 64 * KiB, 1024 * KiB), max_procs=2, reps=5, timeout_s=30, out=tmp_path / "local.toml"
+    )
+    result = calibrate(config)
+    ops = {c.sample.op for c in result.checks}
+    assert {"all_reduce", "all_gather", "send", "barrier"} <= ops
+    assert all(c.sample.group_size == 2 and c.sample.seconds > 0 for c in result.checks)
+    # CPU timing on a shared machine is noisy; the bound is loose on purpose.
+    assert result.median_rel_error < 0.5
+    assert ClusterSpec.load(result.path) == result.spec
+    assert result.spec.name == "local" and result.spec.gpus_per_node >= 2
+
+
+@pytest.mark.slow
+def test_cli_writes_a_spec_that_loads(tmp_path) -> None:
+    out = tmp_path / "spec.toml"
+    args = ["-o", str(out), "--max-procs", "2", "--sizes", "4KiB,1MiB", "--ops", "all_reduce,broadcast,send"]
+    result = CliRunner().invoke(app, [*args, "--reps", "3", "--timeout", "30"])
+    assert result.exit_code == 0, result.output
+    assert "median relative error" in result.output
+    spec = ClusterSpec.load(out)
+    assert spec.name == "local"
+    assert spec.intra_bandwidth_bytes_per_s == spec.inter_bandwidth_bytes_per_s  # one node
+
+
+def test_cli_errors_exit_2(tmp_path) -> None:
+    for args in (["--sizes", "4 parsecs"], ["--max-procs", "1"], ["--ops", "all_reduce,teleport"]):
+        result = CliRunner().invoke(app, [*args, "-o", str(tmp_path / "x.toml")])
+        assert result.exit_code == 2, result.output
+        assert "error:" in result.output
+    assert not (tmp_path / "x.toml").exists()
+
+
+# -- the fit, on synthetic comm logs -------------------------------------------------------------
+
+ALPHA, BETA = 20e-6, 0.5e-9  # 20 µs per hop, 2 GB/s
+TRUE = {"all_reduce": (3 * ALPHA, 2 * BETA), "all_gather": (ALPHA, 4 * BETA), "send": (ALPHA / 2, BETA)}
+
+
+def _log(rank: int) -> CommLog:
+    group = CommGroup(name="0", label="world", ranks=(0, 1, 2, 3), real_ranks=(0, 1, 2, 3))
+    calls, t = [], 10**18
+    for op, (alpha, beta) in TRUE.items():
+        for p in (2,) if op == "send" else (2, 4):
+            for n in (4 * KiB, 64 * KiB, 1024 * KiB):
+                hops, volume = single_node_terms(op, np.array([n]), np.array([p]))
+                dur_ns = round((hops[0] * alpha + volume[0] * beta) * 1e9)
+                calls.append(_call(len(calls), op, n, p, t, t + dur_ns, delegated=True))
+                t += 10**6
+    # A virtual call's time is the clock's, not the network's: the fit must ignore it.
+    calls.append(_call(len(calls), "all_reduce", 4 * KiB, 2, t, t + 10**9, delegated=False))
+    return CommLog(rank=rank, world_size=4, groups=(group,), calls=tuple(calls))
+
+
+def _call(seq: int, op: str, n: int, p: int, enter: int, done: int, *, delegated: bool) -> CommCall:
+    return CommCall(
+        seq=seq, op=op, group="0", label="world", group_size=p, gseq=seq, bytes=n, dtype="float32",
+        shape=(n // 4,), enter_ns=enter, exit_ns=done, done_ns=done, delegated=delegated,
+    )  # fmt: skip
+
+
+def test_fit_from_comm_logs_recovers_alpha_and_beta(tmp_path) -> None:
+    for rank in range(2):
+        write_comm_log(_log(rank), tmp_path / "capture" / "comm" / f"rank{rank}.comm.json")
+    logs = read_comm_logs([tmp_path / "capture"])
+    fit = fit_from_comm_logs(logs)
+    for op, (alpha, beta) in TRUE.items():
+        got = fit.classes["p2p" if op == "send" else op]
+        assert got.alpha_s == pytest.approx(alpha, rel=1e-6)
+        assert got.beta_s_per_byte == pytest.approx(beta, rel=1e-6)
+    # The spec made from the fit reproduces every delegated call to the nanosecond.
+    model = CommModel(fit.to_spec(gpus_per_node=4))
+    for call in (c for c in logs[0].calls if c.delegated):
+        predicted = model.duration_ns(call.op, call.bytes, call.group_size, 1)
+        assert abs(predicted - (call.done_ns - call.enter_ns)) <= 1
+
+
+def test_fit_samples_edge_cases() -> None:
+    one_size = [Sample(op="all_reduce", bytes=4096, group_size=2, seconds=1e-4)] * 3
+    fit = fit_samples(one_size)
+    assert "all_reduce" in fit.skipped and not fit.classes  # α and β cannot be told apart
+    with pytest.raises(CalibrationError):
+        fit.to_spec(gpus_per_node=2)
+    shrinking = [
+        Sample(op="send", bytes=n, group_size=2, seconds=t) for n, t in ((4096, 2e-3), (10**6, 1e-3))
+    ]
+    assert "p2p" in fit_samples(shrinking).skipped
+    with pytest.raises(CalibrationError, match="no capture directory"):
+        read_comm_logs(["/nonexistent/capture"])

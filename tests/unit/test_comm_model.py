@@ -1,0 +1,267 @@
+"""The α-β comm model and the cluster spec: hand-computed formulas, node spans, TOML, presets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from prism.graph.comm import (
+    OPS,
+    CommModel,
+    layout_nodes_spanned,
+    nodes_spanned,
+    p2p_nodes_spanned,
+    single_node_terms,
+)
+from prism.schemas.cluster import OP_CLASSES, ClusterSpec, ClusterSpecError, preset, preset_names
+from prism.schemas.layout import ParallelLayout
+
+# Round numbers so that every expected value below can be checked by hand:
+# B_i = 100 GB/s, α_i = 1 µs, B_e = 10 GB/s, α_e = 5 µs, no base latency, all factors 1.
+SPEC = ClusterSpec(
+    name="test",
+    gpus_per_node=8,
+    intra_bandwidth_bytes_per_s=100e9,
+    intra_latency_s=1e-6,
+    inter_bandwidth_bytes_per_s=10e9,
+    inter_latency_s=5e-6,
+)
+MODEL = CommModel(SPEC)
+US = 1000  # ns
+
+
+@pytest.mark.parametrize(
+    ("op", "n", "p", "k", "expected_ns"),
+    [
+        # ring: 2(p-1)α_i + 2(p-1)/p·n/B_i = 14 µs + 140 µs (tree would be 14 + 160)
+        ("all_reduce", 8_000_000, 8, 1, 154 * US),
+        # (p-1)α_i + (p-1)·n/B_i = 7 µs + 70 µs (n is one shard; the output is 8 MB)
+        ("all_gather", 1_000_000, 8, 1, 77 * US),
+        # (p-1)α_i + (p-1)/p·n/B_i = 7 µs + 70 µs
+        ("reduce_scatter", 8_000_000, 8, 1, 77 * US),
+        # (p-1)α_i + n/B_i = 7 + 10
+        ("broadcast", 1_000_000, 8, 1, 17 * US),
+        ("reduce", 1_000_000, 8, 1, 17 * US),
+        # (p-1)α_i + (p-1)·n/B_i = 3 + 30
+        ("gather", 1_000_000, 4, 1, 33 * US),
+        ("scatter", 1_000_000, 4, 1, 33 * US),
+        # g = 8: 7α_i + 8α_e = 47 µs; max(7·n/p/B_i, 8·n/p/B_e) = max(70, 800) µs
+        ("all_to_all", 16_000_000, 16, 2, 847 * US),
+        # α + n/B on the link: intra 1 + 10, inter 5 + 100
+        ("send", 1_000_000, 2, 1, 11 * US),
+        ("recv", 1_000_000, 2, 2, 105 * US),
+        # latency only: min(ring 2(p-1)α_i, tree 2(g-1)α_i) on one node = 14 µs
+        ("barrier", 0, 8, 1, 14 * US),
+        # 64 nodes, one member each: tree 2·log2(64)·α_e = 60 µs beats ring 2·63·α_e = 630 µs
+        ("barrier", 0, 64, 64, 60 * US),
+        # two nodes of 8: B = min(B_i, 8·B_e) = 80 GB/s; ring 2(14α_i + 1α_e) + 2·15/16·n/B
+        ("all_reduce", 16_000_000, 16, 2, 38 * US + 375 * US),
+    ],
+)
+def test_hand_computed_durations(op: str, n: int, p: int, k: int, expected_ns: int) -> None:
+    assert MODEL.duration_ns(op, n, p, k) == expected_ns
+
+
+def test_ring_or_tree_whichever_is_cheaper() -> None:
+    # A DP group of 64 ranks on 64 nodes (B = 1·B_e = 10 GB/s).
+    small = MODEL.duration_ns("all_reduce", 1000, 64, 64)
+    assert small == 60 * US + 200  # tree: 2·6·α_e + 2n/B; the ring would pay 2·63·α_e = 630 µs
+    large = MODEL.duration_ns("all_reduce", 10**9, 64, 64)
+    ring = 630e3 + 2 * 63 / 64 * 1e9 / 10e9 * 1e9
+    assert large == round(ring)  # ring: 197.5 ms; the tree would take 200.06 ms
+    # One node: the tree has the ring's hop count and more volume, so the ring always wins.
+    for n in (0, 10, 10**6, 10**9):
+        ring_one_node = 14e3 + 2 * 7 / 8 * n / 100e9 * 1e9
+        assert MODEL.duration_ns("all_reduce", n, 8, 1) == round(ring_one_node)
+
+
+def test_base_latency_and_per_class_factors() -> None:
+    spec = ClusterSpec(
+        **{
+            **SPEC.to_dict(),
+            "base_latency_s": 2e-6,
+            "bandwidth_efficiency": {"all_gather": 0.5},
+            "latency_factor": {"all_gather": 2.0},
+        }
+    )
+    # α_0 + f·(p-1)α_i + (p-1)·n/(e·B_i) = 2 + 14 + 140 µs
+    assert CommModel(spec).duration_ns("all_gather", 1_000_000, 8, 1) == 156 * US
+    assert CommModel(spec).duration_ns("broadcast", 1_000_000, 8, 1) == 19 * US  # other classes: 1.0
+
+
+@pytest.mark.parametrize("op", [op for op in OPS if op not in ("send", "recv")])
+def test_group_of_one_costs_nothing(op: str) -> None:
+    assert MODEL.duration_ns(op, 10**6, 1, 1) == 0
+
+
+def test_nodes_spanned_by_layout_groups() -> None:
+    layout = ParallelLayout(tp=8, pp=16, dp=64)
+    tp, dp, pp = (layout_nodes_spanned(layout, axis, 8) for axis in ("tp", "dp", "pp"))
+    assert tp.shape == (1024,) and set(tp.tolist()) == {1}  # a TP group is one node
+    assert dp.shape == (128,) and set(dp.tolist()) == {64}  # a DP group: one member per node
+    assert pp.shape == (512,) and set(pp.tolist()) == {16}
+    assert nodes_spanned(layout.group(5, "dp"), 8) == 64
+    assert nodes_spanned(list(range(8192)), 8) == 1024
+
+
+def test_nodes_spanned_helpers() -> None:
+    assert nodes_spanned([6, 7, 8], 8) == 2
+    assert nodes_spanned(np.array([[0, 1], [7, 8], [8, 24]]), 8).tolist() == [1, 2, 2]
+    assert p2p_nodes_spanned(np.array([0, 7, 7]), np.array([1, 8, 7 + 8 * 3]), 8).tolist() == [1, 2, 2]
+    with pytest.raises(ValueError):
+        nodes_spanned([0, 1], 0)
+
+
+op_st = st.sampled_from(OPS)
+
+
+@st.composite
+def calls(draw: st.DrawFn) -> tuple[str, int, int]:
+    op = draw(op_st)
+    if op in ("send", "recv"):
+        return op, 2, draw(st.integers(1, 2))
+    p = draw(st.integers(1, 4096))
+    return op, p, draw(st.integers(1, p))
+
+
+@given(calls(), st.integers(0, 2**34), st.integers(0, 2**34), st.sampled_from(["test", "h100-ib"]))
+def test_monotonic_in_bytes(call: tuple[str, int, int], a: int, b: int, which: str) -> None:
+    op, p, k = call
+    model = MODEL if which == "test" else CommModel(preset("h100-ib"))
+    lo, hi = sorted((a, b))
+    assert 0 <= model.duration_ns(op, lo, p, k) <= model.duration_ns(op, hi, p, k)
+
+
+@given(st.lists(st.tuples(calls(), st.integers(0, 2**32)), min_size=1, max_size=60))
+def test_vectorised_equals_scalar(rows: list[tuple[tuple[str, int, int], int]]) -> None:
+    ops = np.array([op for (op, _, _), _ in rows])
+    p = np.array([p for (_, p, _), _ in rows])
+    k = np.array([k for (_, _, k), _ in rows])
+    n = np.array([n for _, n in rows])
+    vector = MODEL.durations_ns(ops, n, p, k)
+    assert vector.dtype == np.int64
+    assert vector.tolist() == [MODEL.duration_ns(*row) for row in zip(ops, n, p, k, strict=True)]
+    single = MODEL.durations_ns("all_gather", n, p, k)  # one op name for every row
+    assert single.tolist() == [MODEL.duration_ns("all_gather", *row) for row in zip(n, p, k, strict=True)]
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_single_node_terms_match_the_model(op: str) -> None:
+    """Calibration fits T = f·hops·α + volume/(e·B); the model must agree on one node."""
+    spec = ClusterSpec(
+        **{
+            **SPEC.to_dict(),
+            "bandwidth_efficiency": {c: 0.5 for c in OP_CLASSES},
+            "latency_factor": {c: 3.0 for c in OP_CLASSES},
+        }
+    )
+    n, p = np.array([0, 4096, 10**6, 10**8]), np.array([2, 4, 8, 2])
+    hops, volume = single_node_terms(op, n, p)
+    expected = 3.0 * hops * 1e-6 + volume / (0.5 * 100e9)
+    assert CommModel(spec).durations_ns(op, n, p, 1).tolist() == np.rint(expected * 1e9).astype(int).tolist()
+
+
+def test_bad_calls_rejected() -> None:
+    with pytest.raises(ValueError, match="unknown comm op"):
+        MODEL.duration_ns("allreduce", 10, 2, 1)
+    with pytest.raises(ValueError, match="unknown comm op"):
+        MODEL.durations_ns(np.array(["all_reduce", "nope"]), np.array([1, 2]), 2, 1)
+    with pytest.raises(ValueError, match="nodes_spanned"):
+        MODEL.duration_ns("all_reduce", 10, 4, 5)
+    with pytest.raises(ValueError, match="group_size"):
+        MODEL.duration_ns("all_gather", 10, 0, 1)
+    assert MODEL.duration_ns("send", 10, 0, 1) == MODEL.duration_ns("send", 10, 2, 1)  # p unused
+    with pytest.raises(ValueError, match="bytes"):
+        MODEL.duration_ns("all_reduce", -1, 4, 1)
+    with pytest.raises(ValueError, match="send/recv"):
+        MODEL.duration_ns("send", 10, 8, 3)
+
+
+# -- the spec ----------------------------------------------------------------------------------
+
+
+def test_toml_round_trip(tmp_path) -> None:
+    spec = preset("h100-ib")
+    assert ClusterSpec.from_toml(spec.to_toml()) == spec
+    assert ClusterSpec.from_dict(spec.to_dict()) == spec
+    path = spec.save(tmp_path / "sub" / "spec.toml")
+    assert ClusterSpec.load(path) == spec
+    assert not list(path.parent.glob(".*.tmp"))  # written through a temporary file
+
+
+@given(
+    st.text(min_size=1, max_size=20),
+    st.floats(1e-3, 1e15),
+    st.floats(0, 1),
+    st.dictionaries(st.sampled_from(OP_CLASSES), st.floats(1e-6, 10)),
+)
+def test_toml_round_trip_of_any_values(name: str, bw: float, lat: float, eff: dict[str, float]) -> None:
+    spec = ClusterSpec(
+        name=name,
+        gpus_per_node=3,
+        intra_bandwidth_bytes_per_s=bw,
+        intra_latency_s=lat,
+        inter_bandwidth_bytes_per_s=bw / 3,
+        inter_latency_s=lat * 2,
+        bandwidth_efficiency=eff,
+        latency_factor=eff,
+        notes='quotes " and \\ and\nnewlines',
+    )
+    assert ClusterSpec.from_toml(spec.to_toml()) == spec
+
+
+def test_h100_preset_numbers() -> None:
+    spec = preset("h100-ib")
+    assert spec.gpus_per_node == 8
+    assert spec.intra_bandwidth_bytes_per_s == 450e9  # 900 GB/s NVLink, bidirectional
+    assert spec.inter_bandwidth_bytes_per_s == 50e9  # 400 Gb/s NDR
+    assert 0 < spec.intra_latency_s < spec.inter_latency_s < 1e-5
+    assert all(0 < spec.efficiency(c) <= 1 for c in OP_CLASSES)
+    assert "h100-ib" in preset_names()
+
+
+def test_local_preset(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PRISM_LOCAL_CLUSTER", str(tmp_path / "local.toml"))
+    with pytest.raises(ClusterSpecError, match="prism-calibrate"):
+        preset("local")
+    spec = ClusterSpec(**{**SPEC.to_dict(), "name": "local"})
+    spec.save(tmp_path / "local.toml")
+    assert preset("local") == spec
+    with pytest.raises(ClusterSpecError, match="unknown cluster preset"):
+        preset("tpu-v5")
+
+
+GOOD = SPEC.to_toml()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            GOOD.replace("intra_bandwidth_bytes_per_s = 100000000000.0", "intra_bandwidth_bytes_per_s = 0"),
+            "positive",
+        ),
+        (
+            GOOD.replace("inter_bandwidth_bytes_per_s = 10000000000.0", "inter_bandwidth_bytes_per_s = -1.0"),
+            "positive",
+        ),
+        (GOOD.replace("intra_latency_s = 1e-06", "intra_latency_s = -1e-06"), "non-negative"),
+        (GOOD.replace("gpus_per_node = 8", "gpus_per_node = 0"), "gpus_per_node"),
+        (GOOD.replace("gpus_per_node = 8", "gpus_per_node = true"), "gpus_per_node"),
+        (GOOD.replace("intra_latency_s = 1e-06", 'intra_latency_s = "fast"'), "finite number"),
+        (GOOD.replace("gpus_per_node = 8", "gpus_per_node = 8\nnvlink_gen = 4"), "unknown cluster spec key"),
+        (GOOD.replace("gpus_per_node = 8\n", ""), "lacks required key"),
+        (GOOD + "all_reduce = -1.0\n", "non-negative"),  # lands in [latency_factor], the last table
+        (
+            GOOD.replace("[bandwidth_efficiency]", "[bandwidth_efficiency]\nallreduce = 0.9"),
+            "unknown op class",
+        ),
+        (GOOD.replace("[bandwidth_efficiency]", "[bandwidth_efficiency]\nall_reduce = 0"), "positive"),
+        ("name = ", "not valid TOML"),
+    ],
+)
+def test_bad_specs_rejected(text: str, message: str) -> None:
+    with pytest.raises(ClusterSpecError, match=message):
+        ClusterSpec.from_toml(text)
