@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from prism.schemas.layout import ParallelLayout
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
+ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 DEVICES = ("cpu", "cuda")
 
 
@@ -61,6 +62,11 @@ class GPTConfig:
     @property
     def ffn(self) -> int:
         return self.ffn_hidden if self.ffn_hidden is not None else 4 * self.hidden
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element of ``dtype``."""
+        return ITEMSIZE[self.dtype]
 
     @property
     def layout(self) -> ParallelLayout:

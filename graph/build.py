@@ -1,0 +1,166 @@
+"""Build graph.parquet from a capture: normalize, template, compose per stage, bind ranks, validate."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from prism.graph.bind import LayoutTables, bind_ranks, encode_program
+from prism.graph.comm import CommModel
+from prism.graph.compose import compose_stage
+from prism.graph.graph_io import GraphWriter
+from prism.graph.normalize import normalize_rank
+from prism.graph.templates import RoleTemplate, TemplateError, build_role_template
+from prism.graph.validate import ValidationReport, validate_graph
+from prism.schemas.cluster import ClusterSpec
+from prism.schemas.graph_format import GraphMetadata
+from prism.schemas.layout import Role
+from prism.schemas.manifest import CaptureFiles, CaptureManifest, ManifestError, read_manifest
+from prism.schemas.workload import ConfigError, GPTConfig
+
+PRISM_VERSION = "0.1.0"
+
+ProgressCallback = Callable[[int, int], None]
+"""Called with (ranks written, total ranks)."""
+
+
+class BuildError(ValueError):
+    """A graph that cannot be built from this capture; the message is one line for the user."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildOptions:
+    """What graph to build from which capture."""
+
+    capture_dir: Path
+    """Capture directory written by prism-capture."""
+    out: Path
+    """graph.parquet to write."""
+    tp: int
+    """Target tensor-parallel degree (must equal the capture's)."""
+    pp: int
+    """Target pipeline-parallel degree."""
+    dp: int
+    """Target data-parallel degree."""
+    cluster: ClusterSpec
+    """Cluster the comm durations are computed for."""
+    microbatches: int | None = None
+    """Microbatches per iteration; None keeps the capture's."""
+    layers: int | None = None
+    """Transformer layers of the model; None keeps the capture's."""
+    ranks_per_row_group: int = 32
+    """Consecutive ranks per Parquet row group."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildResult:
+    """What was built."""
+
+    config: GPTConfig
+    """Target job."""
+    metadata: GraphMetadata
+    """File metadata written."""
+    report: ValidationReport
+    """The validator's verdict and counts."""
+
+
+def target_config(captured: GPTConfig, options: BuildOptions) -> GPTConfig:
+    if options.tp != captured.tp:
+        raise BuildError(
+            f"--tp {options.tp} differs from the capture's tp={captured.tp}: per-rank shapes depend on tp, "
+            f"re-capture with --tp {options.tp}"
+        )
+    try:
+        return replace(
+            captured,
+            pp=options.pp,
+            dp=options.dp,
+            microbatches=options.microbatches or captured.microbatches,
+            layers=options.layers or captured.layers,
+        )
+    except ConfigError as e:
+        raise BuildError(f"target is inconsistent with the model: {e}") from e
+
+
+def load_templates(
+    capture_dir: Path, manifest: CaptureManifest, roles: set[Role]
+) -> dict[Role, RoleTemplate]:
+    """Templates of the captured ranks standing for ``roles``."""
+    captured = manifest.job.config
+    templates = {}
+    for role in sorted(roles):
+        rank = manifest.rank_of_role(role)
+        if rank is None:
+            have = ", ".join(sorted(r.role.value for r in manifest.ranks))
+            raise BuildError(
+                f"the target needs a '{role.value}' pipeline stage but the capture (pp={captured.pp}) only has "
+                f"{have}; capture with a pp that has that stage"
+            )
+        ops = normalize_rank(capture_dir, rank.rank)
+        first = captured.stage_layers(rank.stage).start
+        templates[role] = build_role_template(ops, rank=rank.rank, stage=rank.stage, first_layer=first)
+    return templates
+
+
+def _digest(capture_dir: Path) -> str:
+    return hashlib.sha256(CaptureFiles(capture_dir).manifest.read_bytes()).hexdigest()
+
+
+def build_graph(options: BuildOptions, progress: ProgressCallback | None = None) -> BuildResult:
+    """Build and validate ``options.out``; nothing is left behind on failure."""
+    try:
+        manifest = read_manifest(options.capture_dir)
+    except ManifestError as e:
+        raise BuildError(str(e)) from e
+    cfg = target_config(manifest.job.config, options)
+    layout = cfg.layout
+    try:
+        templates = load_templates(
+            options.capture_dir, manifest, {layout.role_of_stage(s) for s in range(cfg.pp)}
+        )
+        stages = [
+            encode_program(
+                compose_stage(
+                    templates[layout.role_of_stage(s)], cfg=cfg, captured=manifest.job.config, stage=s
+                )
+            )
+            for s in range(cfg.pp)
+        ]
+    except TemplateError as e:
+        raise BuildError(str(e)) from e
+    metadata = GraphMetadata(
+        layout=layout.to_dict(),
+        model=cfg.to_dict(),
+        cluster=options.cluster.to_dict(),
+        capture_digest=_digest(options.capture_dir),
+        build_options={"microbatches": cfg.microbatches, "layers": cfg.layers, "ranks_per_row_group": options.ranks_per_row_group},
+        prism_version=PRISM_VERSION,
+    )  # fmt: skip
+    _write(options, metadata, stages, LayoutTables.build(layout, options.cluster.gpus_per_node), progress)
+    report = validate_graph(options.out)
+    if not report.ok:
+        options.out.unlink(missing_ok=True)
+        raise BuildError(f"the built graph is invalid (a prism bug): {report.problems[0]}")
+    return BuildResult(config=cfg, metadata=metadata, report=report)
+
+
+def _write(
+    options: BuildOptions, metadata: GraphMetadata, stages: list, tables: LayoutTables, progress
+) -> None:
+    comm = CommModel(options.cluster)
+    layout = tables.layout
+    stage_of = np.array([layout.stage(r) for r in range(layout.world_size)])
+    step = options.ranks_per_row_group
+    with GraphWriter(options.out, metadata, ranks_per_row_group=step) as writer:
+        for start in range(0, layout.world_size, step):
+            ranks = np.arange(start, min(start + step, layout.world_size))
+            # Runs of consecutive ranks on one stage share a program.
+            cuts = np.flatnonzero(np.diff(stage_of[ranks])) + 1
+            for run in np.split(ranks, cuts):
+                writer.write_ranks(bind_ranks(stages[stage_of[run[0]]], run, tables, comm))
+            if progress is not None:
+                progress(int(ranks[-1]) + 1, layout.world_size)

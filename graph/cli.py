@@ -1,0 +1,81 @@
+"""``prism-build-graph``: extrapolate a capture into the full-scale execution graph (Parquet)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from prism.graph.build import BuildError, BuildOptions, BuildResult, build_graph
+from prism.graph.graph_io import GraphFormatError
+from prism.graph.op_table import NormalizeError
+from prism.schemas.cluster import ClusterSpec, preset
+
+app = typer.Typer(add_completion=False, help=__doc__)
+console = Console(stderr=True)
+
+
+def load_cluster(name_or_path: str) -> ClusterSpec:
+    """A preset by name, or a cluster spec TOML file."""
+    path = Path(name_or_path)
+    return ClusterSpec.load(path) if path.suffix == ".toml" or path.is_file() else preset(name_or_path)
+
+
+def _summary(result: BuildResult, out: Path) -> Table:
+    report, cfg = result.report, result.config
+    table = Table(title=f"graph of {cfg.layout} — {out} ({out.stat().st_size / 2**20:.1f} MiB)")
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    table.add_row("ranks", f"{report.ranks:,}")
+    table.add_row("nodes", f"{report.nodes:,}")
+    table.add_row("collective instances", f"{report.collectives:,}")
+    table.add_row("p2p transfers", f"{report.p2p_pairs:,}")
+    for kind, nbytes in sorted(report.bytes_by_group.items()):
+        table.add_row(f"bytes on the wire per iteration, {kind}", f"{nbytes / 2**30:,.2f} GiB")
+    return table
+
+
+@app.command()
+def build(
+    capture: Annotated[Path, typer.Argument(help="Capture directory written by prism-capture.")],
+    tp: Annotated[int, typer.Option(help="Target tensor-parallel degree (must equal the capture's).")],
+    pp: Annotated[int, typer.Option(help="Target pipeline-parallel degree.")],
+    dp: Annotated[int, typer.Option(help="Target data-parallel degree.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="graph.parquet to write.")] = Path("graph.parquet"),
+    microbatches: Annotated[
+        int | None, typer.Option(help="Microbatches per iteration [default: the capture's].")
+    ] = None,
+    layers: Annotated[int | None, typer.Option(help="Transformer layers [default: the capture's].")] = None,
+    cluster: Annotated[str, typer.Option(help="Cluster preset (h100-ib, local) or a TOML file.")] = "h100-ib",
+    ranks_per_row_group: Annotated[int, typer.Option(help="Ranks per Parquet row group.")] = 32,
+) -> None:
+    """Build the full-scale graph of the captured job at the target layout, then validate it."""
+    try:
+        options = BuildOptions(
+            capture_dir=capture, out=out, tp=tp, pp=pp, dp=dp, cluster=load_cluster(cluster),
+            microbatches=microbatches, layers=layers, ranks_per_row_group=ranks_per_row_group,
+        )  # fmt: skip
+        with Progress(
+            TextColumn("[bold]building"), BarColumn(), MofNCompleteColumn(), TextColumn("ranks"),
+            TimeElapsedColumn(), console=console,
+        ) as progress:  # fmt: skip
+            task = progress.add_task("build", total=None)
+            result = build_graph(
+                options, lambda done, total: progress.update(task, completed=done, total=total)
+            )
+    except (BuildError, NormalizeError, GraphFormatError, ValueError, OSError) as e:
+        console.print(f"[bold red]error:[/] {str(e).splitlines()[0]}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    console.print(_summary(result, out))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

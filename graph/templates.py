@@ -1,0 +1,163 @@
+"""Block templates: what one role does in each kind of program piece, with median timings.
+
+A captured iteration of a role is cut into *segments* that map one-to-one onto the steps of
+its 1F1B schedule: ``pre`` (before the first step), one per step (``fwd``/``bwd`` of a
+microbatch, each posted transfer, each wait), ``grad_sync``, ``optim`` and ``post``. Units
+outside every block (Python glue between steps) belong to the next segment.
+
+Instances of one kind (every microbatch of every profiled iteration) must run the same op
+sequence; the most common sequence is kept and each unit's duration, gap and memory are the
+median over the instances that ran it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from prism.graph import op_table as ot
+from prism.schemas.annotations import Phase
+
+PRE, POST = "pre", "post"
+FWD, BWD = Phase.FORWARD.value, Phase.BACKWARD.value
+P2P_WAIT, GRAD_SYNC, OPTIM = Phase.P2P_WAIT.value, Phase.GRAD_SYNC.value, Phase.OPTIMIZER.value
+
+# Columns of a template (besides the op-table ones copied through).
+LAYER_OFFSET = "layer_offset"
+GROUP_AXIS = "group_axis"
+MEDIAN_COLUMNS = (ot.DUR_NS, ot.GAP_NS, ot.ALLOC_BYTES, ot.FREE_BYTES)
+COPIED_COLUMNS = (
+    ot.PHASE,
+    ot.NAME,
+    ot.IS_COMM,
+    ot.COMM_OP,
+    ot.BYTES,
+    ot.DTYPE,
+    ot.IS_ASYNC,
+    ot.PART,
+    ot.BUCKET,
+    ot.SEQ,
+)
+
+
+class TemplateError(ValueError):
+    """A capture whose blocks cannot be turned into templates."""
+
+
+def transfer_kind(phase: str, direction: str) -> str:
+    """Segment kind of a posted transfer, e.g. 'send_fwd'."""
+    return f"{phase}_{direction}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Segment:
+    """Template of one kind of segment."""
+
+    kind: str
+    """pre, fwd, bwd, send_fwd, recv_fwd, send_bwd, recv_bwd, p2p_wait, grad_sync, optim, post."""
+    units: pd.DataFrame
+    """One row per unit, in order (COPIED_COLUMNS, MEDIAN_COLUMNS, LAYER_OFFSET, GROUP_AXIS)."""
+    instances: int
+    """Instances of the kind in the profiled iterations."""
+    agreeing: int
+    """Instances that ran the kept op sequence."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoleTemplate:
+    """Everything the graph builder reuses of one captured rank."""
+
+    rank: int
+    """Captured global rank."""
+    stage: int
+    """Its pipeline stage."""
+    first_layer: int
+    """Global index of the stage's first layer."""
+    segments: dict[str, Segment]
+    """Templates by segment kind."""
+
+    def segment(self, kind: str) -> Segment:
+        try:
+            return self.segments[kind]
+        except KeyError:
+            raise TemplateError(f"captured rank {self.rank} never ran a {kind!r} segment") from None
+
+
+def _unit_kind(row: pd.Series) -> str | None:
+    phase = row[ot.PHASE]
+    if phase in (FWD, BWD, P2P_WAIT, GRAD_SYNC, OPTIM):
+        return phase
+    if phase in (Phase.SEND.value, Phase.RECV.value):
+        return transfer_kind(phase, row[ot.DIR])
+    return None  # glue between blocks
+
+
+def _is_transfer(kind: str) -> bool:
+    return kind.startswith((Phase.SEND.value + "_", Phase.RECV.value + "_"))
+
+
+def split_segments(iteration: pd.DataFrame) -> list[tuple[str, int, pd.DataFrame]]:
+    """Cut one iteration's units (in program order) into (kind, microbatch, units) segments."""
+    kinds = [_unit_kind(row) for _, row in iteration.iterrows()]
+    mbs = iteration[ot.MB].to_numpy()
+    segments: list[tuple[str, int, list[int]]] = []
+    glue: list[int] = []
+    for i, kind in enumerate(kinds):
+        if kind is None:
+            glue.append(i)
+            continue
+        mb = int(mbs[i]) if kind in (FWD, BWD) or _is_transfer(kind) else -1
+        if segments and not glue and segments[-1][0] == kind and segments[-1][1] == mb:
+            segments[-1][2].append(i)
+            continue
+        if glue and not segments:
+            segments.append((PRE, -1, glue))  # before the first step: zeroing gradients etc.
+            glue = []
+        segments.append((kind, mb, glue + [i]))
+        glue = []
+    if glue:
+        segments.append((POST, -1, glue))
+    return [(kind, mb, iteration.iloc[rows]) for kind, mb, rows in segments]
+
+
+def _signature(units: pd.DataFrame, first_layer: int) -> tuple:
+    layers = units[ot.LAYER].to_numpy()
+    offsets = np.where(layers >= 0, layers - first_layer, -1)
+    return tuple(zip(units[ot.NAME], offsets.tolist(), units[ot.PART], strict=True))
+
+
+def _values(units: pd.DataFrame, column: str) -> np.ndarray:
+    values = units[column].to_numpy(dtype=np.int64)
+    # Memory allocated or freed between two ops (Python glue) is charged to the op after it.
+    gap_column = {ot.ALLOC_BYTES: ot.GAP_ALLOC_BYTES, ot.FREE_BYTES: ot.GAP_FREE_BYTES}.get(column)
+    if gap_column is not None and gap_column in units:
+        values = values + units[gap_column].to_numpy(dtype=np.int64)
+    return values
+
+
+def _median_template(kind: str, instances: list[pd.DataFrame], first_layer: int) -> Segment:
+    signatures = [_signature(units, first_layer) for units in instances]
+    kept, _ = Counter(signatures).most_common(1)[0]
+    agreeing = [units for units, sig in zip(instances, signatures, strict=True) if sig == kept]
+    template = agreeing[0][list(COPIED_COLUMNS)].reset_index(drop=True).copy()
+    for column in MEDIAN_COLUMNS:
+        stacked = np.stack([_values(units, column) for units in agreeing])
+        template[column] = np.median(stacked, axis=0).round().astype(np.int64)
+    template[LAYER_OFFSET] = [offset for _, offset, _ in kept]
+    template[GROUP_AXIS] = agreeing[0][ot.GROUP_LABEL].str.split(".").str[0].fillna("").to_numpy()
+    return Segment(kind=kind, units=template, instances=len(instances), agreeing=len(agreeing))
+
+
+def build_role_template(ops: pd.DataFrame, *, rank: int, stage: int, first_layer: int) -> RoleTemplate:
+    """Templates of every segment kind of one captured rank's op table."""
+    by_kind: dict[str, list[pd.DataFrame]] = {}
+    for _, iteration in ops.groupby(ot.ITERATION, sort=True):
+        for kind, _, units in split_segments(iteration.sort_values(ot.SEQ)):
+            by_kind.setdefault(kind, []).append(units)
+    if FWD not in by_kind or BWD not in by_kind:
+        raise TemplateError(f"captured rank {rank} has no forward/backward blocks in its profiled iterations")
+    segments = {kind: _median_template(kind, units, first_layer) for kind, units in by_kind.items()}
+    return RoleTemplate(rank=rank, stage=stage, first_layer=first_layer, segments=segments)

@@ -1,0 +1,170 @@
+"""Capture → graph → validate, against a real full run, and prism-build-graph's handling of bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from prism.capture.runner import CaptureOptions, RealMode, run_capture
+from prism.graph.build import BuildError, BuildOptions, build_graph
+from prism.graph.cli import app
+from prism.graph.graph_io import read_metadata, read_rank
+from prism.schemas import graph_format as gf
+from prism.schemas.cluster import preset
+from prism.schemas.comm_log import read_comm_log
+from prism.schemas.manifest import CaptureFiles
+from prism.schemas.workload import GPTConfig
+
+pytestmark = pytest.mark.slow
+
+SMALL = GPTConfig(
+    layers=4, hidden=64, heads=4, seq_len=32, vocab=256, microbatches=4, tp=2, pp=2, dp=2, grad_bucket_mb=0.1
+)
+H100 = preset("h100-ib")
+
+
+@pytest.fixture(scope="module")
+def full_capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every rank of tp=2 pp=2 dp=2 run for real: the ground truth for comm sequences."""
+    out = tmp_path_factory.mktemp("full") / "capture"
+    run_capture(CaptureOptions(config=SMALL, out_dir=out, real=RealMode.ALL, warmup=1, iterations=1))
+    return out
+
+
+@pytest.fixture(scope="module")
+def slice_capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("slice") / "capture"
+    config = replace(SMALL, pp=4, layers=8, microbatches=8)
+    run_capture(CaptureOptions(config=config, out_dir=out, warmup=1, iterations=2))
+    return out
+
+
+def build(capture: Path, out: Path, **target) -> Path:
+    layout = {"tp": 2, "pp": 2, "dp": 2} | target
+    build_graph(BuildOptions(capture_dir=capture, out=out, cluster=H100, **layout))
+    return out
+
+
+def comm_signature(calls) -> list[tuple]:
+    return [(c.op, c.label.split(".")[0], c.bytes) for c in calls]
+
+
+def test_graph_of_a_full_run_holds_the_calls_the_real_run_made(full_capture: Path, tmp_path: Path) -> None:
+    graph = build(full_capture, tmp_path / "g.parquet")
+    files = CaptureFiles(full_capture)
+    for rank in range(SMALL.layout.world_size):
+        logged = read_comm_log(files.comm(rank)).calls
+        per_iteration = len(logged) // 2  # one warm-up + one profiled iteration
+        real = [
+            (op, "pp" if op in ("send", "recv") else axis, n)
+            for op, axis, n in comm_signature(logged[-per_iteration:])
+        ]
+        nodes = read_rank(graph, rank).to_pandas()
+        comm = nodes[nodes[gf.KIND] != gf.NodeKind.COMPUTE.value]
+        built = list(zip(comm[gf.NAME], comm[gf.GROUP_KIND], comm[gf.BYTES], strict=True))
+        assert built == real, f"rank {rank}"
+        peers = comm.loc[comm[gf.PEER] >= 0, gf.PEER].tolist()
+        assert peers == [c.peer for c in logged[-per_iteration:] if c.peer is not None]
+
+
+def test_slice_extrapolates_to_other_pp_dp_and_microbatches(slice_capture: Path, tmp_path: Path) -> None:
+    graph = build(slice_capture, tmp_path / "g.parquet", pp=8, dp=4, microbatches=16)
+    meta = read_metadata(graph)
+    assert meta.layout["pp"] == 8 and meta.model["microbatches"] == 16 and meta.model["layers"] == 8
+    last = read_rank(graph, 2 * 4 * 7).to_pandas()  # tp0 dp0 of the last stage
+    fwd_blocks = last[(last[gf.PHASE] == "fwd") & (last[gf.LAYER] == 7)][gf.MB].unique()
+    assert sorted(fwd_blocks) == list(range(16))
+    assert (last[gf.STAGE] == 7).all() and (last[gf.SRC_RANK] == 2 * 2 * 3).all()
+
+
+def test_same_inputs_give_the_same_file(slice_capture: Path, tmp_path: Path) -> None:
+    a = build(slice_capture, tmp_path / "a.parquet", pp=4)
+    b = build(slice_capture, tmp_path / "b.parquet", pp=4)
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_durations_come_from_the_capture_and_the_comm_model(slice_capture: Path, tmp_path: Path) -> None:
+    graph = build(slice_capture, tmp_path / "g.parquet", pp=4)
+    nodes = read_rank(graph, 0).to_pandas()
+    compute = nodes[nodes[gf.KIND] == gf.NodeKind.COMPUTE.value]
+    assert (compute[gf.DUR_NS] >= 0).all() and compute[gf.DUR_NS].sum() > 0
+    dp = nodes[nodes[gf.GROUP_KIND] == "dp"]
+    assert len(dp) > 0 and (dp[gf.DUR_NS] > 0).all()
+    assert np.all(np.diff(dp[gf.BYTES].to_numpy()) <= dp[gf.BYTES].max())
+
+
+# -- bad input: one error line, exit 2, nothing written ----------------------------------------
+
+
+def run_cli(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def assert_refused(result, needle: str, out: Path) -> None:
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and needle in errors[0], result.output
+    assert not out.exists()
+
+
+def test_missing_capture_directory(tmp_path: Path) -> None:
+    out = tmp_path / "g.parquet"
+    assert_refused(
+        run_cli(str(tmp_path / "nope"), "--tp", "2", "--pp", "2", "--dp", "2", "-o", str(out)),
+        "manifest.json is missing",
+        out,
+    )
+
+
+def test_tp_must_match_the_capture(slice_capture: Path, tmp_path: Path) -> None:
+    out = tmp_path / "g.parquet"
+    assert_refused(
+        run_cli(str(slice_capture), "--tp", "4", "--pp", "4", "--dp", "2", "-o", str(out)),
+        "re-capture with --tp 4",
+        out,
+    )
+
+
+def test_layers_must_split_over_stages(slice_capture: Path, tmp_path: Path) -> None:
+    out = tmp_path / "g.parquet"
+    result = run_cli(str(slice_capture), "--tp", "2", "--pp", "3", "--dp", "2", "-o", str(out))
+    assert_refused(result, "layers (8) must be divisible by pp (3)", out)
+
+
+def test_role_missing_from_the_capture(full_capture: Path, tmp_path: Path) -> None:
+    out = tmp_path / "g.parquet"
+    result = run_cli(
+        str(full_capture), "--tp", "2", "--pp", "4", "--dp", "2", "--layers", "8", "-o", str(out)
+    )
+    assert_refused(result, "needs a 'middle' pipeline stage", out)
+
+
+def test_unknown_manifest_version(slice_capture: Path, tmp_path: Path) -> None:
+    capture = tmp_path / "capture"
+    shutil.copytree(slice_capture, capture)
+    manifest = json.loads((capture / "manifest.json").read_text())
+    (capture / "manifest.json").write_text(json.dumps(manifest | {"version": 99}))
+    out = tmp_path / "g.parquet"
+    assert_refused(
+        run_cli(str(capture), "--tp", "2", "--pp", "4", "--dp", "2", "-o", str(out)), "version 99", out
+    )
+
+
+def test_corrupt_trace(slice_capture: Path, tmp_path: Path) -> None:
+    capture = tmp_path / "capture"
+    shutil.copytree(slice_capture, capture)
+    CaptureFiles(capture).kineto(0).write_bytes(b"\x1f\x8b not really gzip")
+    out = tmp_path / "g.parquet"
+    result = run_cli(str(capture), "--tp", "2", "--pp", "4", "--dp", "2", "-o", str(out))
+    assert_refused(result, "rank0.trace.json.gz", out)
+
+
+def test_build_error_is_raised_by_the_library_too(slice_capture: Path, tmp_path: Path) -> None:
+    with pytest.raises(BuildError, match="re-capture"):
+        build(slice_capture, tmp_path / "g.parquet", tp=1)
