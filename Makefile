@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 OUT    ?= capture-out
+GRAPH  ?= graph.parquet
 
 .PHONY: install demo test test-fast lint clean
 
@@ -16,8 +17,9 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
-demo: install   ## capture the default slice (tiny GPT, target tp=8 pp=16 dp=64) into $(OUT)/
+demo: install   ## capture the default slice (tiny GPT, target tp=8 pp=16 dp=64), then build its full-scale graph
 	$(BIN)/prism-capture -o $(OUT) --overwrite
+	$(BIN)/prism-build-graph $(OUT) --tp 8 --pp 16 --dp 64 -o $(GRAPH)
 
 test: install   ## the whole suite, as CI runs it
 	$(BIN)/python -m pytest -q
@@ -30,4 +32,4 @@ lint: install
 	$(BIN)/ruff format --check .
 
 clean:
-	rm -rf $(VENV) $(OUT) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(OUT) $(GRAPH) .pytest_cache .ruff_cache .hypothesis

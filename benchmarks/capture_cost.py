@@ -19,7 +19,7 @@ from rich.table import Table
 
 from prism.capture.runner import CaptureOptions, RealMode, run_capture
 from prism.schemas.manifest import CaptureFiles
-from prism.schemas.workload import GPTConfig
+from prism.schemas.workload import INT_FIELDS, GPTConfig
 
 
 def parse_args() -> tuple[argparse.Namespace, GPTConfig]:
@@ -30,33 +30,10 @@ def parse_args() -> tuple[argparse.Namespace, GPTConfig]:
     parser.add_argument("--iterations", type=int, default=2)
     parser.add_argument("--real", choices=[m.value for m in RealMode], default=RealMode.ROLES.value)
     defaults = GPTConfig()
-    for name in (
-        "tp",
-        "pp",
-        "dp",
-        "layers",
-        "hidden",
-        "heads",
-        "seq_len",
-        "vocab",
-        "micro_batch_size",
-        "microbatches",
-    ):
+    for name in INT_FIELDS:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
     args = parser.parse_args()
-    fields = (
-        "tp",
-        "pp",
-        "dp",
-        "layers",
-        "hidden",
-        "heads",
-        "seq_len",
-        "vocab",
-        "micro_batch_size",
-        "microbatches",
-    )
-    return args, GPTConfig(**{f: getattr(args, f) for f in fields})
+    return args, GPTConfig(**{f: getattr(args, f) for f in INT_FIELDS})
 
 
 def measure_once(config: GPTConfig, args: argparse.Namespace) -> list[dict]:

@@ -15,11 +15,8 @@ Samples come from a microbenchmark (``run_benchmark``) and optionally from the c
 
 from __future__ import annotations
 
-import json
-import multiprocessing as mp
 import os
 import statistics
-import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Iterable
@@ -28,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from prism.graph.calibrate_bench import CalibrationError, Sample, run_benchmark
 from prism.graph.comm import OPS, CommModel, op_class, single_node_terms
 from prism.schemas.cluster import OP_CLASSES, ClusterSpec, local_path
 from prism.schemas.comm_log import CommLog, read_comm_log
@@ -36,28 +34,6 @@ from prism.schemas.manifest import COMM_DIR
 KiB, MiB = 2**10, 2**20
 DEFAULT_SIZES = (4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB)
 BENCH_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "gather", "scatter", "barrier", "send")  # fmt: skip
-
-
-class CalibrationError(RuntimeError):
-    """The benchmark failed or its timings cannot be fitted."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Sample:
-    """One measured point: the median time of one (op, bytes, group size) on one node."""
-
-    op: str
-    """Comm-log op name."""
-    bytes: int
-    """Bytes this rank contributes, as in the comm log."""
-    group_size: int
-    """Members of the group."""
-    seconds: float
-    """Median duration."""
-    source: str = "bench"
-    """'bench' (microbenchmark) or 'comm_log' (delegated calls of a capture)."""
-    count: int = 1
-    """Observations behind the median."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -261,7 +237,11 @@ def check_samples(spec: ClusterSpec, samples: list[Sample]) -> tuple[Check, ...]
 def calibrate(config: CalibrationConfig) -> CalibrationResult:
     """Time collectives here, add comm-log samples, fit, write the spec, check it."""
     logs = read_comm_logs(config.comm_logs)
-    samples = run_benchmark(config) + samples_from_comm_logs(logs)
+    measured = run_benchmark(
+        max_procs=config.max_procs, sizes=config.sizes, ops=config.ops, reps=config.reps,
+        calls_per_rep=config.calls_per_rep, warmup=config.warmup, timeout_s=config.timeout_s,
+    )  # fmt: skip
+    samples = measured + samples_from_comm_logs(logs)
     fit = fit_samples(samples)
     notes = (
         f"calibrated by prism-calibrate on {os.uname().nodename} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}: "
@@ -271,160 +251,3 @@ def calibrate(config: CalibrationConfig) -> CalibrationResult:
     spec = fit.to_spec(gpus_per_node=gpus_per_node, notes=notes)
     path = spec.save(config.out or local_path())
     return CalibrationResult(spec=spec, fit=fit, checks=check_samples(spec, samples), path=path)
-
-
-# -- the microbenchmark ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class _Plan:
-    """What every benchmark process runs (pickled to the spawned processes)."""
-
-    world: int
-    port: int
-    group_sizes: tuple[int, ...]
-    sizes: tuple[int, ...]
-    ops: tuple[str, ...]
-    reps: int
-    calls_per_rep: int
-    warmup: int
-    timeout_s: float
-    result_path: str
-
-
-def run_benchmark(config: CalibrationConfig) -> list[Sample]:
-    """Spawn gloo processes on localhost and time every (op, size, group size); rank 0 reports."""
-    group_sizes = tuple(2**i for i in range(1, config.max_procs.bit_length()) if 2**i <= config.max_procs)
-    with tempfile.TemporaryDirectory(prefix="prism-calibrate-") as tmp:
-        plan = _Plan(
-            world=group_sizes[-1], port=_free_port(), group_sizes=group_sizes, sizes=tuple(sorted(config.sizes)),
-            ops=config.ops, reps=config.reps, calls_per_rep=config.calls_per_rep, warmup=config.warmup,
-            timeout_s=config.timeout_s, result_path=str(Path(tmp) / "result.json"),
-        )  # fmt: skip
-        ctx = mp.get_context("spawn")  # fork would copy this process's threads and torch state
-        procs = [ctx.Process(target=_worker, args=(r, plan), daemon=True) for r in range(plan.world)]
-        for proc in procs:
-            proc.start()
-        _join(procs, config.timeout_s)
-        points = json.loads(Path(plan.result_path).read_text())
-    return [Sample(op=op, bytes=n, group_size=p, seconds=t, count=config.reps) for op, n, p, t in points]
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _join(procs: list, timeout_s: float) -> None:
-    """Wait for all; on a failure or timeout kill the rest so a stuck collective never hangs us."""
-    deadline = time.monotonic() + timeout_s
-    try:
-        while any(p.exitcode is None for p in procs):
-            failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-            if failed:
-                raise CalibrationError(f"a benchmark process exited with code {failed[0]} (see its stderr)")
-            if time.monotonic() > deadline:
-                raise CalibrationError(f"benchmark still running after {timeout_s:.0f} s; killed")
-            time.sleep(0.05)
-        if any(p.exitcode != 0 for p in procs):
-            raise CalibrationError("a benchmark process failed (see its stderr)")
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-            p.join()
-
-
-def _points(plan: _Plan) -> list[tuple[str, int, int]]:
-    """(op, group size, float32 elements per rank) in the order every rank runs them."""
-    points = []
-    for p in plan.group_sizes:
-        for op in plan.ops:
-            if op == "barrier":
-                points.append((op, p, 0))
-            elif op != "send" or p == 2:  # the ping-pong runs between ranks 0 and 1 only
-                points += [(op, p, max(1, size // 4 // p) * p) for size in plan.sizes]
-    return points
-
-
-def _worker(rank: int, plan: _Plan) -> None:
-    from datetime import timedelta
-
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{plan.port}", rank=rank, world_size=plan.world,
-        timeout=timedelta(seconds=plan.timeout_s),
-    )  # fmt: skip
-    groups = {p: dist.new_group(list(range(p))) for p in plan.group_sizes}
-    points = _points(plan)
-    times = torch.zeros(len(points), plan.reps, dtype=torch.float64)
-    for i, (op, p, numel) in enumerate(points):
-        if rank < p:
-            times[i] = torch.tensor(_time_point(_make_call(op, p, numel, rank, groups[p]), groups[p], plan))
-    # The slowest member sets a collective's time; ranks outside a group contribute zeros.
-    dist.all_reduce(times, op=dist.ReduceOp.MAX)
-    if rank == 0:
-        medians = times.median(dim=1).values.tolist()
-        rows = [
-            (op, 4 * numel, p, t / 2 if op == "send" else t)
-            for (op, p, numel), t in zip(points, medians, strict=True)
-        ]
-        Path(plan.result_path).write_text(json.dumps(rows))
-    dist.destroy_process_group()
-
-
-def _time_point(call, group, plan: _Plan) -> list[float]:
-    import torch.distributed as dist
-
-    out = []
-    for rep in range(plan.warmup + plan.reps):
-        dist.barrier(group=group)
-        start = time.perf_counter()
-        for _ in range(plan.calls_per_rep):
-            call()
-        if rep >= plan.warmup:
-            out.append((time.perf_counter() - start) / plan.calls_per_rep)
-    return out
-
-
-def _make_call(op: str, p: int, numel: int, rank: int, group):
-    """A no-argument callable running ``op`` once with ``numel`` float32 elements per rank."""
-    import torch
-    import torch.distributed as dist
-
-    x = torch.zeros(numel)
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
-        out = torch.zeros({"all_gather": numel * p, "reduce_scatter": numel // p}.get(op, numel))
-        fn = {"all_gather": dist.all_gather_single, "reduce_scatter": dist.reduce_scatter_single}
-        return lambda: fn.get(op, dist.all_to_all_single)(out, x, group=group)
-    if op in ("gather", "scatter"):
-        chunks = [torch.zeros(numel) for _ in range(p)] if rank == 0 else None
-        if op == "gather":
-            return lambda: dist.gather(x, chunks, dst=0, group=group)
-        return lambda: dist.scatter(x, chunks, src=0, group=group)
-    if op == "send":
-        return lambda: _ping_pong(x, rank)
-    return {
-        "all_reduce": lambda: dist.all_reduce(x, group=group),
-        "broadcast": lambda: dist.broadcast(x, src=0, group=group),
-        "reduce": lambda: dist.reduce(x, dst=0, group=group),
-        "barrier": lambda: dist.barrier(group=group),
-    }[op]
-
-
-def _ping_pong(x, rank: int) -> None:
-    """One round trip between ranks 0 and 1; the worker halves its time (one-way send)."""
-    import torch.distributed as dist
-
-    if rank == 0:
-        dist.send(x, 1)
-        dist.recv(x, 1)
-    else:
-        dist.recv(x, 0)
-        dist.send(x, 0)

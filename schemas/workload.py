@@ -12,6 +12,19 @@ from prism.schemas.layout import ParallelLayout
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
+INT_FIELDS = (
+    "layers",
+    "hidden",
+    "heads",
+    "seq_len",
+    "vocab",
+    "micro_batch_size",
+    "microbatches",
+    "tp",
+    "pp",
+    "dp",
+)
+"""GPTConfig fields that must be positive integers."""
 DEVICES = ("cpu", "cuda")
 
 
@@ -86,19 +99,7 @@ class GPTConfig:
         return range(stage * n, (stage + 1) * n)
 
     def validate(self) -> None:
-        ints = (
-            "layers",
-            "hidden",
-            "heads",
-            "seq_len",
-            "vocab",
-            "micro_batch_size",
-            "microbatches",
-            "tp",
-            "pp",
-            "dp",
-        )
-        for name in ints:
+        for name in INT_FIELDS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")

@@ -175,3 +175,24 @@ def test_rerun_command_runs_one_rank_alone(capture_dir: Path, tmp_path: Path) ->
     assert [(c.op, c.label, c.gseq, c.bytes) for c in again] == [
         (c.op, c.label, c.gseq, c.bytes) for c in original
     ]
+
+
+def test_default_slice_builds_the_full_scale_graph(capture_dir: Path, tmp_path: Path) -> None:
+    """capture → graph → validate on the built-in default: all 8192 ranks, every group complete."""
+    from prism.graph.build import BuildOptions, build_graph
+    from prism.graph.graph_io import read_rank
+    from prism.schemas.cluster import preset
+
+    out = tmp_path / "graph.parquet"
+    result = build_graph(
+        BuildOptions(capture_dir=capture_dir, out=out, tp=8, pp=16, dp=64, cluster=preset("h100-ib"))
+    )
+    assert result.report.ok and result.report.ranks == 8192
+    # A middle rank far from any captured one runs its own stage's program, bound to its own groups.
+    rank = CONFIG.layout.rank(tp=5, dp=37, pp=9)
+    nodes = read_rank(out, rank).to_pandas()
+    assert (nodes["stage"] == 9).all() and set(nodes["src_rank"]) == {512}
+    tp = nodes[nodes["group_kind"] == "tp"]
+    assert set(tp["group_index"]) == {CONFIG.layout.group_index(rank, "tp")}
+    peers = set(nodes.loc[nodes["peer"] >= 0, "peer"])
+    assert peers == {CONFIG.layout.pipeline_prev(rank), CONFIG.layout.pipeline_next(rank)}
