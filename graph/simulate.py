@@ -1,0 +1,182 @@
+"""Simulate a graph: every node's start and end, every rank's steady iteration time and peak memory.
+
+The graph holds one iteration. Iteration k+1 of a rank starts when its iteration k ends, so
+the simulation runs ``iterations`` passes, each starting every rank at its previous end; the
+steady iteration time of a rank is the length of its last pass. The engine's semantics are in
+``prism.graph.sim_engine``.
+
+Peak memory of a rank = its static bytes (parameters, gradients, Adam moments and step
+counters, DP bucket buffers: ``prism.schemas.gpt_params``) + the highest running total of the
+bytes its nodes allocate and free, in program order (a node's allocations count before its
+frees).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from prism.graph.graph_io import read_metadata
+from prism.graph.sim_engine import COLLECTIVE, COMPUTE, RECV, SEND, run
+from prism.schemas import graph_format as gf
+from prism.schemas.gpt_params import stage_buckets, stage_parameter_numels
+from prism.schemas.workload import GPTConfig
+
+_KIND_CODES = {
+    gf.NodeKind.COMPUTE.value: COMPUTE,
+    gf.NodeKind.COLLECTIVE.value: COLLECTIVE,
+    gf.NodeKind.SEND.value: SEND,
+    gf.NodeKind.RECV.value: RECV,
+}
+_COLUMNS = [gf.RANK, gf.STAGE, gf.KIND, gf.DUR_NS, gf.GAP_NS, gf.IS_ASYNC, gf.COLL_ID, gf.PEER, gf.P2P_SEQ]
+_COLUMNS += [gf.DEPS, gf.ALLOC_BYTES, gf.FREE_BYTES]
+
+
+class SimulationError(RuntimeError):
+    """A graph whose ranks cannot all finish (a deadlock) or that is malformed."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimGraph:
+    """A graph as the engine's arrays (all ranks, rows in (rank, index) order)."""
+
+    config: GPTConfig
+    rank_ptr: np.ndarray
+    stage: np.ndarray
+    kind: np.ndarray
+    dur: np.ndarray
+    gap: np.ndarray
+    is_async: np.ndarray
+    slot: np.ndarray
+    slot_size: np.ndarray
+    slot_nodes_ptr: np.ndarray
+    slot_nodes: np.ndarray
+    deps_ptr: np.ndarray
+    deps: np.ndarray
+    alloc: np.ndarray
+    free: np.ndarray
+
+    @property
+    def ranks(self) -> int:
+        return len(self.rank_ptr) - 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimResult:
+    """What the simulation predicts."""
+
+    start_ns: np.ndarray
+    """Start of every node in the last simulated iteration (absolute, from time 0)."""
+    end_ns: np.ndarray
+    """End of every node in the last simulated iteration."""
+    iteration_ns: np.ndarray
+    """Steady iteration time of every rank."""
+    peak_bytes: np.ndarray
+    """Peak memory of every rank."""
+
+
+def _codes(column: pa.ChunkedArray, mapping: dict[str, int]) -> np.ndarray:
+    column = column.combine_chunks()
+    lookup = np.array([mapping[v] for v in column.dictionary.to_pylist()], np.int8)
+    return lookup[column.indices.to_numpy()]
+
+
+def _slots(
+    kind: np.ndarray, coll_id: np.ndarray, rank: np.ndarray, peer: np.ndarray, seq: np.ndarray, world: int
+):
+    """Dense instance id of every collective and transfer node; members per instance."""
+    slot = np.full(len(kind), -1, np.int32)
+    coll = kind == COLLECTIVE
+    uniq, inverse, counts = np.unique(coll_id[coll], return_inverse=True, return_counts=True)
+    slot[coll] = inverse
+    sizes = [counts]
+    p2p = (kind == SEND) | (kind == RECV)
+    # A send (a -> b, n) and the recv at b from a with the same n are one transfer.
+    src = np.where(kind == SEND, rank, peer)[p2p].astype(np.int64)
+    dst = np.where(kind == SEND, peer, rank)[p2p].astype(np.int64)
+    key = (src * world + dst) * (int(seq.max()) + 1 if len(seq) else 1) + seq[p2p]
+    puniq, pinverse, pcounts = np.unique(key, return_inverse=True, return_counts=True)
+    slot[p2p] = len(uniq) + pinverse
+    sizes.append(pcounts)
+    slot_size = np.concatenate(sizes).astype(np.int64)
+    if (pcounts != 2).any():
+        raise SimulationError("a send or recv has no matching partner; validate the graph first")
+    return slot, slot_size
+
+
+def load_sim_graph(path: str | Path) -> SimGraph:
+    """Read the columns the engine needs and index collectives, transfers and dependencies."""
+    metadata = read_metadata(path)
+    config = GPTConfig.from_dict(metadata.model)
+    table = pq.read_table(path, columns=_COLUMNS)
+    rank = table[gf.RANK].to_numpy()
+    world = config.layout.world_size
+    rank_ptr = np.searchsorted(rank, np.arange(world + 1)).astype(np.int64)
+    kind = _codes(table[gf.KIND], _KIND_CODES)
+    slot, slot_size = _slots(
+        kind,
+        table[gf.COLL_ID].to_numpy(),
+        rank,
+        table[gf.PEER].to_numpy(),
+        table[gf.P2P_SEQ].to_numpy(),
+        world,
+    )
+    comm_rows = np.flatnonzero(slot >= 0)  # a few % of the rows: sort only those
+    slot_nodes = comm_rows[np.argsort(slot[comm_rows], kind="stable")].astype(np.int64)
+    slot_nodes_ptr = np.concatenate([[0], np.cumsum(slot_size)]).astype(np.int64)
+    deps_list = table[gf.DEPS].combine_chunks()
+    deps_ptr = deps_list.offsets.to_numpy().astype(np.int64)
+    local = deps_list.values.to_numpy().astype(np.int64)
+    owner = np.repeat(np.arange(len(rank)), np.diff(deps_ptr))
+    deps = local + rank_ptr[rank[owner]]  # same-rank indices -> global rows
+    del deps_list, owner
+    return SimGraph(
+        config=config, rank_ptr=rank_ptr, stage=table[gf.STAGE].to_numpy(), kind=kind,
+        dur=table[gf.DUR_NS].to_numpy(), gap=table[gf.GAP_NS].to_numpy(),
+        is_async=table[gf.IS_ASYNC].to_numpy(zero_copy_only=False), slot=slot, slot_size=slot_size,
+        slot_nodes_ptr=slot_nodes_ptr, slot_nodes=slot_nodes, deps_ptr=deps_ptr, deps=deps,
+        alloc=table[gf.ALLOC_BYTES].to_numpy(), free=table[gf.FREE_BYTES].to_numpy(),
+    )  # fmt: skip
+
+
+def static_bytes(config: GPTConfig, stage: int) -> int:
+    """Bytes a rank of ``stage`` holds across iterations: weights, grads, Adam state, DP buckets."""
+    numels = stage_parameter_numels(config, stage)
+    params = sum(numels) * config.itemsize
+    adam_steps = 4 * len(numels)  # one float32 step counter per parameter
+    buckets = sum(b.numel for b in stage_buckets(config, stage, config.itemsize)) * config.itemsize
+    return 4 * params + adam_steps + (buckets if config.dp > 1 else 0)
+
+
+def peak_bytes(graph: SimGraph) -> np.ndarray:
+    """Static bytes plus the highest running total of each rank's allocations, in program order."""
+    delta = graph.alloc - graph.free
+    running = np.cumsum(delta)
+    before = running - delta  # total before each node
+    rank_of = np.repeat(np.arange(graph.ranks), np.diff(graph.rank_ptr))
+    base = np.concatenate([[0], running])[graph.rank_ptr[:-1]]  # running total at each rank's start
+    high = np.full(graph.ranks, 0, np.int64)
+    np.maximum.at(high, rank_of, before - base[rank_of] + graph.alloc)
+    stages = graph.stage[graph.rank_ptr[:-1]]
+    static = np.array([static_bytes(graph.config, s) for s in range(graph.config.pp)])[stages]
+    return static + high
+
+
+def simulate(graph: SimGraph, *, iterations: int = 2) -> SimResult:
+    """Run ``iterations`` back-to-back passes; the last one gives the steady state."""
+    clock = np.zeros(graph.ranks, np.int64)
+    previous = clock
+    for _ in range(iterations):
+        start, end, pc = run(
+            graph.rank_ptr, graph.kind, graph.dur, graph.gap, graph.is_async, graph.slot, graph.slot_size,
+            graph.slot_nodes_ptr, graph.slot_nodes, graph.deps_ptr, graph.deps, clock,
+        )  # fmt: skip
+        stuck = np.flatnonzero(pc < graph.rank_ptr[1:])
+        if len(stuck):
+            raise SimulationError(f"deadlock: {len(stuck)} rank(s) cannot finish, first rank {stuck[0]}")
+        previous, clock = clock, np.maximum.reduceat(end, graph.rank_ptr[:-1])
+    return SimResult(start_ns=start, end_ns=end, iteration_ns=clock - previous, peak_bytes=peak_bytes(graph))

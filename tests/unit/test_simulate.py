@@ -1,0 +1,166 @@
+"""The simulation on hand-built graphs whose answers are known."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from prism.graph.graph_io import GraphWriter
+from prism.graph.simulate import SimulationError, load_sim_graph, simulate, static_bytes
+from prism.schemas import graph_format as gf
+from prism.schemas.graph_format import GraphMetadata, NodeKind
+from prism.schemas.pipeline_schedule import Action, one_f_one_b
+from prism.schemas.workload import GPTConfig
+
+DEFAULTS = {
+    gf.STREAM: 0, gf.PHASE: "", gf.MB: -1, gf.LAYER: -1, gf.PART: "", gf.DUR_NS: 0, gf.GAP_NS: 0,
+    gf.COLL_ID: -1, gf.GROUP_KIND: "", gf.GROUP_INDEX: -1, gf.GROUP_SIZE: 0, gf.PEER: -1, gf.P2P_SEQ: -1,
+    gf.BYTES: 0, gf.DTYPE: "", gf.IS_ASYNC: False, gf.ALLOC_BYTES: 0, gf.FREE_BYTES: 0, gf.DEPS: [],
+    gf.SRC_RANK: 0, gf.SRC_OP: 0, gf.NAME: "op",
+}  # fmt: skip
+
+
+def config(tp: int = 1, pp: int = 1, dp: int = 1, microbatches: int = 4) -> GPTConfig:
+    return GPTConfig(
+        layers=2 * pp, hidden=8, heads=2, vocab=16, seq_len=4, microbatches=microbatches, tp=tp, pp=pp, dp=dp
+    )
+
+
+def compute(dur: int, **more: object) -> dict:
+    return {gf.KIND: NodeKind.COMPUTE.value, gf.DUR_NS: dur, **more}
+
+
+def collective(coll_id: int, dur: int, size: int, **more: object) -> dict:
+    return {gf.KIND: NodeKind.COLLECTIVE.value, gf.COLL_ID: coll_id, gf.DUR_NS: dur, gf.GROUP_KIND: "tp", gf.GROUP_SIZE: size, **more}  # fmt: skip
+
+
+def transfer(kind: NodeKind, peer: int, seq: int, dur: int) -> dict:
+    return {
+        gf.KIND: kind.value,
+        gf.PEER: peer,
+        gf.P2P_SEQ: seq,
+        gf.DUR_NS: dur,
+        gf.IS_ASYNC: True,
+        gf.GROUP_SIZE: 2,
+    }
+
+
+def write(path: Path, cfg: GPTConfig, programs: list[list[dict]]) -> Path:
+    meta = GraphMetadata(
+        layout=cfg.layout.to_dict(), model=cfg.to_dict(), cluster={}, capture_digest="0" * 64,
+        build_options={}, prism_version="test",
+    )  # fmt: skip
+    schema = pa.schema([f.with_type(pa.string()) if pa.types.is_dictionary(f.type) else f for f in gf.SCHEMA])
+    with GraphWriter(path, meta, ranks_per_row_group=2) as writer:
+        for rank, nodes in enumerate(programs):
+            rows = [
+                {**DEFAULTS, **n, gf.RANK: rank, gf.INDEX: i, gf.STAGE: cfg.layout.stage(rank)}
+                for i, n in enumerate(nodes)
+            ]
+            writer.write_ranks(pa.Table.from_pylist(rows, schema=schema).cast(gf.SCHEMA))
+    return path
+
+
+def test_collective_waits_for_its_slowest_member(tmp_path: Path) -> None:
+    cfg = config(tp=2)
+    programs = [
+        [compute(100), collective(7, 50, 2), compute(10)],
+        [compute(300), collective(7, 50, 2), compute(10)],
+    ]
+    result = simulate(load_sim_graph(write(tmp_path / "g.parquet", cfg, programs)), iterations=1)
+    assert list(result.start_ns) == [0, 100, 350, 0, 300, 350]
+    assert list(result.end_ns) == [100, 350, 360, 300, 350, 360]
+    assert list(result.iteration_ns) == [360, 360]
+
+
+def test_send_recv_chain_with_gaps(tmp_path: Path) -> None:
+    cfg = config(pp=3, microbatches=3)
+
+    def wait(dep: int) -> dict:
+        return compute(0, **{gf.DEPS: [dep]})
+
+    programs = [
+        [compute(100), transfer(NodeKind.SEND, 1, 0, 20), wait(1)],
+        [transfer(NodeKind.RECV, 0, 0, 20), wait(0), compute(50, **{gf.GAP_NS: 5}), transfer(NodeKind.SEND, 2, 0, 30), wait(3)],
+        [transfer(NodeKind.RECV, 1, 0, 30), wait(0), compute(10)],
+    ]  # fmt: skip
+    result = simulate(load_sim_graph(write(tmp_path / "g.parquet", cfg, programs)), iterations=1)
+    # rank 1 computes from 125 (transfer ends at 120, then a 5 ns gap) to 175; its send runs to 205.
+    assert list(result.iteration_ns) == [120, 205, 215]
+
+
+def one_f_one_b_programs(pp: int, m: int, f: int, b: int) -> list[list[dict]]:
+    programs = []
+    for stage in range(pp):
+        nodes: list[dict] = []
+        pending: list[int] = []
+        seq = {
+            Action.SEND_FORWARD: 0,
+            Action.RECV_FORWARD: 0,
+            Action.SEND_BACKWARD: 0,
+            Action.RECV_BACKWARD: 0,
+        }
+        for step in one_f_one_b(stage=stage, stages=pp, microbatches=m):
+            if step.action == Action.FORWARD:
+                nodes.append(compute(f))
+            elif step.action == Action.BACKWARD:
+                nodes.append(compute(b))
+            elif step.action == Action.WAIT:
+                nodes.append(compute(0, **{gf.DEPS: pending}))
+                pending = []
+            else:
+                peer = stage + (1 if step.action in (Action.SEND_FORWARD, Action.RECV_BACKWARD) else -1)
+                kind = (
+                    NodeKind.SEND
+                    if step.action in (Action.SEND_FORWARD, Action.SEND_BACKWARD)
+                    else NodeKind.RECV
+                )
+                pending.append(len(nodes))
+                nodes.append(transfer(kind, peer, seq[step.action], 0))
+                seq[step.action] += 1
+        programs.append(nodes)
+    return programs
+
+
+@pytest.mark.parametrize(("pp", "m"), [(2, 4), (4, 8)])
+def test_1f1b_pipeline_takes_m_plus_p_minus_1_slots(tmp_path: Path, pp: int, m: int) -> None:
+    f, b = 10, 20
+    cfg = config(pp=pp, microbatches=m)
+    graph = load_sim_graph(write(tmp_path / "g.parquet", cfg, one_f_one_b_programs(pp, m, f, b)))
+    first = simulate(graph, iterations=1)
+    assert first.iteration_ns[0] == (m + pp - 1) * (f + b)  # the first stage finishes last
+    # The cool-down is backward-only: each stage ends one backward before the stage before it.
+    assert list(first.iteration_ns) == [(m + pp - 1) * (f + b) - s * b for s in range(pp)]
+    steady = simulate(graph, iterations=3)
+    assert (steady.iteration_ns == (m + pp - 1) * (f + b)).all()
+
+
+def test_slow_rank_delays_its_group_only(tmp_path: Path) -> None:
+    cfg = config(tp=2, dp=2)  # ranks 0,1 and 2,3 are TP groups
+    programs = [[compute(d), collective(10 + r // 2, 5, 2)] for r, d in enumerate([100, 100, 100, 400])]
+    result = simulate(load_sim_graph(write(tmp_path / "g.parquet", cfg, programs)), iterations=1)
+    assert list(result.iteration_ns) == [105, 105, 405, 405]
+
+
+def test_peak_memory_replays_allocations_on_top_of_static_bytes(tmp_path: Path) -> None:
+    cfg = config()
+    nodes = [
+        compute(1, **{gf.ALLOC_BYTES: 100}),
+        compute(1, **{gf.ALLOC_BYTES: 50, gf.FREE_BYTES: 30}),
+        compute(1, **{gf.FREE_BYTES: 120}),
+    ]
+    result = simulate(load_sim_graph(write(tmp_path / "g.parquet", cfg, [nodes])), iterations=1)
+    assert result.peak_bytes[0] == static_bytes(cfg, 0) + 150
+    # Weights, grads and two Adam moments (float32), plus a 4-byte step counter per tensor. By hand:
+    # embedding 16*8 + 4*8 = 160; per layer 16 + 216 + 72 + 16 + 288 + 264 = 872, two layers;
+    # head 8 + 8 + 16*8 = 144: 2048 parameters in 2 + 2*12 + 3 = 29 tensors.
+    assert static_bytes(cfg, 0) == 4 * 4 * 2048 + 4 * 29
+
+
+def test_deadlock_is_reported(tmp_path: Path) -> None:
+    cfg = config(tp=2)
+    programs = [[collective(1, 5, 2), collective(2, 5, 2)], [collective(2, 5, 2), collective(1, 5, 2)]]
+    with pytest.raises(SimulationError, match="deadlock: 2 rank"):
+        simulate(load_sim_graph(write(tmp_path / "g.parquet", cfg, programs)), iterations=1)
