@@ -13,7 +13,9 @@ from rich.table import Table
 from prism.graph.build import BuildError, BuildOptions, BuildResult, build_graph
 from prism.graph.graph_io import GraphFormatError
 from prism.graph.op_table import NormalizeError
+from prism.graph.predict import predict, stage_table
 from prism.schemas.cluster import ClusterSpec, preset
+from prism.schemas.summary import write_summary
 
 app = typer.Typer(add_completion=False, help=__doc__)
 console = Console(stderr=True)
@@ -52,6 +54,9 @@ def build(
     layers: Annotated[int | None, typer.Option(help="Transformer layers [default: the capture's].")] = None,
     cluster: Annotated[str, typer.Option(help="Cluster preset (h100-ib, local) or a TOML file.")] = "h100-ib",
     ranks_per_row_group: Annotated[int, typer.Option(help="Ranks per Parquet row group.")] = 32,
+    simulate: Annotated[
+        bool, typer.Option(help="Simulate the graph and write summary.json beside it.")
+    ] = True,
 ) -> None:
     """Build the full-scale graph of the captured job at the target layout, then validate it."""
     try:
@@ -71,6 +76,14 @@ def build(
         console.print(f"[bold red]error:[/] {str(e).splitlines()[0]}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     console.print(_summary(result, out))
+    if simulate:
+        summary = predict(out)
+        summary_path = out.with_name("summary.json")
+        write_summary(summary, summary_path)
+        console.print(
+            stage_table(summary, f"predicted iteration of {result.config.layout} on {options.cluster.name}")
+        )
+        console.print(f"wrote {summary_path}")
 
 
 def main() -> None:

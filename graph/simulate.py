@@ -73,6 +73,8 @@ class SimResult:
     """Start of every node in the last simulated iteration (absolute, from time 0)."""
     end_ns: np.ndarray
     """End of every node in the last simulated iteration."""
+    rank_start_ns: np.ndarray
+    """When every rank started the last simulated iteration."""
     iteration_ns: np.ndarray
     """Steady iteration time of every rank."""
     peak_bytes: np.ndarray
@@ -179,4 +181,18 @@ def simulate(graph: SimGraph, *, iterations: int = 2) -> SimResult:
         if len(stuck):
             raise SimulationError(f"deadlock: {len(stuck)} rank(s) cannot finish, first rank {stuck[0]}")
         previous, clock = clock, np.maximum.reduceat(end, graph.rank_ptr[:-1])
-    return SimResult(start_ns=start, end_ns=end, iteration_ns=clock - previous, peak_bytes=peak_bytes(graph))
+    return SimResult(
+        start_ns=start,
+        end_ns=end,
+        rank_start_ns=previous,
+        iteration_ns=clock - previous,
+        peak_bytes=peak_bytes(graph),
+    )
+
+
+def graph_column(path: str | Path, column: str) -> np.ndarray:
+    """One more column of a graph as numpy (dictionary columns as their strings' codes)."""
+    values = pq.read_table(path, columns=[column])[column].combine_chunks()
+    if pa.types.is_dictionary(values.type):
+        return np.asarray(values.dictionary.to_pylist(), dtype=object)[values.indices.to_numpy()]
+    return values.to_numpy()

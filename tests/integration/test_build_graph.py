@@ -168,3 +168,23 @@ def test_corrupt_trace(slice_capture: Path, tmp_path: Path) -> None:
 def test_build_error_is_raised_by_the_library_too(slice_capture: Path, tmp_path: Path) -> None:
     with pytest.raises(BuildError, match="re-capture"):
         build(slice_capture, tmp_path / "g.parquet", tp=1)
+
+
+def test_build_simulates_and_what_ifs_move_the_prediction(slice_capture: Path, tmp_path: Path) -> None:
+    from prism.graph.simulate_cli import app as simulate_app
+    from prism.schemas.summary import read_summary
+
+    out = tmp_path / "g.parquet"
+    built = run_cli(str(slice_capture), "--tp", "2", "--pp", "4", "--dp", "2", "-o", str(out))
+    assert built.exit_code == 0, built.output
+    as_built = read_summary(tmp_path / "summary.json")
+    assert len(as_built.ranks["iteration_ns"]) == 16 and min(as_built.ranks["iteration_ns"]) > 0
+    assert all(p > 0 for p in as_built.ranks["peak_bytes"])
+    runner = CliRunner()
+    slow = runner.invoke(simulate_app, [str(out), "--slow-rank", "5:+50%", "-o", str(tmp_path / "slow.json")])
+    assert slow.exit_code == 0, slow.output
+    what_if = read_summary(tmp_path / "slow.json")
+    assert what_if.what_if["slow_ranks"] == [{"rank": 5, "factor": 1.5}]
+    assert max(what_if.ranks["iteration_ns"]) > max(as_built.ranks["iteration_ns"])
+    bad = runner.invoke(simulate_app, [str(out), "--slow-rank", "five"])
+    assert bad.exit_code == 2 and "bad slow rank" in bad.output

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -164,3 +165,36 @@ def test_deadlock_is_reported(tmp_path: Path) -> None:
     programs = [[collective(1, 5, 2), collective(2, 5, 2)], [collective(2, 5, 2), collective(1, 5, 2)]]
     with pytest.raises(SimulationError, match="deadlock: 2 rank"):
         simulate(load_sim_graph(write(tmp_path / "g.parquet", cfg, programs)), iterations=1)
+
+
+def test_breakdown_adds_up_and_finds_the_1f1b_bubble(tmp_path: Path) -> None:
+    from prism.graph.sim_metrics import breakdown, critical_path
+
+    pp, m, f, b = 4, 8, 10, 20
+    graph = load_sim_graph(
+        write(tmp_path / "g.parquet", config(pp=pp, microbatches=m), one_f_one_b_programs(pp, m, f, b))
+    )
+    result = simulate(graph, iterations=3)
+    parts = breakdown(graph, result)
+    total = parts.compute_ns + parts.overhead_ns + parts.exposed_comm_ns + parts.bubble_ns
+    assert list(total) == list(result.iteration_ns)
+    assert (parts.compute_ns == m * (f + b)).all()
+    assert (parts.bubble_ns == (pp - 1) * (f + b)).all()  # the textbook 1F1B bubble
+    path = critical_path(graph, result)
+    ranks = np.searchsorted(graph.rank_ptr, path, side="right") - 1
+    assert len(set(ranks)) == pp  # the chain goes down the pipeline and back
+    # With free transfers and no gaps, compute on the path fills it without a hole.
+    on_path = graph.dur[path][graph.kind[path] == 0].sum()
+    assert path[-1] == np.argmax(result.end_ns)
+    assert on_path == result.end_ns[path[-1]] - result.start_ns[path[0]]
+
+
+def test_exposed_comm_is_the_wait_for_a_slow_member(tmp_path: Path) -> None:
+    from prism.graph.sim_metrics import breakdown
+
+    cfg = config(tp=2)
+    programs = [[compute(100, **{gf.GAP_NS: 7}), collective(7, 50, 2)], [compute(300), collective(7, 50, 2)]]
+    graph = load_sim_graph(write(tmp_path / "g.parquet", cfg, programs))
+    parts = breakdown(graph, simulate(graph, iterations=1))
+    assert list(parts.exposed_comm_ns) == [50 + 193, 50]
+    assert list(parts.overhead_ns) == [7, 0] and list(parts.bubble_ns) == [0, 0]

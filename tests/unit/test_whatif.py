@@ -1,0 +1,62 @@
+"""What-ifs change exactly the timings they name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_simulate import collective, compute, config, write
+
+from prism.graph.simulate import load_sim_graph, simulate
+from prism.graph.whatif import (
+    BlockDelay,
+    SlowRank,
+    WhatIf,
+    WhatIfError,
+    apply_what_if,
+    parse_delay,
+    parse_duration,
+    parse_slow_rank,
+)
+from prism.schemas import graph_format as gf
+
+
+def test_parsing() -> None:
+    assert parse_duration("+200us") == 200_000 and parse_duration("1.5ms") == 1_500_000
+    assert parse_slow_rank("123:+20%") == SlowRank(rank=123, factor=1.2)
+    assert parse_slow_rank("7:x2") == SlowRank(rank=7, factor=2.0)
+    assert parse_delay("bwd,layer=3:+1ms") == BlockDelay(phase="bwd", layer=3, delay_ns=1_000_000)
+    assert parse_delay("fwd:+2us@5") == BlockDelay(phase="fwd", layer=None, delay_ns=2000, rank=5)
+    for bad, parse in (("1h", parse_duration), ("x:+1%", parse_slow_rank), ("fwd+1ms", parse_delay)):
+        with pytest.raises(WhatIfError):
+            parse(bad)
+
+
+def graph(tmp_path: Path):
+    cfg = config(tp=2)
+    nodes = [
+        compute(100, **{gf.PHASE: "fwd", gf.MB: 0}), compute(100, **{gf.PHASE: "fwd", gf.MB: 0}),
+        compute(100, **{gf.PHASE: "fwd", gf.MB: 1}), compute(100, **{gf.PHASE: "bwd", gf.MB: 0}),
+    ]  # fmt: skip
+    programs = [[*nodes, collective(9, 10, 2)] for _ in range(2)]
+    path = write(tmp_path / "g.parquet", cfg, programs)
+    return path, load_sim_graph(path)
+
+
+def test_block_delay_is_added_once_per_instance(tmp_path: Path) -> None:
+    path, g = graph(tmp_path)
+    base = simulate(g, iterations=1).iteration_ns
+    delayed = apply_what_if(g, path, WhatIf(delays=(parse_delay("fwd:+1us"),)))
+    assert list(simulate(delayed, iterations=1).iteration_ns - base) == [2000, 2000]  # two fwd instances
+    one_rank = apply_what_if(g, path, WhatIf(delays=(parse_delay("fwd:+1us@1"),)))
+    # rank 0 waits for rank 1 in the final collective: both end 2 us later.
+    assert list(simulate(one_rank, iterations=1).iteration_ns - base) == [2000, 2000]
+    assert (g.gap == 0).all()  # the original graph is untouched
+
+
+def test_slow_rank_scales_only_its_compute(tmp_path: Path) -> None:
+    path, g = graph(tmp_path)
+    slow = apply_what_if(g, path, WhatIf(slow_ranks=(SlowRank(rank=1, factor=1.5),)))
+    assert list(simulate(slow, iterations=1).iteration_ns) == [610, 610]
+    with pytest.raises(WhatIfError, match="not in the graph"):
+        apply_what_if(g, path, WhatIf(slow_ranks=(SlowRank(rank=9, factor=2.0),)))
