@@ -27,7 +27,7 @@ COMPUTE, COLLECTIVE, SEND, RECV = 0, 1, 2, 3
 
 
 @numba.njit(cache=True)
-def _complete(slot, t_end, slot_nodes_ptr, slot_nodes, end, waiting_rank, waiting_node, runnable, n_runnable):
+def _complete(slot, t_end, slot_nodes_ptr, slot_nodes, end, waiting_node, runnable, n_runnable):
     """Set the end of every node of a finished collective/transfer and wake ranks waiting on them."""
     for j in range(slot_nodes_ptr[slot], slot_nodes_ptr[slot + 1]):
         node = slot_nodes[j]
@@ -37,35 +37,31 @@ def _complete(slot, t_end, slot_nodes_ptr, slot_nodes, end, waiting_rank, waitin
             waiting_node[node] = -1
             runnable[n_runnable] = r
             n_runnable += 1
-            waiting_rank[r] = -1
     return n_runnable
 
 
 @numba.njit(cache=True)
-def run(
-    rank_ptr, kind, dur, gap, is_async, slot, slot_size, slot_nodes_ptr, slot_nodes,
-    deps_ptr, deps, start_clock,
-):  # fmt: skip
-    """Start and end of every node; ranks that could not finish (a deadlock) have pc < their end.
+def _arrive(i, ready, dur, slot, slot_size, slot_nodes_ptr, slot_nodes, start, end, arrived, last_arrival, waiting_node, runnable, n_runnable):  # fmt: skip
+    """Node ``i`` (a collective or transfer) arrives at ``ready``; completes its instance if last."""
+    start[i] = ready
+    s = slot[i]
+    arrived[s] += 1
+    last_arrival[s] = max(last_arrival[s], ready)
+    if arrived[s] == slot_size[s]:
+        n_runnable = _complete(s, last_arrival[s] + dur[i], slot_nodes_ptr, slot_nodes, end, waiting_node, runnable, n_runnable)  # fmt: skip
+    return n_runnable
 
-    ``slot`` maps collective/send/recv nodes to a dense instance id (-1 for compute);
-    ``slot_nodes`` lists every node of an instance; ``start_clock`` is each rank's time 0.
+
+@numba.njit(cache=True)
+def advance(
+    rank_ptr, kind, dur, gap, is_async, slot, slot_size, slot_nodes_ptr, slot_nodes, deps_ptr, deps,
+    start, end, arrived, last_arrival, pc, clock, waiting_node, runnable, n_runnable,
+):  # fmt: skip
+    """Advance every runnable, non-external rank until it blocks or finishes; returns the queue length.
+
+    External ranks are never queued: their nodes' times come from ``Engine.arrive_external``
+    and ``Engine.finish_external``, and the driver reads their completions from ``end``.
     """
-    n_ranks = len(rank_ptr) - 1
-    n = len(kind)
-    start = np.full(n, -1, np.int64)
-    end = np.full(n, -1, np.int64)
-    arrived = np.zeros(len(slot_size), np.int64)
-    last_arrival = np.zeros(len(slot_size), np.int64)
-    pc = rank_ptr[:-1].copy()
-    clock = start_clock.copy()
-    waiting_rank = np.full(n_ranks, -1, np.int64)  # node a blocked rank waits for
-    waiting_node = np.full(n, -1, np.int64)  # rank blocked on a node
-    runnable = np.empty(n_ranks, np.int64)  # a rank is queued only while not blocked: once at most
-    n_runnable = 0
-    for r in range(n_ranks):
-        runnable[n_runnable] = r
-        n_runnable += 1
     while n_runnable > 0:
         n_runnable -= 1
         r = runnable[n_runnable]
@@ -85,22 +81,14 @@ def run(
                 ready = max(ready, end[d])
             if blocked >= 0:
                 waiting_node[blocked] = r
-                waiting_rank[r] = blocked
                 break
-            start[i] = ready
             if kind[i] == COMPUTE:
+                start[i] = ready
                 end[i] = ready + dur[i]
                 clock[r] = end[i]
                 pc[r] += 1
                 continue
-            s = slot[i]
-            arrived[s] += 1
-            last_arrival[s] = max(last_arrival[s], ready)
-            if arrived[s] == slot_size[s]:
-                n_runnable = _complete(
-                    s, last_arrival[s] + dur[i], slot_nodes_ptr, slot_nodes, end, waiting_rank, waiting_node,
-                    runnable, n_runnable,
-                )  # fmt: skip
+            n_runnable = _arrive(i, ready, dur, slot, slot_size, slot_nodes_ptr, slot_nodes, start, end, arrived, last_arrival, waiting_node, runnable, n_runnable)  # fmt: skip
             if is_async[i]:
                 clock[r] = ready
                 pc[r] += 1
@@ -109,6 +97,65 @@ def run(
                 pc[r] += 1
             else:
                 waiting_node[i] = r
-                waiting_rank[r] = i
                 break
-    return start, end, pc
+    return n_runnable
+
+
+class Engine:
+    """The engine's state over one pass of a graph; ``external`` ranks are driven from outside.
+
+    Offline: ``Engine(...).advance()`` once. Co-simulation: alternate ``advance()`` with
+    ``arrive_external`` / ``finish_external`` for the real ranks; with the real ranks' times
+    equal to the graph's, the result is the offline one exactly.
+    """
+
+    def __init__(self, g, start_clock: np.ndarray, external: np.ndarray | None = None) -> None:
+        n, n_ranks = len(g.kind), g.ranks
+        self.g = g
+        self.start = np.full(n, -1, np.int64)
+        self.end = np.full(n, -1, np.int64)
+        self.arrived = np.zeros(len(g.slot_size), np.int64)
+        self.last_arrival = np.zeros(len(g.slot_size), np.int64)
+        self.pc = g.rank_ptr[:-1].copy()
+        self.clock = start_clock.astype(np.int64).copy()
+        self.waiting_node = np.full(n, -1, np.int64)
+        self.external = np.zeros(n_ranks, np.bool_) if external is None else external.astype(np.bool_)
+        internal = np.flatnonzero(~self.external)[::-1]
+        self.runnable = np.zeros(n_ranks, np.int64)  # a rank is queued at most once: while it can run
+        self.runnable[: len(internal)] = internal
+        self.n_runnable = len(internal)
+
+    def advance(self) -> None:
+        g = self.g
+        self.n_runnable = advance(
+            g.rank_ptr, g.kind, g.dur, g.gap, g.is_async, g.slot, g.slot_size, g.slot_nodes_ptr, g.slot_nodes,
+            g.deps_ptr, g.deps, self.start, self.end, self.arrived, self.last_arrival, self.pc, self.clock,
+            self.waiting_node, self.runnable, self.n_runnable,
+        )  # fmt: skip
+
+    def done(self, rank: int) -> bool:
+        return bool(self.pc[rank] >= self.g.rank_ptr[rank + 1])
+
+    def next_node(self, rank: int) -> int:
+        """Global row of the node an external rank is at."""
+        return int(self.pc[rank])
+
+    def arrive_external(self, rank: int, t_ns: int) -> None:
+        """The external rank reached its current node at ``t_ns`` (starts it; arrives at a collective)."""
+        i = self.next_node(rank)
+        g = self.g
+        if g.kind[i] == COMPUTE:
+            self.start[i] = t_ns
+            return
+        self.n_runnable = _arrive(
+            i, t_ns, g.dur, g.slot, g.slot_size, g.slot_nodes_ptr, g.slot_nodes, self.start, self.end,
+            self.arrived, self.last_arrival, self.waiting_node, self.runnable, self.n_runnable,
+        )  # fmt: skip
+
+    def finish_external(self, rank: int, t_ns: int) -> None:
+        """The external rank's program moved past its current node at ``t_ns``."""
+        i = self.next_node(rank)
+        if self.g.kind[i] == COMPUTE:
+            self.end[i] = t_ns  # dependencies are same-rank: nobody else waits on it
+        self.clock[rank] = t_ns
+        self.pc[rank] += 1

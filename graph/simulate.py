@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from prism.graph.graph_io import read_metadata
-from prism.graph.sim_engine import COLLECTIVE, COMPUTE, RECV, SEND, run
+from prism.graph.sim_engine import COLLECTIVE, COMPUTE, RECV, SEND, Engine
 from prism.schemas import graph_format as gf
 from prism.schemas.gpt_params import stage_buckets, stage_parameter_numels
 from prism.schemas.workload import GPTConfig
@@ -173,10 +173,9 @@ def simulate(graph: SimGraph, *, iterations: int = 2) -> SimResult:
     clock = np.zeros(graph.ranks, np.int64)
     previous = clock
     for _ in range(iterations):
-        start, end, pc = run(
-            graph.rank_ptr, graph.kind, graph.dur, graph.gap, graph.is_async, graph.slot, graph.slot_size,
-            graph.slot_nodes_ptr, graph.slot_nodes, graph.deps_ptr, graph.deps, clock,
-        )  # fmt: skip
+        engine = Engine(graph, clock)
+        engine.advance()
+        start, end, pc = engine.start, engine.end, engine.pc
         stuck = np.flatnonzero(pc < graph.rank_ptr[1:])
         if len(stuck):
             raise SimulationError(f"deadlock: {len(stuck)} rank(s) cannot finish, first rank {stuck[0]}")
