@@ -198,3 +198,12 @@ def test_exposed_comm_is_the_wait_for_a_slow_member(tmp_path: Path) -> None:
     parts = breakdown(graph, simulate(graph, iterations=1))
     assert list(parts.exposed_comm_ns) == [50 + 193, 50]
     assert list(parts.overhead_ns) == [7, 0] and list(parts.bubble_ns) == [0, 0]
+
+
+def test_exact_regression_on_the_checked_in_tiny_graph() -> None:
+    """tests/data/tiny_graph.parquet (see tests/data/README.md): the engine's answer must not drift."""
+    graph = load_sim_graph(Path(__file__).parents[1] / "data" / "tiny_graph.parquet")
+    result = simulate(graph, iterations=2)
+    assert len(graph.kind) == 3872
+    assert result.iteration_ns.tolist() == [61561560] * 8
+    assert result.peak_bytes.tolist() == [218008] * 4 + [185928] * 4
