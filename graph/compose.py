@@ -220,8 +220,15 @@ def compose_stage(template: RoleTemplate, *, cfg: GPTConfig, captured: GPTConfig
             units = _expand_layers(units, first_layer, cfg.layers_per_stage)
         program.add(units)
     program.pending = []  # every transfer was waited for by the schedule's last WAIT
-    sync = _rescale_grad_sync(_segment(template, GRAD_SYNC), cfg, captured, stage, template.stage)
-    is_async = (sync[ot.IS_COMM] & sync[ot.IS_ASYNC]).to_numpy(dtype=bool)
+    # With dp = 1 the workload opens its grad-sync marks but runs nothing inside them.
+    no_sync = GRAD_SYNC not in template.segments and cfg.dp == 1
+    sync = (
+        pd.DataFrame()
+        if no_sync
+        else _rescale_grad_sync(_segment(template, GRAD_SYNC), cfg, captured, stage, template.stage)
+    )
+    sync = _finish_columns(sync)
+    is_async = (sync[ot.IS_COMM].astype(bool) & sync[ot.IS_ASYNC].astype(bool)).to_numpy(dtype=bool)
     split = np.flatnonzero(is_async)[-1] + 1 if is_async.any() else len(sync)
     program.add(sync.iloc[:split])
     if is_async.any():
@@ -230,6 +237,14 @@ def compose_stage(template: RoleTemplate, *, cfg: GPTConfig, captured: GPTConfig
     program.add(_segment(template, OPTIM))
     program.add(_segment(template, POST))
     return StageProgram(stage=stage, src_rank=template.rank, nodes=_finish(program.pieces))
+
+
+def _finish_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with at least the comm flags, so an empty segment can be split like any other."""
+    for column in (ot.IS_COMM, ot.IS_ASYNC):
+        if column not in frame:
+            frame[column] = pd.Series(dtype=bool)
+    return frame
 
 
 def _finish(pieces: list[pd.DataFrame]) -> pd.DataFrame:

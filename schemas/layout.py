@@ -137,19 +137,21 @@ class ParallelLayout:
         return [tuple(first + i * stride for i in range(degree)) for first in ordered]
 
     def group_of_ranks(self, ranks: tuple[int, ...] | list[int]) -> tuple[str, int] | None:
-        """(axis, group index) if ``ranks`` is exactly one group of some axis, else None.
+        """(axis, group index) if ``ranks`` is exactly one group of some axis, else None;
+        ('world', 0) for all ranks when no single axis spans them.
 
-        For degenerate axes (degree 1) several axes match a single rank; the first of
-        tp, dp, pp wins so that labels are stable.
+        An axis wins over 'world' (with dp = world size, the DP group is the world and is
+        labelled dp). For degenerate axes (degree 1) several axes match a single rank; the first
+        of tp, dp, pp wins so that labels are stable.
         """
         ranks = tuple(ranks)
         if not ranks:
             return None
-        if len(ranks) == self.world_size and ranks == tuple(range(self.world_size)):
-            return ("world", 0)
         for axis in AXES:
             if self.degree(axis) == len(ranks) and self.group(ranks[0], axis) == ranks:
                 return (axis, self.group_index(ranks[0], axis))
+        if len(ranks) == self.world_size and ranks == tuple(range(self.world_size)):
+            return ("world", 0)
         return None
 
     # -- pipeline ----------------------------------------------------------------------------

@@ -188,3 +188,16 @@ def test_build_simulates_and_what_ifs_move_the_prediction(slice_capture: Path, t
     assert max(what_if.ranks["iteration_ns"]) > max(as_built.ranks["iteration_ns"])
     bad = runner.invoke(simulate_app, [str(out), "--slow-rank", "five"])
     assert bad.exit_code == 2 and "bad slow rank" in bad.output
+
+
+@pytest.mark.parametrize(("tp", "pp", "dp"), [(2, 2, 1), (1, 1, 2)], ids=["dp1", "dp-is-the-world"])
+def test_small_layouts_without_a_dp_axis_of_their_own(tmp_path: Path, tp: int, pp: int, dp: int) -> None:
+    """dp=1 runs no gradient all-reduce; with dp = world size the DP group is the whole world."""
+    config = replace(SMALL, tp=tp, pp=pp, dp=dp)
+    capture = tmp_path / "capture"
+    run_capture(CaptureOptions(config=config, out_dir=capture, real=RealMode.ALL, warmup=0, iterations=1))
+    graph = build(capture, tmp_path / "g.parquet", tp=tp, pp=pp, dp=dp)
+    nodes = read_rank(graph, 0).to_pandas()
+    dp_calls = nodes[nodes[gf.GROUP_KIND] == "dp"]
+    assert (len(dp_calls) > 0) == (dp > 1)
+    assert "world" not in set(nodes[gf.GROUP_KIND])

@@ -159,9 +159,6 @@ def test_group_of_ranks_inverts_group(case: tuple[ParallelLayout, list[int]]) ->
             g = layout.group(r, axis)
             label = layout.group_of_ranks(g)
             assert layout.group_of_ranks(list(g)) == label
-            if g == world:
-                assert label == ("world", 0)
-                continue
             # degree-1 axes all match a single rank: the first of tp, dp, pp wins
             first = next(a for a in AXES if layout.degree(a) == len(g) and layout.group(r, a) == g)
             assert label == (first, layout.group_index(r, first))
@@ -171,6 +168,12 @@ def test_group_of_ranks_inverts_group(case: tuple[ParallelLayout, list[int]]) ->
                 assert (
                     layout.group_of_ranks(g[:-1] if len(g) > 2 else g + ((g[-1] + 1) % len(world),)) is None
                 )
+
+
+def test_whole_world_is_labelled_by_the_axis_that_spans_it() -> None:
+    assert ParallelLayout(tp=1, pp=1, dp=2).group_of_ranks((0, 1)) == ("dp", 0)
+    assert ParallelLayout(tp=2, pp=1, dp=1).group_of_ranks((0, 1)) == ("tp", 0)
+    assert ParallelLayout(tp=2, pp=2, dp=1).group_of_ranks((0, 1, 2, 3)) == ("world", 0)
 
 
 def test_group_of_ranks_rejects_non_groups() -> None:
