@@ -21,7 +21,16 @@ from prism.schemas.files import write_json_atomic
 
 SCHEMA = "prism.summary"
 VERSION = 1
-RANK_FIELDS = ("rank", "stage", "iteration_ns", "peak_bytes", "compute_ns", "overhead_ns", "exposed_comm_ns", "bubble_ns")
+RANK_FIELDS = (
+    "rank",
+    "stage",
+    "iteration_ns",
+    "peak_bytes",
+    "compute_ns",
+    "overhead_ns",
+    "exposed_comm_ns",
+    "bubble_ns",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,7 +60,9 @@ class Summary:
     @classmethod
     def from_dict(cls, data: dict) -> Summary:
         if data.get("schema") != SCHEMA or data.get("version") != VERSION:
-            raise ValueError(f"not a prism summary of version {VERSION}: {data.get('schema')!r} v{data.get('version')!r}")
+            raise ValueError(
+                f"not a prism summary of version {VERSION}: {data.get('schema')!r} v{data.get('version')!r}"
+            )
         return cls(**{k: v for k, v in data.items() if k not in ("schema", "version")})
 
 
