@@ -1,0 +1,243 @@
+"""Fidelity: predicted vs real iteration time and peak memory, rank by rank, on layouts that run fully.
+
+    .venv/bin/python benchmarks/fidelity.py [--case "tp=1 pp=2 dp=1 layers=4 hidden=128 heads=4 seq=64 mbs=2 microbatches=8"]...
+        [--repeats 3] [--json out.json] [--cluster-spec spec.toml | --recalibrate] [--work-dir DIR]
+
+For each case: run every rank for real, capture the slice, build and simulate the graph of the
+same layout, and compare (``fidelity_lib``). Without ``--case`` the default cases run: tp=2,
+pp=2 and dp=2 (world size 2) at two model sizes. See docs/fidelity.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from fidelity_cases import DEFAULT_CASES, CaseError, parse_case
+from fidelity_explain import concurrency_probe
+from fidelity_lib import CaseResult, RunSettings, mean_abs, resolve_spec, run_case_detailed
+from rich.console import Console
+from rich.table import Table
+
+from prism.schemas.files import write_json_atomic
+
+console = Console(width=max(120, Console().width))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", action="append", default=None, help="key=value ... (repeatable)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each side per case (medians kept)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the records here")
+    parser.add_argument(
+        "--cluster-spec", type=Path, default=None, help="cluster spec TOML for the comm model"
+    )
+    parser.add_argument(
+        "--calibrate-into", type=Path, default=Path(tempfile.gettempdir()) / "prism-fidelity-local.toml",
+        help="where a fresh calibration is written (when there is no 'local' spec, or with --recalibrate)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--recalibrate", action="store_true", help="calibrate now even if a 'local' spec exists"
+    )
+    parser.add_argument("--warmup", type=int, default=RunSettings.warmup)
+    parser.add_argument("--iterations", type=int, default=RunSettings.iterations, help="profiled iterations")
+    parser.add_argument("--work-dir", type=Path, default=None, help="keep captures and graphs here")
+    parser.add_argument("--no-probe", action="store_true", help="skip the 2-process CPU concurrency probe")
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    return args
+
+
+def machine() -> dict:
+    """The facts docs/fidelity.md quotes about the machine a table was measured on."""
+    model = next(
+        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
+        platform.processor(),
+    ) if Path("/proc/cpuinfo").exists() else platform.processor()  # fmt: skip
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": model,
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "platform": platform.platform(),
+    }
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.3f}"
+
+
+def case_ids(records: list[dict]) -> dict[str, str]:
+    """Short ids (C1, C2, ...) of the cases, in order of appearance."""
+    labels = list(dict.fromkeys(r["case"] for r in records))
+    return {label: f"C{i + 1}" for i, label in enumerate(labels)}
+
+
+def legend_table(ids: dict[str, str]) -> Table:
+    table = Table(title="cases")
+    table.add_column("id")
+    table.add_column("case")
+    for label, short in ids.items():
+        table.add_row(short, label)
+    return table
+
+
+def records_table(records: list[dict], ids: dict[str, str]) -> Table:
+    table = Table(title="fidelity: simulation vs every rank real")
+    for column in (
+        "case",
+        "rank",
+        "real ms",
+        "pred ms",
+        "iter err",
+        "real peak MiB",
+        "pred peak MiB",
+        "mem err",
+    ):
+        table.add_column(column, justify="left" if column == "case" else "right")
+    for r in records:
+        table.add_row(
+            ids[r["case"]], str(r["rank"]), f"{r['real_iter_ms']:.1f}", f"{r['pred_iter_ms']:.1f}",
+            f"{r['iter_err_pct']:+.1f}%", _mib(r["real_peak_bytes"]), _mib(r["pred_peak_bytes"]),
+            f"{r['mem_err_pct']:+.3f}%",
+        )  # fmt: skip
+    table.caption = (
+        f"mean |iteration error| {mean_abs(records, 'iter_err_pct'):.1f}%, "
+        f"mean |memory error| {mean_abs(records, 'mem_err_pct'):.3f}%"
+    )
+    return table
+
+
+def breakdown_table(rows: list[dict], ids: dict[str, str]) -> Table:
+    table = Table(title="where an iteration goes (ms): real run / slice capture / simulation")
+    table.add_column("case")
+    table.add_column("rank", justify="right")
+    for part in ("compute", "comm_wait", "glue"):
+        table.add_column(part.replace("_", "+"), justify="right")
+    for r in rows:
+        cells = [f"{r[f'real_{p}_ms']:.1f} / {r[f'slice_{p}_ms']:.1f} / {r[f'pred_{p}_ms']:.1f}" for p in ("compute", "comm_wait", "glue")]  # fmt: skip
+        table.add_row(ids[r["case"]], str(r["rank"]), *cells)
+    return table
+
+
+def attribution_table(rows: list[dict], records: list[dict], ids: dict[str, str]) -> Table:
+    """pred − real per part of the iteration, the compute part split at the slice."""
+    table = Table(title="prediction − real run, ms per iteration, by part")
+    columns = ("case", "rank", "iteration", "compute: real→slice", "compute: slice→sim", "comm+wait", "glue")
+    for column in columns:
+        table.add_column(column, justify="left" if column == "case" else "right")
+    for r, rec in zip(rows, records, strict=True):
+        table.add_row(
+            ids[r["case"]], str(r["rank"]), f"{rec['pred_iter_ms'] - rec['real_iter_ms']:+.1f}",
+            f"{r['slice_compute_ms'] - r['real_compute_ms']:+.1f}", f"{r['pred_compute_ms'] - r['slice_compute_ms']:+.1f}",
+            f"{r['pred_comm_wait_ms'] - r['real_comm_wait_ms']:+.1f}", f"{r['pred_glue_ms'] - r['real_glue_ms']:+.1f}",
+        )  # fmt: skip
+    table.caption = (
+        "real→slice: the same rank's ops run alone vs all ranks at once; slice→sim: template medians"
+    )
+    return table
+
+
+def memory_table(rows: list[dict], ids: dict[str, str]) -> Table:
+    table = Table(title="memory the iteration allocates at its peak (static bytes left out), MiB")
+    for column in ("case", "rank", "real", "slice", "simulation", "real drift / iteration"):
+        table.add_column(column, justify="left" if column == "case" else "right")
+    for r in rows:
+        table.add_row(
+            ids[r["case"]], str(r["rank"]), _mib(r["real_dynamic_bytes"]), _mib(r["slice_dynamic_bytes"]),
+            _mib(r["pred_dynamic_bytes"]), _mib(r["real_drift_bytes_per_iter"]),
+        )  # fmt: skip
+    return table
+
+
+def collectives_table(rows: list[dict], ids: dict[str, str]) -> Table:
+    table = Table(title="real gloo calls (every rank real) vs the comm model; send = a send and its recv")
+    for column in ("case", "op", "bytes", "calls", "latency µs median / mean", "skew µs median", "model µs"):
+        table.add_column(column, justify="left" if column in ("case", "op") else "right")
+    for r in rows:
+        table.add_row(
+            ids[r["case"]], r["op"], str(r["bytes"]), str(r["calls"]),
+            f"{r['latency_median_us']:.0f} / {r['latency_mean_us']:.0f}", f"{r['skew_median_us']:.0f}",
+            f"{r['model_us']:.0f}",
+        )  # fmt: skip
+    return table
+
+
+def _log(message: str) -> None:
+    console.log(message, markup=False, highlight=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    try:
+        configs = [parse_case(text) for text in (args.case or DEFAULT_CASES)]
+    except CaseError as e:
+        console.print(f"[bold red]error:[/] {e}", highlight=False)
+        return 2
+    choice = resolve_spec(args.cluster_spec, args.calibrate_into, recalibrate=args.recalibrate)
+    console.print(f"cluster spec: {choice.source}", highlight=False)
+    probes = {} if args.no_probe else {"before": round(concurrency_probe(), 3)}
+    settings = RunSettings(warmup=args.warmup, iterations=args.iterations, work_dir=args.work_dir)
+    results: list[CaseResult] = []
+    for config in configs:
+        result = run_case_detailed(config, args.repeats, choice.spec, settings, progress=_log)
+        if result.workarounds:
+            console.print(f"[yellow]build work-arounds used:[/] {'; '.join(result.workarounds)}")
+        results.append(result)
+    if not args.no_probe:
+        probes["after"] = round(concurrency_probe(), 3)
+    records = [r for res in results for r in res.records]
+    breakdown = [r for res in results for r in res.breakdown]
+    collectives = [r for res in results for r in res.collectives]
+    ids = case_ids(records)
+    tables = (legend_table(ids), records_table(records, ids), breakdown_table(breakdown, ids))
+    tables += (attribution_table(breakdown, records, ids), memory_table(breakdown, ids))
+    if collectives:
+        tables += (collectives_table(collectives, ids),)
+    for table in tables:
+        console.print(table)
+    elapsed = time.perf_counter() - started
+    console.print(
+        f"2-process CPU concurrency probe (1.0 = no slow-down): {probes or 'skipped'}; took {elapsed:.0f} s",
+        highlight=False,
+    )
+    if args.json:
+        write_json_atomic(
+            args.json,
+            {
+                "records": records,
+                "mean_abs_iter_err_pct": round(mean_abs(records, "iter_err_pct"), 2),
+                "mean_abs_mem_err_pct": round(mean_abs(records, "mem_err_pct"), 3),
+                "breakdown": breakdown,
+                "collectives": collectives,
+                "workarounds": {res.records[0]["case"]: res.workarounds for res in results},
+                "meta": {
+                    "command": shlex.join(
+                        ["python", "benchmarks/fidelity.py", *(sys.argv[1:] if argv is None else argv)]
+                    ),
+                    "cluster_spec": choice.source,
+                    "spec": choice.spec.to_dict(),
+                    "repeats": args.repeats,
+                    "warmup": settings.warmup,
+                    "iterations": settings.iterations,
+                    "sim_iterations": settings.sim_iterations,
+                    "concurrency_probe": probes,
+                    "elapsed_s": round(elapsed, 1),
+                    "machine": machine(),
+                },
+            },
+        )
+        console.print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Cases of the fidelity benchmark: ``"tp=1 pp=2 dp=1 layers=4 hidden=128 ..."`` <-> GPTConfig.
+
+A case names a model and a layout small enough to run every rank for real on this machine.
+Keys are GPTConfig field names, plus the short forms ``seq`` (seq_len), ``mbs``
+(micro_batch_size) and ``ffn`` (ffn_hidden). Fields a case leaves out keep GPTConfig's
+defaults, except the degrees: tp, pp and dp default to 1 (GPTConfig's 8/16/64 could never run
+fully here).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from prism.schemas.workload import ConfigError, GPTConfig
+
+ALIASES = {"seq": "seq_len", "mbs": "micro_batch_size", "ffn": "ffn_hidden"}
+_SHORT = {v: k for k, v in ALIASES.items()}
+_FIELDS = {f.name: f for f in dataclasses.fields(GPTConfig)}
+_DEGREE_DEFAULTS = {"tp": 1, "pp": 1, "dp": 1}
+
+_SMALL = "layers=4 hidden=128 heads=4 seq=64 mbs=2 microbatches=8"
+_MEDIUM = "layers=4 hidden=256 heads=8 seq=64 mbs=2 microbatches=8"
+_LAYOUTS = ("tp=2 pp=1 dp=1", "tp=1 pp=2 dp=1", "tp=1 pp=1 dp=2")
+DEFAULT_CASES: tuple[str, ...] = tuple(
+    f"{layout} {model}" for model in (_SMALL, _MEDIUM) for layout in _LAYOUTS
+)
+"""World size 2 each: one process per core of a 2-core machine."""
+
+
+class CaseError(ValueError):
+    """A case string that does not name a valid GPTConfig; the message is one line."""
+
+
+def _value(name: str, text: str) -> object:
+    default = _FIELDS[name].default
+    if name == "ffn_hidden":
+        return None if text.lower() == "none" else int(text)
+    if isinstance(default, bool):
+        raise ValueError("booleans are not case fields")
+    if isinstance(default, int):
+        return int(text)
+    if isinstance(default, float):
+        return float(text)
+    return text
+
+
+def parse_case(text: str) -> GPTConfig:
+    """The GPTConfig of a case string (space-separated key=value pairs)."""
+    values: dict[str, object] = dict(_DEGREE_DEFAULTS)
+    for item in text.split():
+        key, sep, raw = item.partition("=")
+        name = ALIASES.get(key, key)
+        if not sep or not raw:
+            raise CaseError(f"case item {item!r} is not key=value")
+        if name not in _FIELDS:
+            known = ", ".join(sorted([*_FIELDS, *ALIASES]))
+            raise CaseError(f"unknown case key {key!r}; known keys: {known}")
+        try:
+            values[name] = _value(name, raw)
+        except ValueError:
+            raise CaseError(f"case key {key!r}: cannot read {raw!r} as a {name} value") from None
+    try:
+        return GPTConfig(**values)
+    except ConfigError as e:
+        raise CaseError(f"case {text!r}: {e}") from None
+
+
+_ALWAYS = ("tp", "pp", "dp", "layers", "hidden", "heads", "seq_len", "micro_batch_size", "microbatches")
+
+
+def case_label(config: GPTConfig) -> str:
+    """Canonical case string: layout and model size, then every other field off its default."""
+    defaults = GPTConfig(**_DEGREE_DEFAULTS)
+    names = [
+        *_ALWAYS,
+        *(n for n in _FIELDS if n not in _ALWAYS and getattr(config, n) != getattr(defaults, n)),
+    ]
+    return " ".join(f"{_SHORT.get(n, n)}={getattr(config, n)}" for n in names)

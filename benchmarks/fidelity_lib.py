@@ -1,0 +1,337 @@
+"""The fidelity benchmark as a library: run a small layout for real, predict it from a slice, compare.
+
+For one case (a GPTConfig whose whole world fits this machine), each repeat:
+
+(a) runs every rank for real (``RealMode.ALL``) and takes per rank its *steady iteration time*
+    (median of the profiled iterations' wall times) and its *real peak memory* =
+    ``static_bytes(config, stage)`` + the median over profiled iterations of (highest
+    ``Total Allocated`` of the rank's ``[memory]`` events inside the iteration's ``prism:iter``
+    mark − ``Total Allocated`` just before the iteration started). On CPU the profiler's
+    totals only count blocks allocated while it records, so weights, gradients and Adam state
+    (made before profiling) are not in them: ``static_bytes`` stands for them, exactly as in
+    the prediction;
+(b) captures the slice (``RealMode.ROLES``, same warm-up and profiled iterations), builds the
+    graph of the same layout with the given cluster spec and simulates it;
+(c) pairs them rank by rank. Records carry medians over repeats; errors are
+    (pred − real) / real × 100 of those medians.
+
+Both runs profile the same iterations the same way, so the profiler's overhead (large on
+CPU: it records shapes, memory and an Execution Trace) is in both sides of the comparison.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from fidelity_cases import case_label
+from fidelity_explain import collective_latencies, decompose, sim_breakdown, summarize_latencies
+
+from prism.capture.runner import CaptureOptions, RealMode, run_capture
+from prism.graph.build import BuildOptions, build_graph
+from prism.graph.calibrate import CalibrationConfig, calibrate
+from prism.graph.kineto import find_marks, read_kineto
+from prism.graph.memory import pick_device, total_before
+from prism.graph.normalize import normalize_rank
+from prism.graph.simulate import load_sim_graph, simulate, static_bytes
+from prism.schemas.cluster import ClusterSpec, ClusterSpecError, local_path, preset
+from prism.schemas.manifest import CaptureFiles, CaptureManifest
+from prism.schemas.workload import GPTConfig
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSettings:
+    """How each side of the comparison is run."""
+
+    warmup: int = 2
+    """Unprofiled iterations before the profiled ones (the last one is the profiler's warm-up)."""
+    iterations: int = 3
+    """Profiled iterations of both the real run and the slice capture."""
+    sim_iterations: int = 3
+    """Back-to-back iterations simulated; the last gives the steady state."""
+    work_dir: Path | None = None
+    """Keep captures and graphs here (one folder per case and repeat); None: a temporary folder."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankRun:
+    """What one repeat measured or predicted for one rank."""
+
+    iter_ns: float
+    """Steady iteration time."""
+    peak_bytes: int
+    """Peak memory."""
+    parts_ms: dict[str, float]
+    """compute / comm_wait / glue per iteration, in ms (``fidelity_explain``)."""
+    dynamic_bytes: int
+    """Peak memory minus static bytes: what the iteration itself allocates at its peak."""
+    drift_bytes: int = 0
+    """Growth of Total Allocated per iteration (real runs; see ``MemoryStats``)."""
+
+
+@dataclass(kw_only=True)
+class CaseResult:
+    """Everything one case produced."""
+
+    records: list[dict]
+    """One per rank: the benchmark's table."""
+    breakdown: list[dict] = field(default_factory=list)
+    """One per rank: where the iteration goes, real vs slice vs simulation (ms, medians)."""
+    collectives: list[dict] = field(default_factory=list)
+    """Real gloo collectives of the real runs: latency and skew vs the comm model."""
+    workarounds: list[str] = field(default_factory=list)
+    """Build work-arounds that had to fire (``fidelity_workarounds``)."""
+
+
+# -- the comm calibration ------------------------------------------------------------------------
+
+CALIBRATION_OPS = ("all_reduce", "send")
+"""The GPT workload's process-group calls: all_reduce (TP, DP, loss) and send/recv (PP)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpecChoice:
+    """The cluster spec the predictions use, and where it came from."""
+
+    spec: ClusterSpec
+    """The spec."""
+    source: str
+    """A line saying which file it is and how it got there."""
+
+
+def resolve_spec(path: Path | None, calibrate_into: Path, *, recalibrate: bool = False) -> SpecChoice:
+    """``path`` if given; else the calibrated 'local' preset; else (or if ``recalibrate``) calibrate now.
+
+    A fresh calibration times gloo all_reduce and send/recv between 2 processes and is written
+    to ``calibrate_into``, never to the shared 'local' path.
+    """
+    if path is not None:
+        return SpecChoice(spec=ClusterSpec.load(path), source=f"{path} (given)")
+    if not recalibrate:
+        try:
+            return SpecChoice(spec=preset("local"), source=f"{local_path()} (the calibrated 'local' preset)")
+        except ClusterSpecError:
+            pass
+    result = calibrate(CalibrationConfig(max_procs=2, ops=CALIBRATION_OPS, out=calibrate_into))
+    why = "--recalibrate" if recalibrate else f"no 'local' spec at {local_path()}"
+    return SpecChoice(
+        spec=result.spec,
+        source=f"{result.path} (calibrated now: {why}; median relative error {result.median_rel_error:.0%})",
+    )
+
+
+# -- (a) the real run ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryStats:
+    """A captured rank's allocator totals over its profiled iterations."""
+
+    peak_delta_bytes: int
+    """Median over iterations of the highest Total Allocated minus its value at the start."""
+    drift_bytes: int
+    """Median growth of Total Allocated from one iteration start to the next (0 in a steady state)."""
+
+
+def memory_stats(capture_dir: Path, rank: int) -> MemoryStats:
+    """Peak and drift of ``rank``'s ``[memory]`` events, iteration by iteration (``prism:iter`` marks)."""
+    trace = read_kineto(CaptureFiles(capture_dir).kineto(rank))
+    its = find_marks(trace).iterations
+    device = pick_device(trace.memory)
+    mem = trace.memory[(trace.memory["device_type"] == device[0]) & (trace.memory["device_id"] == device[1])]
+    ts, total = mem["ts_ns"].to_numpy(), mem["total"].to_numpy()
+    base = total_before(mem, its["start_ns"].to_numpy())
+    deltas = []
+    for start, end, before in zip(its["start_ns"], its["end_ns"], base, strict=True):
+        inside = total[(ts >= start) & (ts < end)]
+        deltas.append(max(int(inside.max()) - int(before), 0) if len(inside) else 0)
+    drift = np.diff(base) if len(base) > 1 else np.zeros(1)
+    return MemoryStats(peak_delta_bytes=int(statistics.median(deltas)), drift_bytes=int(np.median(drift)))
+
+
+def _steady_ns(manifest: CaptureManifest, rank: int, iterations: int) -> float:
+    result = next(r.result for r in manifest.ranks if r.rank == rank)
+    return float(statistics.median(result.iteration_ns[-iterations:]))
+
+
+def measure_real(config: GPTConfig, settings: RunSettings, out: Path) -> dict[int, RankRun]:
+    """Run every rank for real; steady iteration time, real peak memory and time split per rank."""
+    options = CaptureOptions(
+        config=config, real=RealMode.ALL, warmup=settings.warmup, iterations=settings.iterations, out_dir=out
+    )
+    manifest = run_capture(options)
+    runs = {}
+    for rank in range(config.layout.world_size):
+        mem = memory_stats(out, rank)
+        runs[rank] = RankRun(
+            iter_ns=_steady_ns(manifest, rank, settings.iterations),
+            peak_bytes=static_bytes(config, config.layout.stage(rank)) + mem.peak_delta_bytes,
+            parts_ms=decompose(normalize_rank(out, rank)),
+            dynamic_bytes=mem.peak_delta_bytes,
+            drift_bytes=mem.drift_bytes,
+        )
+    return runs
+
+
+# -- (b) the prediction -------------------------------------------------------------------------
+
+
+def _build(config: GPTConfig, capture: Path, graph: Path, spec: ClusterSpec, fired: list[str]) -> None:
+    """The graph of the case's own layout, built as prism-build-graph does."""
+    options = BuildOptions(
+        capture_dir=capture, out=graph, tp=config.tp, pp=config.pp, dp=config.dp, cluster=spec
+    )
+    build_graph(options)
+
+
+def predict(
+    config: GPTConfig, spec: ClusterSpec, settings: RunSettings, out: Path, fired: list[str]
+) -> tuple[dict[int, RankRun], dict[int, dict[str, float]]]:
+    """Capture the slice, build and simulate the graph: per rank prediction, per role rank slice split."""
+    capture = out / "slice"
+    options = CaptureOptions(
+        config=config,
+        real=RealMode.ROLES,
+        warmup=settings.warmup,
+        iterations=settings.iterations,
+        out_dir=capture,
+    )
+    manifest = run_capture(options)
+    _build(config, capture, out / "graph.parquet", spec, fired)
+    graph = load_sim_graph(out / "graph.parquet")
+    result = simulate(graph, iterations=settings.sim_iterations)
+    parts = sim_breakdown(graph, result)
+    predicted = {
+        rank: RankRun(
+            iter_ns=float(result.iteration_ns[rank]),
+            peak_bytes=int(result.peak_bytes[rank]),
+            parts_ms=parts[rank],
+            dynamic_bytes=int(result.peak_bytes[rank]) - static_bytes(config, config.layout.stage(rank)),
+        )
+        for rank in range(graph.ranks)
+    }
+    slice_parts = {
+        r.rank: {
+            **decompose(normalize_rank(capture, r.rank)),
+            "dynamic_bytes": memory_stats(capture, r.rank).peak_delta_bytes,
+        }
+        for r in manifest.ranks
+    }
+    return predicted, slice_parts
+
+
+# -- (c) pairing ----------------------------------------------------------------------------------
+
+
+def _err_pct(pred: float, real: float) -> float:
+    return (pred - real) / real * 100.0 if real else float("nan")
+
+
+def _median(values: list[float]) -> float:
+    return float(np.median(values))
+
+
+def _records(label: str, real: list[dict[int, RankRun]], pred: list[dict[int, RankRun]]) -> list[dict]:
+    records = []
+    for rank in sorted(real[0]):
+        real_ms = _median([run[rank].iter_ns / 1e6 for run in real])
+        pred_ms = _median([run[rank].iter_ns / 1e6 for run in pred])
+        real_peak = int(_median([run[rank].peak_bytes for run in real]))
+        pred_peak = int(_median([run[rank].peak_bytes for run in pred]))
+        records.append(
+            {
+                "case": label, "rank": rank, "source": "simulation",
+                "real_iter_ms": round(real_ms, 3), "pred_iter_ms": round(pred_ms, 3),
+                "iter_err_pct": round(_err_pct(pred_ms, real_ms), 2),
+                "real_peak_bytes": real_peak, "pred_peak_bytes": pred_peak,
+                "mem_err_pct": round(_err_pct(pred_peak, real_peak), 3),
+            }
+        )  # fmt: skip
+    return records
+
+
+def _breakdown(
+    label: str,
+    config: GPTConfig,
+    real: list[dict[int, RankRun]],
+    pred: list[dict[int, RankRun]],
+    slices: list[dict],
+) -> list[dict]:
+    layout = config.layout
+    roles = layout.roles()
+    rows = []
+    for rank in sorted(real[0]):
+        role_rank = roles[layout.role(rank)]
+        row: dict = {"case": label, "rank": rank}
+        for part in ("compute", "comm_wait", "glue"):
+            row[f"real_{part}_ms"] = round(_median([run[rank].parts_ms[part] for run in real]), 3)
+            row[f"slice_{part}_ms"] = round(_median([s[role_rank][part] for s in slices]), 3)
+            row[f"pred_{part}_ms"] = round(_median([run[rank].parts_ms[part] for run in pred]), 3)
+        # Memory allocated by the iteration itself at its peak (static bytes left out), and how
+        # much the real run's allocator total grows per iteration (it should not).
+        row["real_dynamic_bytes"] = int(_median([run[rank].dynamic_bytes for run in real]))
+        row["slice_dynamic_bytes"] = int(_median([s[role_rank]["dynamic_bytes"] for s in slices]))
+        row["pred_dynamic_bytes"] = int(_median([run[rank].dynamic_bytes for run in pred]))
+        row["real_drift_bytes_per_iter"] = int(_median([run[rank].drift_bytes for run in real]))
+        rows.append(row)
+    return rows
+
+
+def _repeat_dir(settings: RunSettings, label: str, repeat: int) -> tempfile.TemporaryDirectory | Path:
+    if settings.work_dir is None:
+        return tempfile.TemporaryDirectory(prefix="prism-fidelity-")
+    path = settings.work_dir / label.replace(" ", "_").replace("=", "") / f"repeat{repeat}"
+    path.mkdir(parents=True, exist_ok=False)
+    return path
+
+
+def run_case_detailed(
+    config: GPTConfig,
+    repeats: int,
+    spec: ClusterSpec,
+    settings: RunSettings | None = None,
+    progress: Progress | None = None,
+) -> CaseResult:
+    """Measure and predict ``config`` ``repeats`` times (real run and slice interleaved) and pair them."""
+    settings = settings or RunSettings()
+    say = progress or (lambda _: None)
+    label = case_label(config)
+    real, pred, slices, latencies, fired = [], [], [], [], []
+    for repeat in range(repeats):
+        holder = _repeat_dir(settings, label, repeat)
+        root = Path(holder.name) if isinstance(holder, tempfile.TemporaryDirectory) else holder
+        try:
+            say(f"[{label}] repeat {repeat + 1}/{repeats}: every rank real")
+            real.append(measure_real(config, settings, root / "real"))
+            latencies += collective_latencies(root / "real", list(range(config.layout.world_size)))
+            say(f"[{label}] repeat {repeat + 1}/{repeats}: slice capture, build, simulate")
+            predicted, slice_parts = predict(config, spec, settings, root, fired)
+            pred.append(predicted)
+            slices.append(slice_parts)
+        finally:
+            if isinstance(holder, tempfile.TemporaryDirectory):
+                holder.cleanup()
+    return CaseResult(
+        records=_records(label, real, pred),
+        breakdown=_breakdown(label, config, real, pred, slices),
+        collectives=[{"case": label, **row} for row in summarize_latencies(latencies, spec)],
+        workarounds=sorted(set(fired)),
+    )
+
+
+def run_case(
+    case_config: GPTConfig, repeats: int, spec: ClusterSpec, settings: RunSettings | None = None
+) -> list[dict]:
+    """One record per rank of ``case_config``: real vs predicted iteration time and peak memory."""
+    return run_case_detailed(case_config, repeats, spec, settings).records
+
+
+def mean_abs(records: list[dict], key: str) -> float:
+    """Mean of |record[key]| over ``records``."""
+    return float(np.mean([abs(r[key]) for r in records])) if records else float("nan")

@@ -1,0 +1,81 @@
+"""Smoke test of benchmarks/fidelity.py: one tiny case, one repeat; fields and JSON, no accuracy claim."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from prism.schemas.cluster import preset
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+TINY = "tp=1 pp=2 dp=1 layers=2 hidden=32 heads=2 seq=16 mbs=1 microbatches=2 vocab=128"
+RECORD_TYPES = {
+    "case": str,
+    "rank": int,
+    "source": str,
+    "real_iter_ms": float,
+    "pred_iter_ms": float,
+    "iter_err_pct": float,
+    "real_peak_bytes": int,
+    "pred_peak_bytes": int,
+    "mem_err_pct": float,
+}
+
+
+@pytest.fixture
+def fidelity(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import fidelity  # the CLI module; its library modules come with it
+
+    yield fidelity
+    for name in [m for m in sys.modules if m.startswith("fidelity")]:
+        del sys.modules[name]
+
+
+@pytest.fixture
+def spec_file(tmp_path: Path) -> Path:
+    # Any valid spec will do for a smoke test; it keeps the test from calibrating.
+    return preset("h100-ib").save(tmp_path / "spec.toml")
+
+
+def _check_record(record: dict) -> None:
+    assert set(record) == set(RECORD_TYPES)
+    for key, kind in RECORD_TYPES.items():
+        assert isinstance(record[key], kind), (key, record[key])
+    assert record["source"] == "simulation"
+    assert record["real_iter_ms"] > 0 and record["pred_iter_ms"] > 0
+    assert record["real_peak_bytes"] > 0 and record["pred_peak_bytes"] > 0
+
+
+@pytest.mark.slow
+def test_run_case_and_cli_json(fidelity, spec_file: Path, tmp_path: Path) -> None:
+    from fidelity_cases import parse_case
+    from fidelity_lib import RunSettings, run_case
+
+    from prism.schemas.cluster import ClusterSpec
+
+    settings = RunSettings(warmup=1, iterations=1)
+    records = run_case(parse_case(TINY), 1, ClusterSpec.load(spec_file), settings)
+    assert [r["rank"] for r in records] == [0, 1]
+    for record in records:
+        _check_record(record)
+
+    out = tmp_path / "fidelity.json"
+    argv = ["--case", TINY, "--repeats", "1", "--warmup", "1", "--iterations", "1"]
+    argv += ["--cluster-spec", str(spec_file), "--no-probe", "--json", str(out)]
+    assert fidelity.main(argv) == 0
+    data = json.loads(out.read_text())
+    assert [r["rank"] for r in data["records"]] == [0, 1]
+    for record in data["records"]:
+        _check_record(record)
+    assert isinstance(data["mean_abs_iter_err_pct"], float)
+    assert isinstance(data["mean_abs_mem_err_pct"], float)
+    assert {"nproc", "cpu_model", "date"} <= set(data["meta"]["machine"])
+
+
+def test_bad_case_is_one_error_line(fidelity, capsys: pytest.CaptureFixture[str]) -> None:
+    assert fidelity.main(["--case", "tp=1 pp=2 colour=blue"]) == 2
+    assert "unknown case key 'colour'" in capsys.readouterr().out
