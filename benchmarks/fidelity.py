@@ -189,8 +189,6 @@ def main(argv: list[str] | None = None) -> int:
     results: list[CaseResult] = []
     for config in configs:
         result = run_case_detailed(config, args.repeats, choice.spec, settings, progress=_log)
-        if result.workarounds:
-            console.print(f"[yellow]build work-arounds used:[/] {'; '.join(result.workarounds)}")
         results.append(result)
     if not args.no_probe:
         probes["after"] = round(concurrency_probe(), 3)
@@ -218,7 +216,6 @@ def main(argv: list[str] | None = None) -> int:
                 "mean_abs_mem_err_pct": round(mean_abs(records, "mem_err_pct"), 3),
                 "breakdown": breakdown,
                 "collectives": collectives,
-                "workarounds": {res.records[0]["case"]: res.workarounds for res in results},
                 "meta": {
                     "command": shlex.join(
                         ["python", "benchmarks/fidelity.py", *(sys.argv[1:] if argv is None else argv)]

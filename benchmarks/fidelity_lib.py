@@ -85,8 +85,6 @@ class CaseResult:
     """One per rank: where the iteration goes, real vs slice vs simulation (ms, medians)."""
     collectives: list[dict] = field(default_factory=list)
     """Real gloo collectives of the real runs: latency and skew vs the comm model."""
-    workarounds: list[str] = field(default_factory=list)
-    """Build work-arounds that had to fire (``fidelity_workarounds``)."""
 
 
 # -- the comm calibration ------------------------------------------------------------------------
@@ -182,7 +180,7 @@ def measure_real(config: GPTConfig, settings: RunSettings, out: Path) -> dict[in
 # -- (b) the prediction -------------------------------------------------------------------------
 
 
-def _build(config: GPTConfig, capture: Path, graph: Path, spec: ClusterSpec, fired: list[str]) -> None:
+def _build(config: GPTConfig, capture: Path, graph: Path, spec: ClusterSpec) -> None:
     """The graph of the case's own layout, built as prism-build-graph does."""
     options = BuildOptions(
         capture_dir=capture, out=graph, tp=config.tp, pp=config.pp, dp=config.dp, cluster=spec
@@ -191,7 +189,7 @@ def _build(config: GPTConfig, capture: Path, graph: Path, spec: ClusterSpec, fir
 
 
 def predict(
-    config: GPTConfig, spec: ClusterSpec, settings: RunSettings, out: Path, fired: list[str]
+    config: GPTConfig, spec: ClusterSpec, settings: RunSettings, out: Path
 ) -> tuple[dict[int, RankRun], dict[int, dict[str, float]]]:
     """Capture the slice, build and simulate the graph: per rank prediction, per role rank slice split."""
     capture = out / "slice"
@@ -203,7 +201,7 @@ def predict(
         out_dir=capture,
     )
     manifest = run_capture(options)
-    _build(config, capture, out / "graph.parquet", spec, fired)
+    _build(config, capture, out / "graph.parquet", spec)
     graph = load_sim_graph(out / "graph.parquet")
     result = simulate(graph, iterations=settings.sim_iterations)
     parts = sim_breakdown(graph, result)
@@ -302,7 +300,7 @@ def run_case_detailed(
     settings = settings or RunSettings()
     say = progress or (lambda _: None)
     label = case_label(config)
-    real, pred, slices, latencies, fired = [], [], [], [], []
+    real, pred, slices, latencies = [], [], [], []
     for repeat in range(repeats):
         holder = _repeat_dir(settings, label, repeat)
         root = Path(holder.name) if isinstance(holder, tempfile.TemporaryDirectory) else holder
@@ -311,7 +309,7 @@ def run_case_detailed(
             real.append(measure_real(config, settings, root / "real"))
             latencies += collective_latencies(root / "real", list(range(config.layout.world_size)))
             say(f"[{label}] repeat {repeat + 1}/{repeats}: slice capture, build, simulate")
-            predicted, slice_parts = predict(config, spec, settings, root, fired)
+            predicted, slice_parts = predict(config, spec, settings, root)
             pred.append(predicted)
             slices.append(slice_parts)
         finally:
@@ -321,7 +319,6 @@ def run_case_detailed(
         records=_records(label, real, pred),
         breakdown=_breakdown(label, config, real, pred, slices),
         collectives=[{"case": label, **row} for row in summarize_latencies(latencies, spec)],
-        workarounds=sorted(set(fired)),
     )
 
 
