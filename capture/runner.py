@@ -23,6 +23,7 @@ import torch
 
 from prism.capture.launch import LaunchError, RankLaunch, rank_command, run_processes
 from prism.capture.preflight import CaptureError, check_device, check_full_run_fits, check_output
+from prism.schemas import PRISM_VERSION
 from prism.schemas.files import write_json_atomic
 from prism.schemas.layout import Role
 from prism.schemas.manifest import (
@@ -34,8 +35,6 @@ from prism.schemas.manifest import (
     write_manifest,
 )
 from prism.schemas.workload import GPTConfig
-
-PRISM_VERSION = "0.1.0"
 
 
 class RealMode(enum.StrEnum):

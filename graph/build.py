@@ -16,13 +16,12 @@ from prism.graph.graph_io import GraphWriter
 from prism.graph.normalize import normalize_rank
 from prism.graph.templates import RoleTemplate, TemplateError, build_role_template
 from prism.graph.validate import ValidationReport, validate_graph
+from prism.schemas import PRISM_VERSION
 from prism.schemas.cluster import ClusterSpec
 from prism.schemas.graph_format import GraphMetadata
 from prism.schemas.layout import Role
 from prism.schemas.manifest import CaptureFiles, CaptureManifest, ManifestError, read_manifest
 from prism.schemas.workload import ConfigError, GPTConfig
-
-PRISM_VERSION = "0.1.0"
 
 ProgressCallback = Callable[[int, int], None]
 """Called with (ranks written, total ranks)."""

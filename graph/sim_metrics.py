@@ -28,10 +28,6 @@ class RankBreakdown:
     bubble_ns: np.ndarray
 
 
-def _rank_of(graph: SimGraph) -> np.ndarray:
-    return np.repeat(np.arange(graph.ranks), np.diff(graph.rank_ptr))
-
-
 def _idle_before(graph: SimGraph, result: SimResult) -> np.ndarray:
     """Time each node waited after its rank reached it (for dependencies to complete)."""
     start, end = result.start_ns, result.end_ns
@@ -54,7 +50,7 @@ def _waits_on_transfers(graph: SimGraph) -> np.ndarray:
 
 
 def breakdown(graph: SimGraph, result: SimResult) -> RankBreakdown:
-    rank = _rank_of(graph)
+    rank = graph.node_rank()
     idle = _idle_before(graph, result)
     span = result.end_ns - result.start_ns
     sync_coll = (graph.kind == COLLECTIVE) & ~graph.is_async

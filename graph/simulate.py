@@ -64,6 +64,10 @@ class SimGraph:
     def ranks(self) -> int:
         return len(self.rank_ptr) - 1
 
+    def node_rank(self) -> np.ndarray:
+        """The rank of every node (rows are grouped by rank)."""
+        return np.repeat(np.arange(self.ranks), np.diff(self.rank_ptr))
+
 
 @dataclass(frozen=True, kw_only=True)
 class SimResult:
@@ -159,7 +163,7 @@ def peak_bytes(graph: SimGraph) -> np.ndarray:
     delta = graph.alloc - graph.free
     running = np.cumsum(delta)
     before = running - delta  # total before each node
-    rank_of = np.repeat(np.arange(graph.ranks), np.diff(graph.rank_ptr))
+    rank_of = graph.node_rank()
     base = np.concatenate([[0], running])[graph.rank_ptr[:-1]]  # running total at each rank's start
     high = np.full(graph.ranks, 0, np.int64)
     np.maximum.at(high, rank_of, before - base[rank_of] + graph.alloc)

@@ -98,10 +98,6 @@ def parse_delay(text: str) -> BlockDelay:
     return BlockDelay(phase=match[1], layer=layer, delay_ns=parse_duration(match[3]), rank=rank)
 
 
-def _rank_of(graph: SimGraph) -> np.ndarray:
-    return np.repeat(np.arange(graph.ranks), np.diff(graph.rank_ptr))
-
-
 def _slow(graph: SimGraph, slow: tuple[SlowRank, ...]) -> np.ndarray:
     dur = graph.dur.copy()
     for s in slow:
@@ -116,7 +112,7 @@ def _slow(graph: SimGraph, slow: tuple[SlowRank, ...]) -> np.ndarray:
 def _delays(graph: SimGraph, path: Path, delays: tuple[BlockDelay, ...]) -> np.ndarray:
     gap = graph.gap.copy()
     phase, layer, mb = (graph_column(path, c) for c in (gf.PHASE, gf.LAYER, gf.MB))
-    rank = _rank_of(graph)
+    rank = graph.node_rank()
     for d in delays:
         mask = phase == d.phase
         if d.layer is not None:
@@ -135,7 +131,7 @@ def _delays(graph: SimGraph, path: Path, delays: tuple[BlockDelay, ...]) -> np.n
 
 def _recost(graph: SimGraph, path: Path, spec: ClusterSpec) -> np.ndarray:
     comm = graph.kind != COMPUTE
-    rank = _rank_of(graph)[comm]
+    rank = graph.node_rank()[comm]
     op = graph_column(path, gf.NAME)[comm].astype(str)
     kind = graph_column(path, gf.GROUP_KIND)[comm].astype(str)
     nbytes = graph_column(path, gf.BYTES)[comm]
