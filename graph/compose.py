@@ -9,6 +9,7 @@ is re-planned with the target's buckets.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,10 +71,13 @@ class StageProgram:
     """Template columns plus MB, LAYER, GSEQ, P2P_DIR, P2P_SEQ, DEPS, IS_WAIT."""
 
 
-def _segment(template: RoleTemplate, kind: str, mb: int = -1) -> pd.DataFrame:
+def _segment(
+    template: RoleTemplate, kind: str, mb: int = -1, ordinal: int = 0, count: int = 1
+) -> pd.DataFrame:
+    """Units of the ``ordinal``-th of ``count`` instances of ``kind`` in the target iteration."""
     if kind in (PRE, POST) and kind not in template.segments:
         return pd.DataFrame()
-    units = template.segment(kind).units.copy()
+    units = template.segment(kind).units_at(ordinal, count)
     units[MB] = mb
     units[P2P_DIR] = _P2P_DIR.get(kind, 0)
     return units
@@ -208,14 +212,19 @@ def compose_stage(template: RoleTemplate, *, cfg: GPTConfig, captured: GPTConfig
     program = _ProgramBuilder()
     program.add(_segment(template, PRE))
     first_layer = cfg.stage_layers(stage).start
-    for step in one_f_one_b(stage=stage, stages=cfg.pp, microbatches=cfg.microbatches):
+    steps = one_f_one_b(stage=stage, stages=cfg.pp, microbatches=cfg.microbatches)
+    counts = Counter(_STEP_KINDS[step.action] for step in steps)
+    seen: Counter[str] = Counter()
+    for step in steps:
         kind = _STEP_KINDS[step.action]
+        ordinal = seen[kind]
+        seen[kind] += 1
         if step.action == Action.WAIT:
             if P2P_WAIT in template.segments:
-                program.add(_segment(template, P2P_WAIT))
+                program.add(_segment(template, P2P_WAIT, -1, ordinal, counts[kind]))
             program.wait(P2P_WAIT)
             continue
-        units = _segment(template, kind, step.mb)
+        units = _segment(template, kind, step.mb, ordinal, counts[kind])
         if kind in (FWD, BWD):
             units = _expand_layers(units, first_layer, cfg.layers_per_stage)
         program.add(units)

@@ -1,4 +1,4 @@
-"""Block templates: what one role does in each kind of program piece, with median timings.
+"""Block templates: what one role does in each kind of program piece, with its timings and memory.
 
 A captured iteration of a role is cut into *segments* that map one-to-one onto the steps of
 its 1F1B schedule: ``pre`` (before the first step), one per step (``fwd``/``bwd`` of a
@@ -6,8 +6,13 @@ microbatch, each posted transfer, each wait), ``grad_sync``, ``optim`` and ``pos
 outside every block (Python glue between steps) belong to the next segment.
 
 Instances of one kind (every microbatch of every profiled iteration) must run the same op
-sequence; the most common sequence is kept and each unit's duration, gap and memory are the
-median over the instances that ran it.
+sequence; the most common sequence is kept. Each unit's duration and gap are the *mean* over
+the instances that ran it: op durations are skewed to the right, and a sum of per-unit medians
+falls short of the time the iterations really took (by 1-11 % of a role's compute in the
+fidelity cases), while a sum of means reproduces it. Memory is kept per *ordinal*, the
+instance's position among its kind in the iteration (median over iterations): the first
+forwards of a pipeline stage allocate receive buffers that later ones reuse and the last
+backwards free them, so one steady value per unit would miss a stage's peak.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ P2P_WAIT, GRAD_SYNC, OPTIM = Phase.P2P_WAIT.value, Phase.GRAD_SYNC.value, Phase.
 # Columns of a template (besides the op-table ones copied through).
 LAYER_OFFSET = "layer_offset"
 GROUP_AXIS = "group_axis"
-MEDIAN_COLUMNS = (ot.DUR_NS, ot.GAP_NS, ot.ALLOC_BYTES, ot.FREE_BYTES)
+MEAN_COLUMNS = (ot.DUR_NS, ot.GAP_NS)
+MEMORY_COLUMNS = (ot.ALLOC_BYTES, ot.FREE_BYTES)
 COPIED_COLUMNS = (
     ot.PHASE,
     ot.NAME,
@@ -59,11 +65,36 @@ class Segment:
     kind: str
     """pre, fwd, bwd, send_fwd, recv_fwd, send_bwd, recv_bwd, p2p_wait, grad_sync, optim, post."""
     units: pd.DataFrame
-    """One row per unit, in order (COPIED_COLUMNS, MEDIAN_COLUMNS, LAYER_OFFSET, GROUP_AXIS)."""
+    """One row per unit, in order (COPIED_COLUMNS, MEAN_COLUMNS, MEMORY_COLUMNS, LAYER_OFFSET,
+    GROUP_AXIS); memory is the median over every agreeing instance (the steady value)."""
     instances: int
     """Instances of the kind in the profiled iterations."""
     agreeing: int
     """Instances that ran the kept op sequence."""
+    memory_by_ordinal: np.ndarray
+    """(ordinals, units, 2) int64: alloc and free bytes of each unit for the instance at each
+    position of the iteration (median over iterations; the steady value where none agreed)."""
+
+    def units_at(self, ordinal: int, count: int) -> pd.DataFrame:
+        """The units for the ``ordinal``-th of ``count`` instances of the kind in a target iteration.
+
+        The captured instances' first half stands for the target's first ones and their second
+        half for its last ones, so warm-up and cool-down allocations land where they did;
+        instances in between (more microbatches than captured) take the steady value.
+        """
+        captured = len(self.memory_by_ordinal)
+        head = (captured + 1) // 2
+        tail = captured - head
+        if count - ordinal <= tail:
+            source = captured - (count - ordinal)
+        elif ordinal < head:
+            source = ordinal
+        else:
+            return self.units.copy()
+        units = self.units.copy()
+        units[ot.ALLOC_BYTES] = self.memory_by_ordinal[source, :, 0]
+        units[ot.FREE_BYTES] = self.memory_by_ordinal[source, :, 1]
+        return units
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,26 +169,46 @@ def _values(units: pd.DataFrame, column: str) -> np.ndarray:
     return values
 
 
-def _median_template(kind: str, instances: list[pd.DataFrame], first_layer: int) -> Segment:
-    signatures = [_signature(units, first_layer) for units in instances]
+def _template(kind: str, instances: list[tuple[int, pd.DataFrame]], first_layer: int) -> Segment:
+    """Segment template from ``(ordinal, units)`` of every instance of one kind."""
+    signatures = [_signature(units, first_layer) for _, units in instances]
     kept, _ = Counter(signatures).most_common(1)[0]
-    agreeing = [units for units, sig in zip(instances, signatures, strict=True) if sig == kept]
-    template = agreeing[0][list(COPIED_COLUMNS)].reset_index(drop=True).copy()
-    for column in MEDIAN_COLUMNS:
-        stacked = np.stack([_values(units, column) for units in agreeing])
-        template[column] = np.median(stacked, axis=0).round().astype(np.int64)
+    agreeing = [(o, units) for (o, units), sig in zip(instances, signatures, strict=True) if sig == kept]
+    first = agreeing[0][1]
+    template = first[list(COPIED_COLUMNS)].reset_index(drop=True).copy()
+    for column in MEAN_COLUMNS:
+        stacked = np.stack([_values(units, column) for _, units in agreeing])
+        template[column] = stacked.mean(axis=0).round().astype(np.int64)
+    memory = np.stack(
+        [np.stack([_values(units, column) for column in MEMORY_COLUMNS], axis=1) for _, units in agreeing]
+    )  # (instances, units, 2)
+    steady = np.median(memory, axis=0).round().astype(np.int64)
+    for i, column in enumerate(MEMORY_COLUMNS):
+        template[column] = steady[:, i]
+    ordinals = np.array([o for o, _ in agreeing])
+    by_ordinal = np.repeat(steady[None], max(o for o, _ in instances) + 1, axis=0)
+    for o in np.unique(ordinals):
+        by_ordinal[o] = np.median(memory[ordinals == o], axis=0).round().astype(np.int64)
     template[LAYER_OFFSET] = [offset for _, offset, _ in kept]
-    template[GROUP_AXIS] = agreeing[0][ot.GROUP_LABEL].str.split(".").str[0].fillna("").to_numpy()
-    return Segment(kind=kind, units=template, instances=len(instances), agreeing=len(agreeing))
+    template[GROUP_AXIS] = first[ot.GROUP_LABEL].str.split(".").str[0].fillna("").to_numpy()
+    return Segment(
+        kind=kind,
+        units=template,
+        instances=len(instances),
+        agreeing=len(agreeing),
+        memory_by_ordinal=by_ordinal,
+    )
 
 
 def build_role_template(ops: pd.DataFrame, *, rank: int, stage: int, first_layer: int) -> RoleTemplate:
     """Templates of every segment kind of one captured rank's op table."""
-    by_kind: dict[str, list[pd.DataFrame]] = {}
+    by_kind: dict[str, list[tuple[int, pd.DataFrame]]] = {}
     for _, iteration in ops.groupby(ot.ITERATION, sort=True):
+        seen: Counter[str] = Counter()
         for kind, _, units in split_segments(iteration.sort_values(ot.SEQ)):
-            by_kind.setdefault(kind, []).append(units)
+            by_kind.setdefault(kind, []).append((seen[kind], units))
+            seen[kind] += 1
     if FWD not in by_kind or BWD not in by_kind:
         raise TemplateError(f"captured rank {rank} has no forward/backward blocks in its profiled iterations")
-    segments = {kind: _median_template(kind, units, first_layer) for kind, units in by_kind.items()}
+    segments = {kind: _template(kind, instances, first_layer) for kind, instances in by_kind.items()}
     return RoleTemplate(rank=rank, stage=stage, first_layer=first_layer, segments=segments)
