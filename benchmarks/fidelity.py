@@ -26,6 +26,7 @@ from fidelity_lib import CaseResult, RunSettings, mean_abs, resolve_spec, run_ca
 from rich.console import Console
 from rich.table import Table
 
+from prism.graph.profiler_overhead import MIN_WARMUP
 from prism.schemas.files import write_json_atomic
 
 console = Console(width=max(120, Console().width))
@@ -50,9 +51,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--iterations", type=int, default=RunSettings.iterations, help="profiled iterations")
     parser.add_argument("--work-dir", type=Path, default=None, help="keep captures and graphs here")
     parser.add_argument("--no-probe", action="store_true", help="skip the 2-process CPU concurrency probe")
+    parser.add_argument(
+        "--slice-alone", action="store_true",
+        help="capture each slice rank alone instead of beside the world's other ranks (load-matched)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    if args.warmup < MIN_WARMUP:
+        parser.error(
+            f"--warmup must be at least {MIN_WARMUP}: the real run's time is its clean unprofiled iterations"
+        )
     return args
 
 
@@ -116,7 +125,9 @@ def records_table(records: list[dict], ids: dict[str, str]) -> Table:
 
 
 def breakdown_table(rows: list[dict], ids: dict[str, str]) -> Table:
-    table = Table(title="where an iteration goes (ms): real run / slice capture / simulation")
+    table = Table(
+        title="where an iteration goes (ms): real run / slice capture (profiled iterations) / simulation (unprofiled)"
+    )
     table.add_column("case")
     table.add_column("rank", justify="right")
     for part in ("compute", "comm_wait", "glue"):
@@ -127,21 +138,21 @@ def breakdown_table(rows: list[dict], ids: dict[str, str]) -> Table:
     return table
 
 
-def attribution_table(rows: list[dict], records: list[dict], ids: dict[str, str]) -> Table:
-    """pred − real per part of the iteration, the compute part split at the slice."""
-    table = Table(title="prediction − real run, ms per iteration, by part")
-    columns = ("case", "rank", "iteration", "compute: real→slice", "compute: slice→sim", "comm+wait", "glue")
+def profiler_table(rows: list[dict], records: list[dict], ids: dict[str, str]) -> Table:
+    """Whole iterations with and without the profiler, real run and slice, beside the prediction."""
+    table = Table(title="iteration (ms): unprofiled / profiled, and the prediction")
+    columns = ("case", "rank", "real", "slice rank", "real ratio", "slice ratio", "prediction")
     for column in columns:
         table.add_column(column, justify="left" if column == "case" else "right")
     for r, rec in zip(rows, records, strict=True):
         table.add_row(
-            ids[r["case"]], str(r["rank"]), f"{rec['pred_iter_ms'] - rec['real_iter_ms']:+.1f}",
-            f"{r['slice_compute_ms'] - r['real_compute_ms']:+.1f}", f"{r['pred_compute_ms'] - r['slice_compute_ms']:+.1f}",
-            f"{r['pred_comm_wait_ms'] - r['real_comm_wait_ms']:+.1f}", f"{r['pred_glue_ms'] - r['real_glue_ms']:+.1f}",
+            ids[r["case"]], str(r["rank"]),
+            f"{r['real_unprofiled_ms']:.1f} / {r['real_profiled_ms']:.1f}",
+            f"{r['slice_unprofiled_ms']:.1f} / {r['slice_profiled_ms']:.1f}",
+            f"{r['real_unprofiled_ms'] / r['real_profiled_ms']:.3f}",
+            f"{r['slice_unprofiled_ms'] / r['slice_profiled_ms']:.3f}", f"{rec['pred_iter_ms']:.1f}",
         )  # fmt: skip
-    table.caption = (
-        "real→slice: the same rank's ops run alone vs all ranks at once; slice→sim: template medians"
-    )
+    table.caption = "ratio = unprofiled / profiled; the build scales the slice's compute by the slice ratio"
     return table
 
 
@@ -185,7 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     choice = resolve_spec(args.cluster_spec, args.calibrate_into, recalibrate=args.recalibrate)
     console.print(f"cluster spec: {choice.source}", highlight=False)
     probes = {} if args.no_probe else {"before": round(concurrency_probe(), 3)}
-    settings = RunSettings(warmup=args.warmup, iterations=args.iterations, work_dir=args.work_dir)
+    settings = RunSettings(
+        warmup=args.warmup,
+        iterations=args.iterations,
+        work_dir=args.work_dir,
+        matched_load=not args.slice_alone,
+    )
     results: list[CaseResult] = []
     for config in configs:
         result = run_case_detailed(config, args.repeats, choice.spec, settings, progress=_log)
@@ -197,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     collectives = [r for res in results for r in res.collectives]
     ids = case_ids(records)
     tables = (legend_table(ids), records_table(records, ids), breakdown_table(breakdown, ids))
-    tables += (attribution_table(breakdown, records, ids), memory_table(breakdown, ids))
+    tables += (profiler_table(breakdown, records, ids), memory_table(breakdown, ids))
     if collectives:
         tables += (collectives_table(collectives, ids),)
     for table in tables:
@@ -226,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                     "warmup": settings.warmup,
                     "iterations": settings.iterations,
                     "sim_iterations": settings.sim_iterations,
+                    "matched_load": settings.matched_load,
                     "concurrency_probe": probes,
                     "elapsed_s": round(elapsed, 1),
                     "machine": machine(),

@@ -57,14 +57,14 @@ def test_run_case_and_cli_json(fidelity, spec_file: Path, tmp_path: Path) -> Non
 
     from prism.schemas.cluster import ClusterSpec
 
-    settings = RunSettings(warmup=1, iterations=1)
+    settings = RunSettings(warmup=3, iterations=1)
     records = run_case(parse_case(TINY), 1, ClusterSpec.load(spec_file), settings)
     assert [r["rank"] for r in records] == [0, 1]
     for record in records:
         _check_record(record)
 
     out = tmp_path / "fidelity.json"
-    argv = ["--case", TINY, "--repeats", "1", "--warmup", "1", "--iterations", "1"]
+    argv = ["--case", TINY, "--repeats", "1", "--warmup", "3", "--iterations", "1"]
     argv += ["--cluster-spec", str(spec_file), "--no-probe", "--json", str(out)]
     assert fidelity.main(argv) == 0
     data = json.loads(out.read_text())
@@ -79,3 +79,41 @@ def test_run_case_and_cli_json(fidelity, spec_file: Path, tmp_path: Path) -> Non
 def test_bad_case_is_one_error_line(fidelity, capsys: pytest.CaptureFixture[str]) -> None:
     assert fidelity.main(["--case", "tp=1 pp=2 colour=blue"]) == 2
     assert "unknown case key 'colour'" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_matched_load_runs_the_other_ranks_beside_each_batch(fidelity, tmp_path: Path) -> None:
+    from fidelity_cases import parse_case
+    from fidelity_load import MatchedLoad
+
+    from prism.capture.runner import CaptureOptions, RealMode, run_capture
+
+    config = parse_case(TINY)
+    ran: list[tuple[int, int | None]] = []
+
+    class Watch(MatchedLoad):
+        def batch_done(self, ranks: tuple[int, ...]) -> None:
+            ran.extend((rank, proc.poll()) for rank, proc in self._procs)
+            super().batch_done(ranks)
+
+    options = CaptureOptions(
+        config=config, real=RealMode.ROLES, warmup=1, iterations=1, out_dir=tmp_path / "cap"
+    )
+    with Watch(config, warmup=1, iterations=1) as load:
+        run_capture(options, hooks=load)
+        assert load.started == [(1,), (0,)]  # pp=2: the other stage's rank beside each role
+        # Each ran its whole job beside the batch (or was still running when it ended).
+        assert [rank for rank, _ in ran] == [1, 0] and all(code in (None, 0) for _, code in ran)
+        assert load._procs == []
+
+
+def test_matched_load_that_dies_is_an_error(fidelity, tmp_path: Path) -> None:
+    from fidelity_cases import parse_case
+    from fidelity_load import MatchedLoad
+
+    with MatchedLoad(parse_case(TINY), warmup=1, iterations=1) as load:
+        load._job.write_text("not json")  # the load process cannot start
+        load.batch_starting((0,), {})
+        load._procs[0][1].wait(timeout=60)
+        with pytest.raises(RuntimeError, match="load process of rank 1 failed"):
+            load.batch_done((0,))

@@ -1,0 +1,97 @@
+"""Load-matched slice captures: the rest of the small world keeps the machine as busy as it was.
+
+On the test machine every rank of a case's real run shares the CPU with the others, while a
+slice capture runs one role's rank alone. The real ranks therefore compute 5-35 % more slowly
+than the slice (docs/fidelity.md): a difference of the test bed, not of prism, since on the
+target every rank has its own device. To compare like with like, ``MatchedLoad`` is a capture
+hook that, while a batch of the slice runs, starts every *other* rank of the world as a lone
+unrecorded process (all its peers virtual), so the captured rank shares the machine with the
+same programs it shares it with in the real run. Those processes run warm-up iterations only
+(no profiler, no files) and are killed when the batch is done.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from prism.capture.launch import rank_command
+from prism.capture.runner import CaptureHooks
+from prism.schemas.layout import Role
+from prism.schemas.manifest import RankJob
+from prism.schemas.workload import GPTConfig
+
+
+class MatchedLoad(CaptureHooks):
+    """Capture hook: run the world's other ranks beside each batch of a slice capture."""
+
+    def __init__(self, config: GPTConfig, *, warmup: int, iterations: int, threads: int = 1) -> None:
+        self._dir = tempfile.TemporaryDirectory(prefix="prism-load-")
+        root = Path(self._dir.name)
+        self._job = root / "job.json"
+        job = RankJob(
+            workload="gpt",
+            config=config,
+            real_ranks=(),
+            warmup=warmup,
+            iterations=iterations,
+            threads=threads,
+        )
+        self._job.write_text(json.dumps(job.to_dict()))
+        self._world = config.layout.world_size
+        self._threads = threads
+        self._procs: list[tuple[int, subprocess.Popen]] = []
+        self.started: list[tuple[int, ...]] = []
+        """The load ranks started for each batch, in order (for the report and the tests)."""
+
+    def batch_starting(self, ranks: tuple[int, ...], roles: dict[int, Role]) -> Callable[[dict], None] | None:
+        others = tuple(r for r in range(self._world) if r not in ranks)
+        env = os.environ | {"OMP_NUM_THREADS": str(self._threads)}
+        root = Path(self._dir.name)
+        for rank in others:
+            out = root / f"rank{rank}"
+            out.mkdir(exist_ok=True)
+            self._procs.append(
+                (
+                    rank,
+                    subprocess.Popen(
+                        rank_command(self._job, rank, out),
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                        env=env,
+                        start_new_session=True,  # its own process group: killed with everything it started
+                    ),
+                )
+            )
+        self.started.append(others)
+        return None
+
+    def batch_done(self, ranks: tuple[int, ...]) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Kill the load processes still running; one that failed did not load the batch: an error."""
+        procs, self._procs = self._procs, []
+        ended = [(rank, proc.poll()) for rank, proc in procs if proc.poll() not in (None, 0)]
+        for _, proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if ended:
+            rank, code = ended[0]
+            raise RuntimeError(f"load process of rank {rank} failed during the batch (exit code {code})")
+
+    def close(self) -> None:
+        self.stop()
+        self._dir.cleanup()
+
+    def __enter__(self) -> MatchedLoad:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
