@@ -99,7 +99,13 @@ def capture(
         float, typer.Option(help="DP gradient bucket size (MiB).")
     ] = DEFAULT.grad_bucket_mb,
     iterations: Annotated[int, typer.Option(help="Iterations profiled per rank.")] = 2,
-    warmup: Annotated[int, typer.Option(help="Iterations run before profiling.")] = 1,
+    warmup: Annotated[
+        int,
+        typer.Option(
+            help="Iterations run before profiling; from 3 on, the unprofiled ones let the build take the "
+            "profiler's cost out of its predictions."
+        ),
+    ] = 5,
     device: Annotated[str, typer.Option(help="cpu (gloo) or cuda (NCCL).")] = "cpu",
     real: Annotated[
         RealMode, typer.Option(help="roles: one real rank per role, peers virtual; all: every rank real.")

@@ -54,7 +54,7 @@ class CaptureOptions:
     """Capture directory to create."""
     real: RealMode = RealMode.ROLES
     """Which ranks run for real."""
-    warmup: int = 1
+    warmup: int = 5
     """Iterations before profiling."""
     iterations: int = 2
     """Iterations profiled."""

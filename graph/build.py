@@ -14,6 +14,7 @@ from prism.graph.comm import CommModel
 from prism.graph.compose import compose_stage
 from prism.graph.graph_io import GraphWriter
 from prism.graph.normalize import normalize_rank
+from prism.graph.profiler_overhead import scale_template, time_scale
 from prism.graph.templates import RoleTemplate, TemplateError, build_role_template
 from prism.graph.validate import ValidationReport, validate_graph
 from prism.schemas import PRISM_VERSION
@@ -53,6 +54,8 @@ class BuildOptions:
     """Transformer layers of the model; None keeps the capture's."""
     ranks_per_row_group: int = 32
     """Consecutive ranks per Parquet row group."""
+    profiler_correction: bool = True
+    """Scale compute and gaps to the captured ranks' unprofiled iterations (``profiler_overhead``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,6 +68,11 @@ class BuildResult:
     """File metadata written."""
     report: ValidationReport
     """The validator's verdict and counts."""
+
+    @property
+    def time_scales(self) -> dict | None:
+        """Profiler correction applied, per captured rank; None if none was."""
+        return self.metadata.extra.get(TIME_SCALE_KEY)
 
 
 def target_config(captured: GPTConfig, options: BuildOptions) -> GPTConfig:
@@ -85,12 +93,20 @@ def target_config(captured: GPTConfig, options: BuildOptions) -> GPTConfig:
         raise BuildError(f"target is inconsistent with the model: {e}") from e
 
 
+TIME_SCALE_KEY = "time_scale"
+"""``GraphMetadata.extra`` key: the profiler correction of each captured rank, or None."""
+
+
 def load_templates(
-    capture_dir: Path, manifest: CaptureManifest, roles: set[Role]
-) -> dict[Role, RoleTemplate]:
-    """Templates of the captured ranks standing for ``roles``."""
+    capture_dir: Path, manifest: CaptureManifest, roles: set[Role], *, profiler_correction: bool = True
+) -> tuple[dict[Role, RoleTemplate], dict[str, dict] | None]:
+    """Templates of the captured ranks standing for ``roles``, and the time scale applied to each.
+
+    With ``profiler_correction``, every template is scaled to its rank's unprofiled iterations
+    when the capture has clean ones (warm-up >= 3) and left as measured (None) when not.
+    """
     captured = manifest.job.config
-    templates = {}
+    templates, scales = {}, {}
     for role in sorted(roles):
         rank = manifest.rank_of_role(role)
         if rank is None:
@@ -101,8 +117,13 @@ def load_templates(
             )
         ops = normalize_rank(capture_dir, rank.rank)
         first = captured.stage_layers(rank.stage).start
-        templates[role] = build_role_template(ops, rank=rank.rank, stage=rank.stage, first_layer=first)
-    return templates
+        template = build_role_template(ops, rank=rank.rank, stage=rank.stage, first_layer=first)
+        scale = time_scale(rank.rank, rank.result.iteration_ns, manifest.job.warmup)
+        if profiler_correction and scale is not None:
+            template = scale_template(template, scale.factor)
+            scales[role.value] = scale.to_dict()
+        templates[role] = template
+    return templates, (scales if profiler_correction and len(scales) == len(templates) else None)
 
 
 def _digest(capture_dir: Path) -> str:
@@ -118,8 +139,11 @@ def build_graph(options: BuildOptions, progress: ProgressCallback | None = None)
     cfg = target_config(manifest.job.config, options)
     layout = cfg.layout
     try:
-        templates = load_templates(
-            options.capture_dir, manifest, {layout.role_of_stage(s) for s in range(cfg.pp)}
+        templates, scales = load_templates(
+            options.capture_dir,
+            manifest,
+            {layout.role_of_stage(s) for s in range(cfg.pp)},
+            profiler_correction=options.profiler_correction,
         )
         stages = [
             encode_program(
@@ -138,6 +162,7 @@ def build_graph(options: BuildOptions, progress: ProgressCallback | None = None)
         capture_digest=_digest(options.capture_dir),
         build_options={"microbatches": cfg.microbatches, "layers": cfg.layers, "ranks_per_row_group": options.ranks_per_row_group},
         prism_version=PRISM_VERSION,
+        extra={TIME_SCALE_KEY: scales},
     )  # fmt: skip
     _write(options, metadata, stages, LayoutTables.build(layout, options.cluster.gpus_per_node), progress)
     report = validate_graph(options.out)

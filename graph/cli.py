@@ -14,6 +14,7 @@ from prism.graph.build import BuildError, BuildOptions, BuildResult, build_graph
 from prism.graph.graph_io import GraphFormatError
 from prism.graph.op_table import NormalizeError
 from prism.graph.predict import predict, stage_table
+from prism.graph.profiler_overhead import MIN_WARMUP
 from prism.schemas.cluster import ClusterSpec, preset
 from prism.schemas.summary import write_summary
 
@@ -38,6 +39,11 @@ def _summary(result: BuildResult, out: Path) -> Table:
     table.add_row("p2p transfers", f"{report.p2p_pairs:,}")
     for kind, nbytes in sorted(report.bytes_by_group.items()):
         table.add_row(f"bytes on the wire per iteration, {kind}", f"{nbytes / 2**30:,.2f} GiB")
+    scales = result.time_scales
+    table.add_row(
+        "profiler correction (unprofiled / profiled)",
+        ", ".join(f"×{s['factor']:.3f} (rank {s['rank']})" for s in scales.values()) if scales else "none",
+    )
     return table
 
 
@@ -57,12 +63,19 @@ def build(
     simulate: Annotated[
         bool, typer.Option(help="Simulate the graph and write summary.json beside it.")
     ] = True,
+    profiler_correction: Annotated[
+        bool,
+        typer.Option(
+            help="Scale compute to the captured ranks' unprofiled iterations (needs a capture with --warmup >= 3)."
+        ),
+    ] = True,
 ) -> None:
     """Build the full-scale graph of the captured job at the target layout, then validate it."""
     try:
         options = BuildOptions(
             capture_dir=capture, out=out, tp=tp, pp=pp, dp=dp, cluster=load_cluster(cluster),
             microbatches=microbatches, layers=layers, ranks_per_row_group=ranks_per_row_group,
+            profiler_correction=profiler_correction,
         )  # fmt: skip
         with Progress(
             TextColumn("[bold]building"), BarColumn(), MofNCompleteColumn(), TextColumn("ranks"),
@@ -76,6 +89,12 @@ def build(
         console.print(f"[bold red]error:[/] {str(e).splitlines()[0]}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     console.print(_summary(result, out))
+    if profiler_correction and result.time_scales is None:
+        console.print(
+            f"[yellow]warning:[/] the capture ran fewer than {MIN_WARMUP} warm-up iterations, so it has no "
+            "clean unprofiled one: predictions are of profiled iterations (capture with --warmup 5)",
+            highlight=False,
+        )
     if simulate:
         summary = predict(out)
         summary_path = out.with_name("summary.json")

@@ -119,7 +119,7 @@ class GraphMetadata:
     version: int = VERSION
     """Graph format version."""
     extra: dict = field(default_factory=dict)
-    """Summary numbers of the build (nodes, collectives, bytes by group kind)."""
+    """Facts of the build: ``time_scale``, the profiler correction of each captured role, or None."""
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()

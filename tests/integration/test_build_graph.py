@@ -18,7 +18,7 @@ from prism.graph.graph_io import read_metadata, read_rank
 from prism.schemas import graph_format as gf
 from prism.schemas.cluster import preset
 from prism.schemas.comm_log import read_comm_log
-from prism.schemas.manifest import CaptureFiles
+from prism.schemas.manifest import CaptureFiles, read_manifest
 from prism.schemas.workload import GPTConfig
 
 pytestmark = pytest.mark.slow
@@ -41,13 +41,17 @@ def full_capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def slice_capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("slice") / "capture"
     config = replace(SMALL, pp=4, layers=8, microbatches=8)
-    run_capture(CaptureOptions(config=config, out_dir=out, warmup=1, iterations=2))
+    run_capture(CaptureOptions(config=config, out_dir=out, warmup=3, iterations=2))
     return out
 
 
-def build(capture: Path, out: Path, **target) -> Path:
+def build(capture: Path, out: Path, profiler_correction: bool = True, **target) -> Path:
     layout = {"tp": 2, "pp": 2, "dp": 2} | target
-    build_graph(BuildOptions(capture_dir=capture, out=out, cluster=H100, **layout))
+    build_graph(
+        BuildOptions(
+            capture_dir=capture, out=out, cluster=H100, profiler_correction=profiler_correction, **layout
+        )
+    )
     return out
 
 
@@ -97,6 +101,28 @@ def test_durations_come_from_the_capture_and_the_comm_model(slice_capture: Path,
     dp = nodes[nodes[gf.GROUP_KIND] == "dp"]
     assert len(dp) > 0 and (dp[gf.DUR_NS] > 0).all()
     assert np.all(np.diff(dp[gf.BYTES].to_numpy()) <= dp[gf.BYTES].max())
+
+
+def test_profiler_correction_scales_compute_to_the_unprofiled_iterations(
+    slice_capture: Path, tmp_path: Path
+) -> None:
+    manifest = read_manifest(slice_capture)
+    as_measured = read_rank(build(slice_capture, tmp_path / "raw.parquet", False, pp=4), 0).to_pandas()
+    graph = build(slice_capture, tmp_path / "g.parquet", pp=4)
+    corrected = read_rank(graph, 0).to_pandas()
+    scales = read_metadata(graph).extra["time_scale"]
+    assert set(scales) == {r.role.value for r in manifest.ranks}
+    first = scales["first"]
+    result = next(r.result for r in manifest.ranks if r.rank == first["rank"])
+    clean = result.iteration_ns[1 : manifest.job.warmup - 1]
+    assert first["factor"] == pytest.approx(
+        np.median(clean) / np.median(result.iteration_ns[manifest.job.warmup :])
+    )
+    compute = as_measured[gf.KIND] == gf.NodeKind.COMPUTE.value
+    ratio = corrected.loc[compute, gf.DUR_NS].sum() / as_measured.loc[compute, gf.DUR_NS].sum()
+    assert ratio == pytest.approx(first["factor"], rel=1e-3)
+    comm = as_measured[gf.KIND] == gf.NodeKind.COLLECTIVE.value
+    assert (corrected.loc[comm, gf.DUR_NS] == as_measured.loc[comm, gf.DUR_NS]).all()
 
 
 # -- bad input: one error line, exit 2, nothing written ----------------------------------------
