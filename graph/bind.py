@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from prism.graph import op_table as ot
 from prism.graph.comm import CommModel
-from prism.graph.compose import DEPS, GSEQ, LAYER, MB, P2P_DIR, P2P_SEQ, StageProgram
+from prism.graph.compose import DEPS, GSEQ, LAYER, MB, P2P_DIR, P2P_SEQ, SKEW, StageProgram
 from prism.graph.templates import GROUP_AXIS
 from prism.schemas import graph_format as gf
 from prism.schemas.layout import ParallelLayout
@@ -118,7 +118,7 @@ def encode_program(program: StageProgram) -> EncodedProgram:
         (P2P_DIR, P2P_DIR),
     ):
         columns[name] = nodes[source].to_numpy(dtype=np.int64)
-    for name in (ot.DUR_NS, ot.GAP_NS, ot.BYTES, ot.ALLOC_BYTES, ot.FREE_BYTES, ot.SEQ):
+    for name in (ot.DUR_NS, ot.GAP_NS, ot.BYTES, ot.ALLOC_BYTES, ot.FREE_BYTES, ot.SEQ, SKEW):
         columns[name] = nodes[name].to_numpy(dtype=np.int64)
     columns[gf.IS_ASYNC] = nodes[ot.IS_ASYNC].to_numpy(dtype=bool)
     columns["comm_op"] = nodes[ot.COMM_OP].to_numpy(dtype=object).astype(str)
@@ -199,6 +199,7 @@ def bind_ranks(e: EncodedProgram, ranks: np.ndarray, tables: LayoutTables, comm:
         gf.PART: _dictionary(e, gf.PART, k),
         gf.DUR_NS: _durations(e, k, groups, comm),
         gf.GAP_NS: _tile(e.columns[ot.GAP_NS], k),
+        gf.SKEW_NS: _tile(e.columns[SKEW], k),
         gf.COLL_ID: groups[gf.COLL_ID],
         gf.GROUP_KIND: _dictionary(e, gf.GROUP_KIND, k),
         gf.GROUP_INDEX: groups[gf.GROUP_INDEX],

@@ -13,6 +13,7 @@ from prism.graph.bind import LayoutTables, bind_ranks, encode_program
 from prism.graph.comm import CommModel
 from prism.graph.compose import compose_stage
 from prism.graph.graph_io import GraphWriter
+from prism.graph.noise import iteration_cv
 from prism.graph.normalize import normalize_rank
 from prism.graph.profiler_overhead import scale_template, time_scale
 from prism.graph.templates import RoleTemplate, TemplateError, build_role_template
@@ -119,9 +120,11 @@ def load_templates(
         first = captured.stage_layers(rank.stage).start
         template = build_role_template(ops, rank=rank.rank, stage=rank.stage, first_layer=first)
         scale = time_scale(rank.rank, rank.result.iteration_ns, manifest.job.warmup)
+        cv = iteration_cv(rank.result.iteration_ns, manifest.job.warmup)
+        template = replace(template, noise_cv=cv)
         if profiler_correction and scale is not None:
             template = scale_template(template, scale.factor)
-            scales[role.value] = scale.to_dict()
+            scales[role.value] = scale.to_dict() | {"noise_cv": round(cv, 6)}
         templates[role] = template
     return templates, (scales if profiler_correction and len(scales) == len(templates) else None)
 

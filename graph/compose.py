@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from prism.graph import op_table as ot
+from prism.graph.noise import collective_skew_ns
 from prism.graph.templates import (
     BWD,
     FWD,
@@ -35,7 +36,7 @@ from prism.schemas.pipeline_schedule import Action, one_f_one_b
 from prism.schemas.workload import GPTConfig
 
 # Rank-independent columns of a stage program.
-MB, LAYER, GSEQ, P2P_DIR, P2P_SEQ, DEPS, IS_WAIT = (
+MB, LAYER, GSEQ, P2P_DIR, P2P_SEQ, DEPS, IS_WAIT, SKEW = (
     "mb",
     "layer",
     "gseq",
@@ -43,6 +44,7 @@ MB, LAYER, GSEQ, P2P_DIR, P2P_SEQ, DEPS, IS_WAIT = (
     "p2p_seq",
     "deps",
     "is_wait",
+    "skew_ns",
 )
 WAIT_NAME = "prism:wait"
 
@@ -68,7 +70,7 @@ class StageProgram:
     src_rank: int
     """Captured rank whose templates it was built from."""
     nodes: pd.DataFrame
-    """Template columns plus MB, LAYER, GSEQ, P2P_DIR, P2P_SEQ, DEPS, IS_WAIT."""
+    """Template columns plus MB, LAYER, GSEQ, P2P_DIR, P2P_SEQ, DEPS, IS_WAIT, SKEW."""
 
 
 def _segment(
@@ -245,7 +247,20 @@ def compose_stage(template: RoleTemplate, *, cfg: GPTConfig, captured: GPTConfig
     program.add(sync.iloc[split:])
     program.add(_segment(template, OPTIM))
     program.add(_segment(template, POST))
-    return StageProgram(stage=stage, src_rank=template.rank, nodes=_finish(program.pieces))
+    nodes = _finish(program.pieces)
+    nodes[SKEW] = _skew(nodes, cfg, template.noise_cv)
+    return StageProgram(stage=stage, src_rank=template.rank, nodes=nodes)
+
+
+def _skew(nodes: pd.DataFrame, cfg: GPTConfig, cv: float) -> np.ndarray:
+    """Expected arrival skew of each collective (``prism.graph.noise``)."""
+    is_comm = nodes[ot.IS_COMM].to_numpy(dtype=bool)
+    own = np.where(is_comm, 0, nodes[ot.DUR_NS].to_numpy(dtype=np.int64))
+    work = own + nodes[ot.GAP_NS].to_numpy(dtype=np.int64)
+    is_coll = is_comm & (nodes[P2P_DIR].to_numpy() == 0)
+    axis = np.where(is_coll, nodes[GROUP_AXIS].to_numpy(dtype=object), "").astype(str)
+    sizes = {"tp": cfg.tp, "dp": cfg.dp, "world": cfg.layout.world_size}
+    return collective_skew_ns(work, own, axis, sizes, cv)
 
 
 def _finish_columns(frame: pd.DataFrame) -> pd.DataFrame:

@@ -7,7 +7,9 @@ Semantics (one stream per rank; durations from the graph):
   program reached it: the end of the previous node, or its *start* if that node is asynchronous.
 - compute: ``end = start + dur``.
 - collective: every member arrives at its ``start``; the operation runs from the last arrival
-  for ``dur`` (the cost model's time), so all members share ``end = max(arrivals) + dur``.
+  for ``dur`` (the cost model's time) plus ``skew`` (the expected wait for the last member
+  that deterministic arrivals do not show, ``prism.graph.noise``), so all members share
+  ``end = max(arrivals) + dur + skew``.
   A synchronous call blocks its rank until ``end``; an asynchronous one returns at once and a
   later node waits for it through ``deps``.
 - send / recv: a rendezvous, as gloo and NCCL transfers of activations are: the transfer runs
@@ -112,6 +114,7 @@ class Engine:
     def __init__(self, g, start_clock: np.ndarray, external: np.ndarray | None = None) -> None:
         n, n_ranks = len(g.kind), g.ranks
         self.g = g
+        self.busy = g.busy_ns()  # duration, plus the expected arrival skew of collectives
         self.start = np.full(n, -1, np.int64)
         self.end = np.full(n, -1, np.int64)
         self.arrived = np.zeros(len(g.slot_size), np.int64)
@@ -128,7 +131,7 @@ class Engine:
     def advance(self) -> None:
         g = self.g
         self.n_runnable = advance(
-            g.rank_ptr, g.kind, g.dur, g.gap, g.is_async, g.slot, g.slot_size, g.slot_nodes_ptr, g.slot_nodes,
+            g.rank_ptr, g.kind, self.busy, g.gap, g.is_async, g.slot, g.slot_size, g.slot_nodes_ptr, g.slot_nodes,
             g.deps_ptr, g.deps, self.start, self.end, self.arrived, self.last_arrival, self.pc, self.clock,
             self.waiting_node, self.runnable, self.n_runnable,
         )  # fmt: skip
@@ -148,7 +151,7 @@ class Engine:
             self.start[i] = t_ns
             return
         self.n_runnable = _arrive(
-            i, t_ns, g.dur, g.slot, g.slot_size, g.slot_nodes_ptr, g.slot_nodes, self.start, self.end,
+            i, t_ns, self.busy, g.slot, g.slot_size, g.slot_nodes_ptr, g.slot_nodes, self.start, self.end,
             self.arrived, self.last_arrival, self.waiting_node, self.runnable, self.n_runnable,
         )  # fmt: skip
 

@@ -32,7 +32,8 @@ _KIND_CODES = {
     gf.NodeKind.SEND.value: SEND,
     gf.NodeKind.RECV.value: RECV,
 }
-_COLUMNS = [gf.RANK, gf.STAGE, gf.KIND, gf.DUR_NS, gf.GAP_NS, gf.IS_ASYNC, gf.COLL_ID, gf.PEER, gf.P2P_SEQ]
+_COLUMNS = [gf.RANK, gf.STAGE, gf.KIND, gf.DUR_NS, gf.GAP_NS, gf.SKEW_NS, gf.IS_ASYNC, gf.COLL_ID, gf.PEER]
+_COLUMNS += [gf.P2P_SEQ]
 _COLUMNS += [gf.DEPS, gf.ALLOC_BYTES, gf.FREE_BYTES]
 
 
@@ -49,6 +50,7 @@ class SimGraph:
     stage: np.ndarray
     kind: np.ndarray
     dur: np.ndarray
+    """Compute: measured; comm: the cost model's (what ``--cluster`` re-costs)."""
     gap: np.ndarray
     is_async: np.ndarray
     slot: np.ndarray
@@ -59,6 +61,12 @@ class SimGraph:
     deps: np.ndarray
     alloc: np.ndarray
     free: np.ndarray
+    skew: np.ndarray | None = None
+    """Expected arrival skew of collectives (``prism.graph.noise``); None: none."""
+
+    def busy_ns(self) -> np.ndarray:
+        """What the engine charges each node: its duration, plus the skew a collective waits for."""
+        return self.dur if self.skew is None else self.dur + self.skew
 
     @property
     def ranks(self) -> int:
@@ -142,11 +150,15 @@ def load_sim_graph(path: str | Path) -> SimGraph:
     del deps_list, owner
     return SimGraph(
         config=config, rank_ptr=rank_ptr, stage=table[gf.STAGE].to_numpy(), kind=kind,
-        dur=table[gf.DUR_NS].to_numpy(), gap=table[gf.GAP_NS].to_numpy(),
+        dur=table[gf.DUR_NS].to_numpy(), gap=table[gf.GAP_NS].to_numpy(), skew=_skew_or_none(table[gf.SKEW_NS].to_numpy()),
         is_async=table[gf.IS_ASYNC].to_numpy(zero_copy_only=False), slot=slot, slot_size=slot_size,
         slot_nodes_ptr=slot_nodes_ptr, slot_nodes=slot_nodes, deps_ptr=deps_ptr, deps=deps,
         alloc=table[gf.ALLOC_BYTES].to_numpy(), free=table[gf.FREE_BYTES].to_numpy(),
     )  # fmt: skip
+
+
+def _skew_or_none(skew: np.ndarray) -> np.ndarray | None:
+    return skew if skew.any() else None  # a quiet capture: no second duration array
 
 
 def static_bytes(config: GPTConfig, stage: int) -> int:

@@ -109,6 +109,8 @@ class RoleTemplate:
     """Global index of the stage's first layer."""
     segments: dict[str, Segment]
     """Templates by segment kind."""
+    noise_cv: float = 0.0
+    """Coefficient of variation of the rank's iteration time (``prism.graph.noise``)."""
 
     def segment(self, kind: str) -> Segment:
         try:

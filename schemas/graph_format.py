@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 import pyarrow as pa
 
 SCHEMA_NAME = "prism.graph"
-VERSION = 1
+VERSION = 2
 METADATA_KEY = b"prism"
 
 
@@ -44,6 +44,7 @@ LAYER = "layer"
 PART = "part"
 DUR_NS = "dur_ns"
 GAP_NS = "gap_ns"
+SKEW_NS = "skew_ns"
 COLL_ID = "coll_id"
 GROUP_KIND = "group_kind"
 GROUP_INDEX = "group_index"
@@ -78,6 +79,9 @@ SCHEMA = pa.schema(
         pa.field(PART, _DICT, nullable=False),  # embed / head / loss, or ""
         pa.field(DUR_NS, pa.int64(), nullable=False),  # compute: measured; comm: cost model
         pa.field(GAP_NS, pa.int64(), nullable=False),  # idle time before the node after its predecessor
+        pa.field(
+            SKEW_NS, pa.int64(), nullable=False
+        ),  # collectives: expected wait for the last member, else 0
         pa.field(COLL_ID, pa.int64(), nullable=False),  # collective instance, or -1
         pa.field(GROUP_KIND, _DICT, nullable=False),  # tp / dp / pp / world, or ""
         pa.field(GROUP_INDEX, pa.int32(), nullable=False),  # index of the group along its axis, or -1

@@ -16,7 +16,7 @@ from prism.schemas.pipeline_schedule import Action, one_f_one_b
 from prism.schemas.workload import GPTConfig
 
 DEFAULTS = {
-    gf.STREAM: 0, gf.PHASE: "", gf.MB: -1, gf.LAYER: -1, gf.PART: "", gf.DUR_NS: 0, gf.GAP_NS: 0,
+    gf.STREAM: 0, gf.PHASE: "", gf.MB: -1, gf.LAYER: -1, gf.PART: "", gf.DUR_NS: 0, gf.GAP_NS: 0, gf.SKEW_NS: 0,
     gf.COLL_ID: -1, gf.GROUP_KIND: "", gf.GROUP_INDEX: -1, gf.GROUP_SIZE: 0, gf.PEER: -1, gf.P2P_SEQ: -1,
     gf.BYTES: 0, gf.DTYPE: "", gf.IS_ASYNC: False, gf.ALLOC_BYTES: 0, gf.FREE_BYTES: 0, gf.DEPS: [],
     gf.SRC_RANK: 0, gf.SRC_OP: 0, gf.NAME: "op",
@@ -74,6 +74,17 @@ def test_collective_waits_for_its_slowest_member(tmp_path: Path) -> None:
     assert list(result.start_ns) == [0, 100, 350, 0, 300, 350]
     assert list(result.end_ns) == [100, 350, 360, 300, 350, 360]
     assert list(result.iteration_ns) == [360, 360]
+
+
+def test_collective_skew_is_waited_for_by_every_member(tmp_path: Path) -> None:
+    cfg = config(tp=2)
+    skewed = {gf.SKEW_NS: 40}
+    programs = [
+        [compute(100), collective(7, 50, 2, **skewed), compute(10)],
+        [compute(300), collective(7, 50, 2, **skewed), compute(10)],
+    ]
+    result = simulate(load_sim_graph(write(tmp_path / "g.parquet", cfg, programs)), iterations=1)
+    assert list(result.end_ns) == [100, 390, 400, 300, 390, 400]  # last arrival 300 + 50 + 40
 
 
 def test_send_recv_chain_with_gaps(tmp_path: Path) -> None:
@@ -205,5 +216,6 @@ def test_exact_regression_on_the_checked_in_tiny_graph() -> None:
     graph = load_sim_graph(Path(__file__).parents[1] / "data" / "tiny_graph.parquet")
     result = simulate(graph, iterations=2)
     assert len(graph.kind) == 3872
-    assert result.iteration_ns.tolist() == [61561560] * 8
-    assert result.peak_bytes.tolist() == [218008] * 4 + [185928] * 4
+    assert graph.skew is not None and int(graph.skew.sum()) == 8660316
+    assert result.iteration_ns.tolist() == [12449966] * 8
+    assert result.peak_bytes.tolist() == [220056] * 4 + [185932] * 4

@@ -153,12 +153,12 @@ def test_problems_are_capped_but_counted(tmp_path: Path) -> None:
 
 def _wrong_version(path: Path) -> Path:
     return write_raw(
-        path, graph_rows(), json.dumps(json.loads(metadata().to_bytes()) | {"version": 2}).encode()
+        path, graph_rows(), json.dumps(json.loads(metadata().to_bytes()) | {"version": gf.VERSION + 1}).encode()
     )
 
 
 def test_wrong_version_is_a_format_error(tmp_path: Path) -> None:
-    with pytest.raises(GraphFormatError, match="graph format version 2 is not supported"):
+    with pytest.raises(GraphFormatError, match=f"graph format version {gf.VERSION + 1} is not supported"):
         validate_graph(_wrong_version(tmp_path / "g.parquet"))
 
 
@@ -209,7 +209,7 @@ def _text_file(path: Path) -> Path:
     [
         (lambda p: p, "no such file"),
         (_text_file, "not a Parquet file"),
-        (_wrong_version, "graph format version 2 is not supported (expects 1)"),
+        (_wrong_version, f"graph format version {gf.VERSION + 1} is not supported (expects {gf.VERSION})"),
     ],
 )
 def test_cli_unreadable_file_is_one_error_line(

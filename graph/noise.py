@@ -1,0 +1,79 @@
+"""Arrival skew: what the members of a collective wait for because their ranks do not run in step.
+
+The engine is deterministic: every rank of a stage runs the same durations, so the members of a
+collective arrive together. Real ranks do not: each one's time since their last common
+synchronisation varies, and a collective starts at its *last* arrival. For ``p`` members whose
+arrival times are independent with standard deviation ``sigma``, the last one comes on average
+``e_p * sigma`` after the mean (``e_p`` = expected maximum of ``p`` standard normals: 0.56 for
+2, 1.42 for 8, 2.4 for 64), and that wait is what ``skew_ns`` adds to the collective.
+
+``sigma`` is taken as ``cv * interval``: ``interval`` is the work a member does between the
+previous collective of the same group and this one (compute durations and gaps of its
+program; the program repeats, so the first collective of an iteration looks back to the last
+one of the previous iteration), ``cv`` the coefficient of variation of the captured rank's
+clean unprofiled iteration times. This assumes the noise is correlated over an interval (a slow
+spell slows a whole stretch of work), which is what the fidelity runs show: two data-parallel
+ranks doing identical work reach their gradient all-reduce 10-70 ms apart in 200-500 ms
+iterations, far more than independent per-op noise would give. On a quiet cluster ``cv`` is
+small and so is the skew; on a noisy one it is where the time goes.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from functools import cache
+
+import numpy as np
+
+from prism.graph.profiler_overhead import clean_unprofiled
+
+MIN_CLEAN_FOR_CV = 3
+"""Clean unprofiled iterations needed to estimate the noise; fewer gives cv = 0 (no skew)."""
+
+
+@cache
+def expected_max_normal(p: int) -> float:
+    """E[max of ``p`` independent standard normals] (0 for one member)."""
+    if p <= 1:
+        return 0.0
+    x = np.linspace(-8.0, 8.0, 16001)
+    pdf = np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+    cdf = 0.5 * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+    integrand = x * p * pdf * cdf ** (p - 1)
+    return float(np.sum((integrand[1:] + integrand[:-1]) * 0.5 * np.diff(x)))
+
+
+def iteration_cv(iteration_ns: tuple[int, ...], warmup: int) -> float:
+    """Coefficient of variation of the clean unprofiled iterations (0 with too few of them)."""
+    clean = clean_unprofiled(iteration_ns, warmup)
+    if len(clean) < MIN_CLEAN_FOR_CV:
+        return 0.0
+    return statistics.stdev(clean) / statistics.mean(clean)
+
+
+def collective_skew_ns(
+    work_ns: np.ndarray, own_ns: np.ndarray, axis: np.ndarray, group_sizes: dict[str, int], cv: float
+) -> np.ndarray:
+    """Expected extra wait of every collective of one rank's program, in ns (0 elsewhere).
+
+    ``work_ns``: per node, the time the rank spends on it by itself (compute duration + gap;
+    for comm nodes only the gap). ``own_ns``: the part of ``work_ns`` after the node's arrival
+    (a compute node's duration; 0 for comm nodes). ``axis``: the group axis of each
+    collective, "" for other nodes. ``group_sizes``: members of a group of each axis.
+    """
+    skew = np.zeros(len(work_ns), np.int64)
+    if cv <= 0 or len(work_ns) == 0:
+        return skew
+    arrival = np.cumsum(work_ns) - own_ns  # work done when each node is reached
+    total = float(np.sum(work_ns))
+    for name, size in group_sizes.items():
+        rows = np.flatnonzero(axis == name)
+        if size <= 1 or len(rows) == 0:
+            continue
+        at = arrival[rows].astype(np.float64)
+        interval = np.diff(
+            at, prepend=at[-1] - total
+        )  # the first looks back to the last, one iteration earlier
+        skew[rows] = np.round(expected_max_normal(size) * cv * interval).astype(np.int64)
+    return skew

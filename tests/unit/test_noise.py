@@ -1,0 +1,55 @@
+"""Arrival skew of collectives: the order statistic, the noise estimate and the intervals."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from test_compose import CAPTURED, template
+
+from prism.graph import op_table as ot
+from prism.graph.compose import GROUP_AXIS, P2P_DIR, SKEW, compose_stage
+from prism.graph.noise import collective_skew_ns, expected_max_normal, iteration_cv
+
+
+def test_expected_maximum_of_normals() -> None:
+    assert expected_max_normal(1) == 0.0
+    assert expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi), rel=1e-6)
+    assert expected_max_normal(8) == pytest.approx(1.4236, abs=1e-4)
+    rng = np.random.default_rng(0)
+    assert expected_max_normal(64) == pytest.approx(
+        rng.standard_normal((20000, 64)).max(axis=1).mean(), abs=0.02
+    )
+
+
+def test_cv_needs_three_clean_iterations() -> None:
+    assert iteration_cv((900, 200, 300, 999), warmup=3) == 0.0  # one clean iteration
+    cv = iteration_cv((900, 200, 300, 250, 999, 500), warmup=5)
+    assert cv == pytest.approx(np.std([200, 300, 250], ddof=1) / 250)
+
+
+def test_skew_grows_with_the_work_since_the_group_last_met() -> None:
+    # compute 100, tp coll, compute 300, tp coll, dp coll, compute 50 (one iteration, repeated)
+    work = np.array([100, 0, 300, 0, 0, 50])
+    own = np.array([100, 0, 300, 0, 0, 50])
+    axis = np.array(["", "tp", "", "tp", "dp", ""])
+    skew = collective_skew_ns(work, own, axis, {"tp": 2, "dp": 8}, cv=0.1)
+    e2, e8 = expected_max_normal(2), expected_max_normal(8)
+    # The first tp collective looks back over the iteration's end: 50 + 100 of work.
+    assert list(skew) == [0, round(e2 * 0.1 * 150), 0, round(e2 * 0.1 * 300), round(e8 * 0.1 * 450), 0]
+    assert not collective_skew_ns(work, own, axis, {"tp": 2, "dp": 8}, cv=0.0).any()
+    assert not collective_skew_ns(work, own, axis, {"tp": 1, "dp": 1}, cv=0.1).any()
+
+
+def test_composed_programs_skew_only_their_collectives() -> None:
+    noisy = template(1)
+    noisy = type(noisy)(**{**noisy.__dict__, "noise_cv": 0.05})
+    nodes = compose_stage(noisy, cfg=CAPTURED, captured=CAPTURED, stage=1).nodes
+    is_coll = nodes[ot.IS_COMM].to_numpy(dtype=bool) & (nodes[P2P_DIR].to_numpy() == 0)
+    assert (nodes.loc[is_coll, SKEW] > 0).all() and (nodes.loc[~is_coll, SKEW] == 0).all()
+    dp = nodes[is_coll & (nodes[GROUP_AXIS] == "dp").to_numpy()]
+    tp = nodes[is_coll & (nodes[GROUP_AXIS] == "tp").to_numpy()]
+    assert dp[SKEW].iloc[0] > tp[SKEW].max()  # a whole iteration since the last gradient sync
+    quiet = compose_stage(template(1), cfg=CAPTURED, captured=CAPTURED, stage=1).nodes
+    assert (quiet[SKEW] == 0).all()
