@@ -122,38 +122,75 @@ def _slots(
     return slot, slot_size
 
 
+class _Columns:
+    """The engine's per-node arrays, filled one row group at a time (bounded memory)."""
+
+    INT64 = (gf.DUR_NS, gf.GAP_NS, gf.SKEW_NS, gf.COLL_ID, gf.ALLOC_BYTES, gf.FREE_BYTES)
+    INT32 = (gf.RANK, gf.PEER, gf.P2P_SEQ)
+
+    def __init__(self, n: int, world: int) -> None:
+        self.arrays = {name: np.empty(n, np.int64) for name in self.INT64}
+        self.arrays |= {name: np.empty(n, np.int32) for name in self.INT32}
+        self.arrays[gf.STAGE] = np.empty(n, np.int16)
+        self.arrays[gf.KIND] = np.empty(n, np.int8)
+        self.arrays[gf.IS_ASYNC] = np.empty(n, np.bool_)
+        self.deps_count = np.zeros(n + 1, np.int64)
+        self.deps_chunks: list[np.ndarray] = []
+        self.first_row = np.full(world, np.iinfo(np.int64).max, np.int64)  # global row of each rank's index 0
+
+    def fill(self, table: pa.Table, offset: int) -> None:
+        rows = slice(offset, offset + table.num_rows)
+        for name, array in self.arrays.items():
+            if name == gf.KIND:
+                array[rows] = _codes(table[name], _KIND_CODES)
+            elif name == gf.IS_ASYNC:
+                array[rows] = table[name].to_numpy(zero_copy_only=False)
+            else:
+                array[rows] = table[name].to_numpy()
+        rank = self.arrays[gf.RANK][rows]
+        starts = np.flatnonzero(np.r_[True, rank[1:] != rank[:-1]])  # rows are sorted by rank
+        self.first_row[rank[starts]] = np.minimum(self.first_row[rank[starts]], offset + starts)
+        deps = table[gf.DEPS].combine_chunks()
+        counts = np.diff(deps.offsets.to_numpy())
+        self.deps_count[offset + 1 : offset + 1 + table.num_rows] = counts
+        if counts.any():  # same-rank indices -> global rows
+            owner = np.repeat(np.arange(table.num_rows), counts)
+            self.deps_chunks.append(deps.values.to_numpy().astype(np.int64) + self.first_row[rank[owner]])
+
+
 def load_sim_graph(path: str | Path) -> SimGraph:
-    """Read the columns the engine needs and index collectives, transfers and dependencies."""
+    """Read the columns the engine needs and index collectives, transfers and dependencies.
+
+    Row groups are read one at a time into preallocated arrays, so the peak is the engine's
+    arrays plus one row group, not the whole Arrow table beside them.
+    """
     metadata = read_metadata(path)
     config = GPTConfig.from_dict(metadata.model)
-    table = pq.read_table(path, columns=_COLUMNS)
-    rank = table[gf.RANK].to_numpy()
     world = config.layout.world_size
+    parquet = pq.ParquetFile(path)
+    columns = _Columns(parquet.metadata.num_rows, world)
+    offset = 0
+    for group in range(parquet.num_row_groups):
+        table = parquet.read_row_group(group, columns=_COLUMNS)
+        columns.fill(table, offset)
+        offset += table.num_rows
+        del table
+    a = columns.arrays
+    rank = a.pop(gf.RANK)
     rank_ptr = np.searchsorted(rank, np.arange(world + 1)).astype(np.int64)
-    kind = _codes(table[gf.KIND], _KIND_CODES)
-    slot, slot_size = _slots(
-        kind,
-        table[gf.COLL_ID].to_numpy(),
-        rank,
-        table[gf.PEER].to_numpy(),
-        table[gf.P2P_SEQ].to_numpy(),
-        world,
-    )
+    kind = a.pop(gf.KIND)
+    slot, slot_size = _slots(kind, a.pop(gf.COLL_ID), rank, a.pop(gf.PEER), a.pop(gf.P2P_SEQ), world)
+    del rank
     comm_rows = np.flatnonzero(slot >= 0)  # a few % of the rows: sort only those
     slot_nodes = comm_rows[np.argsort(slot[comm_rows], kind="stable")].astype(np.int64)
     slot_nodes_ptr = np.concatenate([[0], np.cumsum(slot_size)]).astype(np.int64)
-    deps_list = table[gf.DEPS].combine_chunks()
-    deps_ptr = deps_list.offsets.to_numpy().astype(np.int64)
-    local = deps_list.values.to_numpy().astype(np.int64)
-    owner = np.repeat(np.arange(len(rank)), np.diff(deps_ptr))
-    deps = local + rank_ptr[rank[owner]]  # same-rank indices -> global rows
-    del deps_list, owner
+    deps_ptr = np.cumsum(columns.deps_count)
+    deps = np.concatenate(columns.deps_chunks) if columns.deps_chunks else np.zeros(0, np.int64)
     return SimGraph(
-        config=config, rank_ptr=rank_ptr, stage=table[gf.STAGE].to_numpy(), kind=kind,
-        dur=table[gf.DUR_NS].to_numpy(), gap=table[gf.GAP_NS].to_numpy(), skew=_skew_or_none(table[gf.SKEW_NS].to_numpy()),
-        is_async=table[gf.IS_ASYNC].to_numpy(zero_copy_only=False), slot=slot, slot_size=slot_size,
+        config=config, rank_ptr=rank_ptr, stage=a[gf.STAGE], kind=kind, dur=a[gf.DUR_NS], gap=a[gf.GAP_NS],
+        skew=_skew_or_none(a[gf.SKEW_NS]), is_async=a[gf.IS_ASYNC], slot=slot, slot_size=slot_size,
         slot_nodes_ptr=slot_nodes_ptr, slot_nodes=slot_nodes, deps_ptr=deps_ptr, deps=deps,
-        alloc=table[gf.ALLOC_BYTES].to_numpy(), free=table[gf.FREE_BYTES].to_numpy(),
+        alloc=a[gf.ALLOC_BYTES], free=a[gf.FREE_BYTES],
     )  # fmt: skip
 
 
