@@ -153,7 +153,9 @@ def test_problems_are_capped_but_counted(tmp_path: Path) -> None:
 
 def _wrong_version(path: Path) -> Path:
     return write_raw(
-        path, graph_rows(), json.dumps(json.loads(metadata().to_bytes()) | {"version": gf.VERSION + 1}).encode()
+        path,
+        graph_rows(),
+        json.dumps(json.loads(metadata().to_bytes()) | {"version": gf.VERSION + 1}).encode(),
     )
 
 
