@@ -47,6 +47,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--recalibrate", action="store_true", help="calibrate now even if a 'local' spec exists"
     )
+    parser.add_argument(
+        "--calibrate-between-ms", type=float, default=0.0,
+        help="a fresh calibration times cold calls, each after this much compute (0: back to back)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--calibrate-reps", type=int, default=9, help="timed repetitions per calibration point"
+    )
     parser.add_argument("--warmup", type=int, default=RunSettings.warmup)
     parser.add_argument("--iterations", type=int, default=RunSettings.iterations, help="profiled iterations")
     parser.add_argument("--work-dir", type=Path, default=None, help="keep captures and graphs here")
@@ -193,7 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     except CaseError as e:
         console.print(f"[bold red]error:[/] {e}", highlight=False)
         return 2
-    choice = resolve_spec(args.cluster_spec, args.calibrate_into, recalibrate=args.recalibrate)
+    choice = resolve_spec(
+        args.cluster_spec, args.calibrate_into, recalibrate=args.recalibrate,
+        compute_between_ms=args.calibrate_between_ms, reps=args.calibrate_reps,
+    )  # fmt: skip
     console.print(f"cluster spec: {choice.source}", highlight=False)
     probes = {} if args.no_probe else {"before": round(concurrency_probe(), 3)}
     settings = RunSettings(

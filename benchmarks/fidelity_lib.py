@@ -117,11 +117,15 @@ class SpecChoice:
     """A line saying which file it is and how it got there."""
 
 
-def resolve_spec(path: Path | None, calibrate_into: Path, *, recalibrate: bool = False) -> SpecChoice:
+def resolve_spec(
+    path: Path | None, calibrate_into: Path, *, recalibrate: bool = False, compute_between_ms: float = 0.0,
+    reps: int = CalibrationConfig.reps,
+) -> SpecChoice:  # fmt: skip
     """``path`` if given; else the calibrated 'local' preset; else (or if ``recalibrate``) calibrate now.
 
-    A fresh calibration times gloo all_reduce and send/recv between 2 processes and is written
-    to ``calibrate_into``, never to the shared 'local' path.
+    A fresh calibration times gloo all_reduce and send/recv between 2 processes (cold calls
+    after ``compute_between_ms`` of compute when > 0) and is written to ``calibrate_into``,
+    never to the shared 'local' path.
     """
     if path is not None:
         return SpecChoice(spec=ClusterSpec.load(path), source=f"{path} (given)")
@@ -130,11 +134,20 @@ def resolve_spec(path: Path | None, calibrate_into: Path, *, recalibrate: bool =
             return SpecChoice(spec=preset("local"), source=f"{local_path()} (the calibrated 'local' preset)")
         except ClusterSpecError:
             pass
-    result = calibrate(CalibrationConfig(max_procs=2, ops=CALIBRATION_OPS, out=calibrate_into))
+    result = calibrate(
+        CalibrationConfig(
+            max_procs=2,
+            ops=CALIBRATION_OPS,
+            out=calibrate_into,
+            compute_between_ms=compute_between_ms,
+            reps=reps,
+        )
+    )
     why = "--recalibrate" if recalibrate else f"no 'local' spec at {local_path()}"
     return SpecChoice(
         spec=result.spec,
-        source=f"{result.path} (calibrated now: {why}; median relative error {result.median_rel_error:.0%})",
+        source=f"{result.path} (calibrated now: {why}; {result.spec.notes}; "
+        f"median relative error {result.median_rel_error:.0%})",
     )
 
 

@@ -182,6 +182,8 @@ class CalibrationConfig:
     """Spec file to write; None writes the 'local' path."""
     gpus_per_node: int | None = None
     """'GPUs' per node of the spec; None: max(max_procs, CPU count), as every local rank shares this node."""
+    compute_between_ms: float = 0.0
+    """> 0: time cold calls, each after this much compute, and keep means (``calibrate_bench``)."""
 
     def __post_init__(self) -> None:
         if self.max_procs < 2:
@@ -193,6 +195,8 @@ class CalibrationConfig:
             raise ValueError(f"cannot time op(s) {', '.join(unknown)}; known: {', '.join(BENCH_OPS)}")
         if self.reps < 1 or self.calls_per_rep < 1 or self.warmup < 0:
             raise ValueError("reps and calls_per_rep must be positive, warmup non-negative")
+        if self.compute_between_ms < 0:
+            raise ValueError(f"compute_between_ms must be 0 or more, got {self.compute_between_ms}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -240,12 +244,18 @@ def calibrate(config: CalibrationConfig) -> CalibrationResult:
     measured = run_benchmark(
         max_procs=config.max_procs, sizes=config.sizes, ops=config.ops, reps=config.reps,
         calls_per_rep=config.calls_per_rep, warmup=config.warmup, timeout_s=config.timeout_s,
+        compute_between_s=config.compute_between_ms / 1e3,
     )  # fmt: skip
     samples = measured + samples_from_comm_logs(logs)
     fit = fit_samples(samples)
     notes = (
         f"calibrated by prism-calibrate on {os.uname().nodename} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}: "
         f"gloo, {config.max_procs} processes, {len(samples)} samples"
+        + (
+            f", cold calls after {config.compute_between_ms:g} ms of compute (means)"
+            if config.compute_between_ms
+            else ""
+        )
     )
     gpus_per_node = config.gpus_per_node or max(config.max_procs, os.cpu_count() or 1)
     spec = fit.to_spec(gpus_per_node=gpus_per_node, notes=notes)

@@ -2,6 +2,13 @@
 
 Every process joins one gloo world on localhost; each (op, bytes, group size) is timed
 ``reps`` times after ``warmup`` untimed repetitions, and rank 0 writes the medians.
+
+With ``compute_between_s`` > 0 the calls are *cold*, as a training step makes them: before
+each call every member keeps its CPU busy for that long, only the call itself is timed, and the
+point's time is the *mean* over members and calls (what a member's program loses per call on
+average; heavy tails count, since a step's time is their sum). On a VM a gloo call costs more
+the longer its process computed before it (64 KiB all_reduce, 2 processes: 0.6 ms back to
+back, 1.1 ms median after 1 ms of compute, 2.3 ms after 5 ms), which back-to-back timing misses.
 """
 
 from __future__ import annotations
@@ -54,11 +61,12 @@ class _Plan:
     warmup: int
     timeout_s: float
     result_path: str
+    compute_between_s: float = 0.0
 
 
 def run_benchmark(
     *, max_procs: int, sizes: tuple[int, ...], ops: tuple[str, ...], reps: int, calls_per_rep: int, warmup: int,
-    timeout_s: float,
+    timeout_s: float, compute_between_s: float = 0.0,
 ) -> list[Sample]:  # fmt: skip
     """Spawn gloo processes on localhost and time every (op, size, group size); rank 0 reports."""
     group_sizes = tuple(2**i for i in range(1, max_procs.bit_length()) if 2**i <= max_procs)
@@ -66,7 +74,7 @@ def run_benchmark(
         plan = _Plan(
             world=group_sizes[-1], port=_free_port(), group_sizes=group_sizes, sizes=tuple(sorted(sizes)),
             ops=ops, reps=reps, calls_per_rep=calls_per_rep, warmup=warmup,
-            timeout_s=timeout_s, result_path=str(Path(tmp) / "result.json"),
+            timeout_s=timeout_s, result_path=str(Path(tmp) / "result.json"), compute_between_s=compute_between_s,
         )  # fmt: skip
         ctx = mp.get_context("spawn")  # fork would copy this process's threads and torch state
         procs = [ctx.Process(target=_worker, args=(r, plan), daemon=True) for r in range(plan.world)]
@@ -133,10 +141,16 @@ def _worker(rank: int, plan: _Plan) -> None:
     for i, (op, p, numel) in enumerate(points):
         if rank < p:
             times[i] = torch.tensor(_time_point(_make_call(op, p, numel, rank, groups[p]), groups[p], plan))
-    # The slowest member sets a collective's time; ranks outside a group contribute zeros.
-    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    cold = plan.compute_between_s > 0
+    # Back to back, the slowest member sets a collective's time; cold, every member's wait counts,
+    # so the members' mean is kept. Ranks outside a group contribute zeros.
+    dist.all_reduce(times, op=dist.ReduceOp.SUM if cold else dist.ReduceOp.MAX)
     if rank == 0:
-        medians = times.median(dim=1).values.tolist()
+        if cold:
+            members = torch.tensor([float(p) for _, p, _ in points], dtype=torch.float64)
+            medians = (times.mean(dim=1) / members).tolist()
+        else:
+            medians = times.median(dim=1).values.tolist()
         rows = [
             (op, 4 * numel, p, t / 2 if op == "send" else t)
             for (op, p, numel), t in zip(points, medians, strict=True)
@@ -151,12 +165,28 @@ def _time_point(call, group, plan: _Plan) -> list[float]:
     out = []
     for rep in range(plan.warmup + plan.reps):
         dist.barrier(group=group)
-        start = time.perf_counter()
-        for _ in range(plan.calls_per_rep):
-            call()
+        if plan.compute_between_s > 0:
+            spent = 0.0
+            for _ in range(plan.calls_per_rep):
+                _busy(plan.compute_between_s)
+                start = time.perf_counter()
+                call()
+                spent += time.perf_counter() - start
+        else:
+            start = time.perf_counter()
+            for _ in range(plan.calls_per_rep):
+                call()
+            spent = time.perf_counter() - start
         if rep >= plan.warmup:
-            out.append((time.perf_counter() - start) / plan.calls_per_rep)
+            out.append(spent / plan.calls_per_rep)
     return out
+
+
+def _busy(seconds: float) -> None:
+    """Keep this CPU busy (not asleep) for ``seconds``, as a step's compute between two calls does."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 def _make_call(op: str, p: int, numel: int, rank: int, group):

@@ -84,13 +84,19 @@ def calibrate_command(
     timeout: Annotated[
         float, typer.Option(help="Seconds before the benchmark processes are killed.")
     ] = DEFAULT.timeout_s,
+    compute_between_ms: Annotated[
+        float,
+        typer.Option(
+            help="Time cold calls: this much compute before each one, means kept (0: back to back, medians)."
+        ),
+    ] = DEFAULT.compute_between_ms,
 ) -> None:
     """Time gloo collectives and send/recv among local processes; fit α and β; write the spec."""
     try:
         config = CalibrationConfig(
             sizes=tuple(parse_size(s) for s in sizes.split(",") if s.strip()),
             max_procs=max_procs, ops=tuple(o.strip() for o in ops.split(",") if o.strip()), reps=reps,
-            timeout_s=timeout, comm_logs=tuple(capture or ()), out=out,
+            timeout_s=timeout, comm_logs=tuple(capture or ()), out=out, compute_between_ms=compute_between_ms,
         )  # fmt: skip
         err_console.print(f"[bold]prism-calibrate[/] {config.max_procs} gloo processes, sizes {sizes}")
         result = calibrate(config)

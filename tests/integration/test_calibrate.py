@@ -15,6 +15,7 @@ from prism.graph.calibrate import (
     fit_samples,
     read_comm_logs,
 )
+from prism.graph.calibrate_bench import run_benchmark
 from prism.graph.calibrate_cli import app
 from prism.graph.comm import CommModel, single_node_terms
 from prism.schemas.cluster import ClusterSpec
@@ -37,6 +38,18 @@ def test_quick_calibration_predicts_what_it_measured(tmp_path) -> None:
     assert result.median_rel_error < 0.5
     assert ClusterSpec.load(result.path) == result.spec
     assert result.spec.name == "local" and result.spec.gpus_per_node >= 2
+
+
+@pytest.mark.slow
+def test_cold_calls_time_the_call_and_not_the_compute_before_it() -> None:
+    compute_s = 0.02
+    samples = run_benchmark(
+        max_procs=2, sizes=(4 * KiB,), ops=("all_reduce", "send"), reps=3, calls_per_rep=2, warmup=1,
+        timeout_s=60, compute_between_s=compute_s,
+    )  # fmt: skip
+    assert {s.op for s in samples} == {"all_reduce", "send"}
+    # The 20 ms of compute before each call is not in its time (a 4 KiB call takes well under it).
+    assert all(0 < s.seconds < compute_s / 2 for s in samples), samples
 
 
 @pytest.mark.slow
