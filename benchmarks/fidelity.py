@@ -203,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     choice = resolve_spec(
         args.cluster_spec, args.calibrate_into, recalibrate=args.recalibrate,
         compute_between_ms=args.calibrate_between_ms, reps=args.calibrate_reps,
+        cold_gaps_ms=tuple(float(g) for g in args.calibrate_cold_gaps_ms.split(",") if g.strip()),
     )  # fmt: skip
     console.print(f"cluster spec: {choice.source}", highlight=False)
     probes = {} if args.no_probe else {"before": round(concurrency_probe(), 3)}

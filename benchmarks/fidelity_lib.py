@@ -119,7 +119,7 @@ class SpecChoice:
 
 def resolve_spec(
     path: Path | None, calibrate_into: Path, *, recalibrate: bool = False, compute_between_ms: float = 0.0,
-    reps: int = CalibrationConfig.reps,
+    reps: int = CalibrationConfig.reps, cold_gaps_ms: tuple[float, ...] = (),
 ) -> SpecChoice:  # fmt: skip
     """``path`` if given; else the calibrated 'local' preset; else (or if ``recalibrate``) calibrate now.
 

@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from prism.graph import op_table as ot
 from prism.graph.comm import CommModel
-from prism.graph.compose import DEPS, GSEQ, LAYER, MB, P2P_DIR, P2P_SEQ, SKEW, StageProgram
+from prism.graph.compose import DEPS, GSEQ, IDLE, LAYER, MB, P2P_DIR, P2P_SEQ, SKEW, StageProgram
 from prism.graph.templates import GROUP_AXIS
 from prism.schemas import graph_format as gf
 from prism.schemas.layout import ParallelLayout
@@ -118,7 +118,7 @@ def encode_program(program: StageProgram) -> EncodedProgram:
         (P2P_DIR, P2P_DIR),
     ):
         columns[name] = nodes[source].to_numpy(dtype=np.int64)
-    for name in (ot.DUR_NS, ot.GAP_NS, ot.BYTES, ot.ALLOC_BYTES, ot.FREE_BYTES, ot.SEQ, SKEW):
+    for name in (ot.DUR_NS, ot.GAP_NS, ot.BYTES, ot.ALLOC_BYTES, ot.FREE_BYTES, ot.SEQ, SKEW, IDLE):
         columns[name] = nodes[name].to_numpy(dtype=np.int64)
     columns[gf.IS_ASYNC] = nodes[ot.IS_ASYNC].to_numpy(dtype=bool)
     columns["comm_op"] = nodes[ot.COMM_OP].to_numpy(dtype=object).astype(str)
@@ -169,8 +169,9 @@ def _durations(e: EncodedProgram, k: int, groups: dict[str, np.ndarray], comm: C
         ops = _tile(e.columns["comm_op"], k)[is_comm]
         nbytes = _tile(e.columns[ot.BYTES], k)[is_comm]
         dur = dur.copy()
+        idle = _tile(e.columns[IDLE], k)[is_comm]
         dur[is_comm] = comm.durations_ns(
-            ops, nbytes, groups[gf.GROUP_SIZE][is_comm], groups["spanned"][is_comm]
+            ops, nbytes, groups[gf.GROUP_SIZE][is_comm], groups["spanned"][is_comm], idle_ns=idle
         )
     return dur
 

@@ -20,7 +20,7 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -184,6 +184,9 @@ class CalibrationConfig:
     """'GPUs' per node of the spec; None: max(max_procs, CPU count), as every local rank shares this node."""
     compute_between_ms: float = 0.0
     """> 0: time cold calls, each after this much compute, and keep means (``calibrate_bench``)."""
+    cold_gaps_ms: tuple[float, ...] = ()
+    """Also time cold collectives after each of these compute gaps and write the spec's
+    ``cold_call`` table: per gap, the median over sizes of (cold mean − the fitted model)."""
 
     def __post_init__(self) -> None:
         if self.max_procs < 2:
@@ -197,6 +200,8 @@ class CalibrationConfig:
             raise ValueError("reps and calls_per_rep must be positive, warmup non-negative")
         if self.compute_between_ms < 0:
             raise ValueError(f"compute_between_ms must be 0 or more, got {self.compute_between_ms}")
+        if any(g <= 0 for g in self.cold_gaps_ms):
+            raise ValueError(f"cold gaps must be positive, got {self.cold_gaps_ms}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -238,6 +243,22 @@ def check_samples(spec: ClusterSpec, samples: list[Sample]) -> tuple[Check, ...]
     )
 
 
+def cold_call_table(spec: ClusterSpec, config: CalibrationConfig) -> dict[str, float]:
+    """Extra latency of collectives after each of ``config.cold_gaps_ms`` of compute, over ``spec``."""
+    model = CommModel(spec)
+    ops = tuple(op for op in config.ops if op_class(op) != "p2p")
+    table = {}
+    for gap_ms in config.cold_gaps_ms:
+        cold = run_benchmark(
+            max_procs=config.max_procs, sizes=config.sizes, ops=ops, reps=config.reps,
+            calls_per_rep=config.calls_per_rep, warmup=config.warmup, timeout_s=config.timeout_s,
+            compute_between_s=gap_ms / 1e3,
+        )  # fmt: skip
+        extra = [s.seconds - model.duration_ns(s.op, s.bytes, s.group_size, 1) / 1e9 for s in cold]
+        table[str(round(gap_ms * 1000))] = max(0.0, statistics.median(extra)) if extra else 0.0
+    return table
+
+
 def calibrate(config: CalibrationConfig) -> CalibrationResult:
     """Time collectives here, add comm-log samples, fit, write the spec, check it."""
     logs = read_comm_logs(config.comm_logs)
@@ -259,5 +280,12 @@ def calibrate(config: CalibrationConfig) -> CalibrationResult:
     )
     gpus_per_node = config.gpus_per_node or max(config.max_procs, os.cpu_count() or 1)
     spec = fit.to_spec(gpus_per_node=gpus_per_node, notes=notes)
+    if config.cold_gaps_ms:
+        spec = replace(
+            spec,
+            cold_call=cold_call_table(spec, config),
+            notes=spec.notes
+            + f"; cold collectives after {', '.join(f'{g:g}' for g in config.cold_gaps_ms)} ms",
+        )
     path = spec.save(config.out or local_path())
     return CalibrationResult(spec=spec, fit=fit, checks=check_samples(spec, samples), path=path)

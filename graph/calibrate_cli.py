@@ -90,6 +90,13 @@ def calibrate_command(
             help="Time cold calls: this much compute before each one, means kept (0: back to back, medians)."
         ),
     ] = DEFAULT.compute_between_ms,
+    cold_gaps_ms: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated compute gaps (ms) after which collectives are also timed, giving the "
+            "spec's cold_call table (e.g. 0.5,1,2,4)."
+        ),
+    ] = "",
 ) -> None:
     """Time gloo collectives and send/recv among local processes; fit α and β; write the spec."""
     try:
@@ -97,6 +104,7 @@ def calibrate_command(
             sizes=tuple(parse_size(s) for s in sizes.split(",") if s.strip()),
             max_procs=max_procs, ops=tuple(o.strip() for o in ops.split(",") if o.strip()), reps=reps,
             timeout_s=timeout, comm_logs=tuple(capture or ()), out=out, compute_between_ms=compute_between_ms,
+            cold_gaps_ms=tuple(float(g) for g in cold_gaps_ms.split(",") if g.strip()),
         )  # fmt: skip
         err_console.print(f"[bold]prism-calibrate[/] {config.max_procs} gloo processes, sizes {sizes}")
         result = calibrate(config)

@@ -86,12 +86,23 @@ class CommModel:
         bytes: np.ndarray,
         group_size: np.ndarray,
         nodes_spanned: np.ndarray,
+        idle_ns: np.ndarray | None = None,
     ) -> np.ndarray:
         """Durations in ns (int64) of many calls at once; arguments broadcast against each other.
 
         ``op`` is one name for all rows or an array of names; the work is vectorised per
-        distinct op, never per row.
+        distinct op, never per row. ``idle_ns``, the compute each call's rank did since its
+        previous call, adds the spec's ``cold_call`` latency to collectives (not to p2p).
         """
+        durations = self._durations_ns(op, bytes, group_size, nodes_spanned)
+        if idle_ns is None or not self.spec.cold_call:
+            return durations
+        ops = np.broadcast_to(np.asarray(op), durations.shape)
+        collective = (np.asarray(group_size) > 1) & ~np.isin(ops, list(P2P_OPS))
+        extra = self.spec.cold_extra_s(np.asarray(idle_ns, dtype=np.float64) / 1e9)
+        return durations + np.where(collective, _to_ns(extra), 0)
+
+    def _durations_ns(self, op, bytes, group_size, nodes_spanned) -> np.ndarray:
         n, p, k = np.broadcast_arrays(
             np.asarray(bytes, dtype=np.float64), np.asarray(group_size), np.asarray(nodes_spanned)
         )

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from prism.graph import op_table as ot
-from prism.graph.noise import collective_skew_ns
+from prism.graph.noise import collective_skew_ns, work_between
 from prism.graph.templates import (
     BWD,
     FWD,
@@ -36,7 +36,7 @@ from prism.schemas.pipeline_schedule import Action, one_f_one_b
 from prism.schemas.workload import GPTConfig
 
 # Rank-independent columns of a stage program.
-MB, LAYER, GSEQ, P2P_DIR, P2P_SEQ, DEPS, IS_WAIT, SKEW = (
+MB, LAYER, GSEQ, P2P_DIR, P2P_SEQ, DEPS, IS_WAIT, SKEW, IDLE = (
     "mb",
     "layer",
     "gseq",
@@ -45,6 +45,7 @@ MB, LAYER, GSEQ, P2P_DIR, P2P_SEQ, DEPS, IS_WAIT, SKEW = (
     "deps",
     "is_wait",
     "skew_ns",
+    "idle_ns",
 )
 WAIT_NAME = "prism:wait"
 
@@ -70,7 +71,7 @@ class StageProgram:
     src_rank: int
     """Captured rank whose templates it was built from."""
     nodes: pd.DataFrame
-    """Template columns plus MB, LAYER, GSEQ, P2P_DIR, P2P_SEQ, DEPS, IS_WAIT, SKEW."""
+    """Template columns plus MB, LAYER, GSEQ, P2P_DIR, P2P_SEQ, DEPS, IS_WAIT, SKEW, IDLE."""
 
 
 def _segment(
@@ -249,14 +250,29 @@ def compose_stage(template: RoleTemplate, *, cfg: GPTConfig, captured: GPTConfig
     program.add(_segment(template, POST))
     nodes = _finish(program.pieces)
     nodes[SKEW] = _skew(nodes, cfg, template.noise_cv)
+    nodes[IDLE] = _idle(nodes)
     return StageProgram(stage=stage, src_rank=template.rank, nodes=nodes)
+
+
+def _own_and_work(nodes: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    is_comm = nodes[ot.IS_COMM].to_numpy(dtype=bool)
+    own = np.where(is_comm, 0, nodes[ot.DUR_NS].to_numpy(dtype=np.int64))
+    return own, own + nodes[ot.GAP_NS].to_numpy(dtype=np.int64)
+
+
+def _idle(nodes: pd.DataFrame) -> np.ndarray:
+    """Compute and gaps since the rank's previous comm call, for every comm node (else 0)."""
+    own, work = _own_and_work(nodes)
+    rows = np.flatnonzero(nodes[ot.IS_COMM].to_numpy(dtype=bool))
+    idle = np.zeros(len(nodes), np.int64)
+    idle[rows] = np.round(work_between(work, own, rows)).astype(np.int64)
+    return idle
 
 
 def _skew(nodes: pd.DataFrame, cfg: GPTConfig, cv: float) -> np.ndarray:
     """Expected arrival skew of each collective (``prism.graph.noise``)."""
     is_comm = nodes[ot.IS_COMM].to_numpy(dtype=bool)
-    own = np.where(is_comm, 0, nodes[ot.DUR_NS].to_numpy(dtype=np.int64))
-    work = own + nodes[ot.GAP_NS].to_numpy(dtype=np.int64)
+    own, work = _own_and_work(nodes)
     is_coll = is_comm & (nodes[P2P_DIR].to_numpy() == 0)
     axis = np.where(is_coll, nodes[GROUP_AXIS].to_numpy(dtype=object), "").astype(str)
     sizes = {"tp": cfg.tp, "dp": cfg.dp, "world": cfg.layout.world_size}

@@ -65,15 +65,47 @@ def collective_skew_ns(
     skew = np.zeros(len(work_ns), np.int64)
     if cv <= 0 or len(work_ns) == 0:
         return skew
-    arrival = np.cumsum(work_ns) - own_ns  # work done when each node is reached
-    total = float(np.sum(work_ns))
     for name, size in group_sizes.items():
         rows = np.flatnonzero(axis == name)
         if size <= 1 or len(rows) == 0:
             continue
-        at = arrival[rows].astype(np.float64)
-        interval = np.diff(
-            at, prepend=at[-1] - total
-        )  # the first looks back to the last, one iteration earlier
+        interval = work_between(work_ns, own_ns, rows)
         skew[rows] = np.round(expected_max_normal(size) * cv * interval).astype(np.int64)
     return skew
+
+
+def work_between(work_ns: np.ndarray, own_ns: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Work a repeating program does between consecutive ``rows``, arrival to arrival.
+
+    The program repeats every iteration, so the first of ``rows`` looks back to the last one
+    of the previous iteration. ``work_ns`` and ``own_ns`` as in ``collective_skew_ns``.
+    """
+    if len(rows) == 0:
+        return np.zeros(0, np.float64)
+    arrival = (np.cumsum(work_ns) - own_ns)[rows].astype(np.float64)  # work done when each is reached
+    return np.diff(arrival, prepend=arrival[-1] - float(np.sum(work_ns)))
+
+
+def idle_before_comm(
+    is_comm: np.ndarray, own_ns: np.ndarray, work_ns: np.ndarray, rank_ptr: np.ndarray
+) -> np.ndarray:
+    """``work_between`` of every rank's comm nodes, for a whole graph at once (0 elsewhere).
+
+    Rows are grouped by rank (``rank_ptr``); each rank's program repeats, so its first comm
+    node looks back to its last one.
+    """
+    idle = np.zeros(len(work_ns), np.int64)
+    rows = np.flatnonzero(is_comm)
+    if len(rows) == 0:
+        return idle
+    cum = np.concatenate([[0.0], np.cumsum(work_ns, dtype=np.float64)])
+    arrival = cum[rows + 1] - own_ns[rows]
+    rank = np.searchsorted(rank_ptr, rows, side="right") - 1
+    interval = np.diff(arrival, prepend=0.0)
+    first = np.r_[True, rank[1:] != rank[:-1]]
+    last = np.r_[rank[1:] != rank[:-1], True]
+    total = cum[rank_ptr[rank + 1]] - cum[rank_ptr[rank]]  # each rank's work per iteration
+    last_arrival = arrival[last][np.cumsum(first) - 1]  # of the row's rank
+    interval[first] = (arrival + total - last_arrival)[first]
+    idle[rows] = np.round(interval).astype(np.int64)
+    return idle

@@ -16,6 +16,7 @@ import numpy as np
 
 from prism.graph.bind import LayoutTables
 from prism.graph.comm import CommModel
+from prism.graph.noise import idle_before_comm
 from prism.graph.sim_engine import COMPUTE, RECV, SEND
 from prism.graph.simulate import SimGraph, graph_column
 from prism.schemas import graph_format as gf
@@ -144,8 +145,10 @@ def _recost(graph: SimGraph, path: Path, spec: ClusterSpec) -> np.ndarray:
         spanned[on] = table[rank[on]]
     p2p = np.isin(graph.kind[comm], (SEND, RECV))
     spanned[p2p] = 1 + (tables.node_of_rank[rank[p2p]] != tables.node_of_rank[peer[p2p]])
+    own = np.where(comm, 0, graph.dur)
+    idle = idle_before_comm(comm, own, own + graph.gap, graph.rank_ptr)[comm]
     dur = graph.dur.copy()
-    dur[comm] = CommModel(spec).durations_ns(op, nbytes, size, spanned)
+    dur[comm] = CommModel(spec).durations_ns(op, nbytes, size, spanned, idle_ns=idle)
     return dur
 
 

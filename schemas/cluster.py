@@ -12,6 +12,8 @@ names: bytes per second, seconds. Bandwidths are *per GPU, one direction*.
     all_reduce = 0.8
     [latency_factor]
     barrier = 1.0
+    [cold_call]          # optional: extra latency of a collective after this many µs of compute
+    1000 = 0.0004
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
+
+import numpy as np
 
 LOCAL_ENV = "PRISM_LOCAL_CLUSTER"
 """Environment variable naming the calibrated ``local`` spec file."""
@@ -55,7 +59,8 @@ _FLOAT_FIELDS = (
     "inter_latency_s",
     "base_latency_s",
 )
-_TABLES = ("bandwidth_efficiency", "latency_factor")
+_FACTOR_TABLES = ("bandwidth_efficiency", "latency_factor")
+_TABLES = (*_FACTOR_TABLES, "cold_call")
 
 
 class ClusterSpecError(ValueError):
@@ -85,8 +90,22 @@ class ClusterSpec:
     Usually at most 1; a calibrated spec may exceed 1 where an op beats the p2p reference."""
     latency_factor: Mapping[str, float] = field(default_factory=dict, hash=False)
     """Multiplier of the per-hop latency per op class; default 1.0."""
+    cold_call: Mapping[str, float] = field(default_factory=dict, hash=False)
+    """Extra latency (s) of a collective by the compute (µs, integer keys) its rank did since
+    its previous call; interpolated linearly, 0 at 0 µs, constant past the last point. Empty:
+    calls cost the same however long the rank computed before them (``prism-calibrate
+    --cold-gaps-ms`` measures it; on a VM a call after a long compute pays a wake-up)."""
     notes: str = ""
     """Where the numbers come from (free text)."""
+
+    def cold_extra_s(self, idle_s):
+        """Extra latency of collectives after ``idle_s`` seconds of compute (numpy arrays welcome)."""
+        if not self.cold_call:
+            return np.zeros_like(np.asarray(idle_s, dtype=np.float64))
+        points = sorted((int(k) * 1e-6, v) for k, v in self.cold_call.items())
+        gaps = np.array([0.0] + [g for g, _ in points if g > 0])
+        extra = np.array([0.0] + [v for g, v in points if g > 0])
+        return np.interp(np.asarray(idle_s, dtype=np.float64), gaps, extra)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -101,8 +120,9 @@ class ClusterSpec:
                 need = "positive" if positive else "non-negative"
                 raise ClusterSpecError(f"{name} must be {need}, got {value!r}")
             object.__setattr__(self, name, value)
-        for table in _TABLES:
+        for table in _FACTOR_TABLES:
             object.__setattr__(self, table, _check_table(table, getattr(self, table)))
+        object.__setattr__(self, "cold_call", _check_cold_call(self.cold_call))
 
     def efficiency(self, op_class: str) -> float:
         return self.bandwidth_efficiency.get(op_class, 1.0)
@@ -196,6 +216,20 @@ def _check_table(table: str, values: object) -> MappingProxyType[str, float]:
                 f"{table}.{key} must be {'positive' if table == 'bandwidth_efficiency' else 'non-negative'}, got {number!r}"
             )
         checked[key] = number
+    return MappingProxyType(checked)
+
+
+def _check_cold_call(values: object) -> MappingProxyType[str, float]:
+    if not hasattr(values, "items"):
+        raise ClusterSpecError(f"cold_call must be a table of µs -> seconds, got {values!r}")
+    checked: dict[str, float] = {}
+    for key, value in values.items():  # type: ignore[union-attr]
+        if not str(key).isdigit():
+            raise ClusterSpecError(f"cold_call keys are whole microseconds, got {key!r}")
+        number = _number(f"cold_call.{key}", value)
+        if number < 0:
+            raise ClusterSpecError(f"cold_call.{key} must be non-negative, got {number!r}")
+        checked[str(int(key))] = number
     return MappingProxyType(checked)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -253,7 +255,9 @@ GOOD = SPEC.to_toml()
         (GOOD.replace("intra_latency_s = 1e-06", 'intra_latency_s = "fast"'), "finite number"),
         (GOOD.replace("gpus_per_node = 8", "gpus_per_node = 8\nnvlink_gen = 4"), "unknown cluster spec key"),
         (GOOD.replace("gpus_per_node = 8\n", ""), "lacks required key"),
-        (GOOD + "all_reduce = -1.0\n", "non-negative"),  # lands in [latency_factor], the last table
+        (GOOD.replace("[latency_factor]", "[latency_factor]\nall_reduce = -1.0"), "non-negative"),
+        (GOOD.replace("[cold_call]", "[cold_call]\nfast = 0.001"), "whole microseconds"),
+        (GOOD.replace("[cold_call]", "[cold_call]\n1000 = -0.001"), "non-negative"),
         (
             GOOD.replace("[bandwidth_efficiency]", "[bandwidth_efficiency]\nallreduce = 0.9"),
             "unknown op class",
@@ -265,3 +269,18 @@ GOOD = SPEC.to_toml()
 def test_bad_specs_rejected(text: str, message: str) -> None:
     with pytest.raises(ClusterSpecError, match=message):
         ClusterSpec.from_toml(text)
+
+
+def test_cold_calls_add_latency_to_collectives_by_the_compute_before_them() -> None:
+    spec = replace(preset("h100-ib"), cold_call={"1000": 4e-4, "3000": 8e-4})
+    assert spec.cold_extra_s([0.0, 5e-4, 1e-3, 2e-3, 1.0]).tolist() == pytest.approx(
+        [0, 2e-4, 4e-4, 6e-4, 8e-4]
+    )
+    model, plain = CommModel(spec), CommModel(preset("h100-ib"))
+    ops = np.array(["all_reduce", "all_reduce", "send", "all_reduce"])
+    args = (np.full(4, 65536), np.array([8, 8, 2, 1]), np.ones(4, np.int64))
+    idle = np.array([0, 2_000_000, 2_000_000, 2_000_000])
+    extra = model.durations_ns(ops, *args, idle_ns=idle) - plain.durations_ns(ops, *args)
+    assert extra.tolist() == [0, 600_000, 0, 0]  # p2p and a group of one pay nothing
+    assert (model.durations_ns(ops, *args) == plain.durations_ns(ops, *args)).all()  # no idle given
+    assert ClusterSpec.from_toml(spec.to_toml()) == spec

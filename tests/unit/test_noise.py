@@ -53,3 +53,22 @@ def test_composed_programs_skew_only_their_collectives() -> None:
     assert dp[SKEW].iloc[0] > tp[SKEW].max()  # a whole iteration since the last gradient sync
     quiet = compose_stage(template(1), cfg=CAPTURED, captured=CAPTURED, stage=1).nodes
     assert (quiet[SKEW] == 0).all()
+
+
+def test_graph_wide_idle_equals_each_programs_own() -> None:
+    from pathlib import Path
+
+    from prism.graph.noise import idle_before_comm, work_between
+    from prism.graph.sim_engine import COMPUTE
+    from prism.graph.simulate import load_sim_graph
+
+    graph = load_sim_graph(Path(__file__).parents[1] / "data" / "tiny_graph.parquet")
+    comm = graph.kind != COMPUTE
+    own = np.where(comm, 0, graph.dur)
+    idle = idle_before_comm(comm, own, own + graph.gap, graph.rank_ptr)
+    for rank in range(graph.ranks):
+        lo, hi = graph.rank_ptr[rank], graph.rank_ptr[rank + 1]
+        rows = np.flatnonzero(comm[lo:hi])
+        expected = np.round(work_between((own + graph.gap)[lo:hi], own[lo:hi], rows)).astype(np.int64)
+        assert (idle[lo:hi][rows] == expected).all() and (idle[lo:hi][~comm[lo:hi]] == 0).all()
+    assert (idle[comm] > 0).all()
