@@ -53,6 +53,18 @@ def test_cold_calls_time_the_call_and_not_the_compute_before_it() -> None:
 
 
 @pytest.mark.slow
+def test_cold_gaps_give_the_spec_a_cold_call_table(tmp_path) -> None:
+    config = CalibrationConfig(
+        sizes=(4 * KiB, 64 * KiB), max_procs=2, ops=("all_reduce", "send"), reps=3, timeout_s=60,
+        out=tmp_path / "local.toml", cold_gaps_ms=(0.5, 2),
+    )  # fmt: skip
+    spec = calibrate(config).spec
+    assert set(spec.cold_call) == {"500", "2000"} and all(v >= 0 for v in spec.cold_call.values())
+    assert ClusterSpec.load(tmp_path / "local.toml").cold_call == spec.cold_call
+    assert "cold collectives after 0.5, 2 ms" in spec.notes
+
+
+@pytest.mark.slow
 def test_cli_writes_a_spec_that_loads(tmp_path) -> None:
     out = tmp_path / "spec.toml"
     args = ["-o", str(out), "--max-procs", "2", "--sizes", "4KiB,1MiB", "--ops", "all_reduce,broadcast,send"]
