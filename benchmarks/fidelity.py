@@ -54,6 +54,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--calibrate-reps", type=int, default=9, help="timed repetitions per calibration point"
     )
+    parser.add_argument(
+        "--calibrate-cold-gaps-ms", type=str, default="",
+        help="a fresh calibration also times collectives after these compute gaps (e.g. 0.5,1,2,4)",
+    )  # fmt: skip
     parser.add_argument("--warmup", type=int, default=RunSettings.warmup)
     parser.add_argument("--iterations", type=int, default=RunSettings.iterations, help="profiled iterations")
     parser.add_argument("--work-dir", type=Path, default=None, help="keep captures and graphs here")

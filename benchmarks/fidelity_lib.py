@@ -124,8 +124,8 @@ def resolve_spec(
     """``path`` if given; else the calibrated 'local' preset; else (or if ``recalibrate``) calibrate now.
 
     A fresh calibration times gloo all_reduce and send/recv between 2 processes (cold calls
-    after ``compute_between_ms`` of compute when > 0) and is written to ``calibrate_into``,
-    never to the shared 'local' path.
+    after ``compute_between_ms`` of compute when > 0; a ``cold_call`` table for
+    ``cold_gaps_ms``) and is written to ``calibrate_into``, never to the shared 'local' path.
     """
     if path is not None:
         return SpecChoice(spec=ClusterSpec.load(path), source=f"{path} (given)")
@@ -141,6 +141,7 @@ def resolve_spec(
             out=calibrate_into,
             compute_between_ms=compute_between_ms,
             reps=reps,
+            cold_gaps_ms=cold_gaps_ms,
         )
     )
     why = "--recalibrate" if recalibrate else f"no 'local' spec at {local_path()}"
