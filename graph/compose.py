@@ -249,31 +249,26 @@ def compose_stage(template: RoleTemplate, *, cfg: GPTConfig, captured: GPTConfig
     program.add(_segment(template, OPTIM))
     program.add(_segment(template, POST))
     nodes = _finish(program.pieces)
-    nodes[SKEW] = _skew(nodes, cfg, template.noise_cv)
-    nodes[IDLE] = _idle(nodes)
+    # What the rank does by itself: a compute node's duration after its arrival, plus every gap.
+    is_comm = nodes[ot.IS_COMM].to_numpy(dtype=bool)
+    own = np.where(is_comm, 0, nodes[ot.DUR_NS].to_numpy(dtype=np.int64))
+    work = own + nodes[ot.GAP_NS].to_numpy(dtype=np.int64)
+    nodes[SKEW] = _skew(nodes, cfg, template.noise_cv, own, work)
+    nodes[IDLE] = _idle(is_comm, own, work)
     return StageProgram(stage=stage, src_rank=template.rank, nodes=nodes)
 
 
-def _own_and_work(nodes: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    is_comm = nodes[ot.IS_COMM].to_numpy(dtype=bool)
-    own = np.where(is_comm, 0, nodes[ot.DUR_NS].to_numpy(dtype=np.int64))
-    return own, own + nodes[ot.GAP_NS].to_numpy(dtype=np.int64)
-
-
-def _idle(nodes: pd.DataFrame) -> np.ndarray:
+def _idle(is_comm: np.ndarray, own: np.ndarray, work: np.ndarray) -> np.ndarray:
     """Compute and gaps since the rank's previous comm call, for every comm node (else 0)."""
-    own, work = _own_and_work(nodes)
-    rows = np.flatnonzero(nodes[ot.IS_COMM].to_numpy(dtype=bool))
-    idle = np.zeros(len(nodes), np.int64)
+    rows = np.flatnonzero(is_comm)
+    idle = np.zeros(len(is_comm), np.int64)
     idle[rows] = np.round(work_between(work, own, rows)).astype(np.int64)
     return idle
 
 
-def _skew(nodes: pd.DataFrame, cfg: GPTConfig, cv: float) -> np.ndarray:
+def _skew(nodes: pd.DataFrame, cfg: GPTConfig, cv: float, own: np.ndarray, work: np.ndarray) -> np.ndarray:
     """Expected arrival skew of each collective (``prism.graph.noise``)."""
-    is_comm = nodes[ot.IS_COMM].to_numpy(dtype=bool)
-    own, work = _own_and_work(nodes)
-    is_coll = is_comm & (nodes[P2P_DIR].to_numpy() == 0)
+    is_coll = nodes[ot.IS_COMM].to_numpy(dtype=bool) & (nodes[P2P_DIR].to_numpy() == 0)
     axis = np.where(is_coll, nodes[GROUP_AXIS].to_numpy(dtype=object), "").astype(str)
     sizes = {"tp": cfg.tp, "dp": cfg.dp, "world": cfg.layout.world_size}
     return collective_skew_ns(work, own, axis, sizes, cv)

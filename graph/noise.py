@@ -74,32 +74,22 @@ def collective_skew_ns(
     return skew
 
 
-def work_between(work_ns: np.ndarray, own_ns: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """Work a repeating program does between consecutive ``rows``, arrival to arrival.
+def work_between(
+    work_ns: np.ndarray, own_ns: np.ndarray, rows: np.ndarray, rank_ptr: np.ndarray | None = None
+) -> np.ndarray:
+    """Work each of ``rows`` is preceded by since the previous one of its rank, arrival to arrival.
 
-    The program repeats every iteration, so the first of ``rows`` looks back to the last one
-    of the previous iteration. ``work_ns`` and ``own_ns`` as in ``collective_skew_ns``.
+    ``rows`` (ascending) are nodes of one program, or of a whole graph whose rows are grouped
+    by rank (``rank_ptr``). Programs repeat every iteration, so a rank's first row looks back
+    to its last one, one iteration earlier. ``work_ns`` and ``own_ns`` as in
+    ``collective_skew_ns``.
     """
     if len(rows) == 0:
         return np.zeros(0, np.float64)
-    arrival = (np.cumsum(work_ns) - own_ns)[rows].astype(np.float64)  # work done when each is reached
-    return np.diff(arrival, prepend=arrival[-1] - float(np.sum(work_ns)))
-
-
-def idle_before_comm(
-    is_comm: np.ndarray, own_ns: np.ndarray, work_ns: np.ndarray, rank_ptr: np.ndarray
-) -> np.ndarray:
-    """``work_between`` of every rank's comm nodes, for a whole graph at once (0 elsewhere).
-
-    Rows are grouped by rank (``rank_ptr``); each rank's program repeats, so its first comm
-    node looks back to its last one.
-    """
-    idle = np.zeros(len(work_ns), np.int64)
-    rows = np.flatnonzero(is_comm)
-    if len(rows) == 0:
-        return idle
+    if rank_ptr is None:
+        rank_ptr = np.array([0, len(work_ns)])
     cum = np.concatenate([[0.0], np.cumsum(work_ns, dtype=np.float64)])
-    arrival = cum[rows + 1] - own_ns[rows]
+    arrival = cum[rows + 1] - own_ns[rows]  # work done when each row is reached
     rank = np.searchsorted(rank_ptr, rows, side="right") - 1
     interval = np.diff(arrival, prepend=0.0)
     first = np.r_[True, rank[1:] != rank[:-1]]
@@ -107,5 +97,4 @@ def idle_before_comm(
     total = cum[rank_ptr[rank + 1]] - cum[rank_ptr[rank]]  # each rank's work per iteration
     last_arrival = arrival[last][np.cumsum(first) - 1]  # of the row's rank
     interval[first] = (arrival + total - last_arrival)[first]
-    idle[rows] = np.round(interval).astype(np.int64)
-    return idle
+    return interval

@@ -16,7 +16,7 @@ import numpy as np
 
 from prism.graph.bind import LayoutTables
 from prism.graph.comm import CommModel
-from prism.graph.noise import idle_before_comm
+from prism.graph.noise import work_between
 from prism.graph.sim_engine import COMPUTE, RECV, SEND
 from prism.graph.simulate import SimGraph, graph_column
 from prism.schemas import graph_format as gf
@@ -146,7 +146,7 @@ def _recost(graph: SimGraph, path: Path, spec: ClusterSpec) -> np.ndarray:
     p2p = np.isin(graph.kind[comm], (SEND, RECV))
     spanned[p2p] = 1 + (tables.node_of_rank[rank[p2p]] != tables.node_of_rank[peer[p2p]])
     own = np.where(comm, 0, graph.dur)
-    idle = idle_before_comm(comm, own, own + graph.gap, graph.rank_ptr)[comm]
+    idle = np.round(work_between(own + graph.gap, own, np.flatnonzero(comm), graph.rank_ptr)).astype(np.int64)
     dur = graph.dur.copy()
     dur[comm] = CommModel(spec).durations_ns(op, nbytes, size, spanned, idle_ns=idle)
     return dur

@@ -10,7 +10,7 @@ from test_compose import CAPTURED, template
 
 from prism.graph import op_table as ot
 from prism.graph.compose import GROUP_AXIS, P2P_DIR, SKEW, compose_stage
-from prism.graph.noise import collective_skew_ns, expected_max_normal, iteration_cv
+from prism.graph.noise import collective_skew_ns, expected_max_normal, iteration_cv, work_between
 
 
 def test_expected_maximum_of_normals() -> None:
@@ -55,20 +55,25 @@ def test_composed_programs_skew_only_their_collectives() -> None:
     assert (quiet[SKEW] == 0).all()
 
 
-def test_graph_wide_idle_equals_each_programs_own() -> None:
+def test_graph_wide_intervals_equal_each_programs_own() -> None:
     from pathlib import Path
 
-    from prism.graph.noise import idle_before_comm, work_between
     from prism.graph.sim_engine import COMPUTE
     from prism.graph.simulate import load_sim_graph
 
     graph = load_sim_graph(Path(__file__).parents[1] / "data" / "tiny_graph.parquet")
     comm = graph.kind != COMPUTE
     own = np.where(comm, 0, graph.dur)
-    idle = idle_before_comm(comm, own, own + graph.gap, graph.rank_ptr)
+    work = own + graph.gap
+    rows = np.flatnonzero(comm)
+    idle = np.zeros(len(comm))
+    idle[rows] = work_between(work, own, rows, graph.rank_ptr)
     for rank in range(graph.ranks):
         lo, hi = graph.rank_ptr[rank], graph.rank_ptr[rank + 1]
-        rows = np.flatnonzero(comm[lo:hi])
-        expected = np.round(work_between((own + graph.gap)[lo:hi], own[lo:hi], rows)).astype(np.int64)
-        assert (idle[lo:hi][rows] == expected).all() and (idle[lo:hi][~comm[lo:hi]] == 0).all()
+        local = np.flatnonzero(comm[lo:hi])
+        assert (idle[lo:hi][local] == work_between(work[lo:hi], own[lo:hi], local)).all()
+        # By hand: the work from the previous comm node's arrival to this one's.
+        arrival = np.cumsum(work[lo:hi]) - own[lo:hi]
+        assert (idle[lo:hi][local[1:]] == np.diff(arrival[local])).all()
+        assert idle[lo + local[0]] == arrival[local[0]] + work[lo:hi].sum() - arrival[local[-1]]
     assert (idle[comm] > 0).all()
