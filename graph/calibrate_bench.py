@@ -28,7 +28,7 @@ class CalibrationError(RuntimeError):
 
 @dataclass(frozen=True, kw_only=True)
 class Sample:
-    """One measured point: the median time of one (op, bytes, group size) on one node."""
+    """One measured point: the time of one (op, bytes, group size) on one node."""
 
     op: str
     """Comm-log op name."""
@@ -37,7 +37,7 @@ class Sample:
     group_size: int
     """Members of the group."""
     seconds: float
-    """Median duration."""
+    """Median duration (back-to-back calls), or mean over members and calls (cold calls)."""
     source: str = "bench"
     """'bench' (microbenchmark) or 'comm_log' (delegated calls of a capture)."""
     count: int = 1
@@ -148,12 +148,12 @@ def _worker(rank: int, plan: _Plan) -> None:
     if rank == 0:
         if cold:
             members = torch.tensor([float(p) for _, p, _ in points], dtype=torch.float64)
-            medians = (times.mean(dim=1) / members).tolist()
+            seconds = (times.mean(dim=1) / members).tolist()
         else:
-            medians = times.median(dim=1).values.tolist()
+            seconds = times.median(dim=1).values.tolist()
         rows = [
             (op, 4 * numel, p, t / 2 if op == "send" else t)
-            for (op, p, numel), t in zip(points, medians, strict=True)
+            for (op, p, numel), t in zip(points, seconds, strict=True)
         ]
         Path(plan.result_path).write_text(json.dumps(rows))
     dist.destroy_process_group()

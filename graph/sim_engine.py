@@ -114,7 +114,7 @@ class Engine:
     def __init__(self, g, start_clock: np.ndarray, external: np.ndarray | None = None) -> None:
         n, n_ranks = len(g.kind), g.ranks
         self.g = g
-        self.busy = g.busy_ns()  # duration, plus the expected arrival skew of collectives
+        self.busy = g.busy_ns  # duration, plus the expected arrival skew of collectives (cached)
         self.start = np.full(n, -1, np.int64)
         self.end = np.full(n, -1, np.int64)
         self.arrived = np.zeros(len(g.slot_size), np.int64)

@@ -14,6 +14,7 @@ frees).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -64,8 +65,12 @@ class SimGraph:
     skew: np.ndarray | None = None
     """Expected arrival skew of collectives (``prism.graph.noise``); None: none."""
 
+    @cached_property
     def busy_ns(self) -> np.ndarray:
-        """What the engine charges each node: its duration, plus the skew a collective waits for."""
+        """What the engine charges each node: its duration, plus the skew a collective waits for.
+
+        Computed once per graph (every simulated iteration and co-simulation engine reuses it);
+        a what-if makes a new SimGraph, so changed durations give a new one."""
         return self.dur if self.skew is None else self.dur + self.skew
 
     @property
