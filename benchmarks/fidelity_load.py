@@ -6,8 +6,9 @@ than the slice (docs/fidelity.md): a difference of the test bed, not of prism, s
 target every rank has its own device. To compare like with like, ``MatchedLoad`` is a capture
 hook that, while a batch of the slice runs, starts every *other* rank of the world as a lone
 unrecorded process (all its peers virtual), so the captured rank shares the machine with the
-same programs it shares it with in the real run. Those processes run warm-up iterations only
-(no profiler, no files) and are killed when the batch is done.
+same programs it shares it with in the real run. Those processes run the capture's iterations
+(the same warm-up, then profiled ones, as in the real run) and are killed when the batch is
+done, so they load the captured rank to its last iteration.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ from prism.schemas.manifest import RankJob
 from prism.schemas.workload import GPTConfig
 
 
+_OUTLAST = 20
+"""Load ranks run this many times the slice's profiled iterations (killed when the batch ends)."""
+
+
 class MatchedLoad(CaptureHooks):
     """Capture hook: run the world's other ranks beside each batch of a slice capture."""
 
@@ -39,7 +44,10 @@ class MatchedLoad(CaptureHooks):
             config=config,
             real_ranks=(),
             warmup=warmup,
-            iterations=iterations,
+            # Outlast the batch (it is killed when the batch ends): a load rank that is faster
+            # than the captured one would otherwise finish first and leave the captured rank
+            # alone on the machine for its last iterations, which the real run never is.
+            iterations=iterations * _OUTLAST,
             threads=threads,
         )
         self._job.write_text(json.dumps(job.to_dict()))

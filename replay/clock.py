@@ -2,12 +2,15 @@
 
 A call on a group with virtual members cannot wait for its peers, so the ``prism`` backend asks
 the active clock instead. Capture runs free (every virtual call completes at once); replay plugs
-in a clock driven by the full-scale graph. A clock only names a wall time; the backend makes the
-call's Work complete at that moment (see ``prism.replay.scheduler``).
+in a clock driven by the full-scale graph (``prism.replay.graph_clock``). A clock only names a
+wall time, possibly later than the call (a virtual sender that first waits for something the
+real rank does afterwards); the backend makes the call's Work complete at that moment (see
+``prism.replay.scheduler``) and fails it if no time is named within the group's timeout.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -32,22 +35,54 @@ class PendingCall:
     """Global rank of the other side (p2p, broadcast root), else None."""
     enter_ns: int
     """Wall time (``time.time_ns()``) the call was made."""
+    async_op: bool = False
+    """The program asked for a Work to wait on later (isend, irecv, async_op=True)."""
+
+    def describe(self) -> str:
+        peer = "" if self.peer is None else f" peer {self.peer}"
+        return f"{self.op} on {self.label} (call {self.gseq} of the group{peer}, {self.bytes} bytes)"
+
+
+Completion = Callable[[int | None], None]
+"""``complete(wall_ns)``: the call completes at ``wall_ns`` (``time.time_ns()``); None: at once."""
 
 
 @runtime_checkable
 class CommClock(Protocol):
-    """Decides when virtual calls complete."""
+    """Decides when virtual calls complete; told where the program's iterations begin and end."""
 
-    def completion_ns(self, call: PendingCall) -> int | None:
-        """Wall time (``time.time_ns()``) at which ``call`` completes; None completes it at once."""
+    def submit(self, call: PendingCall, complete: Completion) -> None:
+        """Call ``complete`` once the completion time of ``call`` is known: now, or later."""
+        ...
+
+    def iteration_started(self, wall_ns: int) -> None:
+        """The program starts a training iteration (calls outside iterations complete at once)."""
+        ...
+
+    def iteration_done(self, wall_ns: int) -> None:
+        """The program finished the iteration it started."""
         ...
 
 
-class FreeRunningClock:
-    """Every virtual call completes as soon as it is made (capture: peers never hold us up)."""
+class ImmediateClock:
+    """A clock that knows every completion time when the call is made: ``completion_ns``."""
 
     def completion_ns(self, call: PendingCall) -> int | None:
+        """Wall time at which ``call`` completes; None completes it at once."""
         return None
+
+    def submit(self, call: PendingCall, complete: Completion) -> None:
+        complete(self.completion_ns(call))
+
+    def iteration_started(self, wall_ns: int) -> None:
+        pass
+
+    def iteration_done(self, wall_ns: int) -> None:
+        pass
+
+
+class FreeRunningClock(ImmediateClock):
+    """Every virtual call completes as soon as it is made (capture: peers never hold us up)."""
 
     def __repr__(self) -> str:
         return "FreeRunningClock()"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -69,9 +70,87 @@ class OpaqueBackend:
 _OPAQUE = OpaqueBackend()
 
 
-def _complete(record: CallRecord, future: torch.futures.Future, result: object) -> None:
-    record.finish()
-    future.set_result(result)
+class VirtualWork(dist.Work):
+    """The Work of a virtual call: done when its future is; ``wait`` raises if the call failed.
+
+    (A Work made by ``_create_work_from_future`` reports success for a future that holds an
+    exception, so a timed-out call would return as if it had completed.)"""
+
+    def __init__(self, future: torch.futures.Future) -> None:
+        super().__init__()
+        self._future = future
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        self._future.wait()  # raises the call's error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def is_success(self) -> bool:
+        if not self._future.done():
+            return False
+        try:
+            self._future.value()
+        except Exception:
+            return False
+        return True
+
+    def exception(self):
+        try:
+            self._future.value()
+        except Exception as error:
+            return error
+        return None
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+    def synchronize(self) -> None:
+        pass
+
+
+class _VirtualCompletion:
+    """Completes one virtual call's future once: at the clock's time, or fails it at the timeout."""
+
+    __slots__ = ("_record", "_future", "_result", "_lock", "_settled")
+
+    def __init__(self, record: CallRecord, future: torch.futures.Future, result: object) -> None:
+        self._record, self._future, self._result = record, future, result
+        self._lock = threading.Lock()
+        self._settled = False  # a time was named (or the call failed): the timeout no longer applies
+
+    @property
+    def settled(self) -> bool:
+        return self._settled
+
+    def at(self, due_ns: int | None) -> None:
+        """The clock's answer: complete at ``due_ns`` (now if None or past)."""
+        with self._lock:
+            if self._settled:
+                return
+            self._settled = True
+        if due_ns is None or due_ns <= time.time_ns():
+            self._complete()
+        else:
+            SCHEDULER.schedule(due_ns, self._complete)
+
+    def _complete(self) -> None:
+        self._record.finish()
+        self._future.set_result(self._result)
+
+    def expire(self, call: PendingCall, timeout: timedelta) -> None:
+        """Fail the call if its clock has named no completion time by now."""
+        with self._lock:
+            if self._settled:
+                return
+            self._settled = True
+        self._future.set_exception(
+            TimeoutError(
+                f"prism: {call.describe()} did not complete within {timeout.total_seconds():.0f} s: "
+                "its virtual peers never reached it (they wait for something this rank does not do)"
+            )
+        )
 
 
 class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
@@ -214,13 +293,14 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
             bytes=record.bytes,
             peer=record.peer,
             enter_ns=record.enter_ns,
+            async_op=record.async_op,
         )
-        due = self._clock.completion_ns(pending)
-        if due is None or due <= time.time_ns():
-            _complete(record, future, result)
-        else:
-            SCHEDULER.schedule(due, partial(_complete, record, future, result))
-        return _create_work_from_future(future)
+        completion = _VirtualCompletion(record, future, result)
+        self._clock.submit(pending, completion.at)
+        if not completion.settled:  # no wait may hang: fail the call if no time is named in time
+            deadline = time.time_ns() + int(self._timeout.total_seconds() * 1e9)
+            SCHEDULER.schedule(deadline, partial(completion.expire, pending, self._timeout))
+        return VirtualWork(future)
 
     def _delegate(self, device: torch.device) -> dist.Backend:
         backend = self._delegates.get(device.type)

@@ -7,6 +7,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
 from prism.replay.backend import BACKEND_NAME, VirtualWorld, activate, current_comm_log
-from prism.replay.clock import CommClock, FreeRunningClock, PendingCall
+from prism.replay.clock import CommClock, Completion, FreeRunningClock, ImmediateClock, PendingCall
 from prism.replay.process_group import GroupMode, ProcessGroupPrism
 from prism.replay.standin import standin_values
 from prism.schemas.annotations import Phase, group_label, try_parse_mark
@@ -38,7 +39,7 @@ def layout_labeler(layout: ParallelLayout) -> Callable[[tuple[int, ...]], str | 
 LABELER = layout_labeler(LAYOUT)
 
 
-class FixedDelayClock:
+class FixedDelayClock(ImmediateClock):
     """Every virtual call completes DELAY_NS after it was made."""
 
     def __init__(self) -> None:
@@ -394,6 +395,50 @@ def test_async_call_returns_before_its_completion_time(start: Callable[..., None
     work.wait()
     call = last_call()
     assert call.exit_ns <= returned < call.enter_ns + DELAY_NS <= call.done_ns
+
+
+class DeferringClock(ImmediateClock):
+    """Names no time when a call is made; the test resolves the calls later."""
+
+    def __init__(self) -> None:
+        self.held: list[tuple[PendingCall, Completion]] = []
+
+    def submit(self, call: PendingCall, complete: Completion) -> None:
+        self.held.append((call, complete))
+
+
+def test_a_deferred_call_completes_when_its_clock_names_the_time(start: Callable[..., None]) -> None:
+    clock = DeferringClock()
+    start(clock=clock)
+    recv = dist.irecv(torch.empty(2), src=0)
+    send = dist.isend(torch.ones(2), dst=0)
+    assert not recv.is_completed() and not send.is_completed()
+    (_, complete_recv), (_, complete_send) = clock.held
+    complete_send(None)  # the later call is resolved first
+    send.wait()
+    assert not recv.is_completed()
+    complete_recv(time.time_ns() + DELAY_NS)
+    recv.wait()
+    assert calls()[0].done_ns >= clock.held[0][0].enter_ns + DELAY_NS  # the recv
+
+
+def test_a_call_whose_time_is_never_named_fails_at_the_timeout() -> None:
+    activate(VirtualWorld(real_ranks=frozenset({RANK}), clock=DeferringClock(), labeler=LABELER))
+    dist.init_process_group(
+        BACKEND_NAME,
+        rank=RANK,
+        world_size=LAYOUT.world_size,
+        store=dist.HashStore(),
+        timeout=timedelta(seconds=1),
+    )
+    try:
+        work = dist.irecv(torch.empty(2), src=0)
+        began = time.monotonic()
+        with pytest.raises(Exception, match="did not complete within 1 s"):
+            work.wait()
+        assert time.monotonic() - began < 30
+    finally:
+        dist.destroy_process_group()
 
 
 # -- groups that cannot be emulated here ---------------------------------------------------------------------

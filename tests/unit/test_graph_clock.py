@@ -1,0 +1,206 @@
+"""The replay clock: a real rank played against the graph's virtual ranks, with a fake wall clock.
+
+A scripted "program" walks the real rank's nodes as a real program would: it computes for the
+graph's durations (times a slowdown), makes its calls, and waits for their completions. With the
+graph's own times it must see exactly the offline simulation; slowed down, its virtual peers
+must move exactly as the offline what-if with the same slowdown predicts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_simulate import collective, compute, config, one_f_one_b_programs, write
+
+from prism.graph.sim_engine import COLLECTIVE, COMPUTE, Engine
+from prism.graph.simulate import SimGraph, load_sim_graph, simulate
+from prism.graph.whatif import SlowRank, WhatIf, apply_what_if
+from prism.replay.clock import PendingCall
+from prism.replay.graph_clock import DivergenceError, GraphClock
+from prism.schemas import graph_format as gf
+
+ORIGIN = 1_000_000_000
+
+
+class FakeWall:
+    """Wall time that moves only when the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = ORIGIN
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def named(programs: list[list[dict]]) -> list[list[dict]]:
+    """Give comm nodes the names a program's calls carry."""
+    for nodes in programs:
+        for n in nodes:
+            kind = n[gf.KIND]
+            if kind in ("send", "recv"):
+                n[gf.NAME], n[gf.BYTES] = kind, 64
+            elif kind == "collective":
+                n[gf.NAME], n[gf.BYTES] = "all_reduce", 32
+    return programs
+
+
+def play(clock: GraphClock, wall: FakeWall, *, iterations: int, slowdown: float = 1.0, bytes_off: int = 0) -> list[dict[int, int]]:  # fmt: skip
+    """Run the real rank's program ``iterations`` times; the wall time each of its calls completed."""
+    g, rank, program = clock.graph, clock.rank, clock.program
+    first, last = g.rank_ptr[rank], g.rank_ptr[rank + 1]
+    done: list[dict[int, int]] = []
+    for _ in range(iterations):
+        clock.iteration_started(wall.now)
+        completed: dict[int, int] = {}
+        for node in range(first, last):
+            wall.now += int(g.gap[node])
+            if g.kind[node] == COMPUTE:
+                deps = g.deps[g.deps_ptr[node] : g.deps_ptr[node + 1]]
+                wall.now = max([wall.now, *(completed[d] for d in deps)]) + round(g.dur[node] * slowdown)
+                continue
+            i = node - first
+            call = PendingCall(
+                op=str(program.name[i]), group="0", label=str(program.label[i]), group_size=2, gseq=0,
+                bytes=int(program.bytes[i]) + bytes_off, peer=None if g.kind[node] == COLLECTIVE else int(program.peer[i]),
+                enter_ns=wall.now, async_op=bool(g.is_async[node]),
+            )  # fmt: skip
+            clock.submit(
+                call,
+                lambda at, node=node, entered=wall.now, into=completed: into.__setitem__(node, at or entered),
+            )
+            if not g.is_async[node]:
+                wall.now = completed[node]
+        clock.iteration_done(wall.now)
+        done.append(completed)
+    return done
+
+
+def played(path: Path, graph: SimGraph, rank: int, *, wall: FakeWall | None = None, **how) -> tuple[GraphClock, list[dict[int, int]]]:  # fmt: skip
+    """A clock for ``rank`` on a fake wall, and the completions of its played program."""
+    wall = wall or FakeWall()
+    clock = GraphClock.open(path, rank, graph, wall_ns=wall)
+    return clock, play(clock, wall, **how)
+
+
+def pipeline(tmp_path: Path) -> tuple[SimGraph, Path]:
+    path = write(
+        tmp_path / "g.parquet", config(pp=4, microbatches=8), named(one_f_one_b_programs(4, 8, 10, 20))
+    )
+    return load_sim_graph(path), path
+
+
+def tp_pair(tmp_path: Path) -> tuple[SimGraph, Path]:
+    programs = [
+        [compute(100), collective(7, 50, 2, **{gf.GROUP_INDEX: 0}), compute(10)],
+        [compute(300), collective(7, 50, 2, **{gf.GROUP_INDEX: 0}), compute(10)],
+    ]
+    path = write(tmp_path / "g.parquet", config(tp=2), named(programs))
+    return load_sim_graph(path), path
+
+
+def comm_rows(graph: SimGraph, rank: int) -> np.ndarray:
+    rows = np.arange(graph.rank_ptr[rank], graph.rank_ptr[rank + 1])
+    return rows[graph.kind[rows] != COMPUTE]
+
+
+@pytest.mark.parametrize("rank", [0, 1, 3])
+def test_graph_times_give_the_offline_simulation(tmp_path: Path, rank: int) -> None:
+    graph, path = pipeline(tmp_path)
+    clock, done = played(path, graph, rank, iterations=3)
+    expected = simulate(graph, iterations=3)
+    rows = comm_rows(graph, rank)
+    assert [done[-1][r] - ORIGIN for r in rows] == list(expected.end_ns[rows])
+    steady = [s.rank_end_ns - s.rank_start_ns for s in clock.iterations]
+    assert steady[-1] == expected.iteration_ns[rank]
+    assert all(s.stall_ns == 0 for s in clock.iterations)
+
+
+def test_a_collective_completes_when_the_slower_virtual_member_arrives(tmp_path: Path) -> None:
+    graph, path = tp_pair(tmp_path)
+    _, done = played(path, graph, 0, iterations=1)
+    assert done[0][1] - ORIGIN == 350  # rank 1 arrives at 300, then 50 of transfer
+
+
+def test_engine_time_is_stall_the_emulated_job_does_not_see(tmp_path: Path, monkeypatch) -> None:
+    graph, path = pipeline(tmp_path)
+    wall = FakeWall()
+
+    def slow_advance(engine: Engine) -> None:  # every engine step takes 1 µs of wall time
+        real_advance(engine)
+        wall.now += 1_000
+
+    real_advance = Engine.advance
+    monkeypatch.setattr(Engine, "advance", slow_advance)
+    clock, _ = played(path, graph, 2, wall=wall, iterations=2)
+    expected = simulate(graph, iterations=2)
+    assert clock.iterations[-1].rank_end_ns - clock.iterations[-1].rank_start_ns == expected.iteration_ns[2]
+    assert all(s.stall_ns > 0 and s.engine_ns >= s.stall_ns for s in clock.iterations)
+
+
+def test_a_slower_real_rank_moves_its_peers_as_the_offline_what_if(tmp_path: Path) -> None:
+    graph, path = pipeline(tmp_path)
+    clock, _ = played(path, graph, 1, iterations=3, slowdown=1.5)
+    what_if = simulate(
+        apply_what_if(graph, path, WhatIf(slow_ranks=(SlowRank(rank=1, factor=1.5),))), iterations=3
+    )
+    np.testing.assert_array_equal(clock.pass_iteration_ns(), what_if.iteration_ns)  # every rank, exactly
+    assert (what_if.iteration_ns > simulate(graph, iterations=3).iteration_ns).all()  # it did move them
+
+
+def test_a_call_the_graph_does_not_expect_names_both(tmp_path: Path) -> None:
+    graph, path = pipeline(tmp_path)
+    with pytest.raises(
+        DivergenceError, match=r"made recv .* 65 bytes.*graph expects recv with peer 0 \(64 bytes\)"
+    ):
+        played(path, graph, 1, iterations=1, bytes_off=1)
+
+
+def test_an_iteration_that_ends_early_is_a_divergence(tmp_path: Path) -> None:
+    graph, path = tp_pair(tmp_path)
+    clock = GraphClock.open(path, 0, graph)
+    clock.iteration_started(ORIGIN)
+    with pytest.raises(DivergenceError, match="iteration ended, but the graph expects all_reduce on tp.0"):
+        clock.iteration_done(ORIGIN + 100)
+
+
+def test_a_wait_the_virtual_peers_can_never_end_is_reported_at_once(tmp_path: Path) -> None:
+    # Rank 0 waits in a collective first; its virtual peer first needs rank 0's send.
+    programs = named(
+        [
+            [collective(1, 5, 2, **{gf.GROUP_INDEX: 0}), {gf.KIND: "send", gf.PEER: 1, gf.P2P_SEQ: 0, gf.IS_ASYNC: True}],
+            [{gf.KIND: "recv", gf.PEER: 0, gf.P2P_SEQ: 0}, collective(1, 5, 2, **{gf.GROUP_INDEX: 0})],
+        ]
+    )  # fmt: skip
+    path = write(tmp_path / "g.parquet", config(tp=2), programs)
+    with pytest.raises(DivergenceError, match="can never complete"):
+        played(path, load_sim_graph(path), 0, iterations=1)
+
+
+def test_calls_outside_iterations_complete_at_once(tmp_path: Path) -> None:
+    graph, path = tp_pair(tmp_path)
+    clock = GraphClock.open(path, 0, graph)
+    got = []
+    call = PendingCall(
+        op="barrier", group="0", label="world", group_size=2, gseq=0, bytes=0, peer=None, enter_ns=5
+    )
+    clock.submit(call, got.append)
+    assert got == [None]
+
+
+def test_time_by_phase_adds_up_to_the_iteration(tmp_path: Path) -> None:
+    programs = [
+        [
+            compute(100, **{gf.PHASE: "fwd"}),
+            collective(7, 50, 2, **{gf.GROUP_INDEX: 0, gf.PHASE: "fwd"}),
+            compute(10, **{gf.PHASE: "optim"}),
+        ],  # fmt: skip
+        [compute(300), collective(7, 50, 2, **{gf.GROUP_INDEX: 0}), compute(10)],
+    ]
+    path = write(tmp_path / "g.parquet", config(tp=2), named(programs))
+    clock, _ = played(path, load_sim_graph(path), 0, iterations=1)
+    stats = clock.iterations[0]
+    assert stats.phase_ns == {"fwd": 350, "optim": 10}
+    assert sum(stats.phase_ns.values()) == stats.rank_end_ns - stats.rank_start_ns
+    assert stats.calls == 1
