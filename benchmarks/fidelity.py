@@ -60,6 +60,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument("--warmup", type=int, default=RunSettings.warmup)
     parser.add_argument("--iterations", type=int, default=RunSettings.iterations, help="profiled iterations")
+    parser.add_argument(
+        "--no-replay",
+        action="store_true",
+        help="skip the replay rows (each role's rank replayed against the graph)",
+    )
     parser.add_argument("--work-dir", type=Path, default=None, help="keep captures and graphs here")
     parser.add_argument("--no-probe", action="store_true", help="skip the 2-process CPU concurrency probe")
     parser.add_argument(
@@ -109,8 +114,9 @@ def legend_table(ids: dict[str, str]) -> Table:
     return table
 
 
-def records_table(records: list[dict], ids: dict[str, str]) -> Table:
-    table = Table(title="fidelity: simulation vs every rank real")
+def records_table(records: list[dict], ids: dict[str, str], source: str = "simulation") -> Table:
+    what = "simulation" if source == "simulation" else "replay of each role's rank against the graph"
+    table = Table(title=f"fidelity: {what} vs every rank real")
     for column in (
         "case",
         "rank",
@@ -216,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         iterations=args.iterations,
         work_dir=args.work_dir,
         matched_load=not args.slice_alone,
+        replay=not args.no_replay,
     )
     results: list[CaseResult] = []
     for config in configs:
@@ -223,12 +230,20 @@ def main(argv: list[str] | None = None) -> int:
         results.append(result)
     if not args.no_probe:
         probes["after"] = round(concurrency_probe(), 3)
-    records = [r for res in results for r in res.records]
+    every = [r for res in results for r in res.records]
+    records = [r for r in every if r["source"] == "simulation"]
+    replayed = [r for r in every if r["source"] == "replay"]
     breakdown = [r for res in results for r in res.breakdown]
     collectives = [r for res in results for r in res.collectives]
     ids = case_ids(records)
-    tables = (legend_table(ids), records_table(records, ids), breakdown_table(breakdown, ids))
-    tables += (profiler_table(breakdown, records, ids), memory_table(breakdown, ids))
+    tables = (legend_table(ids), records_table(records, ids))
+    if replayed:
+        tables += (records_table(replayed, ids, "replay"),)
+    tables += (
+        breakdown_table(breakdown, ids),
+        profiler_table(breakdown, records, ids),
+        memory_table(breakdown, ids),
+    )
     if collectives:
         tables += (collectives_table(collectives, ids),)
     for table in tables:
@@ -242,9 +257,11 @@ def main(argv: list[str] | None = None) -> int:
         write_json_atomic(
             args.json,
             {
-                "records": records,
+                "records": every,
                 "mean_abs_iter_err_pct": round(mean_abs(records, "iter_err_pct"), 2),
                 "mean_abs_mem_err_pct": round(mean_abs(records, "mem_err_pct"), 3),
+                "replay_mean_abs_iter_err_pct": round(mean_abs(replayed, "iter_err_pct"), 2),
+                "replay_mean_abs_mem_err_pct": round(mean_abs(replayed, "mem_err_pct"), 3),
                 "breakdown": breakdown,
                 "collectives": collectives,
                 "meta": {

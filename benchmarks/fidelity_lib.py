@@ -41,11 +41,11 @@ from fidelity_load import MatchedLoad
 from prism.capture.runner import CaptureOptions, RealMode, run_capture
 from prism.graph.build import BuildOptions, build_graph
 from prism.graph.calibrate import CalibrationConfig, calibrate
-from prism.graph.kineto import find_marks, read_kineto
-from prism.graph.memory import pick_device, total_before
+from prism.graph.memory import iteration_memory
 from prism.graph.normalize import normalize_rank
 from prism.graph.profiler_overhead import MIN_WARMUP, clean_unprofiled
 from prism.graph.simulate import load_sim_graph, simulate, static_bytes
+from prism.replay.runtime import ReplayOptions, run_replay
 from prism.schemas.cluster import ClusterSpec, ClusterSpecError, local_path, preset
 from prism.schemas.manifest import CaptureFiles, CaptureManifest
 from prism.schemas.workload import GPTConfig
@@ -69,6 +69,8 @@ class RunSettings:
     matched_load: bool = True
     """Run the world's other ranks beside each slice batch (``fidelity_load.MatchedLoad``), so the
     captured rank shares the machine as it does in the real run; False: it runs alone."""
+    replay: bool = True
+    """Also replay each role's rank against the graph (``prism-replay``): records of source 'replay'."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,7 +86,7 @@ class RankRun:
     dynamic_bytes: int
     """Peak memory minus static bytes: what the iteration itself allocates at its peak."""
     drift_bytes: int = 0
-    """Growth of Total Allocated per iteration (real runs; see ``MemoryStats``)."""
+    """Growth of Total Allocated per iteration (real runs; see ``IterationMemory``)."""
     profiled_ns: float = 0.0
     """Median wall time of the profiled iterations (real runs)."""
 
@@ -155,32 +157,6 @@ def resolve_spec(
 # -- (a) the real run ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, kw_only=True)
-class MemoryStats:
-    """A captured rank's allocator totals over its profiled iterations."""
-
-    peak_delta_bytes: int
-    """Median over iterations of the highest Total Allocated minus its value at the start."""
-    drift_bytes: int
-    """Median growth of Total Allocated from one iteration start to the next (0 in a steady state)."""
-
-
-def memory_stats(capture_dir: Path, rank: int) -> MemoryStats:
-    """Peak and drift of ``rank``'s ``[memory]`` events, iteration by iteration (``prism:iter`` marks)."""
-    trace = read_kineto(CaptureFiles(capture_dir).kineto(rank))
-    its = find_marks(trace).iterations
-    device = pick_device(trace.memory)
-    mem = trace.memory[(trace.memory["device_type"] == device[0]) & (trace.memory["device_id"] == device[1])]
-    ts, total = mem["ts_ns"].to_numpy(), mem["total"].to_numpy()
-    base = total_before(mem, its["start_ns"].to_numpy())
-    deltas = []
-    for start, end, before in zip(its["start_ns"], its["end_ns"], base, strict=True):
-        inside = total[(ts >= start) & (ts < end)]
-        deltas.append(max(int(inside.max()) - int(before), 0) if len(inside) else 0)
-    drift = np.diff(base) if len(base) > 1 else np.zeros(1)
-    return MemoryStats(peak_delta_bytes=int(statistics.median(deltas)), drift_bytes=int(np.median(drift)))
-
-
 def _steady_ns(manifest: CaptureManifest, rank: int) -> float:
     """Median wall time of the rank's clean unprofiled iterations: the job as it runs unobserved."""
     result = next(r.result for r in manifest.ranks if r.rank == rank)
@@ -205,7 +181,7 @@ def measure_real(config: GPTConfig, settings: RunSettings, out: Path) -> dict[in
     manifest = run_capture(options)
     runs = {}
     for rank in range(config.layout.world_size):
-        mem = memory_stats(out, rank)
+        mem = iteration_memory(CaptureFiles(out).kineto(rank))
         runs[rank] = RankRun(
             iter_ns=_steady_ns(manifest, rank),
             peak_bytes=static_bytes(config, config.layout.stage(rank)) + mem.peak_delta_bytes,
@@ -261,13 +237,36 @@ def predict(
     slice_parts = {
         r.rank: {
             **decompose(normalize_rank(capture, r.rank)),
-            "dynamic_bytes": memory_stats(capture, r.rank).peak_delta_bytes,
+            "dynamic_bytes": iteration_memory(CaptureFiles(capture).kineto(r.rank)).peak_delta_bytes,
             "unprofiled_ms": _steady_ns(manifest, r.rank) / 1e6,
             "profiled_ms": _profiled_ns(manifest, r.rank) / 1e6,
         }
         for r in manifest.ranks
     }
     return predicted, slice_parts
+
+
+def replay_roles(config: GPTConfig, settings: RunSettings, out: Path) -> dict[int, RankRun]:
+    """Replay each role's rank of the slice against the graph ``predict`` built in ``out``."""
+    ranks = tuple(sorted(config.layout.roles().values()))
+    options = ReplayOptions(
+        graph=out / "graph.parquet", ranks=ranks, out_dir=out / "replay",
+        warmup=settings.warmup, iterations=settings.iterations,
+    )  # fmt: skip
+    if settings.matched_load:
+        with MatchedLoad(config, warmup=settings.warmup, iterations=settings.iterations) as load:
+            report = run_replay(options, hooks=load)
+    else:
+        report = run_replay(options)
+    return {
+        r.rank: RankRun(
+            iter_ns=r.measured_iter_ms * 1e6,
+            peak_bytes=int(r.measured_peak_bytes),
+            parts_ms={},
+            dynamic_bytes=int(r.measured_peak_bytes) - static_bytes(config, r.stage),
+        )
+        for r in report.ranks
+    }
 
 
 # -- (c) pairing ----------------------------------------------------------------------------------
@@ -281,16 +280,18 @@ def _median(values: list[float]) -> float:
     return float(np.median(values))
 
 
-def _records(label: str, real: list[dict[int, RankRun]], pred: list[dict[int, RankRun]]) -> list[dict]:
+def _records(
+    label: str, real: list[dict[int, RankRun]], pred: list[dict[int, RankRun]], source: str = "simulation"
+) -> list[dict]:
     records = []
-    for rank in sorted(real[0]):
+    for rank in sorted(pred[0]) if pred else []:
         real_ms = _median([run[rank].iter_ns / 1e6 for run in real])
         pred_ms = _median([run[rank].iter_ns / 1e6 for run in pred])
         real_peak = int(_median([run[rank].peak_bytes for run in real]))
         pred_peak = int(_median([run[rank].peak_bytes for run in pred]))
         records.append(
             {
-                "case": label, "rank": rank, "source": "simulation",
+                "case": label, "rank": rank, "source": source,
                 "real_iter_ms": round(real_ms, 3), "pred_iter_ms": round(pred_ms, 3),
                 "iter_err_pct": round(_err_pct(pred_ms, real_ms), 2),
                 "real_peak_bytes": real_peak, "pred_peak_bytes": pred_peak,
@@ -351,7 +352,7 @@ def run_case_detailed(
     settings = settings or RunSettings()
     say = progress or (lambda _: None)
     label = case_label(config)
-    real, pred, slices, latencies = [], [], [], []
+    real, pred, replayed, slices, latencies = [], [], [], [], []
     for repeat in range(repeats):
         holder = _repeat_dir(settings, label, repeat)
         root = Path(holder.name) if isinstance(holder, tempfile.TemporaryDirectory) else holder
@@ -363,11 +364,14 @@ def run_case_detailed(
             predicted, slice_parts = predict(config, spec, settings, root)
             pred.append(predicted)
             slices.append(slice_parts)
+            if settings.replay:
+                say(f"[{label}] repeat {repeat + 1}/{repeats}: replay of each role's rank against the graph")
+                replayed.append(replay_roles(config, settings, root))
         finally:
             if isinstance(holder, tempfile.TemporaryDirectory):
                 holder.cleanup()
     return CaseResult(
-        records=_records(label, real, pred),
+        records=_records(label, real, pred) + _records(label, real, replayed, "replay"),
         breakdown=_breakdown(label, config, real, pred, slices),
         collectives=[{"case": label, **row} for row in summarize_latencies(latencies, spec)],
     )

@@ -27,7 +27,6 @@ from prism.schemas.layout import Role
 from prism.schemas.manifest import RankJob
 from prism.schemas.workload import GPTConfig
 
-
 _OUTLAST = 20
 """Load ranks run this many times the slice's profiled iterations (killed when the batch ends)."""
 

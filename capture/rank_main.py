@@ -26,7 +26,7 @@ from prism.capture.profiling import ProfileSpec, profiled
 from prism.capture.progress import report
 from prism.capture.workloads.gpt import GPTWorkload
 from prism.replay.backend import BACKEND_NAME, VirtualWorld, activate, current_comm_log, rendezvous_store
-from prism.replay.clock import FreeRunningClock
+from prism.replay.clock import CommClock, FreeRunningClock
 from prism.schemas.annotations import group_label
 from prism.schemas.comm_log import write_comm_log
 from prism.schemas.files import write_json_atomic
@@ -44,11 +44,9 @@ def layout_labeler(layout: ParallelLayout):
     return label
 
 
-def _init_distributed(job: RankJob, rank: int) -> None:
+def _init_distributed(job: RankJob, rank: int, clock: CommClock) -> None:
     layout = job.config.layout
-    world = VirtualWorld(
-        real_ranks=job.real_ranks_for(rank), clock=FreeRunningClock(), labeler=layout_labeler(layout)
-    )
+    world = VirtualWorld(real_ranks=job.real_ranks_for(rank), clock=clock, labeler=layout_labeler(layout))
     activate(world)
     # The store waits only for the real ranks: virtual ones never connect.
     store = rendezvous_store(rank, layout.world_size, world)
@@ -59,13 +57,18 @@ def _peak_device_bytes(job: RankJob) -> int | None:
     return torch.cuda.max_memory_allocated() if job.config.device == "cuda" else None
 
 
-def run_rank(job: RankJob, rank: int, out_dir: Path) -> RankResult:
-    """Run one rank of ``job`` and write its files under ``out_dir``."""
+def run_rank(job: RankJob, rank: int, out_dir: Path, *, clock: CommClock | None = None) -> RankResult:
+    """Run one rank of ``job`` and write its files under ``out_dir``.
+
+    ``clock`` times the calls with virtual peers (default: they complete at once, as in a
+    capture); it is told where each iteration begins and ends, outside the timed span.
+    """
     started = time.perf_counter()
+    clock = clock or FreeRunningClock()
     torch.set_num_threads(job.threads)
     if job.config.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    _init_distributed(job, rank)
+    _init_distributed(job, rank, clock)
     files = CaptureFiles(out_dir)
     workload = GPTWorkload(job.config)
     total = job.warmup + job.iterations
@@ -81,11 +84,13 @@ def run_rank(job: RankJob, rank: int, out_dir: Path) -> RankResult:
     report(rank=rank, event="start", total=total)
     with profiled(spec) as prof:
         for it in range(total):
+            clock.iteration_started(time.time_ns())
             t0 = time.perf_counter_ns()
             result = workload.train_step(it)
             if job.config.device == "cuda":
                 torch.cuda.synchronize()
             iteration_ns.append(time.perf_counter_ns() - t0)
+            clock.iteration_done(time.time_ns())
             losses.append(result.loss)
             prof.step()
             report(rank=rank, event="iteration", done=it + 1, total=total, ms=iteration_ns[-1] / 1e6)

@@ -19,10 +19,14 @@ before it are not in them.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from prism.graph.kineto import find_marks, read_kineto
 
 CPU_DEVICE_TYPE = 0
 
@@ -92,3 +96,29 @@ def total_before(mem: pd.DataFrame, times: np.ndarray) -> np.ndarray:
     # Before the first event the total is that event's total minus its own bytes.
     running = np.concatenate(([total[0] - mem["bytes"].to_numpy()[0]], total))
     return running[np.searchsorted(t, times, side="left")].astype(np.int64)
+
+
+@dataclass(frozen=True, kw_only=True)
+class IterationMemory:
+    """A rank's allocator totals over the profiled iterations of its trace."""
+
+    peak_delta_bytes: int
+    """Median over iterations of the highest Total Allocated minus its value at the start."""
+    drift_bytes: int
+    """Median growth of Total Allocated from one iteration start to the next (0 in a steady state)."""
+
+
+def iteration_memory(kineto_path: Path) -> IterationMemory:
+    """Peak and drift of a trace's ``[memory]`` events, iteration by iteration (``prism:iter`` marks)."""
+    trace = read_kineto(kineto_path)
+    its = find_marks(trace).iterations
+    device = pick_device(trace.memory)
+    mem = trace.memory[(trace.memory["device_type"] == device[0]) & (trace.memory["device_id"] == device[1])]
+    ts, total = mem["ts_ns"].to_numpy(), mem["total"].to_numpy()
+    base = total_before(mem, its["start_ns"].to_numpy())
+    deltas = []
+    for start, end, before in zip(its["start_ns"], its["end_ns"], base, strict=True):
+        inside = total[(ts >= start) & (ts < end)]
+        deltas.append(max(int(inside.max()) - int(before), 0) if len(inside) else 0)
+    drift = np.diff(base) if len(base) > 1 else np.zeros(1)
+    return IterationMemory(peak_delta_bytes=int(statistics.median(deltas)), drift_bytes=int(np.median(drift)))

@@ -162,3 +162,11 @@ class Engine:
             self.end[i] = t_ns  # dependencies are same-rank: nobody else waits on it
         self.clock[rank] = t_ns
         self.pc[rank] += 1
+
+    def finish_external_run(self, rank: int, stop: int, start_ns: np.ndarray, end_ns: np.ndarray) -> None:
+        """The external rank ran its compute nodes up to ``stop`` with these times (one call for many)."""
+        i = self.next_node(rank)
+        self.start[i:stop] = start_ns
+        self.end[i:stop] = end_ns
+        self.clock[rank] = end_ns[-1]
+        self.pc[rank] = stop

@@ -59,10 +59,14 @@ class RankProgram:
     peer: np.ndarray
     phase: np.ndarray
     """Annotation phase of the node's block (fwd, bwd, p2p_wait, grad_sync, optim, ...)."""
+    phases: tuple[str, ...]
+    """The distinct phases; ``phase_code`` indexes them."""
+    phase_code: np.ndarray
 
     @classmethod
-    def read(cls, path: str | Path, rank: int, kind: np.ndarray) -> RankProgram:
-        """The rank's rows of the graph file (other row groups are skipped); ``kind``: its engine codes."""
+    def read(cls, path: str | Path, rank: int, graph: SimGraph) -> RankProgram:
+        """The rank's rows of the graph file at ``path`` (other row groups are skipped), loaded as ``graph``."""
+        kind = graph.kind[graph.rank_ptr[rank] : graph.rank_ptr[rank + 1]]
         columns = [gf.RANK, gf.NAME, gf.GROUP_KIND, gf.GROUP_INDEX, gf.BYTES, gf.PEER, gf.PHASE]
         table = pq.read_table(path, columns=columns, filters=[(gf.RANK, "=", rank)])
         group_kind = table[gf.GROUP_KIND].cast("string").to_numpy(zero_copy_only=False)
@@ -71,6 +75,8 @@ class RankProgram:
             [f"{k}.{i}" if k and i >= 0 else (k or "") for k, i in zip(group_kind, group_index, strict=True)],
             dtype=object,
         )
+        phase = pc.cast(table[gf.PHASE], "string").to_numpy(zero_copy_only=False)
+        phases, codes = np.unique(phase, return_inverse=True)
         return cls(
             rank=rank,
             kind=kind,
@@ -78,7 +84,9 @@ class RankProgram:
             label=label,
             bytes=table[gf.BYTES].to_numpy(),
             peer=table[gf.PEER].to_numpy(),
-            phase=pc.cast(table[gf.PHASE], "string").to_numpy(zero_copy_only=False),
+            phase=phase,
+            phases=tuple(phases),
+            phase_code=codes,
         )
 
     def describe(self, i: int) -> str:
@@ -114,28 +122,60 @@ class IterationStats:
     """The real rank's time by phase of its nodes (compute spread in proportion to the graph)."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class PassTimes:
+    """Wall-clock start and end of the nodes of some ranks in one iteration of the co-simulation.
+
+    Graph times are mapped to the wall with the iteration's final stall shift, so nodes early in
+    an iteration that stalled may show up to that stall late."""
+
+    start_ns: dict[int, np.ndarray]
+    end_ns: dict[int, np.ndarray]
+
+
 class GraphClock:
     """Co-simulates one real rank against the graph's virtual ranks (a ``CommClock``)."""
 
-    def __init__(self, graph: SimGraph, program: RankProgram, *, wall_ns=time.time_ns) -> None:
+    def __init__(
+        self,
+        graph: SimGraph,
+        program: RankProgram,
+        *,
+        wall_ns=time.time_ns,
+        trace_ranks: tuple[int, ...] = (),
+    ) -> None:
         self.graph, self.program, self.rank = graph, program, program.rank
         self._wall_ns = wall_ns
         self._external = np.zeros(graph.ranks, np.bool_)
         self._external[self.rank] = True
         self._first = int(graph.rank_ptr[self.rank])
         self._last = int(graph.rank_ptr[self.rank + 1])
+        self._comm_rows = self._first + np.flatnonzero(program.kind != COMPUTE)
         self._engine: Engine | None = None
         self._origin_ns = 0  # wall time of graph time 0
         self._shift_ns = 0  # stall so far: wall = origin + shift + graph time
         self._deferred: list[tuple[int, Completion]] = []
         self._in_iteration = False
         self.iterations: list[IterationStats] = []
+        self.trace_ranks = tuple(trace_ranks)
+        self.traced: list[PassTimes] = []
+        """Start and end (wall ns) of every node of ``trace_ranks``, one entry per iteration."""
 
     @classmethod
-    def open(cls, path: str | Path, rank: int, graph: SimGraph, *, wall_ns=time.time_ns) -> GraphClock:
+    def open(
+        cls,
+        path: str | Path,
+        rank: int,
+        graph: SimGraph,
+        *,
+        wall_ns=time.time_ns,
+        trace_ranks: tuple[int, ...] = (),
+    ) -> GraphClock:
         """The clock of ``rank`` of the graph at ``path`` (already loaded as ``graph``)."""
-        kind = graph.kind[graph.rank_ptr[rank] : graph.rank_ptr[rank + 1]]
-        return cls(graph, RankProgram.read(path, rank, kind), wall_ns=wall_ns)
+        for r in (rank, *trace_ranks):
+            if not 0 <= r < graph.ranks:
+                raise ValueError(f"rank {r} is not in the graph (0..{graph.ranks - 1})")
+        return cls(graph, RankProgram.read(path, rank, graph), wall_ns=wall_ns, trace_ranks=trace_ranks)
 
     # -- time mapping --------------------------------------------------------------------------
     def _to_graph(self, wall_ns: int) -> int:
@@ -159,6 +199,7 @@ class GraphClock:
         self._engine.advance()
         stats.rank_start_ns = int(clock[self.rank])
         self._in_iteration = True
+        self._phase_acc = np.zeros(len(self.program.phases), np.int64)
         self.iterations.append(stats)
         self._charge(stats, began, stall=True)
 
@@ -172,14 +213,28 @@ class GraphClock:
                 f"rank {self.rank}: the iteration ended, but the graph expects "
                 f"{self.program.describe(rest - self._first)} next"
             )
-        self._move_to(self._last, t, stats)
+        self._move_to(self._last, t)
         engine.advance()
         stuck = np.flatnonzero(engine.pc < self.graph.rank_ptr[1:])
         if len(stuck):
             raise SimulationError(f"the virtual ranks cannot finish the iteration (first: rank {stuck[0]})")
         stats.rank_end_ns = t
+        stats.phase_ns = {
+            p: int(ns) for p, ns in zip(self.program.phases, self._phase_acc, strict=True) if ns
+        }
         self._in_iteration = False
+        if self.trace_ranks:
+            self.traced.append(self._pass_times())
         self._charge(stats, began, stall=True)
+
+    def _pass_times(self) -> PassTimes:
+        ptr, engine = self.graph.rank_ptr, self._engine
+        rows = {r: slice(int(ptr[r]), int(ptr[r + 1])) for r in self.trace_ranks}
+        offset = self._origin_ns + self._shift_ns
+        return PassTimes(
+            start_ns={r: engine.start[s] + offset for r, s in rows.items()},
+            end_ns={r: engine.end[s] + offset for r, s in rows.items()},
+        )
 
     def pass_iteration_ns(self) -> np.ndarray:
         """Every rank's time in the last iteration (pass) of the co-simulation, virtual ones included."""
@@ -205,7 +260,7 @@ class GraphClock:
                 f"{self.program.describe(node - self._first)} (node {node - self._first} of the rank)"
             )
         t = self._to_graph(call.enter_ns)
-        self._move_to(node, t, stats)
+        self._move_to(node, t)
         engine.arrive_external(self.rank, t)
         engine.advance()
         if call.async_op:
@@ -234,9 +289,7 @@ class GraphClock:
             stats.stall_ns += late
             due = {n: d + late for n, d in due.items()}
         if sync is not None:
-            t_arrive = int(self._engine.start[sync])
-            phase = self.program.phase[sync - self._first]
-            stats.phase_ns[phase] = stats.phase_ns.get(phase, 0) + int(end[sync]) - t_arrive
+            self._count(sync, int(end[sync]) - int(self._engine.start[sync]))
             self._engine.finish_external(self.rank, int(end[sync]))
         stats.engine_ns += now - began
         for n, complete in ready:
@@ -251,25 +304,51 @@ class GraphClock:
 
     # -- the real rank's compute nodes -----------------------------------------------------------
     def _next_comm(self, i: int) -> int:
-        kind = self.graph.kind
-        while i < self._last and kind[i] == COMPUTE:
-            i += 1
-        return i
+        """The first communication node of the rank at or after row ``i`` (``_last``: none)."""
+        k = int(np.searchsorted(self._comm_rows, i))
+        return int(self._comm_rows[k]) if k < len(self._comm_rows) else self._last
 
-    def _move_to(self, stop: int, t: int, stats: IterationStats) -> None:
-        """Finish the rank's compute nodes before ``stop``: graph time ``t`` is reached at ``stop``."""
+    def _move_to(self, stop: int, t: int) -> None:
+        """Finish the rank's compute nodes before ``stop``: graph time ``t`` is reached at ``stop``.
+
+        The measured span is split as the engine would have spent it (gaps, waits for earlier
+        async calls, durations; the gap before the call ``stop`` counts to the node before it),
+        scaled to the measured length: with the graph's own times, the offline split exactly.
+        """
         engine, g = self._engine, self.graph
-        i = int(engine.pc[self.rank])
-        if i >= stop:
+        i, clock = int(engine.pc[self.rank]), int(engine.clock[self.rank])
+        span = max(t - clock, 0)
+        if i >= stop:  # consecutive calls: the time between them counts to the node before
+            self._count(i - 1 if i > self._first else stop, span)
             return
-        clock = int(engine.clock[self.rank])
-        predicted = np.maximum(g.gap[i:stop] + engine.busy[i:stop], 0).astype(np.float64)
+        predicted = self._predicted(i, stop, clock)
+        if stop < self._last:
+            predicted[-1] += g.gap[stop]
         total = predicted.sum()
         share = predicted / total if total > 0 else np.full(stop - i, 1.0 / (stop - i))
-        bounds = clock + np.round(np.cumsum(share) * max(t - clock, 0)).astype(np.int64)
-        for k, node in enumerate(range(i, stop)):
-            start = clock if k == 0 else int(bounds[k - 1])
-            engine.arrive_external(self.rank, start)
-            engine.finish_external(self.rank, int(bounds[k]))
-            phase = self.program.phase[node - self._first]
-            stats.phase_ns[phase] = stats.phase_ns.get(phase, 0) + int(bounds[k]) - start
+        ends = clock + np.round(np.cumsum(share) * span).astype(np.int64)
+        starts = np.r_[clock, ends[:-1]]
+        engine.finish_external_run(self.rank, stop, starts, ends)
+        np.add.at(
+            self._phase_acc, self.program.phase_code[i - self._first : stop - self._first], ends - starts
+        )
+
+    def _predicted(self, i: int, stop: int, clock: int) -> np.ndarray:
+        """How far each node of ``i..stop`` moves the rank on, by the engine's rules (vectorized
+        between the few nodes that wait for earlier async calls)."""
+        engine, g = self._engine, self.graph
+        gap, busy = g.gap[i:stop], engine.busy[i:stop]
+        predicted = (gap + busy).astype(np.float64)
+        waits = np.flatnonzero(g.deps_ptr[i + 1 : stop + 1] > g.deps_ptr[i:stop])
+        c, pos = clock, 0
+        for k in waits:
+            c += int(predicted[pos:k].sum())
+            deps = g.deps[g.deps_ptr[i + k] : g.deps_ptr[i + k + 1]]
+            ready = max(c + int(gap[k]), int(engine.end[deps].max()))
+            predicted[k] = ready + int(busy[k]) - c
+            c += int(predicted[k])
+            pos = k + 1
+        return predicted
+
+    def _count(self, node: int, ns: int) -> None:
+        self._phase_acc[self.program.phase_code[node - self._first]] += ns

@@ -20,6 +20,7 @@ import enum
 import itertools
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from functools import partial
@@ -76,9 +77,10 @@ class VirtualWork(dist.Work):
     (A Work made by ``_create_work_from_future`` reports success for a future that holds an
     exception, so a timed-out call would return as if it had completed.)"""
 
-    def __init__(self, future: torch.futures.Future) -> None:
+    def __init__(self, future: torch.futures.Future, completion: object = None) -> None:
         super().__init__()
         self._future = future
+        self._completion = completion  # alive while the Work is: its timeout stays armed
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
         self._future.wait()  # raises the call's error
@@ -110,10 +112,16 @@ class VirtualWork(dist.Work):
         pass
 
 
+def _expire(completion: weakref.ref, call: PendingCall, timeout: timedelta) -> None:
+    alive = completion()
+    if alive is not None:  # else nobody holds its Work: nobody can be waiting on it
+        alive.expire(call, timeout)
+
+
 class _VirtualCompletion:
     """Completes one virtual call's future once: at the clock's time, or fails it at the timeout."""
 
-    __slots__ = ("_record", "_future", "_result", "_lock", "_settled")
+    __slots__ = ("_record", "_future", "_result", "_lock", "_settled", "__weakref__")
 
     def __init__(self, record: CallRecord, future: torch.futures.Future, result: object) -> None:
         self._record, self._future, self._result = record, future, result
@@ -299,8 +307,9 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
         self._clock.submit(pending, completion.at)
         if not completion.settled:  # no wait may hang: fail the call if no time is named in time
             deadline = time.time_ns() + int(self._timeout.total_seconds() * 1e9)
-            SCHEDULER.schedule(deadline, partial(completion.expire, pending, self._timeout))
-        return VirtualWork(future)
+            # A weak reference: the pending timeout must not keep the call's tensors alive.
+            SCHEDULER.schedule(deadline, partial(_expire, weakref.ref(completion), pending, self._timeout))
+        return VirtualWork(future, completion)
 
     def _delegate(self, device: torch.device) -> dist.Backend:
         backend = self._delegates.get(device.type)

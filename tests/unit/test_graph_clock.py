@@ -19,6 +19,7 @@ from prism.graph.simulate import SimGraph, load_sim_graph, simulate
 from prism.graph.whatif import SlowRank, WhatIf, apply_what_if
 from prism.replay.clock import PendingCall
 from prism.replay.graph_clock import DivergenceError, GraphClock
+from prism.replay.rank_main import predicted_phase_ns
 from prism.schemas import graph_format as gf
 
 ORIGIN = 1_000_000_000
@@ -204,3 +205,18 @@ def test_time_by_phase_adds_up_to_the_iteration(tmp_path: Path) -> None:
     assert stats.phase_ns == {"fwd": 350, "optim": 10}
     assert sum(stats.phase_ns.values()) == stats.rank_end_ns - stats.rank_start_ns
     assert stats.calls == 1
+
+
+@pytest.mark.parametrize("rank", [0, 2])
+def test_time_by_phase_with_graph_times_is_the_offline_split(tmp_path: Path, rank: int) -> None:
+    programs = named(one_f_one_b_programs(4, 8, 10, 20))
+    for nodes in programs:
+        for n in nodes:
+            n[gf.PHASE] = {"compute": "fwd" if n[gf.DUR_NS] == 10 else "bwd"}.get(n[gf.KIND], n[gf.KIND])
+            n[gf.GAP_NS] = 3
+    path = write(tmp_path / "g.parquet", config(pp=4, microbatches=8), programs)
+    graph = load_sim_graph(path)
+    clock, _ = played(path, graph, rank, iterations=3)
+    expected = predicted_phase_ns(graph, simulate(graph, iterations=3), clock.program)
+    assert clock.iterations[-1].phase_ns == expected
+    assert sum(expected.values()) == simulate(graph, iterations=3).iteration_ns[rank]

@@ -1,0 +1,134 @@
+"""``prism-replay``: run real ranks of the graph's job against its virtual participants."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from prism.capture.progress import RankProgress
+from prism.replay.runtime import ReplayDiverged, ReplayInputError, ReplayOptions, run_replay
+from prism.schemas.replay import RankReport, ReplayReport
+
+app = typer.Typer(add_completion=False, help=__doc__)
+console = Console(stderr=True)
+
+
+def _ranks(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(r) for r in text.split(",") if r.strip())
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not a comma-separated list of ranks") from None
+
+
+@app.command()
+def replay(
+    graph: Annotated[Path, typer.Argument(help="graph.parquet built by prism-build-graph.")],
+    rank: Annotated[
+        list[int], typer.Option("--rank", "-r", help="Global rank to run for real (repeatable).")
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Replay directory to create.")] = Path(
+        "replay-out"
+    ),
+    warmup: Annotated[
+        int,
+        typer.Option(
+            help="Unprofiled iterations; the clean ones (not the first or last) give the steady time."
+        ),
+    ] = 5,
+    iterations: Annotated[
+        int, typer.Option(help="Profiled iterations after them (trace and peak memory).")
+    ] = 2,
+    device: Annotated[str | None, typer.Option(help="cpu or cuda [default: the graph's].")] = None,
+    threads: Annotated[int, typer.Option(help="torch intra-op threads of the real rank.")] = 1,
+    trace_peers: Annotated[
+        str, typer.Option(help="Virtual ranks to write Chrome traces of, e.g. 0,8,122.")
+    ] = "",
+    overwrite: Annotated[bool, typer.Option(help="Replace a non-empty output directory.")] = False,
+    rank_timeout: Annotated[
+        float, typer.Option(help="Seconds before a stuck rank process is killed.")
+    ] = 1800.0,
+) -> None:
+    """Run RANK(s) of GRAPH's job for real, every other rank virtual, timed by the graph."""
+    options = ReplayOptions(
+        graph=graph, ranks=tuple(rank), out_dir=out, warmup=warmup, iterations=iterations, device=device,
+        threads=threads, trace_peers=_ranks(trace_peers), overwrite=overwrite, timeout_s=rank_timeout,
+    )  # fmt: skip
+    console.print(
+        f"[bold]prism-replay[/] {graph}: rank(s) {', '.join(map(str, rank))} real, every other virtual"
+    )
+    progress = RankProgress(console, {r: f"rank {r} (real)" for r in rank})
+    try:
+        with progress:
+            for r in rank:
+                progress.starting(r)
+            report = run_replay(options, progress)
+    except (ReplayInputError, ReplayDiverged) as e:
+        console.print(f"[bold red]error:[/] {str(e).splitlines()[0]}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        console.print("[bold red]interrupted[/]: nothing was written")
+        raise typer.Exit(130) from None
+    console.print(report_table(report))
+    console.print(engine_table(report))
+    for r in report.ranks:
+        console.print(phase_table(r))
+    console.print(f"wrote {out / 'report.json'}")
+
+
+def _mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.3f}"
+
+
+def _pct(x: float | None, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:+.{digits}f}%"
+
+
+def report_table(report: ReplayReport) -> Table:
+    table = Table(title=f"replay of {report.layout} ({report.device}): measured vs predicted")
+    for c in ("rank", "role", "iter ms", "predicted", "error", "peak MiB", "predicted", "error"):
+        table.add_column(c, justify="left" if c == "role" else "right")
+    for r in report.ranks:
+        table.add_row(
+            str(r.rank), r.role, f"{r.measured_iter_ms:.2f}", f"{r.predicted_iter_ms:.2f}", _pct(r.iter_err_pct),
+            _mib(r.measured_peak_bytes), _mib(r.predicted_peak_bytes), _pct(r.mem_err_pct, 3),
+        )  # fmt: skip
+    table.caption = (
+        "measured: clean unprofiled iterations (median), engine stalls removed; predicted: offline simulation"
+    )
+    return table
+
+
+def engine_table(report: ReplayReport) -> Table:
+    table = Table(title="the co-simulation per iteration")
+    for c in ("rank", "calls", "engine ms", "stall ms", "replay MiB"):
+        table.add_column(c, justify="right")
+    for r in report.ranks:
+        table.add_row(
+            str(r.rank), str(r.calls_per_iter), f"{r.engine_ms_per_iter:.2f}", f"{r.stall_ms_per_iter:.2f}",
+            _mib(r.replay_rss_bytes),
+        )  # fmt: skip
+    table.caption = "stall: engine time that held the real rank (taken out of its emulated time)"
+    return table
+
+
+def phase_table(rank: RankReport) -> Table:
+    table = Table(title=f"rank {rank.rank}: where the iteration goes (ms)")
+    for c in ("phase", "measured", "predicted", "difference"):
+        table.add_column(c, justify="left" if c == "phase" else "right")
+    for p in rank.phases:
+        table.add_row(
+            p.phase, f"{p.measured_ms:.2f}", f"{p.predicted_ms:.2f}", f"{p.measured_ms - p.predicted_ms:+.2f}"
+        )
+    return table
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""Chrome-trace JSON of a virtual rank as the co-simulation ran it (``prism-replay --trace-peers``).
+
+One complete event ("ph": "X") per node, on the wall clock (µs since the epoch, as the real
+rank's Kineto trace), so that Perfetto or chrome://tracing shows the virtual neighbours beside
+the real rank's trace. Process id = global rank; thread 0 = its main stream.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prism.graph.sim_engine import COMPUTE
+from prism.replay.graph_clock import GraphClock, RankProgram
+from prism.schemas.files import write_json_atomic
+
+
+def peer_trace_events(clock: GraphClock, program: RankProgram) -> list[dict]:
+    """Trace events of ``program``'s rank in every iteration the clock recorded."""
+    rank = program.rank
+    events: list[dict] = [
+        {"name": "process_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": f"rank {rank} (virtual)"}}
+    ]
+    for iteration, times in enumerate(clock.traced):
+        for k, (start, end) in enumerate(zip(times.start_ns[rank], times.end_ns[rank], strict=True)):
+            name = str(program.name[k]) if program.kind[k] == COMPUTE else program.describe(k)
+            events.append(
+                {
+                    "name": name,
+                    "cat": str(program.phase[k]) or "node",
+                    "ph": "X",
+                    "pid": rank,
+                    "tid": 0,
+                    "ts": start / 1e3,
+                    "dur": max(end - start, 0) / 1e3,
+                    "args": {"iteration": iteration, "node": k},
+                }
+            )
+    return events
+
+
+def write_peer_trace(clock: GraphClock, program: RankProgram, path: Path) -> None:
+    write_json_atomic(
+        path, {"traceEvents": peer_trace_events(clock, program), "displayTimeUnit": "ms"}, indent=None
+    )

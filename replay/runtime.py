@@ -1,0 +1,228 @@
+"""The replay runtime: run real ranks of the graph's job against its virtual participants.
+
+For each ``--rank``, one process runs the original program (the built-in GPT workload with the
+target job's shapes, as recorded in the graph's metadata) as that rank of the full world, its
+peers virtual and timed by the co-simulation (``prism.replay.rank_main``). Several ranks run
+one after another, each the only real rank of its run: replaying ranks that exchange real
+data with each other at the same time is not supported yet.
+
+Inputs are checked before anything starts (``ReplayInputError``: one line, the CLI's exit 2):
+a file that is not a graph of this version, a rank outside the world, a program that cannot
+start here (unknown workload, CUDA without a device, too few warm-up iterations).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from prism.capture.launch import LaunchError, RankLaunch, run_processes
+from prism.capture.runner import CaptureHooks
+from prism.graph.graph_io import GraphFormatError, read_metadata
+from prism.graph.memory import iteration_memory
+from prism.graph.profiler_overhead import MIN_WARMUP
+from prism.graph.simulate import static_bytes
+from prism.schemas.files import write_json_atomic
+from prism.schemas.manifest import RankJob, RankResult
+from prism.schemas.replay import (
+    PhaseComparison,
+    RankReport,
+    ReplayFiles,
+    ReplayJob,
+    ReplayRankStats,
+    ReplayReport,
+)
+from prism.schemas.workload import GPTConfig
+
+Progress = Callable[[dict], None]
+
+
+class ReplayInputError(ValueError):
+    """Bad input to a replay: the message is one line."""
+
+
+class ReplayDiverged(RuntimeError):
+    """A replayed rank stopped: its program left the graph, or a wait could never end (one line)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplayOptions:
+    """What ``prism-replay`` runs."""
+
+    graph: Path
+    """graph.parquet built by prism-build-graph."""
+    ranks: tuple[int, ...]
+    """Global ranks to run for real."""
+    out_dir: Path
+    """Replay directory to create."""
+    warmup: int = 5
+    """Unprofiled iterations; the clean ones (all but the first and the last) give the steady time."""
+    iterations: int = 2
+    """Profiled iterations after them (Kineto trace, peak memory)."""
+    device: str | None = None
+    """cpu or cuda; None: the graph's."""
+    threads: int = 1
+    """torch intra-op threads of the real rank."""
+    trace_peers: tuple[int, ...] = ()
+    """Virtual ranks to write Chrome traces of."""
+    overwrite: bool = False
+    """Replace a non-empty output directory."""
+    timeout_s: float = 1800.0
+    """Seconds before a rank process is killed."""
+
+
+def check_inputs(options: ReplayOptions) -> GPTConfig:
+    """The job's config to replay, or a ReplayInputError saying what is wrong."""
+    try:
+        metadata = read_metadata(options.graph)
+    except (GraphFormatError, ValueError, OSError) as e:
+        raise ReplayInputError(f"{options.graph}: {str(e).splitlines()[0]}") from None
+    config = GPTConfig.from_dict(metadata.model)
+    if options.device is not None:
+        config = replace(config, device=options.device)
+    world = config.layout.world_size
+    for rank in (*options.ranks, *options.trace_peers):
+        if not 0 <= rank < world:
+            raise ReplayInputError(f"rank {rank} is out of range: the graph's job has ranks 0..{world - 1}")
+    if not options.ranks:
+        raise ReplayInputError("name at least one --rank to run for real")
+    if len(set(options.ranks)) != len(options.ranks):
+        raise ReplayInputError("a --rank is named twice")
+    workload = metadata.build_options.get("workload", "gpt")
+    if workload != "gpt":
+        raise ReplayInputError(f"the graph's program is the {workload!r} workload; prism-replay runs 'gpt'")
+    if config.device == "cuda" and not _cuda_available():
+        raise ReplayInputError("the program runs on cuda, but no CUDA device is available (use --device cpu)")
+    if options.warmup < MIN_WARMUP:
+        raise ReplayInputError(
+            f"--warmup must be at least {MIN_WARMUP}: the steady time needs clean iterations"
+        )
+    if options.iterations < 1:
+        raise ReplayInputError(
+            "--iterations must be at least 1 (the profiled ones give the trace and memory)"
+        )
+    if options.out_dir.exists() and any(options.out_dir.iterdir()) and not options.overwrite:
+        raise ReplayInputError(f"{options.out_dir} is not empty (use --overwrite)")
+    return config
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def run_replay(
+    options: ReplayOptions, on_event: Progress | None = None, hooks: CaptureHooks | None = None
+) -> ReplayReport:
+    """Replay every rank of ``options``; write the replay directory and return its report.
+
+    ``hooks`` are told before and after each rank's run (``batch_starting`` / ``batch_done``),
+    as a capture tells them of its batches."""
+    config = check_inputs(options)
+    options.out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{options.out_dir.name}.", dir=options.out_dir.parent))
+    try:
+        files = ReplayFiles(tmp)
+        program = RankJob(
+            workload="gpt", config=config, real_ranks=(), warmup=options.warmup,
+            iterations=options.iterations, threads=options.threads,
+        )  # fmt: skip
+        job = ReplayJob(program=program, graph=str(options.graph.resolve()), trace_peers=options.trace_peers)
+        write_json_atomic(files.job, job.to_dict())
+        reports = []
+        hooks = hooks or CaptureHooks()
+        for rank in options.ranks:
+            hooks.batch_starting((rank,), {rank: config.layout.role(rank)})
+            try:
+                _run_one(files, rank, options, config, on_event)
+            finally:
+                hooks.batch_done((rank,))
+            reports.append(rank_report(files, rank, config, warmup=options.warmup))
+        report = ReplayReport(
+            graph=str(options.graph), layout=str(config.layout), device=config.device,
+            warmup=options.warmup, iterations=options.iterations, ranks=tuple(reports),
+        )  # fmt: skip
+        write_json_atomic(files.report, report.to_dict())
+        if options.out_dir.exists():
+            shutil.rmtree(options.out_dir)
+        tmp.rename(options.out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return report
+
+
+def _run_one(files: ReplayFiles, rank: int, options: ReplayOptions, config: GPTConfig, on_event: Progress | None) -> None:  # fmt: skip
+    errors: list[str] = []
+
+    def events(event: dict) -> None:
+        if event.get("event") == "error":
+            errors.append(event["message"])
+        if on_event is not None:
+            on_event(event)
+
+    argv = (sys.executable, "-m", "prism.replay.rank_main", "--job", str(files.job), "--rank", str(rank), "--out", str(files.root))  # fmt: skip
+    launch = RankLaunch(rank=rank, argv=argv, log_path=files.log(rank))
+    try:
+        run_processes([launch], world_size=config.layout.world_size, timeout_s=options.timeout_s, on_event=events,
+                      env={"OMP_NUM_THREADS": str(options.threads)})  # fmt: skip
+    except LaunchError as e:
+        if errors:
+            raise ReplayDiverged(errors[0]) from None
+        raise ReplayDiverged(str(e).splitlines()[0] + f" (see {files.log(rank)})") from None
+
+
+def _pct(pred: float, real: float) -> float:
+    return (pred - real) / real * 100 if real else float("nan")
+
+
+def rank_report(files: ReplayFiles, rank: int, config: GPTConfig, *, warmup: int) -> RankReport:
+    """Measured vs predicted for one replayed rank, from the files its process wrote."""
+    result = RankResult(**json.loads(files.result(rank).read_text()))
+    stats = ReplayRankStats.from_dict(json.loads(files.replay_stats(rank).read_text()))
+    # The clean unprofiled iterations, the window the build's profiler correction predicts; the
+    # emulated time is the program's wall time with the engine's stalls taken out.
+    clean = range(1, warmup - 1)
+    measured = statistics.median(stats.iterations[i].emulated_ns for i in clean)
+    stage = config.layout.stage(rank)
+    memory = iteration_memory(files.kineto(rank)) if config.device == "cpu" else None
+    measured_peak = (
+        static_bytes(config, stage) + memory.peak_delta_bytes
+        if memory is not None
+        else result.peak_device_bytes
+    )
+    phases = _phases(stats, clean)
+    return RankReport(
+        rank=rank,
+        stage=stage,
+        role=config.layout.role_of_stage(stage).value,
+        measured_iter_ms=measured / 1e6,
+        predicted_iter_ms=stats.predicted_iteration_ns / 1e6,
+        iter_err_pct=_pct(stats.predicted_iteration_ns, measured),
+        measured_peak_bytes=measured_peak,
+        predicted_peak_bytes=stats.predicted_peak_bytes,
+        mem_err_pct=None if measured_peak is None else _pct(stats.predicted_peak_bytes, measured_peak),
+        engine_ms_per_iter=statistics.median(stats.iterations[i].engine_ns for i in clean) / 1e6,
+        stall_ms_per_iter=statistics.median(stats.iterations[i].stall_ns for i in clean) / 1e6,
+        calls_per_iter=stats.iterations[-1].calls,
+        replay_rss_bytes=stats.replay_rss_bytes,
+        phases=phases,
+    )
+
+
+def _phases(stats: ReplayRankStats, clean: range) -> tuple[PhaseComparison, ...]:
+    names = sorted(set(stats.predicted_phase_ns) | {p for i in clean for p in stats.iterations[i].phase_ns})
+    return tuple(
+        PhaseComparison(
+            phase=name or "(none)",
+            measured_ms=statistics.median(stats.iterations[i].phase_ns.get(name, 0) for i in clean) / 1e6,
+            predicted_ms=stats.predicted_phase_ns.get(name, 0) / 1e6,
+        )
+        for name in names
+    )

@@ -1,0 +1,160 @@
+"""Files of a replay directory: the job of a replayed rank, what it measured, and ``report.json``.
+
+::
+
+    replay/
+      report.json                 ReplayReport: measured vs predicted, rank by rank
+      job.json                    ReplayJob: the program (a capture RankJob) and the graph
+      kineto/rank{r}.trace.json.gz  the real rank's profiled iterations (emulated waits added)
+      et/rank{r}.et.json          its Execution Trace
+      logs/rank{r}.comm.json      its process-group calls
+      logs/rank{r}.result.json    RankResult (wall time of every iteration)
+      logs/rank{r}.replay.json    ReplayRankStats (the co-simulation's side)
+      peers/rank{p}.trace.json    --trace-peers: Chrome traces of virtual ranks
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from prism.schemas.manifest import CaptureFiles, RankJob
+
+REPORT_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplayJob:
+    """What a replayed rank process runs (``job.json``)."""
+
+    program: RankJob
+    """The original program with the target job's shapes (every peer virtual)."""
+    graph: str
+    """graph.parquet whose co-simulation times the virtual peers."""
+    trace_peers: tuple[int, ...] = ()
+    """Virtual ranks whose co-simulated nodes are written as Chrome traces."""
+
+    def to_dict(self) -> dict:
+        return {"program": self.program.to_dict(), "graph": self.graph, "trace_peers": list(self.trace_peers)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ReplayJob:
+        return cls(
+            program=RankJob.from_dict(data["program"]),
+            graph=data["graph"],
+            trace_peers=tuple(data.get("trace_peers", ())),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplayIteration:
+    """The co-simulation's view of one iteration of the real rank."""
+
+    calls: int
+    """Virtual calls the program made."""
+    engine_ns: int
+    """Time the engine computed (inside calls and at the iteration's boundaries)."""
+    stall_ns: int
+    """Part of it that held the program; removed from the emulated time and the measured one."""
+    emulated_ns: int
+    """The iteration in graph time: wall time with stall removed."""
+    phase_ns: dict[str, int]
+    """The real rank's emulated time by phase of its blocks."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplayRankStats:
+    """What a replayed rank process writes besides its RankResult (``logs/rank{r}.replay.json``)."""
+
+    rank: int
+    iterations: tuple[ReplayIteration, ...]
+    """Every iteration, warm-up ones first (as ``RankResult.iteration_ns``)."""
+    predicted_iteration_ns: int
+    """The offline simulation's steady iteration time of this rank."""
+    predicted_peak_bytes: int
+    """The offline simulation's peak memory of this rank."""
+    predicted_phase_ns: dict[str, int]
+    """The offline simulation's time of this rank by phase (steady iteration)."""
+    graph_load_s: float
+    """Time to read the graph into the engine."""
+    replay_rss_bytes: int
+    """Resident memory the graph and the engine added to the process (beyond the program's own)."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ReplayRankStats:
+        return cls(**{**data, "iterations": tuple(ReplayIteration(**it) for it in data["iterations"])})
+
+
+class ReplayFiles(CaptureFiles):
+    """Paths inside a replay directory (a capture directory's layout, plus the replay's own files)."""
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report.json"
+
+    def replay_stats(self, rank: int) -> Path:
+        return self.root / "logs" / f"rank{rank}.replay.json"
+
+    def peer_trace(self, rank: int) -> Path:
+        return self.root / "peers" / f"rank{rank}.trace.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PhaseComparison:
+    """One phase of the real rank's iteration: measured vs predicted."""
+
+    phase: str
+    measured_ms: float
+    predicted_ms: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankReport:
+    """One replayed rank: measured against the graph's prediction."""
+
+    rank: int
+    stage: int
+    role: str
+    measured_iter_ms: float
+    """Median of the clean unprofiled iterations, stall removed."""
+    predicted_iter_ms: float
+    """The offline simulation of the graph."""
+    iter_err_pct: float
+    measured_peak_bytes: int | None
+    """Static bytes + the allocator's peak over the profiled iterations (None: not recorded)."""
+    predicted_peak_bytes: int
+    mem_err_pct: float | None
+    engine_ms_per_iter: float
+    """Median engine time per clean iteration."""
+    stall_ms_per_iter: float
+    """Median of it that held the program."""
+    calls_per_iter: int
+    replay_rss_bytes: int
+    phases: tuple[PhaseComparison, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplayReport:
+    """``report.json``."""
+
+    graph: str
+    layout: str
+    device: str
+    warmup: int
+    iterations: int
+    ranks: tuple[RankReport, ...]
+    version: int = REPORT_VERSION
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ReplayReport:
+        ranks = tuple(
+            RankReport(**{**r, "phases": tuple(PhaseComparison(**p) for p in r["phases"])})
+            for r in data["ranks"]
+        )
+        return cls(**{**data, "ranks": ranks})

@@ -1,0 +1,134 @@
+"""prism-replay end to end on the checked-in tiny graph (tp=2 pp=2 dp=2): real ranks, virtual peers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from prism.graph.kineto import read_json_file
+from prism.replay.cli import app
+from prism.replay.wait_spans import WAIT_CATEGORY
+from prism.schemas import graph_format as gf
+from prism.schemas.replay import ReplayFiles, ReplayRankStats, ReplayReport
+
+TINY = Path(__file__).parents[1] / "data" / "tiny_graph.parquet"
+runner = CliRunner()
+
+
+def run_cli(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def error_line(result) -> str:
+    return next(line for line in result.output.splitlines() if line.startswith("error:"))
+
+
+def with_metadata(tmp_path: Path, **changes: object) -> Path:
+    """The tiny graph with some of its file metadata changed (``model`` entries merge)."""
+    table = pq.read_table(TINY)
+    meta = json.loads(table.schema.metadata[gf.METADATA_KEY])
+    for key, value in changes.items():
+        meta[key] = {**meta[key], **value} if isinstance(value, dict) else value
+    path = tmp_path / "changed.parquet"
+    pq.write_table(table.replace_schema_metadata({gf.METADATA_KEY: json.dumps(meta).encode()}), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("replay") / "out"
+    result = run_cli(
+        str(TINY), "--rank", "0", "--rank", "7", "-o", str(out), "--warmup", "4", "--iterations", "1",
+        "--trace-peers", "1,4",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_replay_reports_every_real_rank_against_the_prediction(replayed: Path) -> None:
+    report = ReplayReport.from_dict(json.loads((replayed / "report.json").read_text()))
+    assert [r.rank for r in report.ranks] == [0, 7]
+    assert [r.role for r in report.ranks] == ["first", "last"]
+    for r in report.ranks:
+        assert r.measured_iter_ms > 0 and r.predicted_iter_ms > 0
+        assert r.calls_per_iter > 0
+        assert r.measured_peak_bytes > 0 and r.predicted_peak_bytes > 0
+        assert {p.phase for p in r.phases} >= {"fwd", "bwd", "optim"}
+        measured_total = sum(p.measured_ms for p in r.phases)
+        assert measured_total == pytest.approx(r.measured_iter_ms, rel=0.25)  # phases cover the iteration
+        assert r.replay_rss_bytes > 0
+
+
+def test_replay_writes_the_real_ranks_trace_and_the_cosimulation(replayed: Path) -> None:
+    files = ReplayFiles(replayed)
+    for rank in (0, 7):
+        events = read_json_file(files.kineto(rank))["traceEvents"]
+        waits = [e for e in events if e.get("cat") == WAIT_CATEGORY]
+        comm_marks = [e for e in events if e.get("ph") == "X" and e["name"].startswith("prism:comm")]
+        assert len(waits) == len(comm_marks) > 0  # every profiled virtual call, as a span of its own
+        assert all(e["dur"] >= 0 and e["tid"] != comm_marks[0]["tid"] for e in waits)
+        stats = ReplayRankStats.from_dict(json.loads(files.replay_stats(rank).read_text()))
+        assert len(stats.iterations) == 5  # 4 warm-up + 1 profiled
+        assert all(it.emulated_ns > 0 and it.engine_ns >= it.stall_ns >= 0 for it in stats.iterations)
+
+
+def test_trace_peers_are_chrome_traces_of_virtual_ranks(replayed: Path) -> None:
+    trace = json.loads(ReplayFiles(replayed).peer_trace(4).read_text())
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    nodes = pq.read_table(TINY, filters=[(gf.RANK, "=", 4)]).num_rows
+    assert len(spans) == 5 * nodes  # every node of every iteration (of the last replayed rank's run)
+    assert all(e["pid"] == 4 and e["dur"] >= 0 for e in spans)
+    assert any("recv with peer 0" in e["name"] for e in spans)
+
+
+def test_a_program_that_leaves_the_graph_stops_with_what_each_side_did(tmp_path: Path) -> None:
+    changed = with_metadata(tmp_path, model={"hidden": 64, "heads": 2})  # the program's tensors double
+    result = run_cli(
+        str(changed), "--rank", "0", "-o", str(tmp_path / "out"), "--warmup", "3", "--iterations", "1"
+    )
+    assert result.exit_code == 2, result.output
+    line = error_line(result)
+    assert "the program made all_reduce on tp.0" in line and "the graph expects all_reduce on tp.0" in line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--rank", "8"], "rank 8 is out of range: the graph's job has ranks 0..7"),
+        (["--rank", "0", "--trace-peers", "9"], "rank 9 is out of range"),
+        (["--rank", "0", "--warmup", "2"], "--warmup must be at least 3"),
+    ],
+)
+def test_bad_input_is_one_error_line_and_exit_2(tmp_path: Path, args: list[str], needle: str) -> None:
+    result = run_cli(str(TINY), *args, "-o", str(tmp_path / "out"))
+    assert result.exit_code == 2, result.output
+    assert needle in error_line(result)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_graph_of_another_version_is_refused(tmp_path: Path) -> None:
+    old = with_metadata(tmp_path, version=1)
+    result = run_cli(str(old), "--rank", "0", "-o", str(tmp_path / "out"))
+    assert result.exit_code == 2
+    assert "graph format version 1 is not supported" in error_line(result)
+
+
+def test_a_file_that_is_not_a_graph_is_refused(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.parquet"
+    junk.write_text("not parquet")
+    result = run_cli(str(junk), "--rank", "0", "-o", str(tmp_path / "out"))
+    assert result.exit_code == 2
+    assert str(junk) in error_line(result)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error when CUDA is absent")
+def test_a_program_that_cannot_start_here_is_refused(tmp_path: Path) -> None:
+    result = run_cli(str(TINY), "--rank", "0", "--device", "cuda", "-o", str(tmp_path / "out"))
+    assert result.exit_code == 2
+    assert "no CUDA device is available" in error_line(result)
