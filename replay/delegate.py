@@ -6,6 +6,7 @@ NCCL backend (CUDA tensors) over the same members, built on the store torch hand
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -131,3 +132,62 @@ class ForwardingWork(dist.Work):
 
     def _source_rank(self) -> int:
         return self._works[0]._source_rank()
+
+
+_RELEASE_WAIT_S = 0.01
+"""Longest a waiter lets gloo's worker thread drop its references (it takes microseconds)."""
+
+
+class CallerReleasesWork(ForwardingWork):
+    """A gloo Work after whose wait the gloo worker thread no longer holds the call's tensors.
+
+    gloo completes a Work on its worker thread and drops its references to the tensors there a
+    moment later; a temporary the program has already let go of is then freed on that thread,
+    where the profiler does not record the free, and the rank would seem to hold memory it had
+    freed. ``wait`` therefore lets go of the gloo Work and waits (microseconds) until the worker
+    has dropped its references, so the program's own thread makes the last free.
+    """
+
+    def __init__(
+        self, work: dist.Work, payload: list[torch.Tensor], counts: list[int], on_done: Callable[[], None]
+    ) -> None:
+        super().__init__([work], on_done)
+        self._payload, self._counts = payload, counts
+        self._source: int | None = None
+        self._released = False
+
+    @classmethod
+    def issue(
+        cls, payload: list[torch.Tensor], call: Callable[[], dist.Work | None], on_done: Callable[[], None]
+    ) -> dist.Work | None:
+        """Run ``call`` (a gloo call on ``payload``) and wrap its Work."""
+        counts = [t._use_count() for t in payload]  # references before gloo takes its own
+        work = call()
+        return None if work is None else cls(work, payload, counts, on_done)
+
+    def source_rank(self) -> int:
+        return self._source if self._released else super().source_rank()
+
+    def _source_rank(self) -> int:
+        return self.source_rank()
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        ok = super().wait(timeout)
+        self._release()
+        return ok
+
+    def _release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        try:
+            self._source = self._works[0]._source_rank()
+        except RuntimeError:  # not a recv from any source
+            self._source = None
+        self._works = []  # our reference to the gloo Work: its tensors go with the worker's
+        deadline = time.perf_counter() + _RELEASE_WAIT_S
+        while time.perf_counter() < deadline and any(
+            t._use_count() > n for t, n in zip(self._payload, self._counts, strict=True)
+        ):
+            time.sleep(0)
+        self._payload = []

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import enum
 import itertools
-import threading
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from functools import partial
@@ -31,10 +29,10 @@ from torch._C._distributed_c10d import _create_work_from_future
 
 from prism.replay.clock import CommClock, PendingCall
 from prism.replay.collectives import CollectivesMixin
-from prism.replay.delegate import combine, make_backend, track_completion
+from prism.replay.delegate import CallerReleasesWork, combine, make_backend, track_completion
 from prism.replay.p2p import PointToPointMixin
 from prism.replay.recorder import CallRecord, CommOp, CommRecorder, describe_payload
-from prism.replay.scheduler import SCHEDULER
+from prism.replay.virtual_work import VirtualCompletion, VirtualWork, arm_timeout
 from prism.schemas.annotations import Mark, Phase, format_mark
 from prism.schemas.comm_log import CommGroup
 
@@ -69,96 +67,6 @@ class OpaqueBackend:
 
 
 _OPAQUE = OpaqueBackend()
-
-
-class VirtualWork(dist.Work):
-    """The Work of a virtual call: done when its future is; ``wait`` raises if the call failed.
-
-    (A Work made by ``_create_work_from_future`` reports success for a future that holds an
-    exception, so a timed-out call would return as if it had completed.)"""
-
-    def __init__(self, future: torch.futures.Future, completion: object = None) -> None:
-        super().__init__()
-        self._future = future
-        self._completion = completion  # alive while the Work is: its timeout stays armed
-
-    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
-        self._future.wait()  # raises the call's error
-        return True
-
-    def is_completed(self) -> bool:
-        return self._future.done()
-
-    def is_success(self) -> bool:
-        if not self._future.done():
-            return False
-        try:
-            self._future.value()
-        except Exception:
-            return False
-        return True
-
-    def exception(self):
-        try:
-            self._future.value()
-        except Exception as error:
-            return error
-        return None
-
-    def get_future(self) -> torch.futures.Future:
-        return self._future
-
-    def synchronize(self) -> None:
-        pass
-
-
-def _expire(completion: weakref.ref, call: PendingCall, timeout: timedelta) -> None:
-    alive = completion()
-    if alive is not None:  # else nobody holds its Work: nobody can be waiting on it
-        alive.expire(call, timeout)
-
-
-class _VirtualCompletion:
-    """Completes one virtual call's future once: at the clock's time, or fails it at the timeout."""
-
-    __slots__ = ("_record", "_future", "_result", "_lock", "_settled", "__weakref__")
-
-    def __init__(self, record: CallRecord, future: torch.futures.Future, result: object) -> None:
-        self._record, self._future, self._result = record, future, result
-        self._lock = threading.Lock()
-        self._settled = False  # a time was named (or the call failed): the timeout no longer applies
-
-    @property
-    def settled(self) -> bool:
-        return self._settled
-
-    def at(self, due_ns: int | None) -> None:
-        """The clock's answer: complete at ``due_ns`` (now if None or past)."""
-        with self._lock:
-            if self._settled:
-                return
-            self._settled = True
-        if due_ns is None or due_ns <= time.time_ns():
-            self._complete()
-        else:
-            SCHEDULER.schedule(due_ns, self._complete)
-
-    def _complete(self) -> None:
-        self._record.finish()
-        self._future.set_result(self._result)
-
-    def expire(self, call: PendingCall, timeout: timedelta) -> None:
-        """Fail the call if its clock has named no completion time by now."""
-        with self._lock:
-            if self._settled:
-                return
-            self._settled = True
-        self._future.set_exception(
-            TimeoutError(
-                f"prism: {call.describe()} did not complete within {timeout.total_seconds():.0f} s: "
-                "its virtual peers never reached it (they wait for something this rank does not do)"
-            )
-        )
 
 
 class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
@@ -283,7 +191,11 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
                 work = self._virtual_work(record, virtual())
             else:
                 target = device or (payload[0].device if payload else _CPU)
-                work = track_completion(real(self._delegate(target)), record.finish)
+                backend = self._delegate(target)
+                if target.type == "cpu":  # gloo: the program's thread makes the last free
+                    work = CallerReleasesWork.issue(list(payload), partial(real, backend), record.finish)
+                else:
+                    work = track_completion(real(backend), record.finish)
         record.exit_ns = time.time_ns()
         self._recorder.commit(record)
         if self._coalesced is not None and work is not None:
@@ -303,12 +215,10 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
             enter_ns=record.enter_ns,
             async_op=record.async_op,
         )
-        completion = _VirtualCompletion(record, future, result)
+        completion = VirtualCompletion(record, future, result)
         self._clock.submit(pending, completion.at)
         if not completion.settled:  # no wait may hang: fail the call if no time is named in time
-            deadline = time.time_ns() + int(self._timeout.total_seconds() * 1e9)
-            # A weak reference: the pending timeout must not keep the call's tensors alive.
-            SCHEDULER.schedule(deadline, partial(_expire, weakref.ref(completion), pending, self._timeout))
+            arm_timeout(completion, pending, self._timeout)
         return VirtualWork(future, completion)
 
     def _delegate(self, device: torch.device) -> dist.Backend:
