@@ -32,11 +32,24 @@ from torch.autograd.profiler import record_function
 
 from prism.schemas.annotations import Direction, Mark, Part, Phase, format_mark
 
+BlockHook = Callable[[Mark], None]
+_block_hook: BlockHook | None = None
+
+
+def set_block_hook(hook: BlockHook | None) -> None:
+    """Call ``hook(mark)`` as each block opened by ``mark`` begins (inside its range); None: no hook.
+
+    prism-replay uses it to make a real rank a straggler (``--delay``)."""
+    global _block_hook
+    _block_hook = hook
+
 
 @contextlib.contextmanager
 def mark(m: Mark) -> Iterator[None]:
     """Open a record_function named after ``m`` for the duration of the block."""
     with record_function(format_mark(m)):
+        if _block_hook is not None:
+            _block_hook(m)
         yield
 
 

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from prism.capture.progress import RankProgress
+from prism.graph.whatif import WhatIfError, parse_delay
 from prism.replay.runtime import ReplayDiverged, ReplayInputError, ReplayOptions, run_replay
 from prism.schemas.replay import RankReport, ReplayReport
 
@@ -47,15 +48,26 @@ def replay(
     trace_peers: Annotated[
         str, typer.Option(help="Virtual ranks to write Chrome traces of, e.g. 0,8,122.")
     ] = "",
+    delay: Annotated[
+        list[str],
+        typer.Option(
+            help="PHASE[,layer=L]:+DURATION[@RANK]: make the real rank a straggler, e.g. optim:+5ms (repeatable)."
+        ),
+    ] = [],  # noqa: B006
     overwrite: Annotated[bool, typer.Option(help="Replace a non-empty output directory.")] = False,
     rank_timeout: Annotated[
         float, typer.Option(help="Seconds before a stuck rank process is killed.")
     ] = 1800.0,
 ) -> None:
     """Run RANK(s) of GRAPH's job for real, every other rank virtual, timed by the graph."""
+    try:
+        delays = tuple(parse_delay(d) for d in delay)
+    except WhatIfError as e:
+        console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
     options = ReplayOptions(
         graph=graph, ranks=tuple(rank), out_dir=out, warmup=warmup, iterations=iterations, device=device,
-        threads=threads, trace_peers=_ranks(trace_peers), overwrite=overwrite, timeout_s=rank_timeout,
+        threads=threads, trace_peers=_ranks(trace_peers), delays=delays, overwrite=overwrite, timeout_s=rank_timeout,
     )  # fmt: skip
     console.print(
         f"[bold]prism-replay[/] {graph}: rank(s) {', '.join(map(str, rank))} real, every other virtual"

@@ -157,6 +157,8 @@ class GraphClock:
         self._deferred: list[tuple[int, Completion]] = []
         self._in_iteration = False
         self.iterations: list[IterationStats] = []
+        self.pass_iterations: list[np.ndarray] = []
+        """Every rank's time in each iteration of the co-simulation (``pass_iteration_ns``)."""
         self.trace_ranks = tuple(trace_ranks)
         self.traced: list[PassTimes] = []
         """Start and end (wall ns) of every node of ``trace_ranks``, one entry per iteration."""
@@ -225,6 +227,7 @@ class GraphClock:
         self._in_iteration = False
         if self.trace_ranks:
             self.traced.append(self._pass_times())
+        self.pass_iterations.append(self.pass_iteration_ns())
         self._charge(stats, began, stall=True)
 
     def _pass_times(self) -> PassTimes:

@@ -22,8 +22,10 @@ from prism.capture.progress import report
 from prism.capture.rank_main import run_rank
 from prism.graph.sim_engine import COMPUTE
 from prism.graph.simulate import SimGraph, SimResult, SimulationError, load_sim_graph, simulate
+from prism.graph.whatif import BlockDelay
 from prism.replay.graph_clock import DivergenceError, GraphClock, IterationStats, RankProgram
 from prism.replay.peer_trace import write_peer_trace
+from prism.replay.straggler import install_delays
 from prism.replay.wait_spans import add_emulated_waits
 from prism.schemas.comm_log import read_comm_log
 from prism.schemas.files import write_json_atomic
@@ -63,6 +65,12 @@ def _iteration(stats: IterationStats) -> ReplayIteration:
     )
 
 
+def _clean_median(clock: GraphClock, warmup: int) -> tuple[int, ...]:
+    """Every rank's co-simulated iteration time over the clean unprofiled iterations (median)."""
+    clean = clock.pass_iterations[1 : warmup - 1]
+    return tuple(int(v) for v in np.median(np.stack(clean), axis=0)) if clean else ()
+
+
 def replay_rank(job: ReplayJob, rank: int, out_dir: Path) -> ReplayRankStats:
     """Run ``rank`` against the graph; write its traces, result and co-simulation stats."""
     rss_before = psutil.Process().memory_info().rss
@@ -71,6 +79,7 @@ def replay_rank(job: ReplayJob, rank: int, out_dir: Path) -> ReplayRankStats:
     clock = GraphClock.open(job.graph, rank, graph, trace_ranks=job.trace_peers)
     load_s = time.perf_counter() - began
     replay_rss = psutil.Process().memory_info().rss - rss_before
+    install_delays((BlockDelay(**d) for d in job.delays), rank)
     run_rank(job.program, rank, out_dir, clock=clock)
     files = ReplayFiles(out_dir)
     add_emulated_waits(files.kineto(rank), read_comm_log(files.comm(rank)))
@@ -85,6 +94,7 @@ def replay_rank(job: ReplayJob, rank: int, out_dir: Path) -> ReplayRankStats:
         predicted_phase_ns=predicted_phase_ns(graph, prediction, clock.program),
         graph_load_s=load_s,
         replay_rss_bytes=int(replay_rss),
+        virtual_iteration_ns=_clean_median(clock, job.program.warmup),
     )
     write_json_atomic(files.replay_stats(rank), stats.to_dict())
     return stats

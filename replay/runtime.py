@@ -19,7 +19,7 @@ import statistics
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from prism.capture.launch import LaunchError, RankLaunch, run_processes
@@ -28,6 +28,7 @@ from prism.graph.graph_io import GraphFormatError, read_metadata
 from prism.graph.memory import iteration_memory
 from prism.graph.profiler_overhead import MIN_WARMUP
 from prism.graph.simulate import static_bytes
+from prism.graph.whatif import BlockDelay
 from prism.schemas.files import write_json_atomic
 from prism.schemas.manifest import RankJob, RankResult
 from prism.schemas.replay import (
@@ -71,6 +72,8 @@ class ReplayOptions:
     """torch intra-op threads of the real rank."""
     trace_peers: tuple[int, ...] = ()
     """Virtual ranks to write Chrome traces of."""
+    delays: tuple[BlockDelay, ...] = ()
+    """Straggler delays added to the real rank(s)' blocks (``prism.replay.straggler``)."""
     overwrite: bool = False
     """Replace a non-empty output directory."""
     timeout_s: float = 1800.0
@@ -134,7 +137,10 @@ def run_replay(
             workload="gpt", config=config, real_ranks=(), warmup=options.warmup,
             iterations=options.iterations, threads=options.threads,
         )  # fmt: skip
-        job = ReplayJob(program=program, graph=str(options.graph.resolve()), trace_peers=options.trace_peers)
+        job = ReplayJob(
+            program=program, graph=str(options.graph.resolve()), trace_peers=options.trace_peers,
+            delays=tuple(asdict(d) for d in options.delays),
+        )  # fmt: skip
         write_json_atomic(files.job, job.to_dict())
         reports = []
         hooks = hooks or CaptureHooks()

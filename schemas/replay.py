@@ -33,9 +33,16 @@ class ReplayJob:
     """graph.parquet whose co-simulation times the virtual peers."""
     trace_peers: tuple[int, ...] = ()
     """Virtual ranks whose co-simulated nodes are written as Chrome traces."""
+    delays: tuple[dict, ...] = ()
+    """Straggler delays: ``{"phase", "layer", "delay_ns", "rank"}`` (``prism.graph.whatif.BlockDelay``)."""
 
     def to_dict(self) -> dict:
-        return {"program": self.program.to_dict(), "graph": self.graph, "trace_peers": list(self.trace_peers)}
+        return {
+            "program": self.program.to_dict(),
+            "graph": self.graph,
+            "trace_peers": list(self.trace_peers),
+            "delays": list(self.delays),
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> ReplayJob:
@@ -43,6 +50,7 @@ class ReplayJob:
             program=RankJob.from_dict(data["program"]),
             graph=data["graph"],
             trace_peers=tuple(data.get("trace_peers", ())),
+            delays=tuple(data.get("delays", ())),
         )
 
 
@@ -79,13 +87,21 @@ class ReplayRankStats:
     """Time to read the graph into the engine."""
     replay_rss_bytes: int
     """Resident memory the graph and the engine added to the process (beyond the program's own)."""
+    virtual_iteration_ns: tuple[int, ...] = ()
+    """Every rank's co-simulated iteration time, median over the clean unprofiled iterations."""
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> ReplayRankStats:
-        return cls(**{**data, "iterations": tuple(ReplayIteration(**it) for it in data["iterations"])})
+        return cls(
+            **{
+                **data,
+                "iterations": tuple(ReplayIteration(**it) for it in data["iterations"]),
+                "virtual_iteration_ns": tuple(data.get("virtual_iteration_ns", ())),
+            }
+        )
 
 
 class ReplayFiles(CaptureFiles):
