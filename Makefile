@@ -4,6 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 OUT    ?= capture-out
 GRAPH  ?= graph.parquet
+REPLAY ?= replay-out
 
 .PHONY: install demo test test-fast lint clean
 
@@ -17,9 +18,10 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
-demo: install   ## capture the default slice (tiny GPT, target tp=8 pp=16 dp=64), then build its full-scale graph
+demo: install   ## capture the default slice (tiny GPT, target tp=8 pp=16 dp=64), build its full-scale graph, replay rank 123
 	$(BIN)/prism-capture -o $(OUT) --overwrite
 	$(BIN)/prism-build-graph $(OUT) --tp 8 --pp 16 --dp 64 -o $(GRAPH)
+	$(BIN)/prism-replay $(GRAPH) --rank 123 -o $(REPLAY) --overwrite
 
 test: install   ## the whole suite, as CI runs it
 	$(BIN)/python -m pytest -q
@@ -32,4 +34,4 @@ lint: install
 	$(BIN)/ruff format --check .
 
 clean:
-	rm -rf $(VENV) $(OUT) $(GRAPH) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(OUT) $(GRAPH) $(REPLAY) .pytest_cache .ruff_cache .hypothesis
