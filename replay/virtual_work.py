@@ -25,6 +25,9 @@ from prism.replay.clock import PendingCall
 from prism.replay.recorder import CallRecord
 from prism.replay.scheduler import SCHEDULER
 
+_SPIN_NS = 1_000_000
+"""The last stretch before a completion is spun, not slept (see ``sleep_until_due``)."""
+
 
 class VirtualCompletion:
     """Completes one virtual call's future once: at the clock's time, or fails it at the timeout."""
@@ -53,13 +56,19 @@ class VirtualCompletion:
             SCHEDULER.schedule(due_ns, self.complete)
 
     def sleep_until_due(self) -> None:
-        """In the waiting thread: sleep until the named time and complete the call here."""
+        """In the waiting thread: wait until the named time and complete the call here.
+
+        Sleeps until shortly before it, then spins: waking from a sleep takes the OS up to a
+        millisecond on a loaded machine, which would come on top of a latency the comm model
+        already charges (it was measured on real calls, their wake-ups included)."""
         if not self._settled:
             return  # no time yet: the future completes from elsewhere, or fails at the timeout
         if self._due is not None:
             remaining = self._due - time.time_ns()
-            if remaining > 0:
-                time.sleep(remaining / 1e9)
+            if remaining > _SPIN_NS:
+                time.sleep((remaining - _SPIN_NS) / 1e9)
+            while time.time_ns() < self._due:
+                pass
         self.complete()
 
     def complete(self) -> None:

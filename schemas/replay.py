@@ -7,9 +7,10 @@
       job.json                    ReplayJob: the program (a capture RankJob) and the graph
       kineto/rank{r}.trace.json.gz  the real rank's profiled iterations (emulated waits added)
       et/rank{r}.et.json          its Execution Trace
-      logs/rank{r}.comm.json      its process-group calls
+      comm/rank{r}.comm.json      its process-group calls
       logs/rank{r}.result.json    RankResult (wall time of every iteration)
       logs/rank{r}.replay.json    ReplayRankStats (the co-simulation's side)
+      logs/rank{r}.log            its output
       peers/rank{p}.trace.json    --trace-peers: Chrome traces of virtual ranks
 """
 

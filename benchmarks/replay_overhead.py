@@ -1,0 +1,106 @@
+"""What replay costs beyond the program: per-call time of the timed process group, engine time, memory.
+
+    .venv/bin/python benchmarks/replay_overhead.py [GRAPH ...] [--rank R] [--capture DIR] [--repeats 3]
+
+For each graph (default: the checked-in tiny graph), replays rank R (default 0) ``--repeats``
+times and prints medians over the repeats of:
+
+- the program's time inside a virtual call (``exit_ns - enter_ns`` of the comm log: recording,
+  matching the call to the graph, moving the engine), median and 90th percentile over calls;
+- the engine's time per iteration and the part of it that held the program (stall);
+- the memory the graph and the engine add to the rank process (RSS after loading them minus
+  before) and the process's peak RSS.
+
+With ``--capture DIR`` (a capture of the same job), the same per-call time of the capture's
+free-running virtual calls is printed beside it: the cost of timing calls by the graph.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from prism.replay.runtime import ReplayOptions, run_replay
+from prism.schemas.comm_log import read_comm_log
+from prism.schemas.manifest import CaptureFiles, RankResult
+from prism.schemas.replay import ReplayFiles, ReplayRankStats
+
+console = Console()
+TINY = Path(__file__).parents[1] / "tests" / "data" / "tiny_graph.parquet"
+
+
+def call_us(comm_path: Path) -> np.ndarray:
+    """Time the program spent inside each virtual call (µs)."""
+    calls = [c for c in read_comm_log(comm_path).calls if not c.delegated]
+    return np.array([(c.exit_ns - c.enter_ns) / 1e3 for c in calls])
+
+
+def replay_once(graph: Path, rank: int, out: Path) -> dict:
+    run_replay(ReplayOptions(graph=graph, ranks=(rank,), out_dir=out, warmup=5, iterations=1))
+    files = ReplayFiles(out)
+    stats = ReplayRankStats.from_dict(json.loads(files.replay_stats(rank).read_text()))
+    result = RankResult(**json.loads(files.result(rank).read_text()))
+    per_call = call_us(files.comm(rank))
+    clean = stats.iterations[1:4]
+    return {
+        "call_median_us": float(np.median(per_call)),
+        "call_p90_us": float(np.percentile(per_call, 90)),
+        "engine_ms": statistics.median(it.engine_ns for it in clean) / 1e6,
+        "stall_ms": statistics.median(it.stall_ns for it in clean) / 1e6,
+        "iteration_ms": statistics.median(it.emulated_ns for it in clean) / 1e6,
+        "replay_mib": stats.replay_rss_bytes / 2**20,
+        "peak_rss_mib": result.peak_rss_bytes / 2**20,
+        "load_s": stats.graph_load_s,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("graphs", nargs="*", type=Path, default=[TINY])
+    parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument(
+        "--capture", type=Path, default=None, help="a capture of the same job, for comparison"
+    )
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    table = Table(title=f"replay overhead, rank {args.rank} (medians over {args.repeats} replays)")
+    columns = ("graph", "call µs median", "call µs p90", "iteration ms", "engine ms/iter", "stall ms/iter",
+               "graph load s", "replay MiB", "peak RSS MiB")  # fmt: skip
+    for c in columns:
+        table.add_column(c, justify="left" if c == "graph" else "right")
+    for graph in args.graphs:
+        runs = []
+        for _ in range(args.repeats):
+            with tempfile.TemporaryDirectory(prefix="prism-overhead-") as tmp:
+                runs.append(replay_once(graph, args.rank, Path(tmp) / "out"))
+        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        table.add_row(
+            graph.name, f"{med['call_median_us']:.0f}", f"{med['call_p90_us']:.0f}", f"{med['iteration_ms']:.1f}",
+            f"{med['engine_ms']:.1f}", f"{med['stall_ms']:.1f}", f"{med['load_s']:.2f}", f"{med['replay_mib']:.0f}",
+            f"{med['peak_rss_mib']:.0f}",
+        )  # fmt: skip
+    console.print(table)
+    if args.capture is not None:
+        captured = [call_us(CaptureFiles(args.capture).comm(r)) for r in _captured_ranks(args.capture)]
+        every = np.concatenate(captured)
+        console.print(
+            f"capture (free-running virtual calls) {args.capture}: call µs median {np.median(every):.0f}, "
+            f"p90 {np.percentile(every, 90):.0f}"
+        )
+    return 0
+
+
+def _captured_ranks(capture: Path) -> list[int]:
+    folder = CaptureFiles(capture).comm(0).parent
+    return sorted(int(p.name.split(".")[0].removeprefix("rank")) for p in folder.glob("rank*.comm.json"))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
