@@ -82,9 +82,9 @@ def replay_rank(job: ReplayJob, rank: int, out_dir: Path) -> ReplayRankStats:
     install_delays((BlockDelay(**d) for d in job.delays), rank)
     run_rank(job.program, rank, out_dir, clock=clock)
     files = ReplayFiles(out_dir)
-    add_emulated_waits(files.kineto(rank), read_comm_log(files.comm(rank)))
+    trace = add_emulated_waits(files.kineto(rank), read_comm_log(files.comm(rank)))
     for peer in job.trace_peers:
-        write_peer_trace(clock, RankProgram.read(job.graph, peer, graph), files.peer_trace(peer))
+        write_peer_trace(clock, RankProgram.read(job.graph, peer, graph), files.peer_trace(peer), trace)
     prediction = simulate(graph, iterations=PREDICTION_PASSES)
     stats = ReplayRankStats(
         rank=rank,

@@ -5,7 +5,8 @@ peers happens later, inside ``Work.wait()``, where no op is recorded. After the 
 profiled virtual call — from the call's return to its completion, as the comm log has them — is
 added on a thread row of its own ("prism: emulated comm"), so Perfetto shows the waits beside
 the rank's ops without breaking their nesting. Spans are placed on the trace's clock by the
-median offset between each call's ``prism:comm`` mark and its logged enter time.
+median offset between each call's ``prism:comm`` mark and its logged enter time
+(``TraceClock``); ``--trace-peers`` traces use the same mapping, so they line up with it.
 """
 
 from __future__ import annotations
@@ -14,39 +15,70 @@ import gzip
 import json
 import os
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 from prism.graph.kineto import read_json_file
 from prism.schemas.annotations import Phase, try_parse_mark
-from prism.schemas.comm_log import CommLog
+from prism.schemas.comm_log import CommCall, CommLog
 
 WAIT_TID = 0x7072  # a thread id of its own for the emulated spans
 WAIT_CATEGORY = "prism_emulated"
 """Category of the added spans: not ``user_annotation``, so trace readers that cut blocks skip them."""
 
 
-def add_emulated_waits(kineto_path: Path, log: CommLog) -> int:
-    """Add a span per profiled virtual call to the trace at ``kineto_path``; returns how many."""
-    data = read_json_file(kineto_path)
-    events = data["traceEvents"]
-    base = int(data.get("baseTimeNanoseconds", 0))
+@dataclass(frozen=True, kw_only=True)
+class TraceClock:
+    """How a wall time (``time.time_ns()``) maps onto a Kineto trace's ``ts`` (µs)."""
+
+    base_ns: int
+    """The trace's ``baseTimeNanoseconds``."""
+    offset_ns: int
+    """Trace time minus wall time, from the calls' marks (median)."""
+    pid: int
+    """Process id of the trace's events."""
+
+    def ts_us(self, wall_ns: int) -> float:
+        return (
+            wall_ns + self.offset_ns - self.base_ns
+        ) / 1e3  # ints first: epoch ns exceed a float's precision
+
+
+def _marked_calls(events: list[dict], log: CommLog) -> list[tuple[dict, CommCall]]:
+    """The trace's ``prism:comm`` marks of virtual calls, each with its call."""
     calls = {(c.label, c.gseq): c for c in log.calls if not c.delegated and c.done_ns > 0}
-    marked, offsets, pid = [], [], None
+    found = []
     for e in events:
         if e.get("ph") != "X" or not str(e.get("name", "")).startswith("prism:comm"):
             continue
         mark = try_parse_mark(e["name"])
         call = None if mark is None or mark.phase != Phase.COMM else calls.get((mark.group, mark.gseq))
         if call is not None:
-            marked.append(call)
-            offsets.append(base + round(e["ts"] * 1000) - call.enter_ns)
-            pid = e["pid"]
+            found.append((e, call))
+    return found
+
+
+def trace_clock(data: dict, log: CommLog) -> TraceClock | None:
+    """The wall -> trace time mapping of a parsed Kineto trace, or None if it has no virtual call."""
+    marked = _marked_calls(data["traceEvents"], log)
     if not marked:
-        return 0
-    offset = statistics.median(offsets)
+        return None
+    base = int(data.get("baseTimeNanoseconds", 0))
+    offsets = [base + round(e["ts"] * 1000) - call.enter_ns for e, call in marked]
+    return TraceClock(base_ns=base, offset_ns=round(statistics.median(offsets)), pid=marked[0][0]["pid"])
+
+
+def add_emulated_waits(kineto_path: Path, log: CommLog) -> TraceClock | None:
+    """Add a span per profiled virtual call to the trace at ``kineto_path``; its clock, or None."""
+    data = read_json_file(kineto_path)
+    events = data["traceEvents"]
+    clock = trace_clock(data, log)
+    if clock is None:
+        return None
+    marked = [call for _, call in _marked_calls(events, log)]
+    pid = clock.pid
     events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": WAIT_TID, "args": {"name": "prism: emulated comm"}})  # fmt: skip
     for call in marked:
-        start, end = call.exit_ns + offset - base, call.done_ns + offset - base
         peer = "" if call.peer is None else f" peer {call.peer}"
         events.append(
             {
@@ -55,13 +87,13 @@ def add_emulated_waits(kineto_path: Path, log: CommLog) -> int:
                 "ph": "X",
                 "pid": pid,
                 "tid": WAIT_TID,
-                "ts": start / 1e3,
-                "dur": max(end - start, 0) / 1e3,
+                "ts": clock.ts_us(call.exit_ns),
+                "dur": max(call.done_ns - call.exit_ns, 0) / 1e3,
                 "args": {"gseq": call.gseq, "bytes": call.bytes, "async_op": call.async_op},
             }
         )
     _write_trace(kineto_path, data)
-    return len(marked)
+    return clock
 
 
 def _write_trace(path: Path, data: dict) -> None:

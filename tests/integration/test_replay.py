@@ -86,6 +86,10 @@ def test_trace_peers_are_chrome_traces_of_virtual_ranks(replayed: Path) -> None:
     nodes = pq.read_table(TINY, filters=[(gf.RANK, "=", 4)]).num_rows
     assert len(spans) == 5 * nodes  # every node of every iteration (of the last replayed rank's run)
     assert all(e["pid"] == 4 and e["dur"] >= 0 for e in spans)
+    real = [e for e in read_json_file(ReplayFiles(replayed).kineto(7))["traceEvents"] if e.get("ph") == "X"]
+    lo, hi = min(e["ts"] for e in real), max(e["ts"] + e.get("dur", 0) for e in real)
+    profiled = [e for e in spans if e["args"]["iteration"] == 4]  # on the real rank's trace clock
+    assert lo <= min(e["ts"] for e in profiled) and max(e["ts"] for e in profiled) <= hi
     assert any("recv with peer 0" in e["name"] for e in spans)
 
 
