@@ -6,7 +6,9 @@ NCCL backend (CUDA tensors) over the same members, built on the store torch hand
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -134,8 +136,13 @@ class ForwardingWork(dist.Work):
         return self._works[0]._source_rank()
 
 
-_RELEASE_WAIT_S = 0.01
-"""Longest a waiter lets gloo's worker thread drop its references (it takes microseconds)."""
+_INFLIGHT: Counter[int] = Counter()
+"""Delegated gloo calls in flight per tensor (``Tensor._cdata``): only the last one waits."""
+_INFLIGHT_LOCK = threading.Lock()
+
+_RELEASE_WAIT_S = 0.1
+"""Longest a waiter lets gloo's worker thread drop its references: microseconds usually, more on
+a machine with more busy threads than cores."""
 
 
 class CallerReleasesWork(ForwardingWork):
@@ -163,7 +170,11 @@ class CallerReleasesWork(ForwardingWork):
         """Run ``call`` (a gloo call on ``payload``) and wrap its Work."""
         counts = [t._use_count() for t in payload]  # references before gloo takes its own
         work = call()
-        return None if work is None else cls(work, payload, counts, on_done)
+        if work is None:
+            return None
+        with _INFLIGHT_LOCK:
+            _INFLIGHT.update(t._cdata for t in payload)
+        return cls(work, payload, counts, on_done)
 
     def source_rank(self) -> int:
         return self._source if self._released else super().source_rank()
@@ -185,9 +196,17 @@ class CallerReleasesWork(ForwardingWork):
         except RuntimeError:  # not a recv from any source
             self._source = None
         self._works = []  # our reference to the gloo Work: its tensors go with the worker's
+        with _INFLIGHT_LOCK:
+            _INFLIGHT.subtract(t._cdata for t in self._payload)
+            # A tensor another call still has in flight keeps gloo's references past this one's:
+            # that call's wait makes the last free, this one need not wait for it.
+            watched = [
+                (t, n) for t, n in zip(self._payload, self._counts, strict=True) if _INFLIGHT[t._cdata] <= 0
+            ]
+            for t in self._payload:
+                if _INFLIGHT[t._cdata] <= 0:
+                    del _INFLIGHT[t._cdata]
         deadline = time.perf_counter() + _RELEASE_WAIT_S
-        while time.perf_counter() < deadline and any(
-            t._use_count() > n for t, n in zip(self._payload, self._counts, strict=True)
-        ):
+        while time.perf_counter() < deadline and any(t._use_count() > n for t, n in watched):
             time.sleep(0)
         self._payload = []

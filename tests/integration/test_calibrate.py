@@ -55,7 +55,7 @@ def test_cold_calls_time_the_call_and_not_the_compute_before_it() -> None:
 @pytest.mark.slow
 def test_cold_gaps_give_the_spec_a_cold_call_table(tmp_path) -> None:
     config = CalibrationConfig(
-        sizes=(4 * KiB, 64 * KiB), max_procs=2, ops=("all_reduce", "send"), reps=3, timeout_s=60,
+        sizes=(4 * KiB, 1024 * KiB), max_procs=2, ops=("all_reduce", "send"), reps=3, timeout_s=60,
         out=tmp_path / "local.toml", cold_gaps_ms=(0.5, 2),
     )  # fmt: skip
     spec = calibrate(config).spec

@@ -15,6 +15,7 @@ from prism.schemas.workload import GPTConfig
 
 pytestmark = pytest.mark.slow
 
+WARMUP, PROFILED = 1, 2
 CONFIG = GPTConfig(
     layers=4, hidden=64, heads=4, seq_len=32, vocab=256, microbatches=4, tp=2, pp=2, dp=1, grad_bucket_mb=0.05
 )
@@ -23,7 +24,10 @@ CONFIG = GPTConfig(
 @pytest.fixture(scope="module")
 def capture_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("full") / "capture"
-    run_capture(CaptureOptions(config=CONFIG, out_dir=out, real=RealMode.ALL, warmup=0, iterations=2))
+    # One warm-up iteration: the first one allocates the optimizer's state, so it is not steady.
+    run_capture(
+        CaptureOptions(config=CONFIG, out_dir=out, real=RealMode.ALL, warmup=WARMUP, iterations=PROFILED)
+    )
     return out
 
 
@@ -62,21 +66,24 @@ def test_every_send_has_its_recv(capture_dir: Path) -> None:
                 recvs[(c.peer, rank, c.bytes)] += 1
     assert sends and sends == recvs
     # 1F1B with M microbatches: M activations forward and M gradients back per pipeline pair.
-    assert sends[(0, 2, 1 * 32 * 64 * 4)] == CONFIG.microbatches
-    assert sends[(2, 0, 1 * 32 * 64 * 4)] == CONFIG.microbatches
+    iterations = WARMUP + PROFILED
+    assert sends[(0, 2, 1 * 32 * 64 * 4)] == CONFIG.microbatches * iterations
+    assert sends[(2, 0, 1 * 32 * 64 * 4)] == CONFIG.microbatches * iterations
 
 
 def test_every_free_is_in_the_trace(capture_dir: Path) -> None:
     # gloo drops its tensor references on its worker thread, where the profiler records no
     # free; prism's delegated Works make the program's thread free them. A free missing from
-    # the trace would show as Total Allocated growing from one iteration to the next.
+    # the trace shows as Total Allocated growing from one iteration to the next: without
+    # CallerReleasesWork this layout drifts by 16-33 KiB per iteration on every rank (~90 KiB
+    # in all); with it, by 0 (a stray 4-8 KiB free on one rank in about one run of three).
     files = CaptureFiles(capture_dir)
     memory = {rank: iteration_memory(files.kineto(rank)) for rank in range(CONFIG.layout.world_size)}
-    assert all(m.drift_bytes == 0 for m in memory.values()), memory
+    assert sum(abs(m.drift_bytes) for m in memory.values()) <= 8 * 1024, memory
     for stage in range(CONFIG.pp):  # the tp ranks of a stage allocate alike
-        peaks = {
+        peaks = [
             memory[r].peak_delta_bytes
             for r in range(CONFIG.layout.world_size)
             if CONFIG.layout.stage(r) == stage
-        }
-        assert len(peaks) == 1, peaks
+        ]
+        assert max(peaks) - min(peaks) <= 8 * 1024, peaks
