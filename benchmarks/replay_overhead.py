@@ -27,6 +27,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from prism.graph.profiler_overhead import clean_unprofiled
 from prism.replay.runtime import ReplayOptions, run_replay
 from prism.schemas.comm_log import read_comm_log
 from prism.schemas.manifest import CaptureFiles, RankResult
@@ -34,6 +35,7 @@ from prism.schemas.replay import ReplayFiles, ReplayRankStats
 
 console = Console()
 TINY = Path(__file__).parents[1] / "tests" / "data" / "tiny_graph.parquet"
+WARMUP = 5
 
 
 def call_us(comm_path: Path) -> np.ndarray:
@@ -43,12 +45,12 @@ def call_us(comm_path: Path) -> np.ndarray:
 
 
 def replay_once(graph: Path, rank: int, out: Path) -> dict:
-    run_replay(ReplayOptions(graph=graph, ranks=(rank,), out_dir=out, warmup=5, iterations=1))
+    run_replay(ReplayOptions(graph=graph, ranks=(rank,), out_dir=out, warmup=WARMUP, iterations=1))
     files = ReplayFiles(out)
     stats = ReplayRankStats.from_dict(json.loads(files.replay_stats(rank).read_text()))
     result = RankResult(**json.loads(files.result(rank).read_text()))
     per_call = call_us(files.comm(rank))
-    clean = stats.iterations[1:4]
+    clean = clean_unprofiled(stats.iterations, WARMUP)
     return {
         "call_median_us": float(np.median(per_call)),
         "call_p90_us": float(np.percentile(per_call, 90)),

@@ -17,12 +17,16 @@ last one is the profiler's warm-up step, so ``iteration_ns[1 : warmup - 1]``; a 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import numpy as np
 
 from prism.graph import op_table as ot
 from prism.graph.templates import RoleTemplate, Segment
+
+T = TypeVar("T")
 
 MIN_WARMUP = 3
 """Warm-up iterations a capture needs for one clean unprofiled iteration."""
@@ -55,9 +59,10 @@ class TimeScale:
         }
 
 
-def clean_unprofiled(iteration_ns: tuple[int, ...], warmup: int) -> tuple[int, ...]:
-    """Wall times of the warm-up iterations that ran neither cold nor under the profiler."""
-    return tuple(iteration_ns[1 : max(warmup - 1, 1)])
+def clean_unprofiled(iterations: Sequence[T], warmup: int) -> tuple[T, ...]:
+    """The entries (wall times, or anything kept per iteration) of the warm-up iterations that
+    ran neither cold nor under the profiler."""
+    return tuple(iterations[1 : max(warmup - 1, 1)])
 
 
 def time_scale(rank: int, iteration_ns: tuple[int, ...], warmup: int) -> TimeScale | None:

@@ -196,16 +196,15 @@ class CallerReleasesWork(ForwardingWork):
         except RuntimeError:  # not a recv from any source
             self._source = None
         self._works = []  # our reference to the gloo Work: its tensors go with the worker's
+        # A tensor another call still has in flight keeps gloo's references past this one's:
+        # that call's wait makes the last free, this one need not wait for it.
+        watched = []
         with _INFLIGHT_LOCK:
-            _INFLIGHT.subtract(t._cdata for t in self._payload)
-            # A tensor another call still has in flight keeps gloo's references past this one's:
-            # that call's wait makes the last free, this one need not wait for it.
-            watched = [
-                (t, n) for t, n in zip(self._payload, self._counts, strict=True) if _INFLIGHT[t._cdata] <= 0
-            ]
-            for t in self._payload:
+            for t, n in zip(self._payload, self._counts, strict=True):
+                _INFLIGHT[t._cdata] -= 1
                 if _INFLIGHT[t._cdata] <= 0:
                     del _INFLIGHT[t._cdata]
+                    watched.append((t, n))
         deadline = time.perf_counter() + _RELEASE_WAIT_S
         while time.perf_counter() < deadline and any(t._use_count() > n for t, n in watched):
             time.sleep(0)

@@ -156,6 +156,8 @@ class GraphClock:
         self._shift_ns = 0  # stall so far: wall = origin + shift + graph time
         self._deferred: list[tuple[int, Completion]] = []
         self._in_iteration = False
+        self._pass_start = self._pass_end = np.zeros(graph.ranks, np.int64)  # every rank, this pass
+        self._phase_acc = np.zeros(len(program.phases), np.int64)  # the real rank's ns by phase
         self.iterations: list[IterationStats] = []
         self.pass_iterations: list[np.ndarray] = []
         """Every rank's time in each iteration of the co-simulation (``pass_iteration_ns``)."""
@@ -193,8 +195,8 @@ class GraphClock:
         if self._engine is None:  # first iteration: graph time 0 is now, for every rank
             self._origin_ns = wall_ns
             clock = np.zeros(self.graph.ranks, np.int64)
-        else:
-            clock = np.maximum.reduceat(self._engine.end, self.graph.rank_ptr[:-1])
+        else:  # every rank starts where it ended the previous pass
+            clock = self._pass_end.copy()
             clock[self.rank] = self._to_graph(wall_ns)
         self._pass_start = clock
         self._engine = Engine(self.graph, clock, external=self._external)
@@ -203,7 +205,7 @@ class GraphClock:
         self._in_iteration = True
         self._phase_acc = np.zeros(len(self.program.phases), np.int64)
         self.iterations.append(stats)
-        self._charge(stats, began, stall=True)
+        self._stall(stats, began)
 
     def iteration_done(self, wall_ns: int) -> None:
         began = self._wall_ns()
@@ -225,10 +227,11 @@ class GraphClock:
             p: int(ns) for p, ns in zip(self.program.phases, self._phase_acc, strict=True) if ns
         }
         self._in_iteration = False
+        self._pass_end = np.maximum.reduceat(engine.end, self.graph.rank_ptr[:-1])
         if self.trace_ranks:
             self.traced.append(self._pass_times())
-        self.pass_iterations.append(self.pass_iteration_ns())
-        self._charge(stats, began, stall=True)
+        self.pass_iterations.append(self._pass_end - self._pass_start)
+        self._stall(stats, began)
 
     def _pass_times(self) -> PassTimes:
         ptr, engine = self.graph.rank_ptr, self._engine
@@ -240,8 +243,8 @@ class GraphClock:
         )
 
     def pass_iteration_ns(self) -> np.ndarray:
-        """Every rank's time in the last iteration (pass) of the co-simulation, virtual ones included."""
-        return np.maximum.reduceat(self._engine.end, self.graph.rank_ptr[:-1]) - self._pass_start
+        """Every rank's time in the last finished iteration (pass) of the co-simulation, virtual ones included."""
+        return self.pass_iterations[-1]
 
     # -- calls ---------------------------------------------------------------------------------
     def submit(self, call: PendingCall, complete: Completion) -> None:
@@ -298,12 +301,12 @@ class GraphClock:
         for n, complete in ready:
             complete(due[n])
 
-    def _charge(self, stats: IterationStats, began: int, *, stall: bool) -> None:
+    def _stall(self, stats: IterationStats, began: int) -> None:
+        """Charge engine time since ``began`` at an iteration boundary: it all held the program."""
         spent = self._wall_ns() - began
         stats.engine_ns += spent
-        if stall:  # the program is held at an iteration boundary for all of it
-            self._shift_ns += spent
-            stats.stall_ns += spent
+        self._shift_ns += spent
+        stats.stall_ns += spent
 
     # -- the real rank's compute nodes -----------------------------------------------------------
     def _next_comm(self, i: int) -> int:

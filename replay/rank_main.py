@@ -20,6 +20,7 @@ import psutil
 
 from prism.capture.progress import report
 from prism.capture.rank_main import run_rank
+from prism.graph.profiler_overhead import clean_unprofiled
 from prism.graph.sim_engine import COMPUTE
 from prism.graph.simulate import SimGraph, SimResult, SimulationError, load_sim_graph, simulate
 from prism.graph.whatif import BlockDelay
@@ -67,7 +68,7 @@ def _iteration(stats: IterationStats) -> ReplayIteration:
 
 def _clean_median(clock: GraphClock, warmup: int) -> tuple[int, ...]:
     """Every rank's co-simulated iteration time over the clean unprofiled iterations (median)."""
-    clean = clock.pass_iterations[1 : warmup - 1]
+    clean = clean_unprofiled(clock.pass_iterations, warmup)
     return tuple(int(v) for v in np.median(np.stack(clean), axis=0)) if clean else ()
 
 

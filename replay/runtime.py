@@ -26,7 +26,7 @@ from prism.capture.launch import LaunchError, RankLaunch, run_processes
 from prism.capture.runner import CaptureHooks
 from prism.graph.graph_io import GraphFormatError, read_metadata
 from prism.graph.memory import iteration_memory
-from prism.graph.profiler_overhead import MIN_WARMUP
+from prism.graph.profiler_overhead import MIN_WARMUP, clean_unprofiled
 from prism.graph.simulate import static_bytes
 from prism.graph.whatif import BlockDelay
 from prism.schemas.files import write_json_atomic
@@ -35,6 +35,7 @@ from prism.schemas.replay import (
     PhaseComparison,
     RankReport,
     ReplayFiles,
+    ReplayIteration,
     ReplayJob,
     ReplayRankStats,
     ReplayReport,
@@ -194,8 +195,8 @@ def rank_report(files: ReplayFiles, rank: int, config: GPTConfig, *, warmup: int
     stats = ReplayRankStats.from_dict(json.loads(files.replay_stats(rank).read_text()))
     # The clean unprofiled iterations, the window the build's profiler correction predicts; the
     # emulated time is the program's wall time with the engine's stalls taken out.
-    clean = range(1, warmup - 1)
-    measured = statistics.median(stats.iterations[i].emulated_ns for i in clean)
+    clean = clean_unprofiled(stats.iterations, warmup)
+    measured = statistics.median(it.emulated_ns for it in clean)
     stage = config.layout.stage(rank)
     memory = iteration_memory(files.kineto(rank)) if config.device == "cpu" else None
     measured_peak = (
@@ -214,20 +215,20 @@ def rank_report(files: ReplayFiles, rank: int, config: GPTConfig, *, warmup: int
         measured_peak_bytes=measured_peak,
         predicted_peak_bytes=stats.predicted_peak_bytes,
         mem_err_pct=None if measured_peak is None else _pct(stats.predicted_peak_bytes, measured_peak),
-        engine_ms_per_iter=statistics.median(stats.iterations[i].engine_ns for i in clean) / 1e6,
-        stall_ms_per_iter=statistics.median(stats.iterations[i].stall_ns for i in clean) / 1e6,
+        engine_ms_per_iter=statistics.median(it.engine_ns for it in clean) / 1e6,
+        stall_ms_per_iter=statistics.median(it.stall_ns for it in clean) / 1e6,
         calls_per_iter=stats.iterations[-1].calls,
         replay_rss_bytes=stats.replay_rss_bytes,
         phases=phases,
     )
 
 
-def _phases(stats: ReplayRankStats, clean: range) -> tuple[PhaseComparison, ...]:
-    names = sorted(set(stats.predicted_phase_ns) | {p for i in clean for p in stats.iterations[i].phase_ns})
+def _phases(stats: ReplayRankStats, clean: tuple[ReplayIteration, ...]) -> tuple[PhaseComparison, ...]:
+    names = sorted(set(stats.predicted_phase_ns) | {p for it in clean for p in it.phase_ns})
     return tuple(
         PhaseComparison(
             phase=name or "(none)",
-            measured_ms=statistics.median(stats.iterations[i].phase_ns.get(name, 0) for i in clean) / 1e6,
+            measured_ms=statistics.median(it.phase_ns.get(name, 0) for it in clean) / 1e6,
             predicted_ms=stats.predicted_phase_ns.get(name, 0) / 1e6,
         )
         for name in names

@@ -39,9 +39,8 @@ class TraceClock:
     """Process id of the trace's events."""
 
     def ts_us(self, wall_ns: int) -> float:
-        return (
-            wall_ns + self.offset_ns - self.base_ns
-        ) / 1e3  # ints first: epoch ns exceed a float's precision
+        # Integer arithmetic first: epoch nanoseconds exceed a float's precision.
+        return (wall_ns + self.offset_ns - self.base_ns) / 1e3
 
 
 def _marked_calls(events: list[dict], log: CommLog) -> list[tuple[dict, CommCall]]:
@@ -60,7 +59,10 @@ def _marked_calls(events: list[dict], log: CommLog) -> list[tuple[dict, CommCall
 
 def trace_clock(data: dict, log: CommLog) -> TraceClock | None:
     """The wall -> trace time mapping of a parsed Kineto trace, or None if it has no virtual call."""
-    marked = _marked_calls(data["traceEvents"], log)
+    return _clock_of(data, _marked_calls(data["traceEvents"], log))
+
+
+def _clock_of(data: dict, marked: list[tuple[dict, CommCall]]) -> TraceClock | None:
     if not marked:
         return None
     base = int(data.get("baseTimeNanoseconds", 0))
@@ -72,13 +74,13 @@ def add_emulated_waits(kineto_path: Path, log: CommLog) -> TraceClock | None:
     """Add a span per profiled virtual call to the trace at ``kineto_path``; its clock, or None."""
     data = read_json_file(kineto_path)
     events = data["traceEvents"]
-    clock = trace_clock(data, log)
+    marked = _marked_calls(events, log)
+    clock = _clock_of(data, marked)
     if clock is None:
         return None
-    marked = [call for _, call in _marked_calls(events, log)]
     pid = clock.pid
     events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": WAIT_TID, "args": {"name": "prism: emulated comm"}})  # fmt: skip
-    for call in marked:
+    for _, call in marked:
         peer = "" if call.peer is None else f" peer {call.peer}"
         events.append(
             {
