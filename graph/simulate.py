@@ -98,6 +98,11 @@ class SimResult:
     """Peak memory of every rank."""
 
 
+def kind_codes(column: pa.ChunkedArray) -> np.ndarray:
+    """The engine's node kinds (``COMPUTE``, ``COLLECTIVE``, ...) of a graph's kind column."""
+    return _codes(column, _KIND_CODES)
+
+
 def _codes(column: pa.ChunkedArray, mapping: dict[str, int]) -> np.ndarray:
     column = column.combine_chunks()
     lookup = np.array([mapping[v] for v in column.dictionary.to_pylist()], np.int8)

@@ -8,23 +8,37 @@ its main stream. Without a trace clock (no profiled virtual call), times are wal
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 from prism.graph.sim_engine import COMPUTE
-from prism.replay.graph_clock import GraphClock, RankProgram
+from prism.replay.rank_program import RankProgram
 from prism.replay.wait_spans import TraceClock
 from prism.schemas.files import write_json_atomic
 
+PassTimes = tuple[dict[int, np.ndarray], dict[int, np.ndarray]]
+"""(start, end) graph ns of the nodes of traced ranks in one pass (``CoSimulation.traced``)."""
 
-def peer_trace_events(clock: GraphClock, program: RankProgram, trace: TraceClock | None = None) -> list[dict]:
-    """Trace events of ``program``'s rank in every iteration the clock recorded."""
+
+def peer_trace_events(
+    traced: Sequence[PassTimes],
+    wall_offsets: Sequence[int],
+    program: RankProgram,
+    trace: TraceClock | None = None,
+) -> list[dict]:
+    """Trace events of ``program``'s rank in every pass; ``wall_offsets`` map each to the wall.
+
+    A pass is mapped with the real rank's stall shift at its end, so nodes early in an
+    iteration that stalled may show up to that stall late."""
     ts_us = trace.ts_us if trace is not None else (lambda wall_ns: wall_ns / 1e3)
     rank = program.rank
     events: list[dict] = [
         {"name": "process_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": f"rank {rank} (virtual)"}}
     ]
-    for iteration, times in enumerate(clock.traced):
-        for k, (start, end) in enumerate(zip(times.start_ns[rank], times.end_ns[rank], strict=True)):
+    for iteration, ((starts, ends), offset) in enumerate(zip(traced, wall_offsets, strict=False)):
+        for k, (start, end) in enumerate(zip(starts[rank] + offset, ends[rank] + offset, strict=True)):
             name = str(program.name[k]) if program.kind[k] == COMPUTE else program.describe(k)
             events.append(
                 {
@@ -42,7 +56,8 @@ def peer_trace_events(clock: GraphClock, program: RankProgram, trace: TraceClock
 
 
 def write_peer_trace(
-    clock: GraphClock, program: RankProgram, path: Path, trace: TraceClock | None = None
-) -> None:
-    events = peer_trace_events(clock, program, trace)
+    traced: Sequence[PassTimes], wall_offsets: Sequence[int], program: RankProgram, path: Path,
+    trace: TraceClock | None = None,
+) -> None:  # fmt: skip
+    events = peer_trace_events(traced, wall_offsets, program, trace)
     write_json_atomic(path, {"traceEvents": events, "displayTimeUnit": "ms"}, indent=None)

@@ -18,8 +18,8 @@ from prism.graph.sim_engine import COLLECTIVE, COMPUTE, Engine
 from prism.graph.simulate import SimGraph, load_sim_graph, simulate
 from prism.graph.whatif import SlowRank, WhatIf, apply_what_if
 from prism.replay.clock import PendingCall
-from prism.replay.graph_clock import DivergenceError, GraphClock
-from prism.replay.rank_main import predicted_phase_ns
+from prism.replay.cosim import CoSimulation, predicted_phase_ns
+from prism.replay.graph_clock import DivergenceError, GraphClock, RankProgram
 from prism.schemas import graph_format as gf
 
 ORIGIN = 1_000_000_000
@@ -49,7 +49,7 @@ def named(programs: list[list[dict]]) -> list[list[dict]]:
 
 def play(clock: GraphClock, wall: FakeWall, *, iterations: int, slowdown: float = 1.0, bytes_off: int = 0) -> list[dict[int, int]]:  # fmt: skip
     """Run the real rank's program ``iterations`` times; the wall time each of its calls completed."""
-    g, rank, program = clock.graph, clock.rank, clock.program
+    g, rank, program = clock.cosim.graph, clock.rank, clock.program
     first, last = g.rank_ptr[rank], g.rank_ptr[rank + 1]
     done: list[dict[int, int]] = []
     for _ in range(iterations):
@@ -113,7 +113,7 @@ def test_graph_times_give_the_offline_simulation(tmp_path: Path, rank: int) -> N
     expected = simulate(graph, iterations=3)
     rows = comm_rows(graph, rank)
     assert [done[-1][r] - ORIGIN for r in rows] == list(expected.end_ns[rows])
-    steady = [s.rank_end_ns - s.rank_start_ns for s in clock.iterations]
+    steady = [p.rank_end_ns - p.rank_start_ns for p in clock.cosim.passes[rank]]
     assert steady[-1] == expected.iteration_ns[rank]
     assert all(s.stall_ns == 0 for s in clock.iterations)
 
@@ -136,8 +136,9 @@ def test_engine_time_is_stall_the_emulated_job_does_not_see(tmp_path: Path, monk
     monkeypatch.setattr(Engine, "advance", slow_advance)
     clock, _ = played(path, graph, 2, wall=wall, iterations=2)
     expected = simulate(graph, iterations=2)
-    assert clock.iterations[-1].rank_end_ns - clock.iterations[-1].rank_start_ns == expected.iteration_ns[2]
-    assert all(s.stall_ns > 0 and s.engine_ns >= s.stall_ns for s in clock.iterations)
+    last = clock.cosim.passes[2][-1]
+    assert last.rank_end_ns - last.rank_start_ns == expected.iteration_ns[2]
+    assert all(s.stall_ns > 0 and s.clock_ns >= s.stall_ns for s in clock.iterations)
 
 
 def test_a_slower_real_rank_moves_its_peers_as_the_offline_what_if(tmp_path: Path) -> None:
@@ -146,7 +147,9 @@ def test_a_slower_real_rank_moves_its_peers_as_the_offline_what_if(tmp_path: Pat
     what_if = simulate(
         apply_what_if(graph, path, WhatIf(slow_ranks=(SlowRank(rank=1, factor=1.5),))), iterations=3
     )
-    np.testing.assert_array_equal(clock.pass_iteration_ns(), what_if.iteration_ns)  # every rank, exactly
+    np.testing.assert_array_equal(
+        clock.cosim.pass_iterations[-1], what_if.iteration_ns
+    )  # every rank, exactly
     assert (what_if.iteration_ns > simulate(graph, iterations=3).iteration_ns).all()  # it did move them
 
 
@@ -201,10 +204,10 @@ def test_time_by_phase_adds_up_to_the_iteration(tmp_path: Path) -> None:
     ]
     path = write(tmp_path / "g.parquet", config(tp=2), named(programs))
     clock, _ = played(path, load_sim_graph(path), 0, iterations=1)
-    stats = clock.iterations[0]
-    assert stats.phase_ns == {"fwd": 350, "optim": 10}
-    assert sum(stats.phase_ns.values()) == stats.rank_end_ns - stats.rank_start_ns
-    assert stats.calls == 1
+    record = clock.cosim.passes[0][0]
+    assert record.phase_ns == {"fwd": 350, "optim": 10}
+    assert sum(record.phase_ns.values()) == record.rank_end_ns - record.rank_start_ns
+    assert clock.iterations[0].calls == 1
 
 
 @pytest.mark.parametrize("rank", [0, 2])
@@ -218,5 +221,92 @@ def test_time_by_phase_with_graph_times_is_the_offline_split(tmp_path: Path, ran
     graph = load_sim_graph(path)
     clock, _ = played(path, graph, rank, iterations=3)
     expected = predicted_phase_ns(graph, simulate(graph, iterations=3), clock.program)
-    assert clock.iterations[-1].phase_ns == expected
+    assert clock.cosim.passes[rank][-1].phase_ns == expected
     assert sum(expected.values()) == simulate(graph, iterations=3).iteration_ns[rank]
+
+
+# -- several real ranks, one co-simulation ---------------------------------------------------------------
+class SharedPort:
+    """The coordinator without its socket: one co-simulation, each rank's resolutions to its clock."""
+
+    dilates = False
+
+    def __init__(self, cosim: CoSimulation, rank: int, clocks: dict[int, GraphClock]) -> None:
+        self.cosim, self.rank, self.clocks = cosim, rank, clocks
+
+    def bind(self, rank: int, on_resolved) -> None:
+        pass
+
+    def origin(self, wall_ns: int) -> int:
+        return ORIGIN
+
+    def send(self, events) -> None:
+        for event in events:
+            for r in self.cosim.handle(self.rank, event):
+                self.clocks[r.rank]._on_resolved([r])
+
+
+def two_real(path: Path, graph: SimGraph, wall: FakeWall) -> dict[int, GraphClock]:
+    cosim = CoSimulation(graph, {r: RankProgram.read(path, r) for r in (0, 1)})
+    clocks: dict[int, GraphClock] = {}
+    for r in (0, 1):
+        clocks[r] = GraphClock(RankProgram.read(path, r), SharedPort(cosim, r, clocks), wall_ns=wall)
+    return clocks
+
+
+def tp_call(clock: GraphClock, at: int, got: dict) -> None:
+    call = PendingCall(op="all_reduce", group="0", label="tp.0", group_size=2, gseq=0, bytes=32, peer=None, enter_ns=at)  # fmt: skip
+    clock.submit(call, lambda done, rank=clock.rank: got.__setitem__(rank, done))
+
+
+def test_a_mixed_collective_of_two_real_ranks_ends_after_the_later_one(tmp_path: Path) -> None:
+    graph, path = tp_pair(tmp_path)
+    wall = FakeWall()
+    clocks, got = two_real(path, graph, wall), {}
+    for clock in clocks.values():
+        clock.iteration_started(ORIGIN)
+    wall.now = ORIGIN + 100
+    tp_call(clocks[0], ORIGIN + 100, got)  # rank 0 waits: its peer is real and not there yet
+    assert got == {}
+    wall.now = ORIGIN + 300
+    tp_call(clocks[1], ORIGIN + 300, got)
+    assert got == {0: ORIGIN + 350, 1: ORIGIN + 350}  # both end 50 after the later arrival
+    assert clocks[0].iterations[0].stall_ns == 0  # named exactly when it was due for rank 0
+
+
+def test_a_rank_a_pass_ahead_waits_for_the_pass_to_end(tmp_path: Path) -> None:
+    graph, path = tp_pair(tmp_path)
+    wall = FakeWall()
+    clocks, got = two_real(path, graph, wall), {}
+    cosim = clocks[0].port.cosim
+    for clock in clocks.values():
+        clock.iteration_started(ORIGIN)
+    wall.now = ORIGIN + 300
+    tp_call(clocks[0], ORIGIN + 100, got)
+    tp_call(clocks[1], ORIGIN + 300, got)
+    clocks[1].iteration_done(ORIGIN + 360)
+    clocks[1].iteration_started(ORIGIN + 360)  # rank 1 begins iteration 2 while rank 0 is in 1
+    tp_call(clocks[1], ORIGIN + 660, got)
+    assert len(cosim.pass_iterations) == 0 and got[1] == ORIGIN + 350  # its new call waits
+    clocks[0].iteration_done(ORIGIN + 360)
+    assert len(cosim.pass_iterations) == 1 and [p.rank_end_ns for p in cosim.passes[1]] == [360, 0]
+    clocks[0].iteration_started(ORIGIN + 360)
+    tp_call(clocks[0], ORIGIN + 460, got)
+    assert got == {0: ORIGIN + 710, 1: ORIGIN + 710}
+
+
+def test_real_ranks_that_all_wait_for_each_other_are_a_deadlock(tmp_path: Path) -> None:
+    programs = named(
+        [
+            [{gf.KIND: "recv", gf.PEER: 1, gf.P2P_SEQ: 0}, {gf.KIND: "send", gf.PEER: 1, gf.P2P_SEQ: 0}],
+            [{gf.KIND: "recv", gf.PEER: 0, gf.P2P_SEQ: 0}, {gf.KIND: "send", gf.PEER: 0, gf.P2P_SEQ: 0}],
+        ]
+    )  # fmt: skip
+    path = write(tmp_path / "g.parquet", config(tp=2), programs)
+    clocks = two_real(path, load_sim_graph(path), FakeWall())
+    for clock in clocks.values():
+        clock.iteration_started(ORIGIN)
+    recv = dict(op="recv", group="0", label="world", group_size=2, gseq=0, bytes=64, enter_ns=ORIGIN)
+    clocks[0].submit(PendingCall(**recv, peer=1), lambda _: None)  # one waits: not yet a deadlock
+    with pytest.raises(DivergenceError, match="can never complete.*the real ranks have not done"):
+        clocks[1].submit(PendingCall(**recv, peer=0), lambda _: None)

@@ -1,0 +1,360 @@
+"""The co-simulation of prism-replay: the graph's virtual ranks, advanced around the real ones.
+
+The real ranks are *external* ranks of the simulation engine (``prism.graph.sim_engine``);
+every other rank is virtual and advanced by the engine. Everything here is in graph time (ns
+since the first iteration began); the real ranks' clocks (``prism.replay.graph_clock``) map it
+to their wall time. The graph holds one iteration, so each iteration of the program is one
+pass of the engine, started as ``simulate`` starts its passes (every rank at the end of its
+previous pass).
+
+A real rank reports, in program order (``CoSimulation.handle``):
+
+- ``Start(t)`` / ``Done(t)``: it began / ended an iteration;
+- ``Call(node, t, async_op)``: a call on a group with virtual members reached comm node
+  ``node`` at ``t``. The program's time since its previous event is spread over the compute
+  nodes before it, as the engine would have spent it; the node arrives, the virtual ranks
+  advance until they block, and the node's end is *resolved* once known: at once, or after a
+  later event of any real rank has let the virtual peers get there;
+- ``RealCall(node, t0, async_op)`` then ``RealEnd(node, t1)``: a call whose members are all
+  real ran on a real backend from ``t0`` to ``t1``.
+
+Several real ranks may be a pass apart (one starts iteration k+1 while another is still in k):
+events of a later pass wait in a queue until every real rank has finished the current one.
+When every real rank waits in a synchronous call that no event can resolve any more, the run
+is a deadlock, reported at once.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from prism.graph.sim_engine import COMPUTE, Engine
+from prism.graph.simulate import SimGraph, SimResult, SimulationError
+from prism.replay.rank_program import DivergenceError, RankProgram
+
+
+@dataclass(frozen=True)
+class Start:
+    t_ns: int
+
+
+@dataclass(frozen=True)
+class Call:
+    node: int
+    """Global row of the comm node."""
+    t_ns: int
+    async_op: bool
+
+
+@dataclass(frozen=True)
+class RealCall:
+    node: int
+    start_ns: int
+    async_op: bool
+    """Its end comes as a ``RealEnd`` either way; a synchronous one holds the program until then."""
+
+
+@dataclass(frozen=True)
+class RealEnd:
+    node: int
+    end_ns: int
+
+
+@dataclass(frozen=True)
+class Done:
+    t_ns: int
+
+
+Event = Start | Call | RealCall | RealEnd | Done
+
+
+@dataclass(kw_only=True)
+class RankPass:
+    """One real rank in one iteration, as the co-simulation saw it (graph ns)."""
+
+    rank_start_ns: int = 0
+    rank_end_ns: int = 0
+    phase_ns: dict[str, int] = field(default_factory=dict)
+    """Its time by phase of its nodes (compute spread in proportion to the graph)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resolved:
+    """Comm node ``node`` of real rank ``rank`` ends at graph time ``end_ns``."""
+
+    rank: int
+    node: int
+    end_ns: int
+
+
+class CoSimulation:
+    """The engine's side of a replay: one pass per iteration, fed by the real ranks' events."""
+
+    def __init__(
+        self, graph: SimGraph, programs: dict[int, RankProgram], *, trace_ranks: tuple[int, ...] = ()
+    ) -> None:
+        self.graph, self.programs = graph, programs
+        self.real = tuple(sorted(programs))
+        self._external = np.zeros(graph.ranks, np.bool_)
+        self._external[list(self.real)] = True
+        self._comm_rows = {r: p.first_row + np.flatnonzero(p.kind != COMPUTE) for r, p in programs.items()}
+        self._engine: Engine | None = None
+        self._pass = -1  # the pass the engine runs
+        self._rank_pass = dict.fromkeys(self.real, -1)  # the pass each real rank is in
+        self._done: set[int] = set()
+        self._queue: list[tuple[int, int, Event]] = []  # (pass, rank, event) of later passes
+        self._sync: dict[int, int] = {}  # real rank -> the synchronous node it waits in
+        self._real_sync: dict[int, int] = {}  # real rank -> its synchronous real call in flight
+        self._blocked: set[int] = set()  # ranks waiting in a synchronous call (queued ones too)
+        self._watch: dict[int, int] = {}  # node -> real rank that wants its end
+        self._late: list[Resolved] = []  # resolved while replaying queued events
+        self._phase_acc = {r: np.zeros(len(p.phases), np.int64) for r, p in programs.items()}
+        self._pass_start = self._pass_end = np.zeros(graph.ranks, np.int64)
+        self.passes: dict[int, list[RankPass]] = {r: [] for r in self.real}
+        self.pass_iterations: list[np.ndarray] = []
+        """Every rank's time in each finished pass, virtual ones included."""
+        self.engine_ns: list[int] = []
+        """Wall time the co-simulation computed in each pass."""
+        self.trace_ranks = tuple(trace_ranks)
+        self.traced: list[tuple[dict[int, np.ndarray], dict[int, np.ndarray]]] = []
+        """(start, end) graph ns of every node of ``trace_ranks``, one entry per finished pass."""
+
+    # -- events ----------------------------------------------------------------------------------
+    def handle(self, rank: int, event: Event) -> list[Resolved]:
+        """Take one event of real rank ``rank``; the comm nodes whose end became known."""
+        began = time.perf_counter_ns()
+        if isinstance(event, Start):
+            self._rank_pass[rank] += 1
+        owner = self._rank_pass[rank]
+        if isinstance(event, Call) and not event.async_op:
+            self._blocked.add(rank)
+        if self._engine is None:  # the first event: pass 0, every rank at graph time 0
+            self._begin_pass(np.zeros(self.graph.ranks, np.int64))
+        resolved: list[Resolved] = []
+        if owner > self._pass:
+            self._queue.append((owner, rank, event))
+        else:
+            self._apply(rank, event, resolved)
+        resolved += self._late
+        self._late = []
+        self.engine_ns[-1] += time.perf_counter_ns() - began
+        self._check_deadlock()
+        return resolved
+
+    def _apply(self, rank: int, event: Event, resolved: list[Resolved]) -> None:
+        engine = self._engine
+        match event:
+            case Start(t_ns=t):
+                engine.clock[rank] = t
+                self.passes[rank].append(RankPass(rank_start_ns=t))
+                self._phase_acc[rank][:] = 0
+            case Call(node=node, t_ns=t, async_op=async_op):
+                self._move_to(rank, node, t)
+                engine.arrive_external(rank, t)
+                engine.advance()
+                self._watch[node] = rank
+                if async_op:
+                    engine.finish_external(rank, t)
+                else:
+                    self._sync[rank] = node
+            case RealCall(node=node, start_ns=t0, async_op=async_op):
+                self._move_to(rank, node, t0)
+                engine.start[node] = t0
+                engine.finish_external(rank, t0)
+                if not async_op:
+                    self._real_sync[rank] = node
+            case RealEnd(node=node, end_ns=t1) if engine.start[node] >= 0:  # of this pass
+                engine.end[node] = t1
+                if self._real_sync.pop(rank, None) == node and engine.pc[rank] == node + 1:
+                    engine.clock[rank] = t1  # the program waited in it
+                    self._count(rank, node, t1 - int(engine.start[node]))
+            case Done(t_ns=t):
+                self._finish_rank(rank, t)
+        self._collect(resolved)
+
+    def _collect(self, resolved: list[Resolved]) -> None:
+        end = self._engine.end
+        for node in [n for n in self._watch if end[n] >= 0]:
+            rank = self._watch.pop(node)
+            resolved.append(Resolved(rank=rank, node=node, end_ns=int(end[node])))
+            if self._sync.get(rank) == node:  # the rank's program moves on when its call ends
+                del self._sync[rank]
+                self._blocked.discard(rank)
+                self._count(rank, node, int(end[node]) - int(self._engine.start[node]))
+                self._engine.finish_external(rank, int(end[node]))
+
+    def _check_deadlock(self) -> None:
+        if len(self._blocked) < len(self.real):
+            return
+        rank = min(self._sync) if self._sync else self.real[0]
+        node = self._sync.get(rank)
+        what = (
+            self.programs[rank].describe(node - self.programs[rank].first_row)
+            if node is not None
+            else "a call"
+        )
+        raise DivergenceError(
+            f"rank {rank}: {what} can never complete: its virtual peers wait for something "
+            f"{'this rank has' if len(self.real) == 1 else 'the real ranks have'} not done yet (deadlock)"
+        )
+
+    # -- passes ----------------------------------------------------------------------------------
+    def _begin_pass(self, clock: np.ndarray) -> None:
+        self._pass += 1
+        self._pass_start = clock
+        self._engine = Engine(self.graph, clock, external=self._external)
+        self._engine.advance()
+        self.engine_ns.append(0)
+
+    def _finish_rank(self, rank: int, t: int) -> None:
+        program = self.programs[rank]
+        rest = self._next_comm(rank, int(self._engine.pc[rank]))
+        last = program.first_row + len(program)
+        if rest < last:
+            raise DivergenceError(
+                f"rank {rank}: the iteration ended, but the graph expects "
+                f"{program.describe(rest - program.first_row)} next"
+            )
+        self._move_to(rank, last, t)
+        record = self.passes[rank][-1]
+        record.rank_end_ns = t
+        record.phase_ns = {
+            p: int(ns) for p, ns in zip(program.phases, self._phase_acc[rank], strict=True) if ns
+        }
+        self._done.add(rank)
+        if len(self._done) == len(self.real):
+            self._finish_pass()
+
+    def _finish_pass(self) -> None:
+        engine, g = self._engine, self.graph
+        engine.advance()
+        stuck = np.flatnonzero(engine.pc < g.rank_ptr[1:])
+        if len(stuck):
+            raise SimulationError(f"the virtual ranks cannot finish the iteration (first: rank {stuck[0]})")
+        self._pass_end = np.maximum.reduceat(engine.end, g.rank_ptr[:-1])
+        self.pass_iterations.append(self._pass_end - self._pass_start)
+        if self.trace_ranks:
+            rows = {r: slice(int(g.rank_ptr[r]), int(g.rank_ptr[r + 1])) for r in self.trace_ranks}
+            self.traced.append(
+                (
+                    {r: engine.start[s].copy() for r, s in rows.items()},
+                    {r: engine.end[s].copy() for r, s in rows.items()},
+                )
+            )
+        self._done.clear()
+        self._begin_pass(self._pass_end.copy())
+        queued = [q for q in self._queue if q[0] == self._pass]
+        self._queue = [q for q in self._queue if q[0] != self._pass]
+        for _, rank, event in queued:  # each rank's events in its program order
+            self._apply(rank, event, self._late)
+
+    # -- the real ranks' compute nodes -------------------------------------------------------------
+    def _next_comm(self, rank: int, i: int) -> int:
+        """The rank's first communication row at or after row ``i`` (past its last row: none)."""
+        rows = self._comm_rows[rank]
+        k = int(np.searchsorted(rows, i))
+        program = self.programs[rank]
+        return int(rows[k]) if k < len(rows) else program.first_row + len(program)
+
+    def _move_to(self, rank: int, stop: int, t: int) -> None:
+        """Finish the rank's compute nodes before row ``stop``: graph time ``t`` is reached at ``stop``.
+
+        The measured span is split as the engine would have spent it (gaps, waits for earlier
+        async calls, durations; the gap before the call ``stop`` counts to the node before it),
+        scaled to the measured length: with the graph's own times, the offline split exactly.
+        """
+        engine, g, program = self._engine, self.graph, self.programs[rank]
+        i, clock = int(engine.pc[rank]), int(engine.clock[rank])
+        first, last = program.first_row, program.first_row + len(program)
+        if stop < i or self._next_comm(rank, i) < stop:
+            raise DivergenceError(f"rank {rank}: an event for node {stop - first} came at node {i - first}")
+        span = max(t - clock, 0)
+        if i >= stop:  # consecutive calls: the time between them counts to the node before
+            self._count(rank, i - 1 if i > first else stop, span)
+            return
+        predicted = self._predicted(i, stop, clock)
+        if stop < last:
+            predicted[-1] += g.gap[stop]
+        total = predicted.sum()
+        share = predicted / total if total > 0 else np.full(stop - i, 1.0 / (stop - i))
+        ends = clock + np.round(np.cumsum(share) * span).astype(np.int64)
+        starts = np.r_[clock, ends[:-1]]
+        engine.finish_external_run(rank, stop, starts, ends)
+        np.add.at(self._phase_acc[rank], program.phase_code[i - first : stop - first], ends - starts)
+
+    def _predicted(self, i: int, stop: int, clock: int) -> np.ndarray:
+        """How far each node of ``i..stop`` moves the rank on, by the engine's rules (vectorized
+        between the few nodes that wait for earlier async calls)."""
+        engine, g = self._engine, self.graph
+        gap, busy = g.gap[i:stop], engine.busy[i:stop]
+        predicted = (gap + busy).astype(np.float64)
+        waits = np.flatnonzero(g.deps_ptr[i + 1 : stop + 1] > g.deps_ptr[i:stop])
+        c, pos = clock, 0
+        for k in waits:
+            c += int(predicted[pos:k].sum())
+            deps = g.deps[g.deps_ptr[i + k] : g.deps_ptr[i + k + 1]]
+            ready = max(c + int(gap[k]), int(engine.end[deps].max()))
+            predicted[k] = ready + int(busy[k]) - c
+            c += int(predicted[k])
+            pos = k + 1
+        return predicted
+
+    def _count(self, rank: int, node: int, ns: int) -> None:
+        program = self.programs[rank]
+        self._phase_acc[rank][program.phase_code[node - program.first_row]] += ns
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankSummary:
+    """What the co-simulation tells a real rank at the end of its replay (graph ns)."""
+
+    passes: tuple[RankPass, ...]
+    """The rank in each iteration."""
+    engine_ns: tuple[int, ...]
+    """Wall time the co-simulation computed in each pass (all real ranks together)."""
+    pass_iterations: tuple[np.ndarray, ...]
+    """Every rank's time in each pass, virtual ones included."""
+    traced: tuple[tuple[dict[int, np.ndarray], dict[int, np.ndarray]], ...]
+    """(start, end) of every node of the traced ranks in each pass."""
+    predicted_iteration_ns: int
+    """The offline simulation's steady iteration time of the rank (``PREDICTION_PASSES``)."""
+    predicted_peak_bytes: int
+    predicted_phase_ns: dict[str, int]
+
+
+PREDICTION_PASSES = 3
+"""Passes of the offline simulation the replay is compared with (as ``prism-build-graph``)."""
+
+
+def summarize(cosim: CoSimulation, rank: int, prediction: SimResult) -> RankSummary:
+    """The end-of-replay summary of real rank ``rank``; ``prediction``: ``simulate(graph, PREDICTION_PASSES)``."""
+    return RankSummary(
+        passes=tuple(cosim.passes[rank]),
+        engine_ns=tuple(cosim.engine_ns[: len(cosim.passes[rank])]),
+        pass_iterations=tuple(cosim.pass_iterations),
+        traced=tuple(cosim.traced),
+        predicted_iteration_ns=int(prediction.iteration_ns[rank]),
+        predicted_peak_bytes=int(prediction.peak_bytes[rank]),
+        predicted_phase_ns=predicted_phase_ns(cosim.graph, prediction, cosim.programs[rank]),
+    )
+
+
+def predicted_phase_ns(graph: SimGraph, result: SimResult, program: RankProgram) -> dict[str, int]:
+    """The offline simulation's time of one rank by phase: how far each node moves its program on."""
+    lo, hi = graph.rank_ptr[program.rank], graph.rank_ptr[program.rank + 1]
+    start, end = result.start_ns[lo:hi], result.end_ns[lo:hi].copy()
+    is_async, is_comm = graph.is_async[lo:hi], graph.kind[lo:hi] != COMPUTE
+    after = np.where(is_async, start, end)  # an async call returns when it is made
+    before = np.r_[result.rank_start_ns[program.rank], after[:-1]]
+    # As the clock counts: the time before a call goes to the node before it, the wait to the call.
+    lead = np.where(is_comm, start - before, 0)
+    phases: dict[str, int] = {}
+    for k, phase in enumerate(program.phase):
+        phases[phase] = phases.get(phase, 0) + int(after[k] - before[k] - lead[k])
+        if lead[k]:
+            prior = program.phase[k - 1] if k else phase
+            phases[prior] = phases.get(prior, 0) + int(lead[k])
+    return {phase: ns for phase, ns in phases.items() if ns}

@@ -1,0 +1,107 @@
+"""What the graph says one rank does, node by node, and how a program's call is matched to it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from prism.graph.graph_io import read_metadata
+from prism.graph.sim_engine import COLLECTIVE, RECV, SEND
+from prism.graph.simulate import kind_codes
+from prism.replay.clock import PendingCall
+from prism.schemas import graph_format as gf
+from prism.schemas.workload import GPTConfig
+
+_OPS = {COLLECTIVE: None, SEND: "send", RECV: "recv"}
+
+
+class DivergenceError(RuntimeError):
+    """The program made a call the graph does not expect at that point (one line)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankProgram:
+    """One rank's rows of the graph, in program order."""
+
+    rank: int
+    first_row: int
+    """Global row of the rank's first node (rows of a graph are sorted by rank)."""
+    kind: np.ndarray
+    """Engine node kinds (``prism.graph.sim_engine.COMPUTE`` ...)."""
+    name: np.ndarray
+    """Op name (collectives: 'all_reduce', ...; transfers: 'send' / 'recv')."""
+    label: np.ndarray
+    """Group label of collectives ('tp.3'), '' otherwise."""
+    bytes: np.ndarray
+    peer: np.ndarray
+    phase: np.ndarray
+    """Annotation phase of the node's block (fwd, bwd, p2p_wait, grad_sync, optim, ...)."""
+    phases: tuple[str, ...]
+    """The distinct phases; ``phase_code`` indexes them."""
+    phase_code: np.ndarray
+
+    @classmethod
+    def read(cls, path: str | Path, rank: int) -> RankProgram:
+        """The rank's rows of the graph file at ``path`` (other row groups are skipped)."""
+        parquet = pq.ParquetFile(path)
+        world = GPTConfig.from_dict(read_metadata(path).model).layout.world_size
+        if not 0 <= rank < world:
+            raise ValueError(f"rank {rank} is not in the graph (0..{world - 1})")
+        columns = [gf.RANK, gf.KIND, gf.NAME, gf.GROUP_KIND, gf.GROUP_INDEX, gf.BYTES, gf.PEER, gf.PHASE]
+        table = pq.read_table(path, columns=columns, filters=[(gf.RANK, "=", rank)])
+        group_kind = table[gf.GROUP_KIND].cast("string").to_numpy(zero_copy_only=False)
+        group_index = table[gf.GROUP_INDEX].to_numpy()
+        label = np.array(
+            [f"{k}.{i}" if k and i >= 0 else (k or "") for k, i in zip(group_kind, group_index, strict=True)],
+            dtype=object,
+        )
+        phase = pc.cast(table[gf.PHASE], "string").to_numpy(zero_copy_only=False)
+        phases, codes = np.unique(phase, return_inverse=True)
+        return cls(
+            rank=rank,
+            first_row=_first_row(parquet, rank),
+            kind=kind_codes(table[gf.KIND]),
+            name=pc.cast(table[gf.NAME], "string").to_numpy(zero_copy_only=False),
+            label=label,
+            bytes=table[gf.BYTES].to_numpy(),
+            peer=table[gf.PEER].to_numpy(),
+            phase=phase,
+            phases=tuple(phases),
+            phase_code=codes,
+        )
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    def describe(self, i: int) -> str:
+        """Node ``i`` of the rank as the program would name the call."""
+        if self.kind[i] == COLLECTIVE:
+            return f"{self.name[i]} on {self.label[i]} ({self.bytes[i]} bytes)"
+        if self.kind[i] in (SEND, RECV):
+            return f"{self.name[i]} with peer {self.peer[i]} ({self.bytes[i]} bytes)"
+        return f"compute {self.name[i]}"
+
+    def matches(self, i: int, call: PendingCall) -> bool:
+        kind = self.kind[i]
+        if kind == COLLECTIVE:
+            return self.name[i] == call.op and self.label[i] == call.label and self.bytes[i] == call.bytes
+        return _OPS.get(kind) == call.op and self.peer[i] == call.peer and self.bytes[i] == call.bytes
+
+
+def _first_row(parquet: pq.ParquetFile, rank: int) -> int:
+    """Rows before ``rank``'s: whole row groups by their statistics, then the one it starts in."""
+    rank_column = parquet.schema_arrow.get_field_index(gf.RANK)
+    row = 0
+    for g in range(parquet.num_row_groups):
+        meta = parquet.metadata.row_group(g)
+        stats = meta.column(rank_column).statistics
+        if int(stats.max) < rank:
+            row += meta.num_rows
+            continue
+        ranks = parquet.read_row_group(g, columns=[gf.RANK])[gf.RANK].to_numpy()
+        return row + int(np.searchsorted(ranks, rank))
+    return row
