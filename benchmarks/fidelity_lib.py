@@ -249,9 +249,11 @@ def predict(
 def replay_roles(config: GPTConfig, settings: RunSettings, out: Path) -> dict[int, RankRun]:
     """Replay each role's rank of the slice against the graph ``predict`` built in ``out``."""
     ranks = tuple(sorted(config.layout.roles().values()))
+    # One at a time, each the only real rank, beside load ranks that stand in for the rest of
+    # the real run's processes (as the slice was captured).
     options = ReplayOptions(
         graph=out / "graph.parquet", ranks=ranks, out_dir=out / "replay",
-        warmup=settings.warmup, iterations=settings.iterations,
+        warmup=settings.warmup, iterations=settings.iterations, separately=True,
     )  # fmt: skip
     if settings.matched_load:
         with MatchedLoad(config, warmup=settings.warmup, iterations=settings.iterations) as load:

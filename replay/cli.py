@@ -54,6 +54,10 @@ def replay(
             help="PHASE[,layer=L]:+DURATION[@RANK]: make the real rank a straggler, e.g. optim:+5ms (repeatable)."
         ),
     ] = [],  # noqa: B006
+    separately: Annotated[
+        bool,
+        typer.Option(help="Run several --rank one after another, each the only real rank, not all at once."),
+    ] = False,
     overwrite: Annotated[bool, typer.Option(help="Replace a non-empty output directory.")] = False,
     rank_timeout: Annotated[
         float, typer.Option(help="Seconds before a stuck rank process is killed.")
@@ -67,7 +71,7 @@ def replay(
         raise typer.Exit(2) from None
     options = ReplayOptions(
         graph=graph, ranks=tuple(rank), out_dir=out, warmup=warmup, iterations=iterations, device=device,
-        threads=threads, trace_peers=_ranks(trace_peers), delays=delays, overwrite=overwrite, timeout_s=rank_timeout,
+        threads=threads, trace_peers=_ranks(trace_peers), delays=delays, separately=separately, overwrite=overwrite, timeout_s=rank_timeout,
     )  # fmt: skip
     console.print(
         f"[bold]prism-replay[/] {graph}: rank(s) {', '.join(map(str, rank))} real, every other virtual"
@@ -123,7 +127,10 @@ def engine_table(report: ReplayReport) -> Table:
             str(r.rank), str(r.calls_per_iter), f"{r.engine_ms_per_iter:.2f}", f"{r.stall_ms_per_iter:.2f}",
             _mib(r.replay_rss_bytes),
         )  # fmt: skip
-    table.caption = "stall: engine time that held the real rank (taken out of its emulated time)"
+    table.caption = (
+        "engine: the co-simulation's time per pass; stall: time the clock held the rank past a completion "
+        "(taken out of its time when it is the only real rank)"
+    )
     return table
 
 

@@ -55,6 +55,11 @@ class CommClock(Protocol):
         """Call ``complete`` once the completion time of ``call`` is known: now, or later."""
         ...
 
+    def real_call(self, call: PendingCall) -> Callable[[int], None] | None:
+        """A call whose members are all real is made (it runs on a real backend): returns a
+        ``finished(done_ns)`` to be told when it completes, or None if the clock need not know."""
+        ...
+
     def iteration_started(self, wall_ns: int) -> None:
         """The program starts a training iteration (calls outside iterations complete at once)."""
         ...
@@ -73,6 +78,9 @@ class ImmediateClock:
 
     def submit(self, call: PendingCall, complete: Completion) -> None:
         complete(self.completion_ns(call))
+
+    def real_call(self, call: PendingCall) -> None:
+        return None
 
     def iteration_started(self, wall_ns: int) -> None:
         pass

@@ -43,7 +43,7 @@ class CollectivesMixin:
     _size: int
     _issue: Callable[..., dist.Work]
     _global: Callable[[int], int]
-    _virtual: bool
+    _all_real: bool
 
     # -- reductions ----------------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: AllreduceOptions | None = None) -> dist.Work:

@@ -34,14 +34,14 @@ class PointToPointMixin:
 
     _issue: Callable[..., dist.Work]
     _global: Callable[[int], int]
-    _virtual: bool
+    _all_real: bool
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> dist.Work:
         return self._issue(
             CommOp.SEND,
             tensors,
             lambda: tensors,
-            lambda b: b.send(tensors, dst, tag),
+            lambda b, to=dst: b.send(tensors, to, tag),
             async_op=not _blocking_p2p(),
             peer=self._global(dst),
             tag=tag,
@@ -57,14 +57,14 @@ class PointToPointMixin:
             CommOp.RECV,
             tensors,
             virtual,
-            lambda b: b.recv(tensors, src, tag),
+            lambda b, to=src: b.recv(tensors, to, tag),
             async_op=not _blocking_p2p(),
             peer=self._global(src),
             tag=tag,
         )
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> dist.Work:
-        if self._virtual:
+        if not self._all_real:
             raise NotImplementedError(
                 "prism: a receive from any source has no defined sender among virtual peers"
             )

@@ -6,8 +6,11 @@ One process is one real rank of a world of N. For each group it joins, the group
   shape-correct stand-in data, at the time the active clock names;
 - *delegated* when every member is real: calls run on a real gloo (CPU) or NCCL (CUDA) backend
   over the same members, so a fully real run goes through prism with real data;
-- *mixed* otherwise (virtual members and several real ones): calls raise NotImplementedError,
-  as exchanging data among the real members is prism-replay's job.
+- *mixed* otherwise (virtual members and several real ones, as when prism-replay runs several
+  ranks): a collective is served as on a virtual group (shape-correct stand-in data, completed
+  at the clock's time); a send or recv between two real members runs on a real gloo backend of
+  just those two (made when the group is, as both must make it), so real data flows between
+  real ranks, and the clock is told of it.
 
 Every call is logged (``prism.replay.recorder``) and runs inside a ``prism:comm`` mark so that it
 shows in Kineto traces: a Python process group bypasses the c10d dispatcher, so no ``c10d::*`` op
@@ -92,12 +95,15 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
         self._recorder = recorder
         self._timeout = timeout
         self._mode = mode_of(group)
-        self._virtual = self._mode is GroupMode.VIRTUAL
+        self._all_real = self._mode is GroupMode.DELEGATED
         self._gseq = itertools.count()
         self._delegates: dict[str, dist.Backend] = {}
         self._coalesced: list[dist.Work] | None = None  # Works issued inside _start/_end_coalescing
+        self._pairs: dict[int, dist.Backend] = {}  # mixed groups: real peer -> 2-member gloo backend
         if self._mode is GroupMode.DELEGATED:
             self._delegate(_CPU)  # gloo connects now, as new_group with the gloo backend would
+        elif self._mode is GroupMode.MIXED:
+            self._connect_pairs()
 
     # -- identity ----------------------------------------------------------------------------
     @property
@@ -141,12 +147,13 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
         return f"ProcessGroupPrism({self._group.label}, rank {self._rank}/{self._size}, {self._mode})"
 
     def shutdown(self) -> None:
-        for backend in self._delegates.values():
+        for backend in (*self._delegates.values(), *self._pairs.values()):
             backend.shutdown()
         self._delegates.clear()
+        self._pairs.clear()
 
     def abort(self) -> None:
-        for backend in self._delegates.values():
+        for backend in (*self._delegates.values(), *self._pairs.values()):
             backend.abort()
 
     # -- the one path every call takes ---------------------------------------------------------
@@ -164,8 +171,8 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
         device: torch.device | None = None,
     ) -> dist.Work:
         """Log the call, mark it, and serve it virtually or on the real backend."""
-        if self._mode is GroupMode.MIXED:
-            raise NotImplementedError(self._mixed_message(op))
+        pair = self._pairs.get(peer) if op in (CommOp.SEND, CommOp.RECV) and peer is not None else None
+        on_real = self._all_real or pair is not None
         nbytes, dtype, shape = describe_payload(payload)
         gseq = next(self._gseq)
         record = self._recorder.begin(
@@ -181,21 +188,26 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
             tag=tag,
             reduce_op=reduce_op,
             async_op=async_op,
-            delegated=not self._virtual,
+            delegated=on_real,
         )
         mark = format_mark(
             Mark(phase=Phase.COMM, op=op.value, group=self._group.label, gseq=gseq, bytes=nbytes)
         )
         with torch.profiler.record_function(mark):
-            if self._virtual:
+            if not on_real:
                 work = self._virtual_work(record, virtual())
             else:
                 target = device or (payload[0].device if payload else _CPU)
-                backend = self._delegate(target)
+                if pair is None:
+                    issue = partial(real, self._delegate(target))
+                else:  # the peer's rank in the pair backend: 0 for the lower global rank
+                    issue = partial(real, pair, to=int(self._global(self._rank) < peer))
+                finished = self._clock.real_call(_pending(record))
+                on_done = record.finish if finished is None else partial(_finish_and_tell, record, finished)
                 if target.type == "cpu":  # gloo: the program's thread makes the last free
-                    work = CallerReleasesWork.issue(list(payload), partial(real, backend), record.finish)
+                    work = CallerReleasesWork.issue(list(payload), issue, on_done)
                 else:
-                    work = track_completion(real(backend), record.finish)
+                    work = track_completion(issue(), on_done)
         record.exit_ns = time.time_ns()
         self._recorder.commit(record)
         if self._coalesced is not None and work is not None:
@@ -204,17 +216,7 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
 
     def _virtual_work(self, record: CallRecord, result: object) -> dist.Work:
         future = torch.futures.Future()
-        pending = PendingCall(
-            op=record.op,
-            group=record.group,
-            label=record.label,
-            group_size=record.group_size,
-            gseq=record.gseq,
-            bytes=record.bytes,
-            peer=record.peer,
-            enter_ns=record.enter_ns,
-            async_op=record.async_op,
-        )
+        pending = _pending(record)
         completion = VirtualCompletion(record, future, result)
         self._clock.submit(pending, completion.at)
         if not completion.settled:  # no wait may hang: fail the call if no time is named in time
@@ -237,14 +239,22 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
             )
         return backend
 
-    def _mixed_message(self, op: CommOp) -> str:
-        g = self._group
-        return (
-            f"prism: {op.value} on group {g.name!r} (label {g.label!r}, ranks {list(g.ranks)}) which mixes "
-            f"virtual members with {len(g.real_ranks)} real ones {list(g.real_ranks)}. Groups with several "
-            "real members and virtual ones are handled by prism-replay; the capture backend supports "
-            "groups whose members are all real or that have one real member."
-        )
+    def _connect_pairs(self) -> None:
+        """A gloo backend with every other real member, for real transfers between the two."""
+        me = self._global(self._rank)
+        for peer in sorted(self._group.real_ranks):
+            if peer == me:
+                continue
+            lo, hi = sorted((me, peer))
+            self._pairs[peer] = make_backend(
+                "cpu",
+                store=dist.PrefixStore(f"pair/{lo}-{hi}/", self._store),
+                rank=int(me == hi),
+                size=2,
+                global_ranks=(lo, hi),
+                group_name=f"{self._name}:{lo}-{hi}",
+                timeout=self._timeout,
+            )
 
     def _global(self, group_rank: int) -> int:
         return self._group.ranks[group_rank]
@@ -270,3 +280,22 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
         # NCCL groups the calls itself; its Works must not be merged through CPU futures, which
         # complete at enqueue time and would drop the stream ordering.
         return self._mode is GroupMode.DELEGATED and torch.device(device).type == "cuda"
+
+
+def _pending(record: CallRecord) -> PendingCall:
+    return PendingCall(
+        op=record.op,
+        group=record.group,
+        label=record.label,
+        group_size=record.group_size,
+        gseq=record.gseq,
+        bytes=record.bytes,
+        peer=record.peer,
+        enter_ns=record.enter_ns,
+        async_op=record.async_op,
+    )
+
+
+def _finish_and_tell(record: CallRecord, finished: Callable[[int], None]) -> None:
+    record.finish()
+    finished(record.done_ns)

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -21,9 +23,10 @@ import psutil
 from prism.capture.progress import report
 from prism.capture.rank_main import run_rank
 from prism.graph.profiler_overhead import clean_unprofiled
-from prism.graph.sim_engine import COMPUTE
-from prism.graph.simulate import SimGraph, SimResult, SimulationError, load_sim_graph, simulate
+from prism.graph.simulate import SimulationError, load_sim_graph, simulate
 from prism.graph.whatif import BlockDelay
+from prism.replay.coordinator import RemotePort
+from prism.replay.cosim import PREDICTION_PASSES, RankPass, RankSummary, summarize
 from prism.replay.graph_clock import DivergenceError, GraphClock, IterationStats, RankProgram
 from prism.replay.peer_trace import write_peer_trace
 from prism.replay.straggler import install_delays
@@ -34,68 +37,69 @@ from prism.schemas.replay import ReplayFiles, ReplayIteration, ReplayJob, Replay
 
 EXIT_DIVERGED = 3
 
-PREDICTION_PASSES = 3
-"""Passes of the offline simulation the replay is compared with (as ``prism-build-graph``)."""
 
-
-def predicted_phase_ns(graph: SimGraph, result: SimResult, program: RankProgram) -> dict[str, int]:
-    """The offline simulation's time of one rank by phase: how far each node moves its program on."""
-    lo, hi = graph.rank_ptr[program.rank], graph.rank_ptr[program.rank + 1]
-    start, end = result.start_ns[lo:hi], result.end_ns[lo:hi].copy()
-    is_async, is_comm = graph.is_async[lo:hi], graph.kind[lo:hi] != COMPUTE
-    after = np.where(is_async, start, end)  # an async call returns when it is made
-    before = np.r_[result.rank_start_ns[program.rank], after[:-1]]
-    # As the clock counts: the time before a call goes to the node before it, the wait to the call.
-    lead = np.where(is_comm, start - before, 0)
-    phases: dict[str, int] = {}
-    for k, phase in enumerate(program.phase):
-        phases[phase] = phases.get(phase, 0) + int(after[k] - before[k] - lead[k])
-        if lead[k]:
-            prior = program.phase[k - 1] if k else phase
-            phases[prior] = phases.get(prior, 0) + int(lead[k])
-    return {phase: ns for phase, ns in phases.items() if ns}
-
-
-def _iteration(stats: IterationStats) -> ReplayIteration:
+def _iteration(stats: IterationStats, record: RankPass, engine_ns: int) -> ReplayIteration:
     return ReplayIteration(
         calls=stats.calls,
-        engine_ns=stats.engine_ns,
+        engine_ns=engine_ns,
         stall_ns=stats.stall_ns,
-        emulated_ns=stats.rank_end_ns - stats.rank_start_ns,
-        phase_ns=dict(stats.phase_ns),
+        emulated_ns=record.rank_end_ns - record.rank_start_ns,
+        phase_ns=dict(record.phase_ns),
     )
 
 
-def _clean_median(clock: GraphClock, warmup: int) -> tuple[int, ...]:
+def _clean_median(summary: RankSummary, warmup: int) -> tuple[int, ...]:
     """Every rank's co-simulated iteration time over the clean unprofiled iterations (median)."""
-    clean = clean_unprofiled(clock.pass_iterations, warmup)
+    clean = clean_unprofiled(summary.pass_iterations, warmup)
     return tuple(int(v) for v in np.median(np.stack(clean), axis=0)) if clean else ()
+
+
+def _local_clock(job: ReplayJob, rank: int) -> tuple[GraphClock, Callable[[], RankSummary]]:
+    """The only real rank: the co-simulation runs in this process."""
+    graph = load_sim_graph(job.graph)
+    clock = GraphClock.open(job.graph, rank, graph, trace_ranks=job.trace_peers)
+    return clock, lambda: summarize(clock.cosim, rank, simulate(graph, iterations=PREDICTION_PASSES))
+
+
+def _remote_clock(job: ReplayJob, rank: int) -> tuple[GraphClock, Callable[[], RankSummary]]:
+    """One of several real ranks: the co-simulation runs in the launcher (``Coordinator``)."""
+
+    def stop(message: str) -> None:  # from the port's thread: the program cannot go on
+        report(rank=rank, event="error", message=message)
+        os._exit(EXIT_DIVERGED)
+
+    port = RemotePort(job.coordinator, rank, on_error=stop)
+    return GraphClock(RankProgram.read(job.graph, rank), port), port.summary
 
 
 def replay_rank(job: ReplayJob, rank: int, out_dir: Path) -> ReplayRankStats:
     """Run ``rank`` against the graph; write its traces, result and co-simulation stats."""
     rss_before = psutil.Process().memory_info().rss
     began = time.perf_counter()
-    graph = load_sim_graph(job.graph)
-    clock = GraphClock.open(job.graph, rank, graph, trace_ranks=job.trace_peers)
+    clock, summary_of_run = (_remote_clock if job.coordinator else _local_clock)(job, rank)
     load_s = time.perf_counter() - began
     replay_rss = psutil.Process().memory_info().rss - rss_before
     install_delays((BlockDelay(**d) for d in job.delays), rank)
     run_rank(job.program, rank, out_dir, clock=clock)
+    summary = summary_of_run()
     files = ReplayFiles(out_dir)
     trace = add_emulated_waits(files.kineto(rank), read_comm_log(files.comm(rank)))
-    for peer in job.trace_peers:
-        write_peer_trace(clock, RankProgram.read(job.graph, peer, graph), files.peer_trace(peer), trace)
-    prediction = simulate(graph, iterations=PREDICTION_PASSES)
+    if rank == min(job.program.real_ranks or (rank,)):  # one real rank writes the peers' traces
+        for peer in job.trace_peers:
+            program = RankProgram.read(job.graph, peer)
+            write_peer_trace(summary.traced, clock.wall_offsets, program, files.peer_trace(peer), trace)
     stats = ReplayRankStats(
         rank=rank,
-        iterations=tuple(_iteration(s) for s in clock.iterations),
-        predicted_iteration_ns=int(prediction.iteration_ns[rank]),
-        predicted_peak_bytes=int(prediction.peak_bytes[rank]),
-        predicted_phase_ns=predicted_phase_ns(graph, prediction, clock.program),
+        iterations=tuple(
+            _iteration(s, p, e)
+            for s, p, e in zip(clock.iterations, summary.passes, summary.engine_ns, strict=True)
+        ),
+        predicted_iteration_ns=summary.predicted_iteration_ns,
+        predicted_peak_bytes=summary.predicted_peak_bytes,
+        predicted_phase_ns=summary.predicted_phase_ns,
         graph_load_s=load_s,
         replay_rss_bytes=int(replay_rss),
-        virtual_iteration_ns=_clean_median(clock, job.program.warmup),
+        virtual_iteration_ns=_clean_median(summary, job.program.warmup),
     )
     write_json_atomic(files.replay_stats(rank), stats.to_dict())
     return stats

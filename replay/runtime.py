@@ -2,9 +2,13 @@
 
 For each ``--rank``, one process runs the original program (the built-in GPT workload with the
 target job's shapes, as recorded in the graph's metadata) as that rank of the full world, its
-peers virtual and timed by the co-simulation (``prism.replay.rank_main``). Several ranks run
-one after another, each the only real rank of its run: replaying ranks that exchange real
-data with each other at the same time is not supported yet.
+peers virtual and timed by the co-simulation (``prism.replay.rank_main``).
+
+Several ranks run at once, spawned like torchrun: one co-simulation (``prism.replay.coordinator``,
+a thread of this process) takes all of their arrivals; a group whose members are all real runs
+on gloo (CPU) or NCCL (CUDA) with real data, a transfer between two real ranks too, and a
+group that mixes real and virtual members completes at the co-simulated time. With
+``separately``, they run one after another instead, each the only real rank of its run.
 
 Inputs are checked before anything starts (``ReplayInputError``: one line, the CLI's exit 2):
 a file that is not a graph of this version, a rank outside the world, a program that cannot
@@ -29,6 +33,7 @@ from prism.graph.memory import iteration_memory
 from prism.graph.profiler_overhead import MIN_WARMUP, clean_unprofiled
 from prism.graph.simulate import static_bytes
 from prism.graph.whatif import BlockDelay
+from prism.replay.coordinator import Coordinator
 from prism.schemas.files import write_json_atomic
 from prism.schemas.manifest import RankJob, RankResult
 from prism.schemas.replay import (
@@ -75,6 +80,8 @@ class ReplayOptions:
     """Virtual ranks to write Chrome traces of."""
     delays: tuple[BlockDelay, ...] = ()
     """Straggler delays added to the real rank(s)' blocks (``prism.replay.straggler``)."""
+    separately: bool = False
+    """Run the ranks one after another, each alone against the graph, instead of all at once."""
     overwrite: bool = False
     """Replace a non-empty output directory."""
     timeout_s: float = 1800.0
@@ -134,24 +141,20 @@ def run_replay(
     tmp = Path(tempfile.mkdtemp(prefix=f".{options.out_dir.name}.", dir=options.out_dir.parent))
     try:
         files = ReplayFiles(tmp)
-        program = RankJob(
-            workload="gpt", config=config, real_ranks=(), warmup=options.warmup,
-            iterations=options.iterations, threads=options.threads,
-        )  # fmt: skip
-        job = ReplayJob(
-            program=program, graph=str(options.graph.resolve()), trace_peers=options.trace_peers,
-            delays=tuple(asdict(d) for d in options.delays),
-        )  # fmt: skip
-        write_json_atomic(files.job, job.to_dict())
-        reports = []
         hooks = hooks or CaptureHooks()
-        for rank in options.ranks:
-            hooks.batch_starting((rank,), {rank: config.layout.role(rank)})
-            try:
-                _run_one(files, rank, options, config, on_event)
-            finally:
-                hooks.batch_done((rank,))
-            reports.append(rank_report(files, rank, config, warmup=options.warmup))
+        if options.separately or len(options.ranks) == 1:
+            job = _job(options, config, real_ranks=())
+            write_json_atomic(files.job, job.to_dict())
+            for rank in options.ranks:
+                _run_batch(files, (rank,), options, config, on_event, hooks)
+        else:
+            with Coordinator(options.graph, options.ranks, trace_ranks=options.trace_peers) as coordinator:
+                job = replace(
+                    _job(options, config, real_ranks=options.ranks), coordinator=coordinator.address
+                )
+                write_json_atomic(files.job, job.to_dict())
+                _run_batch(files, options.ranks, options, config, on_event, hooks, coordinator)
+        reports = [rank_report(files, rank, config, warmup=options.warmup) for rank in options.ranks]
         report = ReplayReport(
             graph=str(options.graph), layout=str(config.layout), device=config.device,
             warmup=options.warmup, iterations=options.iterations, ranks=tuple(reports),
@@ -165,7 +168,22 @@ def run_replay(
     return report
 
 
-def _run_one(files: ReplayFiles, rank: int, options: ReplayOptions, config: GPTConfig, on_event: Progress | None) -> None:  # fmt: skip
+def _job(options: ReplayOptions, config: GPTConfig, *, real_ranks: tuple[int, ...]) -> ReplayJob:
+    program = RankJob(
+        workload="gpt", config=config, real_ranks=real_ranks, warmup=options.warmup,
+        iterations=options.iterations, threads=options.threads,
+    )  # fmt: skip
+    return ReplayJob(
+        program=program, graph=str(options.graph.resolve()), trace_peers=options.trace_peers,
+        delays=tuple(asdict(d) for d in options.delays),
+    )  # fmt: skip
+
+
+def _run_batch(
+    files: ReplayFiles, ranks: tuple[int, ...], options: ReplayOptions, config: GPTConfig,
+    on_event: Progress | None, hooks: CaptureHooks, coordinator: Coordinator | None = None,
+) -> None:  # fmt: skip
+    """Run the processes of ``ranks`` at once (a ``coordinator`` serves them when there are several)."""
     errors: list[str] = []
 
     def events(event: dict) -> None:
@@ -174,15 +192,36 @@ def _run_one(files: ReplayFiles, rank: int, options: ReplayOptions, config: GPTC
         if on_event is not None:
             on_event(event)
 
-    argv = (sys.executable, "-m", "prism.replay.rank_main", "--job", str(files.job), "--rank", str(rank), "--out", str(files.root))  # fmt: skip
-    launch = RankLaunch(rank=rank, argv=argv, log_path=files.log(rank))
+    launches = [
+        RankLaunch(
+            rank=rank,
+            local_rank=i,
+            log_path=files.log(rank),
+            argv=(
+                sys.executable,
+                "-m",
+                "prism.replay.rank_main",
+                "--job",
+                str(files.job),
+                "--rank",
+                str(rank),
+                "--out",
+                str(files.root),
+            ),
+        )  # fmt: skip
+        for i, rank in enumerate(ranks)
+    ]
+    hooks.batch_starting(ranks, {rank: config.layout.role(rank) for rank in ranks})
     try:
-        run_processes([launch], world_size=config.layout.world_size, timeout_s=options.timeout_s, on_event=events,
+        run_processes(launches, world_size=config.layout.world_size, timeout_s=options.timeout_s, on_event=events,
                       env={"OMP_NUM_THREADS": str(options.threads)})  # fmt: skip
     except LaunchError as e:
-        if errors:
-            raise ReplayDiverged(errors[0]) from None
-        raise ReplayDiverged(str(e).splitlines()[0] + f" (see {files.log(rank)})") from None
+        first = (coordinator.error if coordinator else None) or (errors[0] if errors else None)
+        if first:
+            raise ReplayDiverged(first) from None
+        raise ReplayDiverged(str(e).splitlines()[0] + f" (see {files.log(ranks[0])})") from None
+    finally:
+        hooks.batch_done(ranks)
 
 
 def _pct(pred: float, real: float) -> float:

@@ -29,13 +29,15 @@ class ReplayJob:
     """What a replayed rank process runs (``job.json``)."""
 
     program: RankJob
-    """The original program with the target job's shapes (every peer virtual)."""
+    """The original program with the target job's shapes (peers outside ``real_ranks`` virtual)."""
     graph: str
     """graph.parquet whose co-simulation times the virtual peers."""
     trace_peers: tuple[int, ...] = ()
     """Virtual ranks whose co-simulated nodes are written as Chrome traces."""
     delays: tuple[dict, ...] = ()
     """Straggler delays: ``{"phase", "layer", "delay_ns", "rank"}`` (``prism.graph.whatif.BlockDelay``)."""
+    coordinator: str | None = None
+    """Address of the shared co-simulation when several ranks run at once; None: each rank alone."""
 
     def to_dict(self) -> dict:
         return {
@@ -43,6 +45,7 @@ class ReplayJob:
             "graph": self.graph,
             "trace_peers": list(self.trace_peers),
             "delays": list(self.delays),
+            "coordinator": self.coordinator,
         }
 
     @classmethod
@@ -52,6 +55,7 @@ class ReplayJob:
             graph=data["graph"],
             trace_peers=tuple(data.get("trace_peers", ())),
             delays=tuple(data.get("delays", ())),
+            coordinator=data.get("coordinator"),
         )
 
 

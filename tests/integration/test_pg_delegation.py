@@ -1,4 +1,5 @@
-"""The prism backend across real processes: all-real groups run on gloo; mixed groups refuse.
+"""The prism backend across real processes: all-real groups run on gloo; mixed groups stay virtual
+but for transfers between their real members.
 
 Each scenario starts one subprocess per real rank (this file, run as a script) on localhost and
 reads back what each rank saw from a JSON file.
@@ -77,16 +78,21 @@ def test_all_real_world_of_two_gives_real_results(tmp_path: Path) -> None:
     assert [op for op in seen[0]["ops"] if op in ("send", "recv")] == ["send", "send", "recv"]
 
 
-def test_mixed_groups_refuse_and_single_real_member_groups_stay_virtual(tmp_path: Path) -> None:
+def test_mixed_groups_move_real_data_between_real_members_only(tmp_path: Path) -> None:
     seen = run_ranks("mixed", [0, 1], 4, tmp_path)
-    for got in seen.values():
-        for message in (got["world_error"], got["group_0123_error"]):
-            assert "NotImplementedError" in message and "prism-replay" in message and "[0, 1]" in message
+    for rank, got in seen.items():
+        # World and {0,1,2,3} mix real and virtual members: a collective is served virtually ...
+        assert got["world_all_reduce"] == [rank + 1.0] and got["group_0123_all_reduce"] == [rank + 1.0]
         assert got["pair_all_reduce"] == 3.0  # group {0, 1}: both real, so a real sum over gloo
+    # ... but a transfer between the two real members carries real data (a gloo pair).
+    assert seen[1]["world_recv_from_0"] == [42.0, 43.0]
+    assert seen[0]["world_recv_from_1"] == [7.0]
+    assert seen[0]["world_delegated"] == [False, True, True]  # all_reduce, send, recv
     zero, one = seen[0], seen[1]
     assert zero["virtual_all_reduce"] == [1.0, 2.0]  # group {0, 2}: rank 2 is virtual
     assert zero["virtual_recv_finite"] and zero["virtual_mode"] == "virtual"
-    assert zero["delegated_by_label"] == {"pair": [True], "virtual": [False, False]}
+    assert zero["delegated_by_label"]["pair"] == [True]
+    assert zero["delegated_by_label"]["virtual"] == [False, False]
     assert one["virtual_mode"] == "non-member"
 
 
@@ -170,15 +176,23 @@ def _mixed(rank: int, world_size: int) -> dict:
     dist.init_process_group(BACKEND_NAME, rank=rank, world_size=world_size, store=store)
     got: dict = {}
 
-    def error_of(group: dist.ProcessGroup | None) -> str:
-        try:
-            dist.all_reduce(torch.ones(1), group=group)
-        except NotImplementedError as e:
-            return f"NotImplementedError: {e}"
-        return "no error"
+    def all_reduce(group: dist.ProcessGroup | None) -> list[float]:
+        t = torch.tensor([rank + 1.0])
+        dist.all_reduce(t, group=group)
+        return t.tolist()
 
-    got["world_error"] = error_of(None)
-    got["group_0123_error"] = error_of(dist.new_group([0, 1, 2, 3]))
+    got["world_all_reduce"] = all_reduce(None)
+    got["group_0123_all_reduce"] = all_reduce(dist.new_group([0, 1, 2, 3]))
+    if rank == 0:  # over the world group, which has virtual members too
+        dist.send(torch.tensor([42.0, 43.0]), dst=1)
+        buf = torch.zeros(1)
+        dist.recv(buf, src=1)
+        got["world_recv_from_1"] = buf.tolist()
+    else:
+        buf = torch.zeros(2)
+        dist.recv(buf, src=0)
+        got["world_recv_from_0"] = buf.tolist()
+        dist.send(torch.tensor([7.0]), dst=0)
     virtual = dist.new_group([0, 2])
     pair = dist.new_group([0, 1])
     if virtual == dist.GroupMember.NON_GROUP_MEMBER:
@@ -198,6 +212,8 @@ def _mixed(rank: int, world_size: int) -> dict:
     for call in current_comm_log().calls:
         by_label.setdefault(call.label, []).append(call.delegated)
     got["delegated_by_label"] = by_label
+    world_name = dist.group.WORLD.group_name
+    got["world_delegated"] = [c.delegated for c in current_comm_log().calls if c.group == world_name]
     dist.destroy_process_group()
     return got
 

@@ -441,16 +441,7 @@ def test_a_call_whose_time_is_never_named_fails_at_the_timeout() -> None:
         dist.destroy_process_group()
 
 
-# -- groups that cannot be emulated here ---------------------------------------------------------------------
-def test_mixed_group_raises_on_use(start: Callable[..., None]) -> None:
-    start(real=frozenset({RANK, 6}))
-    dp = group_of("dp")  # (5, 7): only rank 5 real, so it is virtual
-    dist.all_reduce(torch.ones(1), group=dp)
-    with pytest.raises(NotImplementedError, match="prism-replay"):
-        dist.all_reduce(torch.ones(1))  # the world mixes virtual ranks with real 5 and 6
-    assert [c.label for c in calls()] == [dp.label]
-
-
+# -- membership ----------------------------------------------------------------------------------------------
 def test_rank_outside_real_ranks_is_refused(start: Callable[..., None]) -> None:
     with pytest.raises(ValueError, match="real_ranks"):
         start(real=frozenset({0}))
