@@ -76,10 +76,11 @@ def test_every_free_is_in_the_trace(capture_dir: Path) -> None:
     # free; prism's delegated Works make the program's thread free them. A free missing from
     # the trace shows as Total Allocated growing from one iteration to the next: without
     # CallerReleasesWork this layout drifts by 16-33 KiB per iteration on every rank (~90 KiB
-    # in all); with it, by 0 (a stray 4-8 KiB free on one rank in about one run of three).
+    # in all); with it, by 0 (a stray 4-8 KiB free on a rank or two in about one run of three:
+    # at most one such free per rank, below the 16 KiB a rank drifts without the fix).
     files = CaptureFiles(capture_dir)
     memory = {rank: iteration_memory(files.kineto(rank)) for rank in range(CONFIG.layout.world_size)}
-    assert sum(abs(m.drift_bytes) for m in memory.values()) <= 8 * 1024, memory
+    assert all(abs(m.drift_bytes) <= 8 * 1024 for m in memory.values()), memory
     for stage in range(CONFIG.pp):  # the tp ranks of a stage allocate alike
         peaks = [
             memory[r].peak_delta_bytes
