@@ -113,7 +113,8 @@ def report_table(report: ReplayReport) -> Table:
             _mib(r.measured_peak_bytes), _mib(r.predicted_peak_bytes), _pct(r.mem_err_pct, 3),
         )  # fmt: skip
     table.caption = (
-        "measured: clean unprofiled iterations (median), engine stalls removed; predicted: offline simulation"
+        "measured: clean unprofiled iterations (median), stall removed for a rank replayed alone; "
+        "predicted: offline simulation"
     )
     return table
 

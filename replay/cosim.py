@@ -100,7 +100,6 @@ class CoSimulation:
         self.real = tuple(sorted(programs))
         self._external = np.zeros(graph.ranks, np.bool_)
         self._external[list(self.real)] = True
-        self._comm_rows = {r: p.first_row + np.flatnonzero(p.kind != COMPUTE) for r, p in programs.items()}
         self._engine: Engine | None = None
         self._pass = -1  # the pass the engine runs
         self._rank_pass = dict.fromkeys(self.real, -1)  # the pass each real rank is in
@@ -110,7 +109,6 @@ class CoSimulation:
         self._real_sync: dict[int, int] = {}  # real rank -> its synchronous real call in flight
         self._blocked: set[int] = set()  # ranks waiting in a synchronous call (queued ones too)
         self._watch: dict[int, int] = {}  # node -> real rank that wants its end
-        self._late: list[Resolved] = []  # resolved while replaying queued events
         self._phase_acc = {r: np.zeros(len(p.phases), np.int64) for r, p in programs.items()}
         self._pass_start = self._pass_end = np.zeros(graph.ranks, np.int64)
         self.passes: dict[int, list[RankPass]] = {r: [] for r in self.real}
@@ -138,8 +136,6 @@ class CoSimulation:
             self._queue.append((owner, rank, event))
         else:
             self._apply(rank, event, resolved)
-        resolved += self._late
-        self._late = []
         self.engine_ns[-1] += time.perf_counter_ns() - began
         self._check_deadlock()
         return resolved
@@ -172,7 +168,7 @@ class CoSimulation:
                     engine.clock[rank] = t1  # the program waited in it
                     self._count(rank, node, t1 - int(engine.start[node]))
             case Done(t_ns=t):
-                self._finish_rank(rank, t)
+                self._finish_rank(rank, t, resolved)
         self._collect(resolved)
 
     def _collect(self, resolved: list[Resolved]) -> None:
@@ -209,16 +205,10 @@ class CoSimulation:
         self._engine.advance()
         self.engine_ns.append(0)
 
-    def _finish_rank(self, rank: int, t: int) -> None:
+    def _finish_rank(self, rank: int, t: int, resolved: list[Resolved]) -> None:
+        """The rank ended its iteration at ``t`` (its clock checked that no call is left)."""
         program = self.programs[rank]
-        rest = self._next_comm(rank, int(self._engine.pc[rank]))
-        last = program.first_row + len(program)
-        if rest < last:
-            raise DivergenceError(
-                f"rank {rank}: the iteration ended, but the graph expects "
-                f"{program.describe(rest - program.first_row)} next"
-            )
-        self._move_to(rank, last, t)
+        self._move_to(rank, program.end_row, t)
         record = self.passes[rank][-1]
         record.rank_end_ns = t
         record.phase_ns = {
@@ -226,9 +216,9 @@ class CoSimulation:
         }
         self._done.add(rank)
         if len(self._done) == len(self.real):
-            self._finish_pass()
+            self._finish_pass(resolved)
 
-    def _finish_pass(self) -> None:
+    def _finish_pass(self, resolved: list[Resolved]) -> None:
         engine, g = self._engine, self.graph
         engine.advance()
         stuck = np.flatnonzero(engine.pc < g.rank_ptr[1:])
@@ -249,16 +239,9 @@ class CoSimulation:
         queued = [q for q in self._queue if q[0] == self._pass]
         self._queue = [q for q in self._queue if q[0] != self._pass]
         for _, rank, event in queued:  # each rank's events in its program order
-            self._apply(rank, event, self._late)
+            self._apply(rank, event, resolved)
 
     # -- the real ranks' compute nodes -------------------------------------------------------------
-    def _next_comm(self, rank: int, i: int) -> int:
-        """The rank's first communication row at or after row ``i`` (past its last row: none)."""
-        rows = self._comm_rows[rank]
-        k = int(np.searchsorted(rows, i))
-        program = self.programs[rank]
-        return int(rows[k]) if k < len(rows) else program.first_row + len(program)
-
     def _move_to(self, rank: int, stop: int, t: int) -> None:
         """Finish the rank's compute nodes before row ``stop``: graph time ``t`` is reached at ``stop``.
 
@@ -268,8 +251,8 @@ class CoSimulation:
         """
         engine, g, program = self._engine, self.graph, self.programs[rank]
         i, clock = int(engine.pc[rank]), int(engine.clock[rank])
-        first, last = program.first_row, program.first_row + len(program)
-        if stop < i or self._next_comm(rank, i) < stop:
+        first, last = program.first_row, program.end_row
+        if stop < i or program.next_comm(i) < stop:
             raise DivergenceError(f"rank {rank}: an event for node {stop - first} came at node {i - first}")
         span = max(t - clock, 0)
         if i >= stop:  # consecutive calls: the time between them counts to the node before

@@ -30,9 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import numpy as np
-
-from prism.graph.sim_engine import COMPUTE
 from prism.graph.simulate import SimGraph
 from prism.replay.clock import Completion, PendingCall
 from prism.replay.cosim import Call, CoSimulation, Done, Event, RealCall, RealEnd, Resolved, Start
@@ -99,8 +96,8 @@ class GraphClock:
     def __init__(self, program: RankProgram, port: CoSimPort, *, wall_ns=time.time_ns) -> None:
         self.program, self.rank, self.port = program, program.rank, port
         self._wall_ns = wall_ns
-        self._first, self._last = program.first_row, program.first_row + len(program)
-        self._comm_rows = self._first + np.flatnonzero(program.kind != COMPUTE)
+        self._first = program.first_row
+        self._comm_rows = program.comm_rows
         self._next = 0  # index into _comm_rows of the next call's node
         self._origin_ns: int | None = None  # wall time of graph time 0
         self._shift_ns = 0  # stall so far: wall = origin + shift + graph time

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from prism.graph.graph_io import read_metadata
-from prism.graph.sim_engine import COLLECTIVE, RECV, SEND
+from prism.graph.sim_engine import COLLECTIVE, COMPUTE, RECV, SEND
 from prism.graph.simulate import kind_codes
 from prism.replay.clock import PendingCall
 from prism.schemas import graph_format as gf
@@ -76,6 +77,21 @@ class RankProgram:
 
     def __len__(self) -> int:
         return len(self.kind)
+
+    @property
+    def end_row(self) -> int:
+        """Global row just past the rank's last node."""
+        return self.first_row + len(self.kind)
+
+    @cached_property
+    def comm_rows(self) -> np.ndarray:
+        """Global rows of the rank's collectives and transfers, in program order."""
+        return self.first_row + np.flatnonzero(self.kind != COMPUTE)
+
+    def next_comm(self, row: int) -> int:
+        """The rank's first communication row at or after global ``row`` (``end_row``: none left)."""
+        k = int(np.searchsorted(self.comm_rows, row))
+        return int(self.comm_rows[k]) if k < len(self.comm_rows) else self.end_row
 
     def describe(self, i: int) -> str:
         """Node ``i`` of the rank as the program would name the call."""
