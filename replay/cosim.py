@@ -146,6 +146,7 @@ class CoSimulation:
         match event:
             case Start(t_ns=t):
                 engine.clock[rank] = t
+                self._pass_start[rank] = t  # its iteration starts here, not where the last one ended
                 self.passes[rank].append(RankPass(rank_start_ns=t))
                 self._phase_acc[rank][:] = 0
             case Call(node=node, t_ns=t, async_op=async_op):
