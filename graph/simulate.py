@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from prism.graph.fold import fold_replicas
 from prism.graph.graph_io import read_metadata
 from prism.graph.sim_engine import COLLECTIVE, COMPUTE, RECV, SEND, Engine
 from prism.schemas import graph_format as gf
@@ -232,22 +233,28 @@ def peak_bytes(graph: SimGraph) -> np.ndarray:
 
 
 def simulate(graph: SimGraph, *, iterations: int = 2) -> SimResult:
-    """Run ``iterations`` back-to-back passes; the last one gives the steady state."""
-    clock = np.zeros(graph.ranks, np.int64)
+    """Run ``iterations`` back-to-back passes; the last one gives the steady state.
+
+    Identical dp replicas are simulated once (``prism.graph.fold``: exact, every rank's times
+    are its representative's)."""
+    folding = fold_replicas(graph)
+    g = folding.graph
+    clock = np.zeros(g.ranks, np.int64)
     previous = clock
     for _ in range(iterations):
-        engine = Engine(graph, clock)
+        engine = Engine(g, clock)
         engine.advance()
         start, end, pc = engine.start, engine.end, engine.pc
-        stuck = np.flatnonzero(pc < graph.rank_ptr[1:])
+        stuck = np.flatnonzero(pc < g.rank_ptr[1:])
         if len(stuck):
+            stuck = np.flatnonzero(np.isin(folding.rank_of, stuck))  # as ranks of the full graph
             raise SimulationError(f"deadlock: {len(stuck)} rank(s) cannot finish, first rank {stuck[0]}")
-        previous, clock = clock, np.maximum.reduceat(end, graph.rank_ptr[:-1])
+        previous, clock = clock, np.maximum.reduceat(end, g.rank_ptr[:-1])
     return SimResult(
-        start_ns=start,
-        end_ns=end,
-        rank_start_ns=previous,
-        iteration_ns=clock - previous,
+        start_ns=folding.per_node(start),
+        end_ns=folding.per_node(end),
+        rank_start_ns=folding.per_rank(previous),
+        iteration_ns=folding.per_rank(clock - previous),
         peak_bytes=peak_bytes(graph),
     )
 

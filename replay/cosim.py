@@ -26,11 +26,13 @@ is a deadlock, reported at once.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from prism.graph.fold import fold_replicas
 from prism.graph.sim_engine import COMPUTE, Engine
 from prism.graph.simulate import SimGraph, SimResult, SimulationError
 from prism.replay.rank_program import DivergenceError, RankProgram
@@ -98,8 +100,17 @@ class CoSimulation:
     ) -> None:
         self.graph, self.programs = graph, programs
         self.real = tuple(sorted(programs))
-        self._external = np.zeros(graph.ranks, np.bool_)
-        self._external[list(self.real)] = True
+        # The engine runs the graph with identical virtual replicas folded (exact; at dp=64, two
+        # replicas for one real rank instead of 64). Events and answers name rows of ``graph``.
+        self.folding = fold_replicas(graph, keep=self.real)
+        self._g = self.folding.graph
+        self._id = {r: int(self.folding.rank_of[r]) for r in self.real}  # rank of ``_g``
+        self._shift = {r: self.folding.shift(r) for r in self.real}  # row of ``_g`` - row of ``graph``
+        self._program = {
+            r: dataclasses.replace(p, first_row=p.first_row + self._shift[r]) for r, p in programs.items()
+        }
+        self._external = np.zeros(self._g.ranks, np.bool_)
+        self._external[list(self._id.values())] = True
         self._engine: Engine | None = None
         self._pass = -1  # the pass the engine runs
         self._rank_pass = dict.fromkeys(self.real, -1)  # the pass each real rank is in
@@ -110,10 +121,10 @@ class CoSimulation:
         self._blocked: set[int] = set()  # ranks waiting in a synchronous call (queued ones too)
         self._watch: dict[int, int] = {}  # node -> real rank that wants its end
         self._phase_acc = {r: np.zeros(len(p.phases), np.int64) for r, p in programs.items()}
-        self._pass_start = self._pass_end = np.zeros(graph.ranks, np.int64)
+        self._pass_start = self._pass_end = np.zeros(self._g.ranks, np.int64)
         self.passes: dict[int, list[RankPass]] = {r: [] for r in self.real}
         self.pass_iterations: list[np.ndarray] = []
-        """Every rank's time in each finished pass, virtual ones included."""
+        """Every rank's time in each finished pass, virtual ones included (ranks of ``graph``)."""
         self.engine_ns: list[int] = []
         """Wall time the co-simulation computed in each pass."""
         self.trace_ranks = tuple(trace_ranks)
@@ -130,7 +141,9 @@ class CoSimulation:
         if isinstance(event, Call) and not event.async_op:
             self._blocked.add(rank)
         if self._engine is None:  # the first event: pass 0, every rank at graph time 0
-            self._begin_pass(np.zeros(self.graph.ranks, np.int64))
+            self._begin_pass(np.zeros(self._g.ranks, np.int64))
+        if isinstance(event, Call | RealCall | RealEnd):
+            event = dataclasses.replace(event, node=event.node + self._shift[rank])
         resolved: list[Resolved] = []
         if owner > self._pass:
             self._queue.append((owner, rank, event))
@@ -142,32 +155,32 @@ class CoSimulation:
         return resolved
 
     def _apply(self, rank: int, event: Event, resolved: list[Resolved]) -> None:
-        engine = self._engine
+        engine, rid = self._engine, self._id[rank]
         match event:
             case Start(t_ns=t):
-                engine.clock[rank] = t
-                self._pass_start[rank] = t  # its iteration starts here, not where the last one ended
+                engine.clock[rid] = t
+                self._pass_start[rid] = t  # its iteration starts here, not where the last one ended
                 self.passes[rank].append(RankPass(rank_start_ns=t))
                 self._phase_acc[rank][:] = 0
             case Call(node=node, t_ns=t, async_op=async_op):
                 self._move_to(rank, node, t)
-                engine.arrive_external(rank, t)
+                engine.arrive_external(rid, t)
                 engine.advance()
                 self._watch[node] = rank
                 if async_op:
-                    engine.finish_external(rank, t)
+                    engine.finish_external(rid, t)
                 else:
                     self._sync[rank] = node
             case RealCall(node=node, start_ns=t0, async_op=async_op):
                 self._move_to(rank, node, t0)
                 engine.start[node] = t0
-                engine.finish_external(rank, t0)
+                engine.finish_external(rid, t0)
                 if not async_op:
                     self._real_sync[rank] = node
             case RealEnd(node=node, end_ns=t1) if engine.start[node] >= 0:  # of this pass
                 engine.end[node] = t1
-                if self._real_sync.pop(rank, None) == node and engine.pc[rank] == node + 1:
-                    engine.clock[rank] = t1  # the program waited in it
+                if self._real_sync.pop(rank, None) == node and engine.pc[rid] == node + 1:
+                    engine.clock[rid] = t1  # the program waited in it
                     self._count(rank, node, t1 - int(engine.start[node]))
             case Done(t_ns=t):
                 self._finish_rank(rank, t, resolved)
@@ -177,12 +190,12 @@ class CoSimulation:
         end = self._engine.end
         for node in [n for n in self._watch if end[n] >= 0]:
             rank = self._watch.pop(node)
-            resolved.append(Resolved(rank=rank, node=node, end_ns=int(end[node])))
+            resolved.append(Resolved(rank=rank, node=node - self._shift[rank], end_ns=int(end[node])))
             if self._sync.get(rank) == node:  # the rank's program moves on when its call ends
                 del self._sync[rank]
                 self._blocked.discard(rank)
                 self._count(rank, node, int(end[node]) - int(self._engine.start[node]))
-                self._engine.finish_external(rank, int(end[node]))
+                self._engine.finish_external(self._id[rank], int(end[node]))
 
     def _check_deadlock(self) -> None:
         if len(self._blocked) < len(self.real):
@@ -190,7 +203,7 @@ class CoSimulation:
         rank = min(self._sync) if self._sync else self.real[0]
         node = self._sync.get(rank)
         what = (
-            self.programs[rank].describe(node - self.programs[rank].first_row)
+            self._program[rank].describe(node - self._program[rank].first_row)
             if node is not None
             else "a call"
         )
@@ -203,13 +216,13 @@ class CoSimulation:
     def _begin_pass(self, clock: np.ndarray) -> None:
         self._pass += 1
         self._pass_start = clock
-        self._engine = Engine(self.graph, clock, external=self._external)
+        self._engine = Engine(self._g, clock, external=self._external)
         self._engine.advance()
         self.engine_ns.append(0)
 
     def _finish_rank(self, rank: int, t: int, resolved: list[Resolved]) -> None:
         """The rank ended its iteration at ``t`` (its clock checked that no call is left)."""
-        program = self.programs[rank]
+        program = self._program[rank]
         self._move_to(rank, program.end_row, t)
         record = self.passes[rank][-1]
         record.rank_end_ns = t
@@ -221,15 +234,17 @@ class CoSimulation:
             self._finish_pass(resolved)
 
     def _finish_pass(self, resolved: list[Resolved]) -> None:
-        engine, g = self._engine, self.graph
+        engine, g, folding = self._engine, self._g, self.folding
         engine.advance()
         stuck = np.flatnonzero(engine.pc < g.rank_ptr[1:])
         if len(stuck):
-            raise SimulationError(f"the virtual ranks cannot finish the iteration (first: rank {stuck[0]})")
+            first = int(np.flatnonzero(np.isin(folding.rank_of, stuck))[0])
+            raise SimulationError(f"the virtual ranks cannot finish the iteration (first: rank {first})")
         self._pass_end = np.maximum.reduceat(engine.end, g.rank_ptr[:-1])
-        self.pass_iterations.append(self._pass_end - self._pass_start)
-        if self.trace_ranks:
-            rows = {r: slice(int(g.rank_ptr[r]), int(g.rank_ptr[r + 1])) for r in self.trace_ranks}
+        self.pass_iterations.append(folding.per_rank(self._pass_end - self._pass_start))
+        if self.trace_ranks:  # a folded rank's times are its representative's
+            ids = {r: int(folding.rank_of[r]) for r in self.trace_ranks}
+            rows = {r: slice(int(g.rank_ptr[i]), int(g.rank_ptr[i + 1])) for r, i in ids.items()}
             self.traced.append(
                 (
                     {r: engine.start[s].copy() for r, s in rows.items()},
@@ -251,8 +266,8 @@ class CoSimulation:
         async calls, durations; the gap before the call ``stop`` counts to the node before it),
         scaled to the measured length: with the graph's own times, the offline split exactly.
         """
-        engine, g, program = self._engine, self.graph, self.programs[rank]
-        i, clock = int(engine.pc[rank]), int(engine.clock[rank])
+        engine, g, program, rid = self._engine, self._g, self._program[rank], self._id[rank]
+        i, clock = int(engine.pc[rid]), int(engine.clock[rid])
         first, last = program.first_row, program.end_row
         if stop < i or program.next_comm(i) < stop:
             raise DivergenceError(f"rank {rank}: an event for node {stop - first} came at node {i - first}")
@@ -267,13 +282,13 @@ class CoSimulation:
         share = predicted / total if total > 0 else np.full(stop - i, 1.0 / (stop - i))
         ends = clock + np.round(np.cumsum(share) * span).astype(np.int64)
         starts = np.r_[clock, ends[:-1]]
-        engine.finish_external_run(rank, stop, starts, ends)
+        engine.finish_external_run(rid, stop, starts, ends)
         np.add.at(self._phase_acc[rank], program.phase_code[i - first : stop - first], ends - starts)
 
     def _predicted(self, i: int, stop: int, clock: int) -> np.ndarray:
         """How far each node of ``i..stop`` moves the rank on, by the engine's rules (vectorized
         between the few nodes that wait for earlier async calls)."""
-        engine, g = self._engine, self.graph
+        engine, g = self._engine, self._g
         gap, busy = g.gap[i:stop], engine.busy[i:stop]
         predicted = (gap + busy).astype(np.float64)
         waits = np.flatnonzero(g.deps_ptr[i + 1 : stop + 1] > g.deps_ptr[i:stop])
@@ -288,7 +303,7 @@ class CoSimulation:
         return predicted
 
     def _count(self, rank: int, node: int, ns: int) -> None:
-        program = self.programs[rank]
+        program = self._program[rank]
         self._phase_acc[rank][program.phase_code[node - program.first_row]] += ns
 
 
