@@ -22,6 +22,13 @@ Several real ranks may be a pass apart (one starts iteration k+1 while another i
 events of a later pass wait in a queue until every real rank has finished the current one.
 When every real rank waits in a synchronous call that no event can resolve any more, the run
 is a deadlock, reported at once.
+
+Most of the engine's work is advancing the virtual ranks after an event; a call whose end is
+known at once (its virtual peers were already waiting) does not need it to be answered. With
+``defer_work`` set, ``handle`` answers such calls and leaves the advance — and the end of a
+pass with the next one's set-up — to ``catch_up``, which a port runs while the program computes
+(``prism.replay.graph_clock.LocalPort``); the next ``handle`` runs whatever is still owed first,
+so results are the same either way.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from prism.graph.fold import fold_replicas
 from prism.graph.sim_engine import COMPUTE, Engine
 from prism.graph.simulate import SimGraph, SimResult, SimulationError
 from prism.replay.rank_program import DivergenceError, RankProgram
+from prism.replay.spread import spread
 
 
 @dataclass(frozen=True)
@@ -127,6 +135,8 @@ class CoSimulation:
         """Every rank's time in each finished pass, virtual ones included (ranks of ``graph``)."""
         self.engine_ns: list[int] = []
         """Wall time the co-simulation computed in each pass."""
+        self.defer_work = False
+        self._owes_advance = self._owes_pass_end = False
         self.trace_ranks = tuple(trace_ranks)
         self.traced: list[tuple[dict[int, np.ndarray], dict[int, np.ndarray]]] = []
         """(start, end) graph ns of every node of ``trace_ranks``, one entry per finished pass."""
@@ -134,6 +144,7 @@ class CoSimulation:
     # -- events ----------------------------------------------------------------------------------
     def handle(self, rank: int, event: Event) -> list[Resolved]:
         """Take one event of real rank ``rank``; the comm nodes whose end became known."""
+        resolved = self.catch_up()
         began, current = time.perf_counter_ns(), max(self._pass, 0)
         if isinstance(event, Start):
             self._rank_pass[rank] += 1
@@ -144,7 +155,6 @@ class CoSimulation:
             self._begin_pass(np.zeros(self._g.ranks, np.int64))
         if isinstance(event, Call | RealCall | RealEnd):
             event = dataclasses.replace(event, node=event.node + self._shift[rank])
-        resolved: list[Resolved] = []
         if owner > self._pass:
             self._queue.append((owner, rank, event))
         else:
@@ -152,6 +162,28 @@ class CoSimulation:
         # To the pass the event belongs to: the Done that ends it also sets up the next one.
         self.engine_ns[current] += time.perf_counter_ns() - began
         self._check_deadlock()
+        return resolved
+
+    @property
+    def owes_work(self) -> bool:
+        """Whether ``catch_up`` has deferred work to do."""
+        return self._owes_advance or self._owes_pass_end
+
+    def catch_up(self) -> list[Resolved]:
+        """Do the work ``handle`` deferred; the comm nodes whose end it made known."""
+        resolved: list[Resolved] = []
+        if not self.owes_work:
+            return resolved
+        began, current = time.perf_counter_ns(), self._pass
+        while self.owes_work:
+            if self._owes_advance:
+                self._owes_advance = False
+                self._engine.advance()
+                self._collect(resolved)
+            if self._owes_pass_end:  # the next pass's first advance is owed then
+                self._owes_pass_end = False
+                self._finish_pass(resolved)
+        self.engine_ns[current] += time.perf_counter_ns() - began
         return resolved
 
     def _apply(self, rank: int, event: Event, resolved: list[Resolved]) -> None:
@@ -165,7 +197,10 @@ class CoSimulation:
             case Call(node=node, t_ns=t, async_op=async_op):
                 self._move_to(rank, node, t)
                 engine.arrive_external(rid, t)
-                engine.advance()
+                if self.defer_work and (async_op or engine.end[node] >= 0):
+                    self._owes_advance = True  # the program goes on without it
+                else:
+                    engine.advance()
                 self._watch[node] = rank
                 if async_op:
                     engine.finish_external(rid, t)
@@ -217,7 +252,10 @@ class CoSimulation:
         self._pass += 1
         self._pass_start = clock
         self._engine = Engine(self._g, clock, external=self._external)
-        self._engine.advance()
+        if self.defer_work:
+            self._owes_advance = True  # the virtual ranks' start: the program's first compute covers it
+        else:
+            self._engine.advance()
         self.engine_ns.append(0)
 
     def _finish_rank(self, rank: int, t: int, resolved: list[Resolved]) -> None:
@@ -231,7 +269,10 @@ class CoSimulation:
         }
         self._done.add(rank)
         if len(self._done) == len(self.real):
-            self._finish_pass(resolved)
+            if self.defer_work:
+                self._owes_pass_end = True
+            else:
+                self._finish_pass(resolved)
 
     def _finish_pass(self, resolved: list[Resolved]) -> None:
         engine, g, folding = self._engine, self._g, self.folding
@@ -260,12 +301,8 @@ class CoSimulation:
 
     # -- the real ranks' compute nodes -------------------------------------------------------------
     def _move_to(self, rank: int, stop: int, t: int) -> None:
-        """Finish the rank's compute nodes before row ``stop``: graph time ``t`` is reached at ``stop``.
-
-        The measured span is split as the engine would have spent it (gaps, waits for earlier
-        async calls, durations; the gap before the call ``stop`` counts to the node before it),
-        scaled to the measured length: with the graph's own times, the offline split exactly.
-        """
+        """Finish the rank's compute nodes before row ``stop``: graph time ``t`` is reached at
+        ``stop`` (the span split as ``prism.replay.spread`` says)."""
         engine, g, program, rid = self._engine, self._g, self._program[rank], self._id[rank]
         i, clock = int(engine.pc[rid]), int(engine.clock[rid])
         first, last = program.first_row, program.end_row
@@ -275,32 +312,11 @@ class CoSimulation:
         if i >= stop:  # consecutive calls: the time between them counts to the node before
             self._count(rank, i - 1 if i > first else stop, span)
             return
-        predicted = self._predicted(i, stop, clock)
-        if stop < last:
-            predicted[-1] += g.gap[stop]
-        total = predicted.sum()
-        share = predicted / total if total > 0 else np.full(stop - i, 1.0 / (stop - i))
-        ends = clock + np.round(np.cumsum(share) * span).astype(np.int64)
-        starts = np.r_[clock, ends[:-1]]
+        starts, ends = spread(
+            i, stop, int(g.gap[stop]) if stop < last else 0, clock, t, g.gap, engine.busy, g.deps_ptr, g.deps,
+            engine.end, program.phase_code[i - first : stop - first], self._phase_acc[rank],
+        )  # fmt: skip
         engine.finish_external_run(rid, stop, starts, ends)
-        np.add.at(self._phase_acc[rank], program.phase_code[i - first : stop - first], ends - starts)
-
-    def _predicted(self, i: int, stop: int, clock: int) -> np.ndarray:
-        """How far each node of ``i..stop`` moves the rank on, by the engine's rules (vectorized
-        between the few nodes that wait for earlier async calls)."""
-        engine, g = self._engine, self._g
-        gap, busy = g.gap[i:stop], engine.busy[i:stop]
-        predicted = (gap + busy).astype(np.float64)
-        waits = np.flatnonzero(g.deps_ptr[i + 1 : stop + 1] > g.deps_ptr[i:stop])
-        c, pos = clock, 0
-        for k in waits:
-            c += int(predicted[pos:k].sum())
-            deps = g.deps[g.deps_ptr[i + k] : g.deps_ptr[i + k + 1]]
-            ready = max(c + int(gap[k]), int(engine.end[deps].max()))
-            predicted[k] = ready + int(busy[k]) - c
-            c += int(predicted[k])
-            pos = k + 1
-        return predicted
 
     def _count(self, rank: int, node: int, ns: int) -> None:
         program = self._program[rank]

@@ -26,6 +26,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -56,13 +57,30 @@ class CoSimPort(Protocol):
 
 
 class LocalPort:
-    """The co-simulation in this process (one real rank): resolutions come back inside ``send``."""
+    """The co-simulation in this process (one real rank): resolutions come back inside ``send``.
+
+    With ``background``, the engine's work that the answer does not need (``CoSimulation.
+    catch_up``) runs in a worker thread while the program computes — the engine's loop releases
+    the GIL — and what it resolves is delivered from there. The next ``send`` waits for it first,
+    so the program is held only by what the worker has not finished by then (its stall).
+    """
 
     dilates = True
 
-    def __init__(self, cosim: CoSimulation) -> None:
-        self.cosim = cosim
+    def __init__(self, cosim: CoSimulation, *, background: bool = False) -> None:
+        self._cosim = cosim
+        cosim.defer_work = background
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="prism-cosim") if background else None
+        self._pending: Future | None = None
+        self._late: list[Resolved] = []  # resolved by the worker, not delivered yet
+        self._late_lock = threading.Lock()
         self._rank, self._on_resolved = -1, None
+
+    @property
+    def cosim(self) -> CoSimulation:
+        """The co-simulation, its deferred work done."""
+        self._wait_for_worker()
+        return self._cosim
 
     def bind(self, rank: int, on_resolved: OnResolved) -> None:
         self._rank, self._on_resolved = rank, on_resolved
@@ -71,11 +89,39 @@ class LocalPort:
         return wall_ns
 
     def send(self, events: list[Event]) -> None:
-        resolved: list[Resolved] = []
+        self._wait_for_worker()
+        resolved = self._take_late()
         for event in events:
-            resolved += self.cosim.handle(self._rank, event)
+            resolved += self._cosim.handle(self._rank, event)
         if resolved:
             self._on_resolved(resolved)
+        if self._worker is not None and self._cosim.owes_work:
+            self._pending = self._worker.submit(self._catch_up)
+
+    def _catch_up(self) -> None:
+        resolved = self._cosim.catch_up()
+        if resolved:
+            with self._late_lock:
+                self._late += resolved
+            # A program waiting for an async call must not wait for its next send. Delivering
+            # takes the clock's lock, which the program may hold while it waits for this worker.
+            threading.Thread(target=self._deliver_late, name="prism-cosim-deliver", daemon=True).start()
+
+    def _wait_for_worker(self) -> None:
+        """Let the worker finish (its errors are raised here, in the program's thread)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def _take_late(self) -> list[Resolved]:
+        with self._late_lock:
+            late, self._late = self._late, []
+        return late
+
+    def _deliver_late(self) -> None:
+        late = self._take_late()
+        if late:
+            self._on_resolved(late)
 
 
 @dataclass(kw_only=True)
@@ -108,7 +154,9 @@ class GraphClock:
         )
         self._sending = False
         self._inbox: list[Resolved] = []  # resolved inside our own send: applied after its stall
-        self._real_ends: list[RealEnd] = []  # ends of real calls, sent with the next event
+        # Sent with the next event: ends of real calls, and the iteration's Start (nothing is
+        # resolved by it, and the co-simulation's work at a pass boundary overlaps the program).
+        self._outbox: list[Event] = []
         self._in_iteration = False
         self.iterations: list[IterationStats] = []
         self.wall_offsets: list[int] = []
@@ -124,14 +172,16 @@ class GraphClock:
         *,
         wall_ns=time.time_ns,
         trace_ranks: tuple[int, ...] = (),
+        background: bool = False,
     ) -> GraphClock:
-        """The clock of the only real rank ``rank`` of the graph at ``path`` (loaded as ``graph``)."""
+        """The clock of the only real rank ``rank`` of the graph at ``path`` (loaded as ``graph``);
+        ``background``: the engine's deferred work in a worker thread (``LocalPort``)."""
         for r in (rank, *trace_ranks):
             if not 0 <= r < graph.ranks:
                 raise ValueError(f"rank {r} is not in the graph (0..{graph.ranks - 1})")
         program = RankProgram.read(path, rank)
         cosim = CoSimulation(graph, {rank: program}, trace_ranks=trace_ranks)
-        return cls(program, LocalPort(cosim), wall_ns=wall_ns)
+        return cls(program, LocalPort(cosim, background=background), wall_ns=wall_ns)
 
     @property
     def cosim(self) -> CoSimulation:
@@ -153,7 +203,7 @@ class GraphClock:
                 self._origin_ns = self.port.origin(wall_ns)
             self.iterations.append(IterationStats())
             self._in_iteration = True
-            self._send(Start(self._to_graph(wall_ns)))
+            self._outbox.append(Start(self._to_graph(wall_ns)))
             self._held(began)
 
     def iteration_done(self, wall_ns: int) -> None:
@@ -201,7 +251,7 @@ class GraphClock:
 
         def finished(done_ns: int) -> None:
             with self._lock:
-                self._real_ends.append(RealEnd(node, self._to_graph(done_ns)))
+                self._outbox.append(RealEnd(node, self._to_graph(done_ns)))
 
         return finished
 
@@ -223,7 +273,7 @@ class GraphClock:
 
     # -- talking to the co-simulation ------------------------------------------------------------
     def _send(self, event: Event) -> None:
-        events, self._real_ends = [*self._real_ends, event], []
+        events, self._outbox = [*self._outbox, event], []
         self._sending = True
         try:
             self.port.send(events)

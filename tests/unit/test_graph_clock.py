@@ -8,6 +8,7 @@ must move exactly as the offline what-if with the same slowdown predicts.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +48,26 @@ def named(programs: list[list[dict]]) -> list[list[dict]]:
     return programs
 
 
+class Completions(dict):
+    """Completion wall times by node; reading one not named yet waits for it, as a program's
+    ``wait()`` does (the co-simulation's worker thread may name it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._named = threading.Condition()
+
+    def __setitem__(self, node: int, at: int) -> None:
+        with self._named:
+            super().__setitem__(node, at)
+            self._named.notify_all()
+
+    def __missing__(self, node: int) -> int:
+        with self._named:
+            if not self._named.wait_for(lambda: dict.__contains__(self, node), timeout=10):
+                raise KeyError(node)
+            return dict.__getitem__(self, node)
+
+
 def play(clock: GraphClock, wall: FakeWall, *, iterations: int, slowdown: float = 1.0, bytes_off: int = 0) -> list[dict[int, int]]:  # fmt: skip
     """Run the real rank's program ``iterations`` times; the wall time each of its calls completed."""
     g, rank, program = clock.cosim.graph, clock.rank, clock.program
@@ -54,7 +75,7 @@ def play(clock: GraphClock, wall: FakeWall, *, iterations: int, slowdown: float 
     done: list[dict[int, int]] = []
     for _ in range(iterations):
         clock.iteration_started(wall.now)
-        completed: dict[int, int] = {}
+        completed = Completions()
         for node in range(first, last):
             wall.now += int(g.gap[node])
             if g.kind[node] == COMPUTE:
@@ -74,14 +95,14 @@ def play(clock: GraphClock, wall: FakeWall, *, iterations: int, slowdown: float 
             if not g.is_async[node]:
                 wall.now = completed[node]
         clock.iteration_done(wall.now)
-        done.append(completed)
+        done.append(dict(completed))
     return done
 
 
 def played(path: Path, graph: SimGraph, rank: int, *, wall: FakeWall | None = None, **how) -> tuple[GraphClock, list[dict[int, int]]]:  # fmt: skip
     """A clock for ``rank`` on a fake wall, and the completions of its played program."""
     wall = wall or FakeWall()
-    clock = GraphClock.open(path, rank, graph, wall_ns=wall)
+    clock = GraphClock.open(path, rank, graph, wall_ns=wall, background=how.pop("background", False))
     return clock, play(clock, wall, **how)
 
 
@@ -106,10 +127,11 @@ def comm_rows(graph: SimGraph, rank: int) -> np.ndarray:
     return rows[graph.kind[rows] != COMPUTE]
 
 
+@pytest.mark.parametrize("background", [False, True])
 @pytest.mark.parametrize("rank", [0, 1, 3])
-def test_graph_times_give_the_offline_simulation(tmp_path: Path, rank: int) -> None:
+def test_graph_times_give_the_offline_simulation(tmp_path: Path, rank: int, background: bool) -> None:
     graph, path = pipeline(tmp_path)
-    clock, done = played(path, graph, rank, iterations=3)
+    clock, done = played(path, graph, rank, iterations=3, background=background)
     expected = simulate(graph, iterations=3)
     rows = comm_rows(graph, rank)
     assert [done[-1][r] - ORIGIN for r in rows] == list(expected.end_ns[rows])
@@ -141,9 +163,10 @@ def test_engine_time_is_stall_the_emulated_job_does_not_see(tmp_path: Path, monk
     assert all(s.stall_ns > 0 and s.clock_ns >= s.stall_ns for s in clock.iterations)
 
 
-def test_a_slower_real_rank_moves_its_peers_as_the_offline_what_if(tmp_path: Path) -> None:
+@pytest.mark.parametrize("background", [False, True])
+def test_a_slower_real_rank_moves_its_peers_as_the_offline_what_if(tmp_path: Path, background: bool) -> None:
     graph, path = pipeline(tmp_path)
-    clock, _ = played(path, graph, 1, iterations=3, slowdown=1.5)
+    clock, _ = played(path, graph, 1, iterations=3, slowdown=1.5, background=background)
     what_if = simulate(
         apply_what_if(graph, path, WhatIf(slow_ranks=(SlowRank(rank=1, factor=1.5),))), iterations=3
     )
@@ -310,3 +333,26 @@ def test_real_ranks_that_all_wait_for_each_other_are_a_deadlock(tmp_path: Path) 
     clocks[0].submit(PendingCall(**recv, peer=1), lambda _: None)  # one waits: not yet a deadlock
     with pytest.raises(DivergenceError, match="can never complete.*the real ranks have not done"):
         clocks[1].submit(PendingCall(**recv, peer=0), lambda _: None)
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_an_async_end_found_by_deferred_work_reaches_the_waiting_program(
+    tmp_path: Path, background: bool
+) -> None:
+    # Rank 0 posts a recv, then meets rank 1 in a collective; rank 1 sends only after it. With
+    # ``background``, the collective is answered at once and the advance that lets the virtual
+    # rank 1 send runs in the worker, which must name the recv's end to the waiting program.
+    recv = {gf.KIND: "recv", gf.PEER: 1, gf.P2P_SEQ: 0, gf.IS_ASYNC: True, gf.DUR_NS: 7}
+    send = {gf.KIND: "send", gf.PEER: 0, gf.P2P_SEQ: 0, gf.IS_ASYNC: True, gf.DUR_NS: 7}
+    programs = named(
+        [
+            [recv, collective(1, 5, 2, **{gf.GROUP_INDEX: 0}), compute(0, **{gf.DEPS: [0]}), compute(3)],
+            [compute(20), collective(1, 5, 2, **{gf.GROUP_INDEX: 0}), send, compute(0, **{gf.DEPS: [2]})],
+        ]
+    )  # fmt: skip
+    path = write(tmp_path / "g.parquet", config(tp=2), programs)
+    graph = load_sim_graph(path)
+    clock, done = played(path, graph, 0, iterations=2, background=background)
+    expected = simulate(graph, iterations=2)
+    assert done[-1][0] - ORIGIN == expected.end_ns[0] == expected.end_ns[1] + 7  # sent after the collective
+    assert [p.rank_end_ns - p.rank_start_ns for p in clock.cosim.passes[0]][-1] == expected.iteration_ns[0]
