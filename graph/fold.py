@@ -59,11 +59,12 @@ class Folding:
         """Per-node values of ``graph`` for every node of ``full``."""
         if not self.folded:
             return values
-        counts = np.diff(self.full.rank_ptr)
-        shifts = self.graph.rank_ptr[self.rank_of] - self.full.rank_ptr[:-1]
-        rows = np.arange(len(self.full.kind), dtype=np.int64)
-        rows += np.repeat(shifts, counts)
-        return values[rows]
+        out = np.empty(len(self.full.kind), values.dtype)
+        full_ptr, ptr = self.full.rank_ptr, self.graph.rank_ptr
+        for first, last in _runs(self.rank_of):  # consecutive ranks read consecutive rows
+            lo = ptr[self.rank_of[first]]
+            out[full_ptr[first] : full_ptr[last + 1]] = values[lo : lo + full_ptr[last + 1] - full_ptr[first]]
+        return out
 
 
 def no_folding(graph: SimGraph) -> Folding:
@@ -82,7 +83,6 @@ def fold_replicas(graph: SimGraph, keep: Iterable[int] = ()) -> Folding:
     if signature is None:
         return no_folding(graph)
     members = [ranks[replica == d] for d in range(layout.dp)]  # each in position order
-    counts, deps_counts = np.diff(graph.rank_ptr), np.diff(graph.deps_ptr)
     kept_replicas = sorted({int(replica[r]) for r in keep})
     representative = np.arange(layout.dp)
     classes: list[int] = []  # representatives of the classes of folded replicas
@@ -90,7 +90,7 @@ def fold_replicas(graph: SimGraph, keep: Iterable[int] = ()) -> Folding:
         if d in kept_replicas:
             continue
         for c in classes:
-            if _same_replica(graph, signature, counts, deps_counts, members[c], members[d]):
+            if _same_replica(graph, signature, members[c], members[d]):
                 representative[d] = c
                 break
         else:
@@ -146,6 +146,13 @@ def _node_signature(graph: SimGraph, replica: np.ndarray, position: np.ndarray, 
     return signature
 
 
+def _runs(ranks: np.ndarray) -> list[tuple[int, int]]:
+    """(first, last) index of each run of ``ranks`` where each is the previous one plus one."""
+    breaks = np.flatnonzero(np.diff(ranks) != 1)
+    starts, ends = np.r_[0, breaks + 1], np.r_[breaks, len(ranks) - 1]
+    return list(zip(starts.tolist(), ends.tolist(), strict=True))
+
+
 def _rows(rank_ptr: np.ndarray, ranks: np.ndarray) -> np.ndarray:
     """Global rows of ``ranks``' nodes, rank after rank."""
     lo, hi = rank_ptr[ranks], rank_ptr[ranks + 1]
@@ -153,31 +160,28 @@ def _rows(rank_ptr: np.ndarray, ranks: np.ndarray) -> np.ndarray:
     return np.repeat(lo - np.r_[0, np.cumsum(counts)[:-1]], counts) + np.arange(counts.sum())
 
 
-def _same_replica(
-    graph: SimGraph,
-    signature: np.ndarray,
-    counts: np.ndarray,
-    deps_counts: np.ndarray,
-    a: np.ndarray,
-    b: np.ndarray,
-) -> bool:
-    """Do replicas ``a`` and ``b`` (ranks in position order) run identically given the same inputs?"""
-    if not np.array_equal(counts[a], counts[b]):
+def _same_replica(graph: SimGraph, signature: np.ndarray, a: np.ndarray, b: np.ndarray) -> bool:
+    """Do replicas ``a`` and ``b`` (ranks in position order) run identically given the same inputs?
+
+    Compared run by run of consecutive ranks (their rows are one slice), array by array."""
+    ptr, deps_ptr = graph.rank_ptr, graph.deps_ptr
+    runs_a, runs_b = _runs(a), _runs(b)
+    if [y - x for x, y in runs_a] != [y - x for x, y in runs_b]:
         return False
-    rows_a, rows_b = _rows(graph.rank_ptr, a), _rows(graph.rank_ptr, b)
-    for values in (graph.kind, graph.busy_ns, graph.gap, graph.is_async, signature):
-        if not np.array_equal(values[rows_a], values[rows_b]):
+    for (fa, la), (fb, lb) in zip(runs_a, runs_b, strict=True):
+        lo_a, hi_a, lo_b, hi_b = ptr[a[fa]], ptr[a[la] + 1], ptr[b[fb]], ptr[b[lb] + 1]
+        if not np.array_equal(np.diff(ptr[a[fa] : a[la] + 2]), np.diff(ptr[b[fb] : b[lb] + 2])):
+            return False  # ranks of different lengths
+        for values in (graph.kind, graph.busy_ns, graph.gap, graph.is_async, signature):
+            if not np.array_equal(values[lo_a:hi_a], values[lo_b:hi_b]):
+                return False
+        if not np.array_equal(np.diff(deps_ptr[lo_a : hi_a + 1]), np.diff(deps_ptr[lo_b : hi_b + 1])):
             return False
-    deps_a, deps_b = deps_counts[rows_a], deps_counts[rows_b]
-    if not np.array_equal(deps_a, deps_b):
-        return False
-    # Dependencies relative to their rank's first row (they are same-rank: see the engine).
-    first_a, first_b = np.repeat(graph.rank_ptr[a], counts[a]), np.repeat(graph.rank_ptr[b], counts[b])
-    dep_rows_a = _rows(graph.deps_ptr, rows_a)
-    dep_rows_b = _rows(graph.deps_ptr, rows_b)
-    rel_a = graph.deps[dep_rows_a] - np.repeat(first_a, deps_a)
-    rel_b = graph.deps[dep_rows_b] - np.repeat(first_b, deps_b)
-    return bool(np.array_equal(rel_a, rel_b))
+        # Dependencies are same-rank rows: relative to the run's first row they must agree.
+        deps_a = graph.deps[deps_ptr[lo_a] : deps_ptr[hi_a]] - lo_a
+        if not np.array_equal(deps_a, graph.deps[deps_ptr[lo_b] : deps_ptr[hi_b]] - lo_b):
+            return False
+    return True
 
 
 def _subgraph(graph: SimGraph, ranks: np.ndarray) -> SimGraph:

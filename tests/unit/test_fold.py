@@ -170,3 +170,16 @@ def test_co_simulation_on_folded_replicas_is_exact(tmp_path: Path, monkeypatch, 
             np.testing.assert_array_equal(fe[r], ue[r])
     if slowdown > 1:  # the virtual replicas wait for the slow real rank in the dp all-reduce
         assert (full.cosim.pass_iterations[-1] > simulate(graph, iterations=3).iteration_ns.min()).all()
+
+
+def test_a_replica_waiting_on_other_calls_is_not_folded_with_the_rest(tmp_path: Path) -> None:
+    graph, _ = replicated(tmp_path)
+    layout = graph.config.layout
+    rank = layout.rank(tp=0, dp=2, pp=0)
+    rows = np.arange(graph.rank_ptr[rank], graph.rank_ptr[rank + 1])
+    waits = rows[np.diff(graph.deps_ptr)[rows] > 0]
+    deps = graph.deps.copy()
+    deps[graph.deps_ptr[waits[-1]]] -= 1  # the last pipeline wait now waits on another node of the rank
+    folding = fold_replicas(replace(graph, deps=deps))
+    assert folding.graph.ranks == 2 * TP * PP
+    assert folding.rank_of[rank] != folding.rank_of[layout.rank(tp=0, dp=1, pp=0)]
