@@ -57,7 +57,7 @@ def _clean_median(summary: RankSummary, warmup: int) -> tuple[int, ...]:
 def _local_clock(job: ReplayJob, rank: int) -> tuple[GraphClock, Callable[[], RankSummary]]:
     """The only real rank: the co-simulation runs in this process."""
     graph = load_sim_graph(job.graph)
-    clock = GraphClock.open(job.graph, rank, graph, trace_ranks=job.trace_peers, background=True)
+    clock = GraphClock.open(job.graph, rank, graph, trace_ranks=job.trace_peers)
     return clock, lambda: summarize(clock.cosim, rank, simulate(graph, iterations=PREDICTION_PASSES))
 
 
