@@ -35,32 +35,31 @@ _HASH_SEED = 0x9E3779B97F4A7C15
 
 @dataclass(frozen=True)
 class Folding:
-    """A graph with identical replicas folded, and the way back to every rank of the full one."""
+    """A graph with identical replicas folded, and the way back to every rank of the full one
+    (which it does not hold on to: a replay keeps only the folded graph in memory)."""
 
-    full: SimGraph
     graph: SimGraph
-    """The folded graph the engine runs (``full`` itself when nothing folds)."""
+    """The folded graph the engine runs (the full one itself when nothing folds)."""
     rank_of: np.ndarray
-    """Rank of ``graph`` whose times each rank of ``full`` has (its own, or its representative's)."""
-
-    @property
-    def folded(self) -> bool:
-        return self.graph is not self.full
+    """Rank of ``graph`` whose times each rank of the full graph has (its own, or its representative's)."""
+    full_rank_ptr: np.ndarray
+    """The full graph's first row of every rank (and its node count last)."""
+    folded: bool
 
     def shift(self, rank: int) -> int:
-        """Row of ``graph`` minus row of ``full``, for every node of full rank ``rank``."""
-        return int(self.graph.rank_ptr[self.rank_of[rank]] - self.full.rank_ptr[rank])
+        """Row of ``graph`` minus row of the full graph, for every node of full rank ``rank``."""
+        return int(self.graph.rank_ptr[self.rank_of[rank]] - self.full_rank_ptr[rank])
 
     def per_rank(self, values: np.ndarray) -> np.ndarray:
-        """Per-rank values of ``graph`` for every rank of ``full``."""
+        """Per-rank values of ``graph`` for every rank of the full graph."""
         return values[self.rank_of]
 
     def per_node(self, values: np.ndarray) -> np.ndarray:
-        """Per-node values of ``graph`` for every node of ``full``."""
+        """Per-node values of ``graph`` for every node of the full graph."""
         if not self.folded:
             return values
-        out = np.empty(len(self.full.kind), values.dtype)
-        full_ptr, ptr = self.full.rank_ptr, self.graph.rank_ptr
+        full_ptr, ptr = self.full_rank_ptr, self.graph.rank_ptr
+        out = np.empty(int(full_ptr[-1]), values.dtype)
         for first, last in _runs(self.rank_of):  # consecutive ranks read consecutive rows
             lo = ptr[self.rank_of[first]]
             out[full_ptr[first] : full_ptr[last + 1]] = values[lo : lo + full_ptr[last + 1] - full_ptr[first]]
@@ -68,7 +67,8 @@ class Folding:
 
 
 def no_folding(graph: SimGraph) -> Folding:
-    return Folding(full=graph, graph=graph, rank_of=np.arange(graph.ranks, dtype=np.int64))
+    ranks = np.arange(graph.ranks, dtype=np.int64)
+    return Folding(graph=graph, rank_of=ranks, full_rank_ptr=graph.rank_ptr, folded=False)
 
 
 def fold_replicas(graph: SimGraph, keep: Iterable[int] = ()) -> Folding:
@@ -101,7 +101,9 @@ def fold_replicas(graph: SimGraph, keep: Iterable[int] = ()) -> Folding:
     reduced_id = np.full(graph.ranks, -1, np.int64)
     reduced_id[kept_ranks] = np.arange(len(kept_ranks))
     rank_of = reduced_id[position + representative[replica] * layout.stride("dp")]
-    return Folding(full=graph, graph=_subgraph(graph, kept_ranks), rank_of=rank_of)
+    return Folding(
+        graph=_subgraph(graph, kept_ranks), rank_of=rank_of, full_rank_ptr=graph.rank_ptr, folded=True
+    )
 
 
 def _node_signature(graph: SimGraph, replica: np.ndarray, position: np.ndarray, dp: int) -> np.ndarray | None:

@@ -20,7 +20,15 @@ from multiprocessing.connection import Client, Connection, Listener, wait
 from pathlib import Path
 
 from prism.graph.simulate import SimulationError, load_sim_graph, simulate
-from prism.replay.cosim import PREDICTION_PASSES, CoSimulation, Event, RankSummary, Resolved, summarize
+from prism.replay.cosim import (
+    PREDICTION_PASSES,
+    CoSimulation,
+    Event,
+    RankPrediction,
+    RankSummary,
+    Resolved,
+    summarize,
+)
 from prism.replay.graph_clock import OnResolved
 from prism.replay.rank_program import DivergenceError, RankProgram
 
@@ -79,9 +87,11 @@ class Coordinator:
                     elif what == "summary":
                         asked.append(conn)
                         if len(asked) == len(self._ranks):
-                            prediction = simulate(graph, iterations=PREDICTION_PASSES)
+                            result = simulate(graph, iterations=PREDICTION_PASSES)
                             for c in asked:
-                                c.send(("summary", summarize(cosim, conns[c], prediction)))
+                                rank = conns[c]
+                                prediction = RankPrediction.of(graph, result, programs[rank])
+                                c.send(("summary", summarize(cosim, rank, prediction)))
         except (DivergenceError, SimulationError) as e:
             self._fail(str(e).splitlines()[0], conns)
         except Exception as e:  # noqa: BLE001 (any failure must reach the ranks, not hang them)

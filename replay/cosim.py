@@ -106,14 +106,15 @@ class CoSimulation:
     def __init__(
         self, graph: SimGraph, programs: dict[int, RankProgram], *, trace_ranks: tuple[int, ...] = ()
     ) -> None:
-        self.graph, self.programs = graph, programs
+        self.programs = programs
         self.real = tuple(sorted(programs))
         # The engine runs the graph with identical virtual replicas folded (exact; at dp=64, two
-        # replicas for one real rank instead of 64). Events and answers name rows of ``graph``.
+        # replicas for one real rank instead of 64) and keeps only that. Events and answers
+        # name rows of the full ``graph``.
         self.folding = fold_replicas(graph, keep=self.real)
         self._g = self.folding.graph
         self._id = {r: int(self.folding.rank_of[r]) for r in self.real}  # rank of ``_g``
-        self._shift = {r: self.folding.shift(r) for r in self.real}  # row of ``_g`` - row of ``graph``
+        self._shift = {r: self.folding.shift(r) for r in self.real}  # row of ``_g`` - full row
         self._program = {
             r: dataclasses.replace(p, first_row=p.first_row + self._shift[r]) for r, p in programs.items()
         }
@@ -132,7 +133,7 @@ class CoSimulation:
         self._pass_start = self._pass_end = np.zeros(self._g.ranks, np.int64)
         self.passes: dict[int, list[RankPass]] = {r: [] for r in self.real}
         self.pass_iterations: list[np.ndarray] = []
-        """Every rank's time in each finished pass, virtual ones included (ranks of ``graph``)."""
+        """Every rank's time in each finished pass, virtual ones included (ranks of the full graph)."""
         self.engine_ns: list[int] = []
         """Wall time the co-simulation computed in each pass."""
         self.defer_work = False
@@ -345,16 +346,35 @@ PREDICTION_PASSES = 3
 """Passes of the offline simulation the replay is compared with (as ``prism-build-graph``)."""
 
 
-def summarize(cosim: CoSimulation, rank: int, prediction: SimResult) -> RankSummary:
-    """The end-of-replay summary of real rank ``rank``; ``prediction``: ``simulate(graph, PREDICTION_PASSES)``."""
+@dataclass(frozen=True, kw_only=True)
+class RankPrediction:
+    """What the offline simulation predicts for one rank (taken before the replay runs, so that
+    the full graph need not be kept)."""
+
+    iteration_ns: int
+    peak_bytes: int
+    phase_ns: dict[str, int]
+
+    @classmethod
+    def of(cls, graph: SimGraph, result: SimResult, program: RankProgram) -> RankPrediction:
+        """From ``result = simulate(graph, iterations=PREDICTION_PASSES)``."""
+        return cls(
+            iteration_ns=int(result.iteration_ns[program.rank]),
+            peak_bytes=int(result.peak_bytes[program.rank]),
+            phase_ns=predicted_phase_ns(graph, result, program),
+        )
+
+
+def summarize(cosim: CoSimulation, rank: int, prediction: RankPrediction) -> RankSummary:
+    """The end-of-replay summary of real rank ``rank``."""
     return RankSummary(
         passes=tuple(cosim.passes[rank]),
         engine_ns=tuple(cosim.engine_ns[: len(cosim.passes[rank])]),
         pass_iterations=tuple(cosim.pass_iterations),
         traced=tuple(cosim.traced),
-        predicted_iteration_ns=int(prediction.iteration_ns[rank]),
-        predicted_peak_bytes=int(prediction.peak_bytes[rank]),
-        predicted_phase_ns=predicted_phase_ns(cosim.graph, prediction, cosim.programs[rank]),
+        predicted_iteration_ns=prediction.iteration_ns,
+        predicted_peak_bytes=prediction.peak_bytes,
+        predicted_phase_ns=prediction.phase_ns,
     )
 
 

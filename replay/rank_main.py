@@ -26,7 +26,7 @@ from prism.graph.profiler_overhead import clean_unprofiled
 from prism.graph.simulate import SimulationError, load_sim_graph, simulate
 from prism.graph.whatif import BlockDelay
 from prism.replay.coordinator import RemotePort
-from prism.replay.cosim import PREDICTION_PASSES, RankPass, RankSummary, summarize
+from prism.replay.cosim import PREDICTION_PASSES, RankPass, RankPrediction, RankSummary, summarize
 from prism.replay.graph_clock import DivergenceError, GraphClock, IterationStats, RankProgram
 from prism.replay.peer_trace import write_peer_trace
 from prism.replay.straggler import install_delays
@@ -55,10 +55,12 @@ def _clean_median(summary: RankSummary, warmup: int) -> tuple[int, ...]:
 
 
 def _local_clock(job: ReplayJob, rank: int) -> tuple[GraphClock, Callable[[], RankSummary]]:
-    """The only real rank: the co-simulation runs in this process."""
+    """The only real rank: the co-simulation runs in this process. The prediction is taken now,
+    so that the full graph is let go of once the co-simulation has folded it."""
     graph = load_sim_graph(job.graph)
     clock = GraphClock.open(job.graph, rank, graph, trace_ranks=job.trace_peers)
-    return clock, lambda: summarize(clock.cosim, rank, simulate(graph, iterations=PREDICTION_PASSES))
+    prediction = RankPrediction.of(graph, simulate(graph, iterations=PREDICTION_PASSES), clock.program)
+    return clock, lambda: summarize(clock.cosim, rank, prediction)
 
 
 def _remote_clock(job: ReplayJob, rank: int) -> tuple[GraphClock, Callable[[], RankSummary]]:

@@ -155,7 +155,7 @@ def test_co_simulation_on_folded_replicas_is_exact(tmp_path: Path, monkeypatch, 
         monkeypatch.setattr(cosim_module, "fold_replicas", fold)
         wall = FakeWall()
         clock = GraphClock.open(path, real, graph, wall_ns=wall, trace_ranks=peers)
-        clock.done = play(clock, wall, iterations=3, slowdown=slowdown)
+        clock.done = play(clock, wall, graph, iterations=3, slowdown=slowdown)
         return clock
 
     folded = replay(fold_replicas)

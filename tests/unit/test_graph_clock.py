@@ -68,9 +68,9 @@ class Completions(dict):
             return dict.__getitem__(self, node)
 
 
-def play(clock: GraphClock, wall: FakeWall, *, iterations: int, slowdown: float = 1.0, bytes_off: int = 0) -> list[dict[int, int]]:  # fmt: skip
-    """Run the real rank's program ``iterations`` times; the wall time each of its calls completed."""
-    g, rank, program = clock.cosim.graph, clock.rank, clock.program
+def play(clock: GraphClock, wall: FakeWall, g: SimGraph, *, iterations: int, slowdown: float = 1.0, bytes_off: int = 0) -> list[dict[int, int]]:  # fmt: skip
+    """Run the real rank's program (graph ``g``) ``iterations`` times; the wall time each of its calls completed."""
+    rank, program = clock.rank, clock.program
     first, last = g.rank_ptr[rank], g.rank_ptr[rank + 1]
     done: list[dict[int, int]] = []
     for _ in range(iterations):
@@ -103,7 +103,7 @@ def played(path: Path, graph: SimGraph, rank: int, *, wall: FakeWall | None = No
     """A clock for ``rank`` on a fake wall, and the completions of its played program."""
     wall = wall or FakeWall()
     clock = GraphClock.open(path, rank, graph, wall_ns=wall, background=how.pop("background", False))
-    return clock, play(clock, wall, **how)
+    return clock, play(clock, wall, graph, **how)
 
 
 def pipeline(tmp_path: Path) -> tuple[SimGraph, Path]:
