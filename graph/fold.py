@@ -2,7 +2,7 @@
 
 Every end time of the engine is a pure function of the dependencies (``prism.graph.sim_engine``).
 Two dp replicas (the ranks that share a dp index) whose ranks have the same nodes, durations,
-gaps and dependencies, whose groups and transfers inside the replica match position for
+gaps, dependencies and allocations, whose groups and transfers inside the replica match position for
 position, and which meet other replicas only in collectives that span every replica alike, run
 identically: they start together, and each of their members reaches each shared collective at
 the same moment, so that collective ends (last arrival + cost) as it would with only one of
@@ -174,7 +174,15 @@ def _same_replica(graph: SimGraph, signature: np.ndarray, a: np.ndarray, b: np.n
         lo_a, hi_a, lo_b, hi_b = ptr[a[fa]], ptr[a[la] + 1], ptr[b[fb]], ptr[b[lb] + 1]
         if not np.array_equal(np.diff(ptr[a[fa] : a[la] + 2]), np.diff(ptr[b[fb] : b[lb] + 2])):
             return False  # ranks of different lengths
-        for values in (graph.kind, graph.busy_ns, graph.gap, graph.is_async, signature):
+        for values in (
+            graph.kind,
+            graph.busy_ns,
+            graph.gap,
+            graph.is_async,
+            signature,
+            graph.alloc,
+            graph.free,
+        ):
             if not np.array_equal(values[lo_a:hi_a], values[lo_b:hi_b]):
                 return False
         if not np.array_equal(np.diff(deps_ptr[lo_a : hi_a + 1]), np.diff(deps_ptr[lo_b : hi_b + 1])):

@@ -255,7 +255,7 @@ def simulate(graph: SimGraph, *, iterations: int = 2) -> SimResult:
         end_ns=folding.per_node(end),
         rank_start_ns=folding.per_rank(previous),
         iteration_ns=folding.per_rank(clock - previous),
-        peak_bytes=peak_bytes(graph),
+        peak_bytes=folding.per_rank(peak_bytes(g)),  # folded replicas allocate alike too
     )
 
 

@@ -13,7 +13,7 @@ from test_simulate import collective, compute, config, one_f_one_b_programs, wri
 import prism.replay.cosim as cosim_module
 from prism.graph.fold import fold_replicas, no_folding
 from prism.graph.sim_engine import Engine
-from prism.graph.simulate import SimGraph, load_sim_graph, simulate
+from prism.graph.simulate import SimGraph, load_sim_graph, peak_bytes, simulate
 from prism.graph.whatif import SlowRank, WhatIf, apply_what_if
 from prism.replay.graph_clock import GraphClock
 from prism.schemas import graph_format as gf
@@ -37,7 +37,8 @@ def replicated_programs(*, cross_replica_transfer: bool = False) -> list[list[di
             node = dict(node)
             moved.append(len(nodes))
             if node[gf.KIND] == NodeKind.COMPUTE.value:
-                if node[gf.DUR_NS]:
+                if node[gf.DUR_NS]:  # forwards keep activations, backwards free them
+                    node[gf.ALLOC_BYTES if node[gf.DUR_NS] == 10 else gf.FREE_BYTES] = 64 * (1 + c.tp + c.pp)
                     node[gf.DUR_NS] += 3 * c.pp + c.tp  # positions differ
                 if node.get(gf.DEPS):  # the pipeline waits' transfers moved with the inserted calls
                     node[gf.DEPS] = [moved[d] for d in node[gf.DEPS]]
@@ -94,6 +95,7 @@ def assert_simulate_is_exact(graph: SimGraph) -> None:
     np.testing.assert_array_equal(result.start_ns, start)
     np.testing.assert_array_equal(result.end_ns, end)
     np.testing.assert_array_equal(result.iteration_ns, iteration)
+    np.testing.assert_array_equal(result.peak_bytes, peak_bytes(graph))
 
 
 def test_identical_replicas_fold_into_one_and_simulate_exactly(tmp_path: Path) -> None:
@@ -143,6 +145,10 @@ def test_replicas_that_are_all_different_are_not_folded(tmp_path: Path) -> None:
     dur = graph.dur.copy()
     dur[graph.rank_ptr[:-1]] += np.arange(graph.ranks)  # every rank's first node differs
     assert not fold_replicas(replace(graph, dur=dur)).folded
+    alloc = graph.alloc.copy()
+    alloc[graph.rank_ptr[:-1]] += np.arange(graph.ranks)  # ... or allocates differently
+    assert not fold_replicas(replace(graph, alloc=alloc)).folded
+    assert_simulate_is_exact(replace(graph, alloc=alloc))
 
 
 @pytest.mark.parametrize("slowdown", [1.0, 1.3])
