@@ -1,0 +1,56 @@
+"""A virtual call the program waits on is completed by the program's own thread.
+
+The profiler records a free only on the thread that makes it; the thread that completes a call
+holds its tensors a moment, so a helper thread completing it while the program waits could make
+the last free (the program would seem to hold memory it had freed).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+
+from prism.replay.recorder import CallRecord
+from prism.replay.virtual_work import VirtualCompletion, VirtualWork
+
+
+def virtual_call() -> tuple[VirtualCompletion, VirtualWork, list[threading.Thread]]:
+    future = torch.futures.Future()
+    completed_on: list[threading.Thread] = []
+    future.add_done_callback(lambda _: completed_on.append(threading.current_thread()))
+    completion = VirtualCompletion(CallRecord(done_ns=0), future, [torch.zeros(4)])
+    return completion, VirtualWork(future, completion), completed_on
+
+
+def test_a_time_named_while_the_program_waits_is_completed_by_the_program() -> None:
+    completion, work, completed_on = virtual_call()
+
+    def name_the_time_later() -> None:  # as the coordinator's connection does with several real ranks
+        time.sleep(0.05)  # let the program's thread enter wait() first
+        completion.at(time.time_ns())  # already due
+
+    helper = threading.Thread(target=name_the_time_later)
+    helper.start()
+    work.wait()
+    helper.join()
+    assert completed_on == [threading.main_thread()]
+
+
+def test_a_time_named_before_the_wait_is_kept_by_the_waiting_program() -> None:
+    completion, work, completed_on = virtual_call()
+    due = time.time_ns() + 20_000_000
+    completion.at(due)  # scheduled; the program waits before it is due and completes it itself
+    work.wait()
+    assert time.time_ns() >= due
+    assert completed_on == [threading.main_thread()]
+
+
+def test_a_call_nobody_waits_on_completes_at_its_time_on_the_scheduler() -> None:
+    completion, work, completed_on = virtual_call()
+    completion.at(time.time_ns() + 1_000_000)
+    deadline = time.time_ns() + 5_000_000_000
+    while not work.is_completed() and time.time_ns() < deadline:
+        time.sleep(0.001)
+    assert work.is_completed() and completed_on and completed_on[0] is not threading.main_thread()
