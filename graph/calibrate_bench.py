@@ -4,11 +4,14 @@ Every process joins one gloo world on localhost; each (op, bytes, group size) is
 ``reps`` times after ``warmup`` untimed repetitions, and rank 0 writes the medians.
 
 With ``compute_between_s`` > 0 the calls are *cold*, as a training step makes them: before
-each call every member keeps its CPU busy for that long, only the call itself is timed, and the
-point's time is the *mean* over members and calls (what a member's program loses per call on
-average; heavy tails count, since a step's time is their sum). On a VM a gloo call costs more
-the longer its process computed before it (64 KiB all_reduce, 2 processes: 0.6 ms back to
-back, 1.1 ms median after 1 ms of compute, 2.3 ms after 5 ms), which back-to-back timing misses.
+each call every member keeps its CPU busy for that long, and a collective's time is its
+*latency after the last member arrived* (each member's exit minus the latest entry, on the
+machine's monotonic clock), averaged over members and calls — heavy tails count, since a
+step's time is their sum. The members' arrival skew is left out on purpose: it is the busy
+loop's noise, not the job's; the graph models the job's own (``prism.graph.noise``), and a
+replay lets the real rank arrive when it does. On a VM a gloo call costs more the longer its
+process computed before it, which back-to-back timing misses. A send is timed as its
+ping-pong's mean round trip, halved.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ class Sample:
     group_size: int
     """Members of the group."""
     seconds: float
-    """Median duration (back-to-back calls), or mean over members and calls (cold calls)."""
+    """Median duration (back-to-back calls), or mean latency after the last arrival (cold calls)."""
     source: str = "bench"
     """'bench' (microbenchmark) or 'comm_log' (delegated calls of a capture)."""
     count: int = 1
@@ -137,20 +140,22 @@ def _worker(rank: int, plan: _Plan) -> None:
     )  # fmt: skip
     groups = {p: dist.new_group(list(range(p))) for p in plan.group_sizes}
     points = _points(plan)
-    times = torch.zeros(len(points), plan.reps, dtype=torch.float64)
+    cold = plan.compute_between_s > 0
+    calls = plan.reps * (plan.calls_per_rep if cold else 1)
+    # Back to back: one time per repetition. Cold: every call's entry and exit (monotonic ns, one
+    # clock for all local processes), so the latency after the last arrival can be told apart.
+    times = torch.zeros(len(points), calls, 2 if cold else 1, dtype=torch.int64 if cold else torch.float64)
     for i, (op, p, numel) in enumerate(points):
         if rank < p:
             times[i] = torch.tensor(_time_point(_make_call(op, p, numel, rank, groups[p]), groups[p], plan))
-    cold = plan.compute_between_s > 0
-    # Back to back, the slowest member sets a collective's time; cold, every member's wait counts,
-    # so the members' mean is kept. Ranks outside a group contribute zeros.
-    dist.all_reduce(times, op=dist.ReduceOp.SUM if cold else dist.ReduceOp.MAX)
+    if cold:
+        gathered = [torch.zeros_like(times) for _ in range(plan.world)]
+        dist.all_gather(gathered, times)
+        seconds = [_cold_seconds(op, [g[i] for g in gathered[:p]]) for i, (op, p, _) in enumerate(points)]
+    else:  # the slowest member sets a collective's time; ranks outside a group contribute zeros
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)
+        seconds = times[:, :, 0].median(dim=1).values.tolist()
     if rank == 0:
-        if cold:
-            members = torch.tensor([float(p) for _, p, _ in points], dtype=torch.float64)
-            seconds = (times.mean(dim=1) / members).tolist()
-        else:
-            seconds = times.median(dim=1).values.tolist()
         rows = [
             (op, 4 * numel, p, t / 2 if op == "send" else t)
             for (op, p, numel), t in zip(points, seconds, strict=True)
@@ -159,27 +164,43 @@ def _worker(rank: int, plan: _Plan) -> None:
     dist.destroy_process_group()
 
 
-def _time_point(call, group, plan: _Plan) -> list[float]:
+def _time_point(call, group, plan: _Plan) -> list:
+    """Back to back: the mean time of a repetition's calls, per repetition.
+    Cold: ``[entry_ns, exit_ns]`` of every timed call."""
     import torch.distributed as dist
 
     out = []
     for rep in range(plan.warmup + plan.reps):
         dist.barrier(group=group)
         if plan.compute_between_s > 0:
-            spent = 0.0
+            stamps = []
             for _ in range(plan.calls_per_rep):
                 _busy(plan.compute_between_s)
-                start = time.perf_counter()
+                entry = time.monotonic_ns()
                 call()
-                spent += time.perf_counter() - start
+                stamps.append([entry, time.monotonic_ns()])
+            if rep >= plan.warmup:
+                out += stamps
         else:
             start = time.perf_counter()
             for _ in range(plan.calls_per_rep):
                 call()
-            spent = time.perf_counter() - start
-        if rep >= plan.warmup:
-            out.append(spent / plan.calls_per_rep)
+            if rep >= plan.warmup:
+                out.append([(time.perf_counter() - start) / plan.calls_per_rep])
     return out
+
+
+def _cold_seconds(op: str, members: list) -> float:
+    """Mean over members and calls: latency after the last arrival (a send: the call's own time).
+
+    ``members``: per member, an int64 tensor of ``[entry_ns, exit_ns]`` per call."""
+    import torch
+
+    stamps = torch.stack(members).double()  # member, call, (entry, exit)
+    if op == "send":  # a ping-pong's two ends are not one operation: time each end's round trip
+        return float((stamps[..., 1] - stamps[..., 0]).mean()) / 1e9
+    last_arrival = stamps[..., 0].max(dim=0).values
+    return float((stamps[..., 1] - last_arrival).mean()) / 1e9
 
 
 def _busy(seconds: float) -> None:
@@ -190,7 +211,10 @@ def _busy(seconds: float) -> None:
 
 
 def _make_call(op: str, p: int, numel: int, rank: int, group):
-    """A no-argument callable running ``op`` once with ``numel`` float32 elements per rank."""
+    """A no-argument callable running ``op`` once with ``numel`` float32 elements per rank, as
+    prism's runtime makes it: the Work is waited on through ``CallerReleasesWork``, whose wait
+    lasts until gloo's worker thread has let go of the tensors (0.1-0.2 ms per call on a busy
+    2-core VM), a cost every delegated call of a capture or a fully real run pays."""
     import torch
     import torch.distributed as dist
 
@@ -198,29 +222,47 @@ def _make_call(op: str, p: int, numel: int, rank: int, group):
     if op in ("all_gather", "reduce_scatter", "all_to_all"):
         out = torch.zeros({"all_gather": numel * p, "reduce_scatter": numel // p}.get(op, numel))
         fn = {"all_gather": dist.all_gather_single, "reduce_scatter": dist.reduce_scatter_single}
-        return lambda: fn.get(op, dist.all_to_all_single)(out, x, group=group)
+        return _released(
+            [out, x], lambda: fn.get(op, dist.all_to_all_single)(out, x, group=group, async_op=True)
+        )
     if op in ("gather", "scatter"):
-        chunks = [torch.zeros(numel) for _ in range(p)] if rank == 0 else None
+        chunks = [torch.zeros(numel) for _ in range(p)] if rank == 0 else []
         if op == "gather":
-            return lambda: dist.gather(x, chunks, dst=0, group=group)
-        return lambda: dist.scatter(x, chunks, src=0, group=group)
+            return _released(
+                [x, *chunks], lambda: dist.gather(x, chunks or None, dst=0, group=group, async_op=True)
+            )
+        return _released(
+            [x, *chunks], lambda: dist.scatter(x, chunks or None, src=0, group=group, async_op=True)
+        )
     if op == "send":
         return lambda: _ping_pong(x, rank)
-    return {
-        "all_reduce": lambda: dist.all_reduce(x, group=group),
-        "broadcast": lambda: dist.broadcast(x, src=0, group=group),
-        "reduce": lambda: dist.reduce(x, dst=0, group=group),
-        "barrier": lambda: dist.barrier(group=group),
+    issue = {
+        "all_reduce": lambda: dist.all_reduce(x, group=group, async_op=True),
+        "broadcast": lambda: dist.broadcast(x, src=0, group=group, async_op=True),
+        "reduce": lambda: dist.reduce(x, dst=0, group=group, async_op=True),
+        "barrier": lambda: dist.barrier(group=group, async_op=True),
     }[op]
+    return _released([] if op == "barrier" else [x], issue)
+
+
+def _released(payload: list, issue):
+    # The runtime's own wrapper: calibration times the path the jobs take (graph -> replay is
+    # the one import of the runtime here, made in the benchmark's processes only).
+    from prism.replay.delegate import CallerReleasesWork
+
+    def call() -> None:
+        work = CallerReleasesWork.issue(payload, issue, lambda: None)
+        if work is not None:
+            work.wait()
+
+    return call
 
 
 def _ping_pong(x, rank: int) -> None:
     """One round trip between ranks 0 and 1; the worker halves its time (one-way send)."""
     import torch.distributed as dist
 
-    if rank == 0:
-        dist.send(x, 1)
-        dist.recv(x, 1)
-    else:
-        dist.recv(x, 0)
-        dist.send(x, 0)
+    peer = 1 - rank
+    first, second = (dist.isend, dist.irecv) if rank == 0 else (dist.irecv, dist.isend)
+    for fn in (first, second):
+        _released([x], lambda fn=fn: fn(x, peer))()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from prism.graph.calibrate import (
@@ -15,7 +16,7 @@ from prism.graph.calibrate import (
     fit_samples,
     read_comm_logs,
 )
-from prism.graph.calibrate_bench import run_benchmark
+from prism.graph.calibrate_bench import _cold_seconds, run_benchmark
 from prism.graph.calibrate_cli import app
 from prism.graph.comm import CommModel, single_node_terms
 from prism.schemas.cluster import ClusterSpec
@@ -50,6 +51,16 @@ def test_cold_calls_time_the_call_and_not_the_compute_before_it() -> None:
     assert {s.op for s in samples} == {"all_reduce", "send"}
     # The 20 ms of compute before each call is not in its time (a 4 KiB call takes well under it).
     assert all(0 < s.seconds < compute_s / 2 for s in samples), samples
+
+
+def test_a_cold_collective_is_timed_from_its_last_arrival_not_each_members_entry() -> None:
+    # Member 0 enters 300 µs before member 1; both leave 100 µs after member 1 entered. The
+    # 300 µs member 0 spent waiting is the busy loop's skew, not the collective's cost.
+    early = torch.tensor([[0, 400_000], [1_000_000, 1_100_000]])
+    late = torch.tensor([[300_000, 400_000], [1_000_000, 1_100_000]])
+    assert _cold_seconds("all_reduce", [early, late]) == pytest.approx(100e-6)
+    # A ping-pong's ends are one round trip each (the caller halves it into a one-way send).
+    assert _cold_seconds("send", [early, late]) == pytest.approx((400 + 100 + 100 + 100) / 4 * 1e-6)
 
 
 @pytest.mark.slow
