@@ -9,17 +9,19 @@ from pathlib import Path
 
 import numpy as np
 
+from prism.graph import op_table as T
 from prism.graph.bind import LayoutTables, bind_ranks, encode_program
 from prism.graph.comm import CommModel
 from prism.graph.compose import compose_stage
 from prism.graph.graph_io import GraphWriter
-from prism.graph.noise import iteration_cv
+from prism.graph.noise import call_jitter_ns, iteration_cv
 from prism.graph.normalize import normalize_rank
 from prism.graph.profiler_overhead import scale_template, time_scale
 from prism.graph.templates import RoleTemplate, TemplateError, build_role_template
 from prism.graph.validate import ValidationReport, validate_graph
 from prism.schemas import PRISM_VERSION
 from prism.schemas.cluster import ClusterSpec
+from prism.schemas.comm_log import read_comm_log
 from prism.schemas.graph_format import GraphMetadata
 from prism.schemas.layout import Role
 from prism.schemas.manifest import CaptureFiles, CaptureManifest, ManifestError, read_manifest
@@ -121,12 +123,26 @@ def load_templates(
         template = build_role_template(ops, rank=rank.rank, stage=rank.stage, first_layer=first)
         scale = time_scale(rank.rank, rank.result.iteration_ns, manifest.job.warmup)
         cv = iteration_cv(rank.result.iteration_ns, manifest.job.warmup)
-        template = replace(template, noise_cv=cv)
+        jitter = _call_jitter_ns(capture_dir, rank.rank, ops, manifest)
+        template = replace(template, noise_cv=cv, call_jitter_ns=jitter)
         if profiler_correction and scale is not None:
             template = scale_template(template, scale.factor)
-            scales[role.value] = scale.to_dict() | {"noise_cv": round(cv, 6)}
+            scales[role.value] = scale.to_dict() | {"noise_cv": round(cv, 6), "call_jitter_ns": round(jitter)}
         templates[role] = template
     return templates, (scales if profiler_correction and len(scales) == len(templates) else None)
+
+
+def _call_jitter_ns(capture_dir: Path, rank: int, ops, manifest: CaptureManifest) -> float:
+    """The captured rank's per-call noise floor (``prism.graph.noise.call_jitter_ns``); 0 when its
+    profiled iterations do not all make the same number of calls."""
+    per_iteration = ops[ops[T.IS_COMM]].groupby(T.ITERATION).size().unique()
+    if len(per_iteration) != 1:
+        return 0.0
+    calls = read_comm_log(CaptureFiles(capture_dir).comm(rank)).calls
+    return call_jitter_ns(
+        np.array([c.enter_ns for c in calls]), np.array([c.exit_ns for c in calls]), int(per_iteration[0]),
+        manifest.job.warmup + manifest.job.iterations, manifest.job.warmup,
+    )  # fmt: skip
 
 
 def _digest(capture_dir: Path) -> str:

@@ -253,7 +253,7 @@ def compose_stage(template: RoleTemplate, *, cfg: GPTConfig, captured: GPTConfig
     is_comm = nodes[ot.IS_COMM].to_numpy(dtype=bool)
     own = np.where(is_comm, 0, nodes[ot.DUR_NS].to_numpy(dtype=np.int64))
     work = own + nodes[ot.GAP_NS].to_numpy(dtype=np.int64)
-    nodes[SKEW] = _skew(nodes, cfg, template.noise_cv, own, work)
+    nodes[SKEW] = _skew(nodes, cfg, template, own, work)
     nodes[IDLE] = _idle(is_comm, own, work)
     return StageProgram(stage=stage, src_rank=template.rank, nodes=nodes)
 
@@ -266,12 +266,14 @@ def _idle(is_comm: np.ndarray, own: np.ndarray, work: np.ndarray) -> np.ndarray:
     return idle
 
 
-def _skew(nodes: pd.DataFrame, cfg: GPTConfig, cv: float, own: np.ndarray, work: np.ndarray) -> np.ndarray:
+def _skew(
+    nodes: pd.DataFrame, cfg: GPTConfig, template: RoleTemplate, own: np.ndarray, work: np.ndarray
+) -> np.ndarray:
     """Expected arrival skew of each collective (``prism.graph.noise``)."""
     is_coll = nodes[ot.IS_COMM].to_numpy(dtype=bool) & (nodes[P2P_DIR].to_numpy() == 0)
     axis = np.where(is_coll, nodes[GROUP_AXIS].to_numpy(dtype=object), "").astype(str)
     sizes = {"tp": cfg.tp, "dp": cfg.dp, "world": cfg.layout.world_size}
-    return collective_skew_ns(work, own, axis, sizes, cv)
+    return collective_skew_ns(work, own, axis, sizes, template.noise_cv, template.call_jitter_ns)
 
 
 def _finish_columns(frame: pd.DataFrame) -> pd.DataFrame:

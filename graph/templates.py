@@ -111,6 +111,8 @@ class RoleTemplate:
     """Templates by segment kind."""
     noise_cv: float = 0.0
     """Coefficient of variation of the rank's iteration time (``prism.graph.noise``)."""
+    call_jitter_ns: float = 0.0
+    """Noise floor of the time between the rank's consecutive calls (``prism.graph.noise``)."""
 
     def segment(self, kind: str) -> Segment:
         try:

@@ -15,6 +15,7 @@ from prism.capture.runner import CaptureOptions, RealMode, run_capture
 from prism.graph.build import BuildError, BuildOptions, build_graph
 from prism.graph.cli import app
 from prism.graph.graph_io import read_metadata, read_rank
+from prism.graph.noise import expected_max_normal
 from prism.schemas import graph_format as gf
 from prism.schemas.cluster import preset
 from prism.schemas.comm_log import read_comm_log
@@ -41,7 +42,7 @@ def full_capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def slice_capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("slice") / "capture"
     config = replace(SMALL, pp=4, layers=8, microbatches=8)
-    run_capture(CaptureOptions(config=config, out_dir=out, warmup=3, iterations=2))
+    run_capture(CaptureOptions(config=config, out_dir=out, warmup=5, iterations=2))
     return out
 
 
@@ -122,6 +123,20 @@ def test_profiler_correction_scales_compute_to_the_unprofiled_iterations(
     assert ratio == pytest.approx(first["factor"], rel=1e-3)
     comm = as_measured[gf.KIND] == gf.NodeKind.COLLECTIVE.value
     assert (corrected.loc[comm, gf.DUR_NS] == as_measured.loc[comm, gf.DUR_NS]).all()
+
+
+def test_collectives_wait_for_the_captured_ranks_per_call_noise(slice_capture: Path, tmp_path: Path) -> None:
+    manifest = read_manifest(slice_capture)
+    graph = build(slice_capture, tmp_path / "g.parquet", pp=4)
+    scales = read_metadata(graph).extra["time_scale"]
+    # Each captured rank's calls come a little early or late every iteration (a real capture:
+    # never exactly on time), measured from its comm log's clean unprofiled iterations.
+    assert manifest.job.warmup >= 5 and all(s["call_jitter_ns"] > 0 for s in scales.values())
+    nodes = read_rank(graph, 0).to_pandas()
+    tp = nodes[(nodes[gf.GROUP_KIND] == "tp") & (nodes[gf.KIND] == gf.NodeKind.COLLECTIVE.value)]
+    # The skew is at least what the jitter alone gives two members: e_2 * jitter.
+    jitter = scales[next(r.role.value for r in manifest.ranks if r.rank == 0)]["call_jitter_ns"]
+    assert len(tp) > 0 and (tp[gf.SKEW_NS] >= np.floor(expected_max_normal(2) * jitter) - 1).all()
 
 
 # -- bad input: one error line, exit 2, nothing written ----------------------------------------

@@ -10,7 +10,13 @@ from test_compose import CAPTURED, template
 
 from prism.graph import op_table as ot
 from prism.graph.compose import GROUP_AXIS, P2P_DIR, SKEW, compose_stage
-from prism.graph.noise import collective_skew_ns, expected_max_normal, iteration_cv, work_between
+from prism.graph.noise import (
+    call_jitter_ns,
+    collective_skew_ns,
+    expected_max_normal,
+    iteration_cv,
+    work_between,
+)
 
 
 def test_expected_maximum_of_normals() -> None:
@@ -40,6 +46,41 @@ def test_skew_grows_with_the_work_since_the_group_last_met() -> None:
     assert list(skew) == [0, round(e2 * 0.1 * 150), 0, round(e2 * 0.1 * 300), round(e8 * 0.1 * 450), 0]
     assert not collective_skew_ns(work, own, axis, {"tp": 2, "dp": 8}, cv=0.0).any()
     assert not collective_skew_ns(work, own, axis, {"tp": 1, "dp": 1}, cv=0.1).any()
+
+
+def test_a_per_call_noise_floor_adds_to_the_interval_noise() -> None:
+    work = np.array([100, 0, 300, 0])
+    axis = np.array(["", "tp", "", "tp"])
+    skew = collective_skew_ns(work, work * 1, axis, {"tp": 2}, cv=0.1, jitter_ns=40.0)
+    e2 = expected_max_normal(2)
+    assert list(skew) == [0, round(e2 * math.hypot(0.1 * 100, 40)), 0, round(e2 * math.hypot(0.1 * 300, 40))]
+    only_jitter = collective_skew_ns(work, work * 1, axis, {"tp": 2}, cv=0.0, jitter_ns=40.0)
+    assert list(only_jitter) == [0, round(e2 * 40), 0, round(e2 * 40)]
+
+
+def test_call_jitter_is_the_spread_of_each_position_across_clean_iterations() -> None:
+    # 2 set-up calls, then 7 iterations of 3 calls (warm-up 5: iterations 1-3 are clean).
+    rng = np.random.default_rng(1)
+    idle = np.array([1000.0, 2000.0, 500.0])  # before each call of an iteration
+    noise = rng.normal(0, 50, (7, 3))
+    noise[:, 0] = rng.normal(0, 5000, 7)  # the boundary-spanning interval: left out
+    noise[[0, 4, 5, 6], 1:] *= 40  # cold and profiled iterations: left out
+    entry, exit_, t = [], [], 0.0
+    for _ in range(2):  # set-up
+        entry.append(t), exit_.append(t + 10)
+        t += 10_000
+    for it in range(7):
+        for pos in range(3):
+            t += idle[pos] + noise[it, pos]
+            entry.append(t), exit_.append(t + 300)
+            t += 300
+    jitter = call_jitter_ns(np.array(entry), np.array(exit_), per_iteration=3, total_iterations=7, warmup=5)
+    clean = noise[1:4, 1:]
+    assert jitter == pytest.approx(np.sqrt(np.median(clean.var(axis=0, ddof=1))))
+    assert 0 < jitter < 200
+    # Too few clean iterations, or calls that do not fill the iterations: unknown, so 0.
+    assert call_jitter_ns(np.array(entry), np.array(exit_), 3, 7, warmup=3) == 0.0
+    assert call_jitter_ns(np.array(entry), np.array(exit_), 4, 7, warmup=5) == 0.0
 
 
 def test_composed_programs_skew_only_their_collectives() -> None:
