@@ -12,6 +12,10 @@ Semantics (one stream per rank; durations from the graph):
   ``end = max(arrivals) + dur + skew``.
   A synchronous call blocks its rank until ``end``; an asynchronous one returns at once and a
   later node waits for it through ``deps``.
+- with *external* (real) members (a replay), ``skew`` would count the real ranks' noise twice:
+  their arrivals are real and carry it. The virtual members' last arrival is then taken as
+  normal around ``their max + mu`` with spread ``sd`` (``Hedge``, the order statistic of the
+  virtual members alone), and ``end = E[max(real arrivals, that)] + dur``.
 - send / recv: a rendezvous, as gloo and NCCL transfers of activations are: the transfer runs
   from the later of the two posts for ``dur``; both nodes end together.
 
@@ -21,6 +25,9 @@ result does not depend on that order.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import numba
 import numpy as np
@@ -43,21 +50,45 @@ def _complete(slot, t_end, slot_nodes_ptr, slot_nodes, end, waiting_node, runnab
 
 
 @numba.njit(cache=True)
-def _arrive(i, ready, dur, slot, slot_size, slot_nodes_ptr, slot_nodes, start, end, arrived, last_arrival, waiting_node, runnable, n_runnable):  # fmt: skip
-    """Node ``i`` (a collective or transfer) arrives at ``ready``; completes its instance if last."""
+def _hedged_end(real_last, virtual_last, mu, sd):
+    """E[max(real_last, V)] for the virtual members' last arrival V ~ N(virtual_last + mu, sd²)."""
+    m = virtual_last + mu
+    if sd <= 0.0:
+        return max(real_last, m)
+    z = (m - real_last) / sd
+    cdf = 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
+    pdf = math.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+    return real_last + (m - real_last) * cdf + sd * pdf
+
+
+@numba.njit(cache=True)
+def _arrive(i, ready, external, dur, slot, slot_size, slot_nodes_ptr, slot_nodes, start, end, arrived, last_arrival, waiting_node, runnable, n_runnable, hedged, mu, sd, pure, real_last):  # fmt: skip
+    """Node ``i`` (a collective or transfer) arrives at ``ready``; completes its instance if last.
+
+    ``last_arrival`` of a hedged slot holds the virtual members' last arrival only."""
     start[i] = ready
     s = slot[i]
     arrived[s] += 1
-    last_arrival[s] = max(last_arrival[s], ready)
+    mixed = len(hedged) > 0 and hedged[s]
+    if mixed and external:
+        real_last[s] = max(real_last[s], ready)
+    else:
+        last_arrival[s] = max(last_arrival[s], ready)
     if arrived[s] == slot_size[s]:
-        n_runnable = _complete(s, last_arrival[s] + dur[i], slot_nodes_ptr, slot_nodes, end, waiting_node, runnable, n_runnable)  # fmt: skip
+        if not mixed:
+            t_end = last_arrival[s] + dur[i]
+        elif mu[s] < 0.0:  # every member is real
+            t_end = real_last[s] + pure[i]
+        else:
+            t_end = np.int64(round(_hedged_end(real_last[s], last_arrival[s], mu[s], sd[s]))) + pure[i]
+        n_runnable = _complete(s, t_end, slot_nodes_ptr, slot_nodes, end, waiting_node, runnable, n_runnable)
     return n_runnable
 
 
 @numba.njit(cache=True, nogil=True)  # a replay advances it in a worker thread beside the program
 def advance(
     rank_ptr, kind, dur, gap, is_async, slot, slot_size, slot_nodes_ptr, slot_nodes, deps_ptr, deps,
-    start, end, arrived, last_arrival, pc, clock, waiting_node, runnable, n_runnable,
+    start, end, arrived, last_arrival, pc, clock, waiting_node, runnable, n_runnable, hedged, mu, sd, pure, real_last,
 ):  # fmt: skip
     """Advance every runnable, non-external rank until it blocks or finishes; returns the queue length.
 
@@ -90,7 +121,7 @@ def advance(
                 clock[r] = end[i]
                 pc[r] += 1
                 continue
-            n_runnable = _arrive(i, ready, dur, slot, slot_size, slot_nodes_ptr, slot_nodes, start, end, arrived, last_arrival, waiting_node, runnable, n_runnable)  # fmt: skip
+            n_runnable = _arrive(i, ready, False, dur, slot, slot_size, slot_nodes_ptr, slot_nodes, start, end, arrived, last_arrival, waiting_node, runnable, n_runnable, hedged, mu, sd, pure, real_last)  # fmt: skip
             if is_async[i]:
                 clock[r] = ready
                 pc[r] += 1
@@ -103,17 +134,35 @@ def advance(
     return n_runnable
 
 
+@dataclass(frozen=True)
+class Hedge:
+    """Per slot: whether real ranks are members (``hedged``), and the virtual members' lateness
+    beyond their last mean arrival (mean ``mu``, spread ``sd``, ns; ``mu`` < 0: no virtual member)."""
+
+    hedged: np.ndarray
+    mu: np.ndarray
+    sd: np.ndarray
+
+    @classmethod
+    def none(cls) -> Hedge:
+        return cls(np.zeros(0, np.bool_), np.zeros(0, np.float64), np.zeros(0, np.float64))
+
+
 class Engine:
     """The engine's state over one pass of a graph; ``external`` ranks are driven from outside.
 
     Offline: ``Engine(...).advance()`` once. Co-simulation: alternate ``advance()`` with
     ``arrive_external`` / ``finish_external`` for the real ranks; with the real ranks' times
-    equal to the graph's, the result is the offline one exactly.
+    equal to the graph's and no ``hedge``, the result is the offline one exactly.
     """
 
-    def __init__(self, g, start_clock: np.ndarray, external: np.ndarray | None = None) -> None:
+    def __init__(
+        self, g, start_clock: np.ndarray, external: np.ndarray | None = None, hedge: Hedge | None = None
+    ) -> None:
         n, n_ranks = len(g.kind), g.ranks
         self.g = g
+        self.hedge = hedge or Hedge.none()
+        self.real_last = np.zeros(len(self.hedge.hedged), np.int64)
         self.busy = g.busy_ns  # duration, plus the expected arrival skew of collectives (cached)
         self.start = np.full(n, -1, np.int64)
         self.end = np.full(n, -1, np.int64)
@@ -133,8 +182,12 @@ class Engine:
         self.n_runnable = advance(
             g.rank_ptr, g.kind, self.busy, g.gap, g.is_async, g.slot, g.slot_size, g.slot_nodes_ptr, g.slot_nodes,
             g.deps_ptr, g.deps, self.start, self.end, self.arrived, self.last_arrival, self.pc, self.clock,
-            self.waiting_node, self.runnable, self.n_runnable,
+            self.waiting_node, self.runnable, self.n_runnable, *self._hedging(),
         )  # fmt: skip
+
+    def _hedging(self) -> tuple:
+        h = self.hedge
+        return h.hedged, h.mu, h.sd, self.g.dur, self.real_last
 
     def done(self, rank: int) -> bool:
         return bool(self.pc[rank] >= self.g.rank_ptr[rank + 1])
@@ -151,8 +204,8 @@ class Engine:
             self.start[i] = t_ns
             return
         self.n_runnable = _arrive(
-            i, t_ns, self.busy, g.slot, g.slot_size, g.slot_nodes_ptr, g.slot_nodes, self.start, self.end,
-            self.arrived, self.last_arrival, self.waiting_node, self.runnable, self.n_runnable,
+            i, t_ns, True, self.busy, g.slot, g.slot_size, g.slot_nodes_ptr, g.slot_nodes, self.start, self.end,
+            self.arrived, self.last_arrival, self.waiting_node, self.runnable, self.n_runnable, *self._hedging(),
         )  # fmt: skip
 
     def finish_external(self, rank: int, t_ns: int) -> None:

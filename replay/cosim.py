@@ -40,7 +40,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from prism.graph.fold import fold_replicas
-from prism.graph.sim_engine import COMPUTE, Engine
+from prism.graph.noise import virtual_lateness_ns
+from prism.graph.sim_engine import COLLECTIVE, COMPUTE, Engine, Hedge
 from prism.graph.simulate import SimGraph, SimResult, SimulationError
 from prism.replay.rank_program import DivergenceError, RankProgram
 from prism.replay.spread import spread
@@ -120,6 +121,7 @@ class CoSimulation:
         }
         self._external = np.zeros(self._g.ranks, np.bool_)
         self._external[list(self._id.values())] = True
+        self._hedge = self._real_collectives_hedge(graph)
         self._engine: Engine | None = None
         self._pass = -1  # the pass the engine runs
         self._rank_pass = dict.fromkeys(self.real, -1)  # the pass each real rank is in
@@ -248,11 +250,34 @@ class CoSimulation:
             f"{'this rank has' if len(self.real) == 1 else 'the real ranks have'} not done yet (deadlock)"
         )
 
+    def _real_collectives_hedge(self, graph: SimGraph) -> Hedge:
+        """The engine's ``Hedge`` for the collectives real ranks are members of.
+
+        A collective's skew is the expected wait for the last of its members; the real ones
+        arrive when they do, noise included, so only the virtual members' lateness is added
+        (``prism.graph.noise.virtual_lateness_ns``). Worked out on the full graph, where
+        collectives have all their members, and moved onto the folded one."""
+        rows = np.concatenate([np.arange(graph.rank_ptr[r], graph.rank_ptr[r + 1]) for r in self.real])
+        rows = rows[graph.kind[rows] == COLLECTIVE]
+        slots, real_members = np.unique(graph.slot[rows], return_counts=True)
+        skew = np.zeros(len(rows), np.int64) if graph.skew is None else graph.skew[rows]
+        at = np.searchsorted(slots, graph.slot[rows])
+        mu, sd = virtual_lateness_ns(skew, graph.slot_size[graph.slot[rows]], real_members[at])
+        rank = np.searchsorted(graph.rank_ptr, rows, side="right") - 1
+        shift = np.array([self._shift[int(r)] for r in self.real])[np.searchsorted(self.real, rank)]
+        folded_slot = self._g.slot[rows + shift]
+        hedged = np.zeros(len(self._g.slot_size), np.bool_)
+        hedged[folded_slot] = True
+        lateness, spread = np.full(len(hedged), -1.0), np.zeros(len(hedged))
+        np.maximum.at(lateness, folded_slot, mu)  # members of one slot agree, up to their own skew
+        np.maximum.at(spread, folded_slot, sd)
+        return Hedge(hedged, lateness, spread)
+
     # -- passes ----------------------------------------------------------------------------------
     def _begin_pass(self, clock: np.ndarray) -> None:
         self._pass += 1
         self._pass_start = clock
-        self._engine = Engine(self._g, clock, external=self._external)
+        self._engine = Engine(self._g, clock, external=self._external, hedge=self._hedge)
         if self.defer_work:
             self._owes_advance = True  # the virtual ranks' start: the program's first compute covers it
         else:

@@ -8,6 +8,7 @@ must move exactly as the offline what-if with the same slowdown predicts.
 
 from __future__ import annotations
 
+import math
 import threading
 from pathlib import Path
 
@@ -144,6 +145,21 @@ def test_a_collective_completes_when_the_slower_virtual_member_arrives(tmp_path:
     graph, path = tp_pair(tmp_path)
     _, done = played(path, graph, 0, iterations=1)
     assert done[0][1] - ORIGIN == 350  # rank 1 arrives at 300, then 50 of transfer
+
+
+@pytest.mark.parametrize(("slowdown", "end"), [(1.0, 300 + round(40 / math.sqrt(1 / math.pi) / math.sqrt(2 * math.pi)) + 50), (5 / 3, 550)])  # fmt: skip
+def test_a_real_member_waits_only_for_its_virtual_members_noise(tmp_path: Path, slowdown: float, end: int) -> None:
+    # Both ranks compute 300, then a collective whose skew (40) is the expected wait for the
+    # later of two noisy arrivals. The real rank's arrival is real, noise included: it waits
+    # only for the one virtual member's, E[max(t, t + N(0, sigma))] - t = sigma * phi(0) when
+    # they meet at once (sigma = 40 / e_2), and nothing when it comes well after it.
+    skewed = {gf.GROUP_INDEX: 0, gf.SKEW_NS: 40}
+    programs = [[compute(300), collective(7, 50, 2, **skewed), compute(10)] for _ in range(2)]
+    path = write(tmp_path / "g.parquet", config(tp=2), named(programs))
+    graph = load_sim_graph(path)
+    assert simulate(graph, iterations=1).end_ns[1] == 300 + 50 + 40  # offline: both noisy
+    _, done = played(path, graph, 0, iterations=1, slowdown=slowdown)
+    assert done[0][1] - ORIGIN == end
 
 
 def test_engine_time_is_stall_the_emulated_job_does_not_see(tmp_path: Path, monkeypatch) -> None:
