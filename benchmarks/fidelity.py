@@ -120,7 +120,7 @@ def records_table(records: list[dict], ids: dict[str, str], source: str = "simul
     for column in (
         "case",
         "rank",
-        "real ms",
+        "real ms (± SE)",
         "pred ms",
         "iter err",
         "real peak MiB",
@@ -130,15 +130,22 @@ def records_table(records: list[dict], ids: dict[str, str], source: str = "simul
         table.add_column(column, justify="left" if column == "case" else "right")
     for r in records:
         table.add_row(
-            ids[r["case"]], str(r["rank"]), f"{r['real_iter_ms']:.1f}", f"{r['pred_iter_ms']:.1f}",
+            ids[r["case"]], str(r["rank"]), f"{r['real_iter_ms']:.1f}{_sem(r)}", f"{r['pred_iter_ms']:.1f}",
             f"{r['iter_err_pct']:+.1f}%", _mib(r["real_peak_bytes"]), _mib(r["pred_peak_bytes"]),
             f"{r['mem_err_pct']:+.3f}%",
         )  # fmt: skip
+    sems = [r["real_sem_pct"] for r in records if r["real_sem_pct"] is not None]
+    noise = f"; the real medians' own standard error: mean {sum(sems) / len(sems):.1f}%" if sems else ""
     table.caption = (
         f"mean |iteration error| {mean_abs(records, 'iter_err_pct'):.1f}%, "
-        f"mean |memory error| {mean_abs(records, 'mem_err_pct'):.3f}%"
+        f"mean |memory error| {mean_abs(records, 'mem_err_pct'):.3f}%{noise}"
     )
     return table
+
+
+def _sem(record: dict) -> str:
+    sem = record["real_sem_pct"]
+    return "" if sem is None else f" (±{sem:.1f}%)"
 
 
 def breakdown_table(rows: list[dict], ids: dict[str, str]) -> Table:

@@ -18,7 +18,9 @@ For one case (a GPTConfig whose whole world fits this machine), each repeat:
     templates with the slice's own unprofiled/profiled ratio (``profiler_overhead``), so the
     prediction is of the unprofiled iteration;
 (c) pairs them rank by rank. Records carry medians over repeats; errors are
-    (pred − real) / real × 100 of those medians.
+    (pred − real) / real × 100 of those medians. Each record also keeps the per-repeat values
+    and the real median's own standard error (``real_sem_pct``): on a shared machine the real
+    runs move between repeats, and an error below that noise is not resolved by the run.
 
 The profiled iterations (1.4-2.6x as long as unprofiled ones on CPU: shapes, memory events and
 an Execution Trace are recorded for every op) serve for memory and for the explanations; the
@@ -282,13 +284,23 @@ def _median(values: list[float]) -> float:
     return float(np.median(values))
 
 
+def _median_sem_pct(values: list[float]) -> float | None:
+    """Standard error of the median of ``values`` (normal approximation, 1.2533·sd/√n) as a
+    percentage of it: how far the real side alone moves between repeats. None from one value."""
+    if len(values) < 2:
+        return None
+    return float(1.2533 * np.std(values, ddof=1) / np.sqrt(len(values)) / np.median(values) * 100.0)
+
+
 def _records(
     label: str, real: list[dict[int, RankRun]], pred: list[dict[int, RankRun]], source: str = "simulation"
 ) -> list[dict]:
     records = []
     for rank in sorted(pred[0]) if pred else []:
-        real_ms = _median([run[rank].iter_ns / 1e6 for run in real])
-        pred_ms = _median([run[rank].iter_ns / 1e6 for run in pred])
+        real_repeats = [run[rank].iter_ns / 1e6 for run in real]
+        pred_repeats = [run[rank].iter_ns / 1e6 for run in pred]
+        real_ms, pred_ms = _median(real_repeats), _median(pred_repeats)
+        sem = _median_sem_pct(real_repeats)
         real_peak = int(_median([run[rank].peak_bytes for run in real]))
         pred_peak = int(_median([run[rank].peak_bytes for run in pred]))
         records.append(
@@ -298,6 +310,9 @@ def _records(
                 "iter_err_pct": round(_err_pct(pred_ms, real_ms), 2),
                 "real_peak_bytes": real_peak, "pred_peak_bytes": pred_peak,
                 "mem_err_pct": round(_err_pct(pred_peak, real_peak), 3),
+                "real_repeats_ms": [round(v, 3) for v in real_repeats],
+                "pred_repeats_ms": [round(v, 3) for v in pred_repeats],
+                "real_sem_pct": None if sem is None else round(sem, 2),
             }
         )  # fmt: skip
     return records

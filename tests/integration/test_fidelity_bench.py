@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -22,6 +23,9 @@ RECORD_TYPES = {
     "real_peak_bytes": int,
     "pred_peak_bytes": int,
     "mem_err_pct": float,
+    "real_repeats_ms": list,
+    "pred_repeats_ms": list,
+    "real_sem_pct": (float, type(None)),
 }
 
 
@@ -48,6 +52,10 @@ def _check_record(record: dict) -> None:
     assert record["source"] in ("simulation", "replay")
     assert record["real_iter_ms"] > 0 and record["pred_iter_ms"] > 0
     assert record["real_peak_bytes"] > 0 and record["pred_peak_bytes"] > 0
+    # One value per repeat, their median the record's; one repeat has no standard error.
+    assert len(record["real_repeats_ms"]) == len(record["pred_repeats_ms"]) >= 1
+    assert record["real_iter_ms"] == pytest.approx(statistics.median(record["real_repeats_ms"]), abs=1e-3)
+    assert (record["real_sem_pct"] is None) == (len(record["real_repeats_ms"]) == 1)
 
 
 @pytest.mark.slow
@@ -75,6 +83,15 @@ def test_run_case_and_cli_json(fidelity, spec_file: Path, tmp_path: Path) -> Non
     assert isinstance(data["mean_abs_iter_err_pct"], float)
     assert isinstance(data["mean_abs_mem_err_pct"], float)
     assert {"nproc", "cpu_model", "date"} <= set(data["meta"]["machine"])
+
+
+def test_real_median_standard_error(fidelity) -> None:
+    from fidelity_lib import _median_sem_pct
+
+    assert _median_sem_pct([120.0]) is None
+    assert _median_sem_pct([100.0, 100.0, 100.0]) == 0.0
+    # sd 14.14 of two values around 100: 1.2533 · 14.14 / √2 = 12.5 % of the median.
+    assert _median_sem_pct([90.0, 110.0]) == pytest.approx(12.53, abs=0.01)
 
 
 def test_bad_case_is_one_error_line(fidelity, capsys: pytest.CaptureFixture[str]) -> None:
