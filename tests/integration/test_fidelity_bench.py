@@ -83,6 +83,9 @@ def test_run_case_and_cli_json(fidelity, spec_file: Path, tmp_path: Path) -> Non
     assert isinstance(data["mean_abs_iter_err_pct"], float)
     assert isinstance(data["mean_abs_mem_err_pct"], float)
     assert {"nproc", "cpu_model", "date"} <= set(data["meta"]["machine"])
+    # The pipeline's transfers of the one clean unprofiled iteration (warm-up 3: iteration 1).
+    sends = [r for r in data["collectives"] if r["op"] == "send"]
+    assert sends and all(r["calls"] > 0 for r in sends)
 
 
 def test_real_median_standard_error(fidelity) -> None:
@@ -92,6 +95,17 @@ def test_real_median_standard_error(fidelity) -> None:
     assert _median_sem_pct([100.0, 100.0, 100.0]) == 0.0
     # sd 14.14 of two values around 100: 1.2533 · 14.14 / √2 = 12.5 % of the median.
     assert _median_sem_pct([90.0, 110.0]) == pytest.approx(12.53, abs=0.01)
+
+
+def test_clean_call_mask_keeps_the_clean_unprofiled_iterations(fidelity) -> None:
+    from fidelity_explain import clean_call_mask
+
+    # 2 set-up calls, then 3 calls in each of 5 iterations; warm-up 4: iterations 1 and 2 are
+    # clean (0 is cold, 3 is the profiler's warm-up step, 4 is profiled).
+    mask = clean_call_mask(2 + 3 * 5, 5, 4)
+    assert mask.tolist() == [False] * 5 + [True] * 6 + [False] * 6
+    # Logs that do not split into equal iterations keep every call.
+    assert clean_call_mask(7, 5, 4).all() and clean_call_mask(3, 5, 4).all()
 
 
 def test_bad_case_is_one_error_line(fidelity, capsys: pytest.CaptureFixture[str]) -> None:
