@@ -2,9 +2,9 @@
 
     .venv/bin/python benchmarks/cosim_cost.py [GRAPH] [--rank R] [--slowdown X] [--iterations N] [--profile]
 
-A scripted program plays rank R's nodes against ``GraphClock`` on a fake wall clock: it
-"computes" for the graph's durations times ``--slowdown`` and makes each call of the graph at
-that moment; the engine runs in the calling thread (``background=False``), so the time an
+A scripted program (``prism.replay.scripted``) plays rank R's nodes against ``GraphClock`` on
+a fake wall clock: it "computes" for the graph's durations times ``--slowdown`` and makes each
+call of the graph at that moment; the engine runs in the calling thread (``background=False``), so the time an
 iteration takes here is all co-simulation: matching, the engine's passes, completions. Compare
 it with ``replay_overhead.py``'s engine and stall columns to tell the work from how a real
 replay's worker thread and program share the cores. Prints the median over iterations (the
@@ -24,54 +24,22 @@ from pathlib import Path
 
 from rich.console import Console
 
-from prism.graph.sim_engine import COLLECTIVE, COMPUTE
 from prism.graph.simulate import SimGraph, load_sim_graph
-from prism.replay.clock import PendingCall
 from prism.replay.graph_clock import GraphClock
+from prism.replay.scripted import FakeWall, play
 
 console = Console()
 TINY = Path(__file__).parents[1] / "tests" / "data" / "tiny_graph.parquet"
 
 
-class FakeWall:
-    """Wall time (ns) that moves only when the scripted program moves it."""
-
-    def __init__(self) -> None:
-        self.now = 1_000_000_000
-
-    def __call__(self) -> int:
-        return self.now
-
-
-def play(clock: GraphClock, wall: FakeWall, g: SimGraph, iterations: int, slowdown: float) -> list[float]:
+def timed_play(
+    clock: GraphClock, wall: FakeWall, g: SimGraph, iterations: int, slowdown: float
+) -> list[float]:
     """Seconds of co-simulation per iteration of rank ``clock.rank``'s scripted program."""
-    program = clock.program
-    first, last = int(g.rank_ptr[clock.rank]), int(g.rank_ptr[clock.rank + 1])
     seconds = []
     for _ in range(iterations):
         began = time.perf_counter()
-        clock.iteration_started(wall.now)
-        completed: dict[int, int] = {}
-        for node in range(first, last):
-            wall.now += int(g.gap[node])
-            if g.kind[node] == COMPUTE:
-                deps = g.deps[g.deps_ptr[node] : g.deps_ptr[node + 1]]
-                wall.now = max([wall.now, *(completed.get(int(d), wall.now) for d in deps)])
-                wall.now += round(g.dur[node] * slowdown)
-                continue
-            i = node - first
-            call = PendingCall(
-                op=str(program.name[i]), group="0", label=str(program.label[i]), group_size=2, gseq=0,
-                bytes=int(program.bytes[i]), peer=None if g.kind[node] == COLLECTIVE else int(program.peer[i]),
-                enter_ns=wall.now, async_op=bool(g.is_async[node]),
-            )  # fmt: skip
-            clock.submit(
-                call,
-                lambda at, node=node, entered=wall.now, into=completed: into.__setitem__(node, at or entered),
-            )
-            if not g.is_async[node]:
-                wall.now = completed[node]  # named by now: the engine ran in this thread
-        clock.iteration_done(wall.now)
+        play(clock, wall, g, iterations=1, slowdown=slowdown)
         seconds.append(time.perf_counter() - began)
     return seconds
 
@@ -100,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     profile = cProfile.Profile() if args.profile else None
     if profile:
         profile.enable()
-    seconds = play(clock, wall, graph, args.iterations, args.slowdown)
+    seconds = timed_play(clock, wall, graph, args.iterations, args.slowdown)
     if profile:
         profile.disable()
     steady = seconds[args.warmup :]

@@ -23,11 +23,12 @@ def cosim_cost(monkeypatch: pytest.MonkeyPatch):
 def test_scripted_program_plays_every_iteration(cosim_cost) -> None:
     from prism.graph.simulate import load_sim_graph, simulate
     from prism.replay.graph_clock import GraphClock
+    from prism.replay.scripted import FakeWall
 
     graph = load_sim_graph(cosim_cost.TINY)
-    wall = cosim_cost.FakeWall()
+    wall = FakeWall()
     clock = GraphClock.open(cosim_cost.TINY, 0, graph, wall_ns=wall, background=False)
-    seconds = cosim_cost.play(clock, wall, graph, iterations=3, slowdown=1.0)
+    seconds = cosim_cost.timed_play(clock, wall, graph, iterations=3, slowdown=1.0)
     assert len(seconds) == 3 and all(s > 0 for s in seconds)
     # At the graph's own times the co-simulated iteration is the offline one.
     passes = clock.cosim.passes[0]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_graph_clock import FakeWall, named, play
+from test_graph_clock import named
 from test_simulate import collective, compute, config, one_f_one_b_programs, write
 
 import prism.replay.cosim as cosim_module
@@ -16,6 +16,7 @@ from prism.graph.sim_engine import Engine
 from prism.graph.simulate import SimGraph, load_sim_graph, peak_bytes, simulate
 from prism.graph.whatif import SlowRank, WhatIf, apply_what_if
 from prism.replay.graph_clock import GraphClock
+from prism.replay.scripted import FakeWall, play
 from prism.schemas import graph_format as gf
 from prism.schemas.graph_format import NodeKind
 

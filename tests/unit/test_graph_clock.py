@@ -9,32 +9,21 @@ must move exactly as the offline what-if with the same slowdown predicts.
 from __future__ import annotations
 
 import math
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 from test_simulate import collective, compute, config, one_f_one_b_programs, write
 
-from prism.graph.sim_engine import COLLECTIVE, COMPUTE, Engine
+from prism.graph.sim_engine import COMPUTE, Engine
 from prism.graph.simulate import SimGraph, load_sim_graph, simulate
 from prism.graph.whatif import SlowRank, WhatIf, apply_what_if
 from prism.replay.clock import PendingCall
 from prism.replay.cosim import CoSimulation, predicted_phase_ns
 from prism.replay.graph_clock import DivergenceError, GraphClock, RankProgram
+from prism.replay.scripted import ORIGIN_NS as ORIGIN
+from prism.replay.scripted import FakeWall, play
 from prism.schemas import graph_format as gf
-
-ORIGIN = 1_000_000_000
-
-
-class FakeWall:
-    """Wall time that moves only when the test moves it."""
-
-    def __init__(self) -> None:
-        self.now = ORIGIN
-
-    def __call__(self) -> int:
-        return self.now
 
 
 def named(programs: list[list[dict]]) -> list[list[dict]]:
@@ -47,57 +36,6 @@ def named(programs: list[list[dict]]) -> list[list[dict]]:
             elif kind == "collective":
                 n[gf.NAME], n[gf.BYTES] = "all_reduce", 32
     return programs
-
-
-class Completions(dict):
-    """Completion wall times by node; reading one not named yet waits for it, as a program's
-    ``wait()`` does (the co-simulation's worker thread may name it)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._named = threading.Condition()
-
-    def __setitem__(self, node: int, at: int) -> None:
-        with self._named:
-            super().__setitem__(node, at)
-            self._named.notify_all()
-
-    def __missing__(self, node: int) -> int:
-        with self._named:
-            if not self._named.wait_for(lambda: dict.__contains__(self, node), timeout=10):
-                raise KeyError(node)
-            return dict.__getitem__(self, node)
-
-
-def play(clock: GraphClock, wall: FakeWall, g: SimGraph, *, iterations: int, slowdown: float = 1.0, bytes_off: int = 0) -> list[dict[int, int]]:  # fmt: skip
-    """Run the real rank's program (graph ``g``) ``iterations`` times; the wall time each of its calls completed."""
-    rank, program = clock.rank, clock.program
-    first, last = g.rank_ptr[rank], g.rank_ptr[rank + 1]
-    done: list[dict[int, int]] = []
-    for _ in range(iterations):
-        clock.iteration_started(wall.now)
-        completed = Completions()
-        for node in range(first, last):
-            wall.now += int(g.gap[node])
-            if g.kind[node] == COMPUTE:
-                deps = g.deps[g.deps_ptr[node] : g.deps_ptr[node + 1]]
-                wall.now = max([wall.now, *(completed[d] for d in deps)]) + round(g.dur[node] * slowdown)
-                continue
-            i = node - first
-            call = PendingCall(
-                op=str(program.name[i]), group="0", label=str(program.label[i]), group_size=2, gseq=0,
-                bytes=int(program.bytes[i]) + bytes_off, peer=None if g.kind[node] == COLLECTIVE else int(program.peer[i]),
-                enter_ns=wall.now, async_op=bool(g.is_async[node]),
-            )  # fmt: skip
-            clock.submit(
-                call,
-                lambda at, node=node, entered=wall.now, into=completed: into.__setitem__(node, at or entered),
-            )
-            if not g.is_async[node]:
-                wall.now = completed[node]
-        clock.iteration_done(wall.now)
-        done.append(dict(completed))
-    return done
 
 
 def played(path: Path, graph: SimGraph, rank: int, *, wall: FakeWall | None = None, **how) -> tuple[GraphClock, list[dict[int, int]]]:  # fmt: skip
@@ -148,7 +86,9 @@ def test_a_collective_completes_when_the_slower_virtual_member_arrives(tmp_path:
 
 
 @pytest.mark.parametrize(("slowdown", "end"), [(1.0, 300 + round(40 / math.sqrt(1 / math.pi) / math.sqrt(2 * math.pi)) + 50), (5 / 3, 550)])  # fmt: skip
-def test_a_real_member_waits_only_for_its_virtual_members_noise(tmp_path: Path, slowdown: float, end: int) -> None:
+def test_a_real_member_waits_only_for_its_virtual_members_noise(
+    tmp_path: Path, slowdown: float, end: int
+) -> None:
     # Both ranks compute 300, then a collective whose skew (40) is the expected wait for the
     # later of two noisy arrivals. The real rank's arrival is real, noise included: it waits
     # only for the one virtual member's, E[max(t, t + N(0, sigma))] - t = sigma * phi(0) when
