@@ -4,10 +4,10 @@
 
 A scripted program (``prism.replay.scripted``) plays rank R's nodes against ``GraphClock`` on
 a fake wall clock: it "computes" for the graph's durations times ``--slowdown`` and makes each
-call of the graph at that moment; the engine runs in the calling thread (``background=False``), so the time an
-iteration takes here is all co-simulation: matching, the engine's passes, completions. Compare
-it with ``replay_overhead.py``'s engine and stall columns to tell the work from how a real
-replay's worker thread and program share the cores. Prints the median over iterations (the
+call of the graph at that moment; the engine runs in the calling thread (``background=False``),
+so the time an iteration takes here is all co-simulation: matching, the engine's passes,
+completions. Compare it with ``replay_overhead.py``'s engine and stall columns to tell the work
+from how a real replay's worker thread and program share the cores. Prints the median over iterations (the
 first ``--warmup`` left out); with ``--profile``, the run is under cProfile (slower) and the
 ten functions with the most own time follow.
 """

@@ -17,6 +17,8 @@ from prism.replay.clock import PendingCall
 from prism.replay.graph_clock import GraphClock
 
 ORIGIN_NS = 1_000_000_000
+NAMED_TIMEOUT_S = 10.0
+"""How long a read of a completion not yet named waits before it fails (a hung co-simulation)."""
 
 
 class FakeWall:
@@ -33,10 +35,9 @@ class Completions(dict):
     """Completion wall times by node; reading one not named yet waits for it, as a program's
     ``wait()`` does (the co-simulation's worker thread may name it)."""
 
-    def __init__(self, timeout_s: float = 10.0) -> None:
+    def __init__(self) -> None:
         super().__init__()
         self._named = threading.Condition()
-        self._timeout_s = timeout_s
 
     def __setitem__(self, node: int, at: int) -> None:
         with self._named:
@@ -45,7 +46,7 @@ class Completions(dict):
 
     def __missing__(self, node: int) -> int:
         with self._named:
-            if not self._named.wait_for(lambda: dict.__contains__(self, node), timeout=self._timeout_s):
+            if not self._named.wait_for(lambda: dict.__contains__(self, node), timeout=NAMED_TIMEOUT_S):
                 raise KeyError(node)
             return dict.__getitem__(self, node)
 
