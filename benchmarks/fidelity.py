@@ -22,10 +22,18 @@ from pathlib import Path
 
 from fidelity_cases import DEFAULT_CASES, CaseError, parse_case
 from fidelity_explain import concurrency_probe
-from fidelity_lib import CaseResult, RunSettings, mean_abs, resolve_spec, run_case_detailed
+from fidelity_lib import (
+    CALIBRATION_SIZES,
+    CaseResult,
+    RunSettings,
+    mean_abs,
+    resolve_spec,
+    run_case_detailed,
+)
 from rich.console import Console
 from rich.table import Table
 
+from prism.graph.calibrate import parse_size
 from prism.graph.profiler_overhead import MIN_WARMUP
 from prism.schemas.files import write_json_atomic
 
@@ -57,6 +65,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--calibrate-cold-gaps-ms", type=str, default="",
         help="a fresh calibration also times collectives after these compute gaps (e.g. 0.5,1,2,4)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--calibrate-sizes", type=str, default=",".join(map(str, CALIBRATION_SIZES)),
+        help="comma-separated bytes a fresh calibration times (e.g. 512,64KiB,16MiB) [default: the "
+        "default cases' own sizes and points around them]",
     )  # fmt: skip
     parser.add_argument("--warmup", type=int, default=RunSettings.warmup)
     parser.add_argument("--iterations", type=int, default=RunSettings.iterations, help="profiled iterations")
@@ -214,13 +227,15 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     try:
         configs = [parse_case(text) for text in (args.case or DEFAULT_CASES)]
-    except CaseError as e:
+        sizes = tuple(parse_size(s) for s in args.calibrate_sizes.split(",") if s.strip())
+    except (CaseError, ValueError) as e:
         console.print(f"[bold red]error:[/] {e}", highlight=False)
         return 2
     choice = resolve_spec(
         args.cluster_spec, args.calibrate_into, recalibrate=args.recalibrate,
         compute_between_ms=args.calibrate_between_ms, reps=args.calibrate_reps,
         cold_gaps_ms=tuple(float(g) for g in args.calibrate_cold_gaps_ms.split(",") if g.strip()),
+        sizes=sizes,
     )  # fmt: skip
     console.print(f"cluster spec: {choice.source}", highlight=False)
     probes = {} if args.no_probe else {"before": round(concurrency_probe(), 3)}

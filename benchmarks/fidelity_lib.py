@@ -109,6 +109,11 @@ class CaseResult:
 
 CALIBRATION_OPS = ("all_reduce", "send")
 """The GPT workload's process-group calls: all_reduce (TP, DP, loss) and send/recv (PP)."""
+KiB, MiB = 2**10, 2**20
+CALIBRATION_SIZES = (512, 4 * KiB, 64 * KiB, 128 * KiB, 1 * MiB, 8 * MiB, 16 * MiB, 32 * MiB)
+"""Bytes a fresh calibration times: the default cases' own calls (512 B loss and 64/128 KiB
+activation all-reduces, 64/128 KiB pipeline sends, 7-21 MB gradient buckets) and points around
+them, so the spec's measured table prices them as this machine runs them."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,10 +129,12 @@ class SpecChoice:
 def resolve_spec(
     path: Path | None, calibrate_into: Path, *, recalibrate: bool = False, compute_between_ms: float = 0.0,
     reps: int = CalibrationConfig.reps, cold_gaps_ms: tuple[float, ...] = (),
+    sizes: tuple[int, ...] = CALIBRATION_SIZES,
 ) -> SpecChoice:  # fmt: skip
     """``path`` if given; else the calibrated 'local' preset; else (or if ``recalibrate``) calibrate now.
 
-    A fresh calibration times gloo all_reduce and send/recv between 2 processes (cold calls
+    A fresh calibration times gloo all_reduce and send/recv of ``sizes`` between 2 processes
+    (written into the spec's measured table as well as fitted; cold calls
     after ``compute_between_ms`` of compute when > 0; a ``cold_call`` table for
     ``cold_gaps_ms``) and is written to ``calibrate_into``, never to the shared 'local' path.
     """
@@ -146,6 +153,7 @@ def resolve_spec(
             compute_between_ms=compute_between_ms,
             reps=reps,
             cold_gaps_ms=cold_gaps_ms,
+            sizes=sizes,
         )
     )
     why = "--recalibrate" if recalibrate else f"no 'local' spec at {local_path()}"

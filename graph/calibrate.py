@@ -9,6 +9,12 @@ spec then reproduces each class's fitted line exactly. Times span several decade
 and 16 MiB, so rows are weighted by 1/T: the fit minimises *relative* error, otherwise the
 largest sizes alone would set α.
 
+The microbenchmark's points are also written as they are, into the spec's ``measured`` table:
+calls within one node are then priced by interpolating them, the line serving only to extend
+them (past the largest size) and for groups across nodes. On a VM no line fits gloo's small
+calls (512 B all-reduces cost more than 64 KiB ones here), so calibrating at the job's own
+sizes (``--sizes``) prices its calls as measured.
+
 Samples come from a microbenchmark (``run_benchmark``) and optionally from the comm logs of a
 ``--real all`` capture (``samples_from_comm_logs``), whose delegated calls ran on real gloo groups.
 """
@@ -16,6 +22,7 @@ Samples come from a microbenchmark (``run_benchmark``) and optionally from the c
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import time
 from collections import defaultdict
@@ -34,6 +41,17 @@ from prism.schemas.manifest import COMM_DIR
 KiB, MiB = 2**10, 2**20
 DEFAULT_SIZES = (4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB)
 BENCH_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "gather", "scatter", "barrier", "send")  # fmt: skip
+
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "m": 2**20, "mib": 2**20, "g": 2**30, "gib": 2**30}
+
+
+def parse_size(text: str) -> int:
+    """'4KiB', '16M', '4096' -> bytes (binary units)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in _UNITS:
+        raise ValueError(f"cannot read size {text!r}; write e.g. 4096, 64KiB, 16MiB")
+    return int(match.group(1)) * _UNITS[match.group(2).lower()]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -186,7 +204,10 @@ class CalibrationConfig:
     """> 0: time cold calls, each after this much compute, and keep means (``calibrate_bench``)."""
     cold_gaps_ms: tuple[float, ...] = ()
     """Also time cold collectives after each of these compute gaps and write the spec's
-    ``cold_call`` table: per gap, the median over sizes of (cold mean − the fitted model)."""
+    ``cold_call`` table: per gap, the median over sizes of (cold mean − the spec's model)."""
+    measured_table: bool = True
+    """Write the timed points into the spec's ``measured`` table, so that calls within one node
+    are priced from them (interpolated) rather than from the fitted α-β line."""
 
     def __post_init__(self) -> None:
         if self.max_procs < 2:
@@ -227,13 +248,22 @@ class CalibrationResult:
     fit: CalibrationFit
     """Per-class α and β."""
     checks: tuple[Check, ...]
-    """Every sample with its prediction."""
+    """Every sample with the fitted α-β line's prediction (the ``measured`` table left out)."""
     path: Path
     """Where the spec was written."""
 
     @property
     def median_rel_error(self) -> float:
         return statistics.median(c.rel_error for c in self.checks)
+
+
+def measured_table(samples: Iterable[Sample]) -> dict[str, dict[int, tuple[tuple[int, float], ...]]]:
+    """The spec's ``measured`` table of microbenchmark samples: op class -> group size -> points."""
+    table: dict[str, dict[int, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
+    for s in samples:
+        if s.source == "bench" and s.group_size > 1:
+            table[op_class(s.op)][s.group_size].append((s.bytes, s.seconds))
+    return {cls: {p: tuple(sorted(points)) for p, points in sizes.items()} for cls, sizes in table.items()}
 
 
 def check_samples(spec: ClusterSpec, samples: list[Sample]) -> tuple[Check, ...]:
@@ -279,7 +309,10 @@ def calibrate(config: CalibrationConfig) -> CalibrationResult:
         )
     )
     gpus_per_node = config.gpus_per_node or max(config.max_procs, os.cpu_count() or 1)
-    spec = fit.to_spec(gpus_per_node=gpus_per_node, notes=notes)
+    line = fit.to_spec(gpus_per_node=gpus_per_node, notes=notes)
+    spec = line
+    if config.measured_table:
+        spec = replace(line, measured=measured_table(measured), notes=notes + "; measured table of its sizes")
     if config.cold_gaps_ms:
         spec = replace(
             spec,
@@ -288,4 +321,5 @@ def calibrate(config: CalibrationConfig) -> CalibrationResult:
             + f"; cold collectives after {', '.join(f'{g:g}' for g in config.cold_gaps_ms)} ms",
         )
     path = spec.save(config.out or local_path())
-    return CalibrationResult(spec=spec, fit=fit, checks=check_samples(spec, samples), path=path)
+    # Checked against the α-β line alone: the measured table would reproduce its own points.
+    return CalibrationResult(spec=spec, fit=fit, checks=check_samples(line, samples), path=path)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Annotated
 
@@ -18,6 +17,7 @@ from prism.graph.calibrate import (
     CalibrationError,
     CalibrationResult,
     calibrate,
+    parse_size,
 )
 from prism.schemas.cluster import ClusterSpecError, local_path
 
@@ -25,15 +25,6 @@ app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=False)
 console = Console()
 err_console = Console(stderr=True)
 DEFAULT = CalibrationConfig()
-_UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "m": 2**20, "mib": 2**20, "g": 2**30, "gib": 2**30}
-
-
-def parse_size(text: str) -> int:
-    """'4KiB', '16M', '4096' -> bytes (binary units)."""
-    match = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", text)
-    if not match or match.group(2).lower() not in _UNITS:
-        raise ValueError(f"cannot read size {text!r}; write e.g. 4096, 64KiB, 16MiB")
-    return int(match.group(1)) * _UNITS[match.group(2).lower()]
 
 
 def _human(n: int) -> str:
@@ -44,8 +35,8 @@ def _human(n: int) -> str:
 
 
 def _tables(result: CalibrationResult) -> tuple[Table, Table]:
-    checks = Table(title="measured vs fitted (one node)")
-    for column in ("op", "p", "bytes", "source", "measured µs", "model µs", "rel err"):
+    checks = Table(title="measured vs the fitted α-β line (one node)")
+    for column in ("op", "p", "bytes", "source", "measured µs", "line µs", "rel err"):
         checks.add_column(column, justify="left" if column in ("op", "source") else "right")
     for c in result.checks:
         s = c.sample
@@ -97,6 +88,13 @@ def calibrate_command(
             "spec's cold_call table (e.g. 0.5,1,2,4)."
         ),
     ] = "",
+    table: Annotated[
+        bool,
+        typer.Option(
+            help="Write the timed points into the spec's measured table (calls within one node priced "
+            "from them; --no-table: the α-β line alone)."
+        ),
+    ] = DEFAULT.measured_table,
 ) -> None:
     """Time gloo collectives and send/recv among local processes; fit α and β; write the spec."""
     try:
@@ -104,7 +102,7 @@ def calibrate_command(
             sizes=tuple(parse_size(s) for s in sizes.split(",") if s.strip()),
             max_procs=max_procs, ops=tuple(o.strip() for o in ops.split(",") if o.strip()), reps=reps,
             timeout_s=timeout, comm_logs=tuple(capture or ()), out=out, compute_between_ms=compute_between_ms,
-            cold_gaps_ms=tuple(float(g) for g in cold_gaps_ms.split(",") if g.strip()),
+            cold_gaps_ms=tuple(float(g) for g in cold_gaps_ms.split(",") if g.strip()), measured_table=table,
         )  # fmt: skip
         err_console.print(f"[bold]prism-calibrate[/] {config.max_procs} gloo processes, sizes {sizes}")
         result = calibrate(config)
@@ -115,7 +113,10 @@ def calibrate_command(
     for table in _tables(result):
         console.print(table)
     where = "" if result.path == local_path() else f" (use it with {_env_hint(result.path)})"
-    console.print(f"median relative error {result.median_rel_error:.0%}; wrote {result.path}{where}")
+    pricing = "; calls within one node are priced from the measured table" if result.spec.measured else ""
+    console.print(
+        f"α-β line: median relative error {result.median_rel_error:.0%}{pricing}; wrote {result.path}{where}"
+    )
 
 
 def _env_hint(path: Path) -> str:

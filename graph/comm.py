@@ -34,6 +34,12 @@ Durations (seconds; rounded to integer ns)::
 
 all_to_all, gather and scatter move data point to point: the off-node part goes through the
 rank's own NIC only (no aggregation), the on-node part over NVLink, concurrently.
+
+Measured points (the spec's ``measured`` table) override these lines for calls whose group sits
+on one node (k = 1) where the spec lists the op class and group size: the time is interpolated
+linearly in n between the points, is the first point's below them, and past the last point grows
+by the α-β line's own slope, ``T(n) = T_last + line(n) − line(n_last)``. A local machine's gloo
+collectives are not one line (small all-reduces can cost more than 64 KiB ones).
 """
 
 from __future__ import annotations
@@ -126,19 +132,38 @@ class CommModel:
     def _seconds(self, op: str, n: np.ndarray, p: np.ndarray, k: np.ndarray) -> np.ndarray:
         cls = op_class(op)
         if cls == "p2p":
-            return self._p2p(n, k)
+            return self._measured(cls, n, np.full_like(p, 2), k, lambda n, p, k: self._p2p(n, k))
         if np.any(p < 1) or np.any(k > p):
             raise ValueError(f"{op}: group_size must be at least 1 and at least nodes_spanned")
-        if op == "all_reduce":
-            out = np.minimum(self._ring_all_reduce(n, p, k), self._tree_all_reduce(n, p, k))
-        elif op == "barrier":
-            hops = np.minimum(_ring_hop_s(self.spec, p, k, 2), _tree_hop_s(self.spec, p, k))
-            out = self.spec.base_latency_s + self.spec.latency_scale(cls) * hops
-        elif op in _CHAIN_OPS:
-            out = self._chain(cls, n, p, k)
-        else:
-            out = self._direct(cls, n, p, k)
+        out = self._measured(cls, n, p, k, lambda n, p, k: self._line(cls, n, p, k))
         return np.where(p > 1, out, 0.0)
+
+    def _line(self, cls: str, n: np.ndarray, p: np.ndarray, k: np.ndarray) -> np.ndarray:
+        if cls == "all_reduce":
+            return np.minimum(self._ring_all_reduce(n, p, k), self._tree_all_reduce(n, p, k))
+        if cls == "barrier":
+            hops = np.minimum(_ring_hop_s(self.spec, p, k, 2), _tree_hop_s(self.spec, p, k))
+            return self.spec.base_latency_s + self.spec.latency_scale(cls) * hops
+        if cls in _CHAIN_OPS:
+            return self._chain(cls, n, p, k)
+        return self._direct(cls, n, p, k)
+
+    def _measured(self, cls: str, n: np.ndarray, p: np.ndarray, k: np.ndarray, line) -> np.ndarray:
+        """``line(n, p, k)``, overridden by the spec's measured points where they apply."""
+        out = line(n, p, k)
+        tables = self.spec.measured.get(cls, {})
+        if tables:
+            out = np.array(out, dtype=np.float64)  # writable, whatever the line returned
+        for size, points in tables.items():
+            rows = (p == size) & (k == 1)
+            if not rows.any():
+                continue
+            sizes, seconds = (np.array(column, dtype=np.float64) for column in zip(*points, strict=True))
+            x = n[rows]
+            last = np.full_like(x, sizes[-1])
+            past = seconds[-1] + line(x, p[rows], k[rows]) - line(last, p[rows], k[rows])
+            out[rows] = np.where(x > sizes[-1], past, np.interp(x, sizes, seconds))
+        return out
 
     def _ring_all_reduce(self, n: np.ndarray, p: np.ndarray, k: np.ndarray) -> np.ndarray:
         s = self.spec

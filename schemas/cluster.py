@@ -14,6 +14,8 @@ names: bytes per second, seconds. Bandwidths are *per GPU, one direction*.
     barrier = 1.0
     [cold_call]          # optional: extra latency of a collective after this many µs of compute
     1000 = 0.0004
+    [measured.all_reduce]  # optional: measured one-node times, group size -> [bytes, seconds]
+    2 = [[512, 0.0017], [65536, 0.0012], [1048576, 0.0031]]
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ _FLOAT_FIELDS = (
 )
 _FACTOR_TABLES = ("bandwidth_efficiency", "latency_factor")
 _TABLES = (*_FACTOR_TABLES, "cold_call")
+Points = tuple[tuple[int, float], ...]
+"""(bytes, seconds) pairs of one op class and group size, by increasing bytes."""
 
 
 class ClusterSpecError(ValueError):
@@ -95,6 +99,12 @@ class ClusterSpec:
     its previous call; interpolated linearly, 0 at 0 µs, constant past the last point. Empty:
     calls cost the same however long the rank computed before them (``prism-calibrate
     --cold-gaps-ms`` measures it; on a VM a call after a long compute pays a wake-up)."""
+    measured: Mapping[str, Mapping[int, Points]] = field(default_factory=dict, hash=False)
+    """Measured durations of calls within one node: op class -> group size -> (bytes, seconds)
+    points. Where a call's group sits on one node and its class and size are listed, the comm
+    model interpolates these points linearly in bytes (flat below the first, the α-β slope past
+    the last) instead of the α-β line: a local machine's small collectives do not follow one
+    (``prism-calibrate`` writes them, at the job's sizes when asked to)."""
     notes: str = ""
     """Where the numbers come from (free text)."""
 
@@ -123,6 +133,7 @@ class ClusterSpec:
         for table in _FACTOR_TABLES:
             object.__setattr__(self, table, _check_table(table, getattr(self, table)))
         object.__setattr__(self, "cold_call", _check_cold_call(self.cold_call))
+        object.__setattr__(self, "measured", _check_measured(self.measured))
 
     def efficiency(self, op_class: str) -> float:
         return self.bandwidth_efficiency.get(op_class, 1.0)
@@ -135,6 +146,10 @@ class ClusterSpec:
         out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
         for table in _TABLES:
             out[table] = dict(out[table])
+        out["measured"] = {
+            cls: {str(p): [list(point) for point in points] for p, points in by_size.items()}
+            for cls, by_size in self.measured.items()
+        }
         return out
 
     @classmethod
@@ -150,10 +165,16 @@ class ClusterSpec:
 
     def to_toml(self) -> str:
         data = self.to_dict()
-        lines = [f"{key} = {_toml_value(value)}" for key, value in data.items() if key not in _TABLES]
+        nested = (*_TABLES, "measured")
+        lines = [f"{key} = {_toml_value(value)}" for key, value in data.items() if key not in nested]
         for table in _TABLES:
             lines += ["", f"[{table}]"]
             lines += [f"{key} = {_toml_value(value)}" for key, value in sorted(data[table].items())]
+        for cls, by_size in data["measured"].items():
+            lines += ["", f"[measured.{cls}]"]
+            for p, points in sorted(by_size.items(), key=lambda item: int(item[0])):
+                pairs = ", ".join(f"[{n}, {_toml_value(t)}]" for n, t in points)
+                lines.append(f"{p} = [{pairs}]")
         return "\n".join(lines) + "\n"
 
     @classmethod
@@ -192,7 +213,7 @@ class ClusterSpec:
 
 
 def _required(name: str) -> bool:
-    return name not in ("base_latency_s", "notes", *_TABLES)
+    return name not in ("base_latency_s", "notes", "measured", *_TABLES)
 
 
 def _number(name: str, value: object) -> float:
@@ -231,6 +252,48 @@ def _check_cold_call(values: object) -> MappingProxyType[str, float]:
             raise ClusterSpecError(f"cold_call.{key} must be non-negative, got {number!r}")
         checked[str(int(key))] = number
     return MappingProxyType(checked)
+
+
+def _check_measured(values: object) -> MappingProxyType[str, MappingProxyType[int, Points]]:
+    if not hasattr(values, "items"):
+        raise ClusterSpecError(
+            f"measured must be a table of op class -> group size -> points, got {values!r}"
+        )
+    checked: dict[str, MappingProxyType[int, Points]] = {}
+    for cls, by_size in values.items():  # type: ignore[union-attr]
+        if cls not in OP_CLASSES or cls == "all_reduce_tree":
+            known = ", ".join(c for c in OP_CLASSES if c != "all_reduce_tree")
+            raise ClusterSpecError(f"unknown op class {cls!r} in measured; expected one of {known}")
+        if not hasattr(by_size, "items"):
+            raise ClusterSpecError(f"measured.{cls} must be a table of group size -> points")
+        sizes: dict[int, Points] = {}
+        for p, points in by_size.items():
+            where = f"measured.{cls}.{p}"
+            if not str(p).isdigit() or int(p) < 2:
+                raise ClusterSpecError(f"measured.{cls} keys are group sizes of 2 or more, got {p!r}")
+            sizes[int(p)] = _check_points(where, points)
+        checked[cls] = MappingProxyType(dict(sorted(sizes.items())))
+    return MappingProxyType(checked)
+
+
+def _check_points(where: str, points: object) -> Points:
+    if not isinstance(points, list | tuple) or not points:
+        raise ClusterSpecError(f"{where} must be a non-empty list of [bytes, seconds] pairs, got {points!r}")
+    pairs = []
+    for point in points:
+        if not isinstance(point, list | tuple) or len(point) != 2:
+            raise ClusterSpecError(f"{where}: each point is [bytes, seconds], got {point!r}")
+        n, t = point
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ClusterSpecError(f"{where}: bytes must be a non-negative integer, got {n!r}")
+        t = _number(f"{where} at {n} bytes", t)
+        if t < 0:
+            raise ClusterSpecError(f"{where}: seconds must be non-negative, got {t!r} at {n} bytes")
+        pairs.append((n, t))
+    pairs.sort()
+    if len({n for n, _ in pairs}) != len(pairs):
+        raise ClusterSpecError(f"{where}: each size may appear once")
+    return tuple(pairs)
 
 
 def _toml_value(value: object) -> str:

@@ -14,6 +14,7 @@ from prism.graph.calibrate import (
     calibrate,
     fit_from_comm_logs,
     fit_samples,
+    measured_table,
     read_comm_logs,
 )
 from prism.graph.calibrate_bench import _cold_seconds, run_benchmark
@@ -39,6 +40,11 @@ def test_quick_calibration_predicts_what_it_measured(tmp_path) -> None:
     assert result.median_rel_error < 0.5
     assert ClusterSpec.load(result.path) == result.spec
     assert result.spec.name == "local" and result.spec.gpus_per_node >= 2
+    # The spec prices the timed points as timed, whatever the line's error.
+    model = CommModel(result.spec)
+    for c in result.checks:
+        s = c.sample
+        assert model.duration_ns(s.op, s.bytes, s.group_size, 1) == round(s.seconds * 1e9), s
 
 
 @pytest.mark.slow
@@ -81,10 +87,12 @@ def test_cli_writes_a_spec_that_loads(tmp_path) -> None:
     args = ["-o", str(out), "--max-procs", "2", "--sizes", "4KiB,1MiB", "--ops", "all_reduce,broadcast,send"]
     result = CliRunner().invoke(app, [*args, "--reps", "3", "--timeout", "30"])
     assert result.exit_code == 0, result.output
-    assert "median relative error" in result.output
+    assert "median relative error" in result.output and "measured table" in result.output
     spec = ClusterSpec.load(out)
     assert spec.name == "local"
     assert spec.intra_bandwidth_bytes_per_s == spec.inter_bandwidth_bytes_per_s  # one node
+    assert set(spec.measured) == {"all_reduce", "broadcast", "p2p"}
+    assert [n for n, _ in spec.measured["all_reduce"][2]] == [4 * KiB, 1024 * KiB]
 
 
 def test_cli_errors_exit_2(tmp_path) -> None:
@@ -151,3 +159,20 @@ def test_fit_samples_edge_cases() -> None:
     assert "p2p" in fit_samples(shrinking).skipped
     with pytest.raises(CalibrationError, match="no capture directory"):
         read_comm_logs(["/nonexistent/capture"])
+
+
+def test_measured_table_keeps_benchmark_points_by_class_and_group_size() -> None:
+    samples = [
+        Sample(op="all_reduce", bytes=65536, group_size=2, seconds=1.2e-3),
+        Sample(op="all_reduce", bytes=512, group_size=2, seconds=1.7e-3),
+        Sample(op="all_reduce", bytes=512, group_size=4, seconds=2.5e-3),
+        Sample(op="send", bytes=4096, group_size=2, seconds=1e-4),
+        Sample(op="barrier", bytes=0, group_size=2, seconds=5e-5),
+        # A capture's comm-log medians include its members' skew: not a table point.
+        Sample(op="all_reduce", bytes=4096, group_size=2, seconds=9e-3, source="comm_log"),
+    ]
+    assert measured_table(samples) == {
+        "all_reduce": {2: ((512, 1.7e-3), (65536, 1.2e-3)), 4: ((512, 2.5e-3),)},
+        "p2p": {2: ((4096, 1e-4),)},
+        "barrier": {2: ((0, 5e-5),)},
+    }

@@ -284,3 +284,66 @@ def test_cold_calls_add_latency_to_collectives_by_the_compute_before_them() -> N
     assert extra.tolist() == [0, 600_000, 0, 0]  # p2p and a group of one pay nothing
     assert (model.durations_ns(ops, *args) == plain.durations_ns(ops, *args)).all()  # no idle given
     assert ClusterSpec.from_toml(spec.to_toml()) == spec
+
+
+# -- measured points ---------------------------------------------------------------------------
+
+# All-reduce of two on one node as a 2-core VM measures it: 512 B slower than 64 KiB.
+MEASURED = replace(
+    SPEC,
+    measured={
+        "all_reduce": {2: ((512, 1.7e-3), (65536, 1.2e-3), (1048576, 2.2e-3))},
+        "p2p": {2: ((65536, 3e-4),)},
+    },
+)
+
+
+def test_measured_points_price_one_node_calls_by_interpolation() -> None:
+    model = CommModel(MEASURED)
+    cost = {n: model.duration_ns("all_reduce", n, 2, 1) for n in (0, 512, 65536, 557056, 1048576)}
+    # Flat below the first point, exact at points, linear in bytes between them.
+    assert cost == {0: 1_700_000, 512: 1_700_000, 65536: 1_200_000, 557056: 1_700_000, 1048576: 2_200_000}
+    # Past the last point it grows by the α-β line's slope (ring of 2: n/B = 10 µs per MB).
+    line = CommModel(SPEC)
+    growth = line.duration_ns("all_reduce", 9_048_576, 2, 1) - line.duration_ns("all_reduce", 1048576, 2, 1)
+    assert model.duration_ns("all_reduce", 9_048_576, 2, 1) == 2_200_000 + growth == 2_280_000
+    # p2p within a node uses its table; send and recv are one class.
+    assert model.duration_ns("send", 65536, 2, 1) == model.duration_ns("recv", 65536, 2, 1) == 300_000
+
+
+def test_measured_points_leave_other_groups_on_the_line() -> None:
+    model, line = CommModel(MEASURED), CommModel(SPEC)
+    for call in [
+        ("all_reduce", 65536, 4, 1),  # a group size the table lacks
+        ("all_reduce", 65536, 2, 2),  # across nodes
+        ("send", 65536, 2, 2),
+        ("all_gather", 65536, 2, 1),  # an op class the table lacks
+        ("all_reduce", 65536, 1, 1),  # a group of one still costs nothing
+    ]:
+        assert model.duration_ns(*call) == line.duration_ns(*call), call
+    # Vectorised over mixed rows as per row.
+    ops = np.array(["all_reduce", "send", "all_reduce", "all_reduce"])
+    n, p, k = np.array([512, 65536, 65536, 512]), np.array([2, 2, 4, 2]), np.array([1, 1, 1, 2])
+    rows = [
+        model.duration_ns(*row) for row in zip(ops.tolist(), n.tolist(), p.tolist(), k.tolist(), strict=True)
+    ]
+    assert model.durations_ns(ops, n, p, k).tolist() == rows
+
+
+def test_measured_table_round_trips_and_bad_tables_are_rejected() -> None:
+    assert ClusterSpec.from_toml(MEASURED.to_toml()) == MEASURED
+    assert ClusterSpec.from_dict(MEASURED.to_dict()) == MEASURED
+    assert "[measured.all_reduce]\n2 = [[512, 0.0017]" in MEASURED.to_toml()
+    for table, message in [
+        ({"allreduce": {2: [(4, 1e-3)]}}, "unknown op class"),
+        ({"all_reduce_tree": {2: [(4, 1e-3)]}}, "unknown op class"),
+        ({"all_reduce": {1: [(4, 1e-3)]}}, "group sizes of 2 or more"),
+        ({"all_reduce": {2: []}}, "non-empty list"),
+        ({"all_reduce": {2: [(4, 1e-3, 7)]}}, r"\[bytes, seconds\]"),
+        ({"all_reduce": {2: [(4.5, 1e-3)]}}, "non-negative integer"),
+        ({"all_reduce": {2: [(4, -1e-3)]}}, "non-negative"),
+        ({"all_reduce": {2: [(4, 1e-3), (4, 2e-3)]}}, "once"),
+        ({"all_reduce": [(4, 1e-3)]}, "table of group size"),
+    ]:
+        with pytest.raises(ClusterSpecError, match=message):
+            replace(SPEC, measured=table)
