@@ -187,7 +187,7 @@ class CalibrationConfig:
     ops: tuple[str, ...] = BENCH_OPS
     """Ops to time ('send' times a send/recv ping-pong)."""
     reps: int = 9
-    """Timed repetitions per point (the median is kept)."""
+    """Timed repetitions per point (the mean latency over their calls is kept)."""
     calls_per_rep: int = 3
     """Back-to-back calls per repetition (their mean is one repetition's time)."""
     warmup: int = 2
@@ -201,7 +201,7 @@ class CalibrationConfig:
     gpus_per_node: int | None = None
     """'GPUs' per node of the spec; None: max(max_procs, CPU count), as every local rank shares this node."""
     compute_between_ms: float = 0.0
-    """> 0: time cold calls, each after this much compute, and keep means (``calibrate_bench``)."""
+    """> 0: time cold calls, each after this much compute (``calibrate_bench``)."""
     cold_gaps_ms: tuple[float, ...] = ()
     """Also time cold collectives after each of these compute gaps and write the spec's
     ``cold_call`` table: per gap, the median over sizes of (cold mean − the spec's model)."""
@@ -303,7 +303,7 @@ def calibrate(config: CalibrationConfig) -> CalibrationResult:
         f"calibrated by prism-calibrate on {os.uname().nodename} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}: "
         f"gloo, {config.max_procs} processes, {len(samples)} samples"
         + (
-            f", cold calls after {config.compute_between_ms:g} ms of compute (means)"
+            f", cold calls after {config.compute_between_ms:g} ms of compute"
             if config.compute_between_ms
             else ""
         )

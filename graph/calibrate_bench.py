@@ -1,17 +1,20 @@
 """The calibration microbenchmark: real gloo collectives and send/recv among local processes.
 
-Every process joins one gloo world on localhost; each (op, bytes, group size) is timed
-``reps`` times after ``warmup`` untimed repetitions, and rank 0 writes the medians.
+Every process joins one gloo world on localhost; each (op, bytes, group size) is timed over
+``reps`` repetitions of ``calls_per_rep`` calls, after ``warmup`` untimed repetitions, and
+rank 0 writes one time per point: the *mean latency after the last member arrived* (each
+member's exit minus the latest entry, on the machine's monotonic clock), over members and
+calls. A mean, because a step's time is the sum of its calls' and heavy tails count: on a
+2-vCPU VM a small all-reduce is bimodal (0.6 ms or 2+ ms), and a median of back-to-back
+repetitions flipped between the modes from one calibration to the next (64 KiB: 1.24 ms,
+128 KiB: 0.60 ms in one run; 1.55 and 1.51 ms in the run before). From the last arrival,
+because the members' arrival skew is the benchmark's loop, not the job's; the graph models
+the job's own (``prism.graph.noise``), and a replay lets the real rank arrive when it does.
 
 With ``compute_between_s`` > 0 the calls are *cold*, as a training step makes them: before
-each call every member keeps its CPU busy for that long, and a collective's time is its
-*latency after the last member arrived* (each member's exit minus the latest entry, on the
-machine's monotonic clock), averaged over members and calls — heavy tails count, since a
-step's time is their sum. The members' arrival skew is left out on purpose: it is the busy
-loop's noise, not the job's; the graph models the job's own (``prism.graph.noise``), and a
-replay lets the real rank arrive when it does. On a VM a gloo call costs more the longer its
-process computed before it, which back-to-back timing misses. A send is timed as its
-ping-pong's mean round trip, halved.
+each call every member keeps its CPU busy for that long. On a VM a gloo call costs more the
+longer its process computed before it, which back-to-back timing misses. A send is timed as
+its ping-pong's mean round trip, halved.
 """
 
 from __future__ import annotations
@@ -40,11 +43,12 @@ class Sample:
     group_size: int
     """Members of the group."""
     seconds: float
-    """Median duration (back-to-back calls), or mean latency after the last arrival (cold calls)."""
+    """Mean latency after the last member arrived (a send: half its ping-pong's mean round trip);
+    a comm-log sample: the median of its calls' durations."""
     source: str = "bench"
     """'bench' (microbenchmark) or 'comm_log' (delegated calls of a capture)."""
     count: int = 1
-    """Observations behind the median."""
+    """Observations behind the time (repetitions of the point)."""
 
 
 # -- the microbenchmark ----------------------------------------------------------------------
@@ -140,21 +144,15 @@ def _worker(rank: int, plan: _Plan) -> None:
     )  # fmt: skip
     groups = {p: dist.new_group(list(range(p))) for p in plan.group_sizes}
     points = _points(plan)
-    cold = plan.compute_between_s > 0
-    calls = plan.reps * (plan.calls_per_rep if cold else 1)
-    # Back to back: one time per repetition. Cold: every call's entry and exit (monotonic ns, one
-    # clock for all local processes), so the latency after the last arrival can be told apart.
-    times = torch.zeros(len(points), calls, 2 if cold else 1, dtype=torch.int64 if cold else torch.float64)
+    # Every call's entry and exit (monotonic ns, one clock for all local processes), so that the
+    # latency after the last arrival can be told apart from the members' skew.
+    times = torch.zeros(len(points), plan.reps * plan.calls_per_rep, 2, dtype=torch.int64)
     for i, (op, p, numel) in enumerate(points):
         if rank < p:
             times[i] = torch.tensor(_time_point(_make_call(op, p, numel, rank, groups[p]), groups[p], plan))
-    if cold:
-        gathered = [torch.zeros_like(times) for _ in range(plan.world)]
-        dist.all_gather(gathered, times)
-        seconds = [_cold_seconds(op, [g[i] for g in gathered[:p]]) for i, (op, p, _) in enumerate(points)]
-    else:  # the slowest member sets a collective's time; ranks outside a group contribute zeros
-        dist.all_reduce(times, op=dist.ReduceOp.MAX)
-        seconds = times[:, :, 0].median(dim=1).values.tolist()
+    gathered = [torch.zeros_like(times) for _ in range(plan.world)]
+    dist.all_gather(gathered, times)
+    seconds = [_mean_latency_s(op, [g[i] for g in gathered[:p]]) for i, (op, p, _) in enumerate(points)]
     if rank == 0:
         rows = [
             (op, 4 * numel, p, t / 2 if op == "send" else t)
@@ -165,32 +163,25 @@ def _worker(rank: int, plan: _Plan) -> None:
 
 
 def _time_point(call, group, plan: _Plan) -> list:
-    """Back to back: the mean time of a repetition's calls, per repetition.
-    Cold: ``[entry_ns, exit_ns]`` of every timed call."""
+    """``[entry_ns, exit_ns]`` of every timed call, each after ``compute_between_s`` of compute."""
     import torch.distributed as dist
 
     out = []
     for rep in range(plan.warmup + plan.reps):
         dist.barrier(group=group)
-        if plan.compute_between_s > 0:
-            stamps = []
-            for _ in range(plan.calls_per_rep):
+        stamps = []
+        for _ in range(plan.calls_per_rep):
+            if plan.compute_between_s > 0:
                 _busy(plan.compute_between_s)
-                entry = time.monotonic_ns()
-                call()
-                stamps.append([entry, time.monotonic_ns()])
-            if rep >= plan.warmup:
-                out += stamps
-        else:
-            start = time.perf_counter()
-            for _ in range(plan.calls_per_rep):
-                call()
-            if rep >= plan.warmup:
-                out.append([(time.perf_counter() - start) / plan.calls_per_rep])
+            entry = time.monotonic_ns()
+            call()
+            stamps.append([entry, time.monotonic_ns()])
+        if rep >= plan.warmup:
+            out += stamps
     return out
 
 
-def _cold_seconds(op: str, members: list) -> float:
+def _mean_latency_s(op: str, members: list) -> float:
     """Mean over members and calls: latency after the last arrival (a send: the call's own time).
 
     ``members``: per member, an int64 tensor of ``[entry_ns, exit_ns]`` per call."""

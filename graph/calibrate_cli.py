@@ -67,7 +67,9 @@ def calibrate_command(
         map(_human, DEFAULT_SIZES)
     ).replace(" ", ""),
     ops: Annotated[str, typer.Option(help="Comma-separated ops to time.")] = ",".join(BENCH_OPS),
-    reps: Annotated[int, typer.Option(help="Timed repetitions per point (median kept).")] = DEFAULT.reps,
+    reps: Annotated[
+        int, typer.Option(help="Timed repetitions per point (mean latency kept).")
+    ] = DEFAULT.reps,
     capture: Annotated[
         list[Path] | None,
         typer.Option(help="Capture dir or comm-log file whose delegated calls join the fit; repeatable."),
@@ -77,9 +79,7 @@ def calibrate_command(
     ] = DEFAULT.timeout_s,
     compute_between_ms: Annotated[
         float,
-        typer.Option(
-            help="Time cold calls: this much compute before each one, means kept (0: back to back, medians)."
-        ),
+        typer.Option(help="Time cold calls: this much compute before each one (0: back to back)."),
     ] = DEFAULT.compute_between_ms,
     cold_gaps_ms: Annotated[
         str,

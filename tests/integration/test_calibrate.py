@@ -17,7 +17,7 @@ from prism.graph.calibrate import (
     measured_table,
     read_comm_logs,
 )
-from prism.graph.calibrate_bench import _cold_seconds, run_benchmark
+from prism.graph.calibrate_bench import _mean_latency_s, run_benchmark
 from prism.graph.calibrate_cli import app
 from prism.graph.comm import CommModel, single_node_terms
 from prism.schemas.cluster import ClusterSpec
@@ -64,9 +64,9 @@ def test_a_cold_collective_is_timed_from_its_last_arrival_not_each_members_entry
     # 300 µs member 0 spent waiting is the busy loop's skew, not the collective's cost.
     early = torch.tensor([[0, 400_000], [1_000_000, 1_100_000]])
     late = torch.tensor([[300_000, 400_000], [1_000_000, 1_100_000]])
-    assert _cold_seconds("all_reduce", [early, late]) == pytest.approx(100e-6)
+    assert _mean_latency_s("all_reduce", [early, late]) == pytest.approx(100e-6)
     # A ping-pong's ends are one round trip each (the caller halves it into a one-way send).
-    assert _cold_seconds("send", [early, late]) == pytest.approx((400 + 100 + 100 + 100) / 4 * 1e-6)
+    assert _mean_latency_s("send", [early, late]) == pytest.approx((400 + 100 + 100 + 100) / 4 * 1e-6)
 
 
 @pytest.mark.slow
