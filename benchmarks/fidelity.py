@@ -71,6 +71,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="comma-separated bytes a fresh calibration times (e.g. 512,64KiB,16MiB) [default: the "
         "default cases' own sizes and points around them]",
     )  # fmt: skip
+    parser.add_argument(
+        "--calibrate-table", action="store_true",
+        help="a fresh calibration also writes its points into the spec's measured table (prism-calibrate --table)",
+    )  # fmt: skip
     parser.add_argument("--warmup", type=int, default=RunSettings.warmup)
     parser.add_argument("--iterations", type=int, default=RunSettings.iterations, help="profiled iterations")
     parser.add_argument(
@@ -235,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         args.cluster_spec, args.calibrate_into, recalibrate=args.recalibrate,
         compute_between_ms=args.calibrate_between_ms, reps=args.calibrate_reps,
         cold_gaps_ms=tuple(float(g) for g in args.calibrate_cold_gaps_ms.split(",") if g.strip()),
-        sizes=sizes,
+        sizes=sizes, measured_table=args.calibrate_table,
     )  # fmt: skip
     console.print(f"cluster spec: {choice.source}", highlight=False)
     probes = {} if args.no_probe else {"before": round(concurrency_probe(), 3)}

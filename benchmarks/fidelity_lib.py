@@ -113,7 +113,7 @@ KiB, MiB = 2**10, 2**20
 CALIBRATION_SIZES = (512, 4 * KiB, 64 * KiB, 128 * KiB, 1 * MiB, 8 * MiB, 16 * MiB, 32 * MiB)
 """Bytes a fresh calibration times: the default cases' own calls (512 B loss and 64/128 KiB
 activation all-reduces, 64/128 KiB pipeline sends, 7-21 MB gradient buckets) and points around
-them, so the spec's measured table prices them as this machine runs them."""
+them, so that the fit (or, with ``--calibrate-table``, the measured table) covers them."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,12 +129,12 @@ class SpecChoice:
 def resolve_spec(
     path: Path | None, calibrate_into: Path, *, recalibrate: bool = False, compute_between_ms: float = 0.0,
     reps: int = CalibrationConfig.reps, cold_gaps_ms: tuple[float, ...] = (),
-    sizes: tuple[int, ...] = CALIBRATION_SIZES,
+    sizes: tuple[int, ...] = CALIBRATION_SIZES, measured_table: bool = False,
 ) -> SpecChoice:  # fmt: skip
     """``path`` if given; else the calibrated 'local' preset; else (or if ``recalibrate``) calibrate now.
 
     A fresh calibration times gloo all_reduce and send/recv of ``sizes`` between 2 processes
-    (written into the spec's measured table as well as fitted; cold calls
+    (fitted, and written into the spec's measured table too if ``measured_table``; cold calls
     after ``compute_between_ms`` of compute when > 0; a ``cold_call`` table for
     ``cold_gaps_ms``) and is written to ``calibrate_into``, never to the shared 'local' path.
     """
@@ -154,6 +154,7 @@ def resolve_spec(
             reps=reps,
             cold_gaps_ms=cold_gaps_ms,
             sizes=sizes,
+            measured_table=measured_table,
         )
     )
     why = "--recalibrate" if recalibrate else f"no 'local' spec at {local_path()}"
@@ -206,7 +207,7 @@ def measure_real(config: GPTConfig, settings: RunSettings, out: Path) -> dict[in
 # -- (b) the prediction -------------------------------------------------------------------------
 
 
-def _build(config: GPTConfig, capture: Path, graph: Path, spec: ClusterSpec) -> None:
+def build_case_graph(config: GPTConfig, capture: Path, graph: Path, spec: ClusterSpec) -> None:
     """The graph of the case's own layout, built as prism-build-graph does."""
     options = BuildOptions(
         capture_dir=capture, out=graph, tp=config.tp, pp=config.pp, dp=config.dp, cluster=spec
@@ -231,7 +232,7 @@ def predict(
             manifest = run_capture(options, hooks=load)
     else:
         manifest = run_capture(options)
-    _build(config, capture, out / "graph.parquet", spec)
+    build_case_graph(config, capture, out / "graph.parquet", spec)
     graph = load_sim_graph(out / "graph.parquet")
     result = simulate(graph, iterations=settings.sim_iterations)
     parts = sim_breakdown(graph, result)

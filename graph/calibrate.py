@@ -9,11 +9,11 @@ spec then reproduces each class's fitted line exactly. Times span several decade
 and 16 MiB, so rows are weighted by 1/T: the fit minimises *relative* error, otherwise the
 largest sizes alone would set α.
 
-The microbenchmark's points are also written as they are, into the spec's ``measured`` table:
-calls within one node are then priced by interpolating them, the line serving only to extend
-them (past the largest size) and for groups across nodes. On a VM no line fits gloo's small
-calls (512 B all-reduces cost more than 64 KiB ones here), so calibrating at the job's own
-sizes (``--sizes``) prices its calls as measured.
+With ``measured_table`` (``prism-calibrate --table``) the microbenchmark's points are also
+written as they are into the spec's ``measured`` table: calls within one node are then priced
+by interpolating them, the line serving only to extend them (past the largest size) and for
+groups across nodes. Calibrated at the job's own sizes (``--sizes``), that prices its calls as
+measured, where no line fits (512 B gloo all-reduces cost more than 64 KiB ones here).
 
 Samples come from a microbenchmark (``run_benchmark``) and optionally from the comm logs of a
 ``--real all`` capture (``samples_from_comm_logs``), whose delegated calls ran on real gloo groups.
@@ -205,9 +205,13 @@ class CalibrationConfig:
     cold_gaps_ms: tuple[float, ...] = ()
     """Also time cold collectives after each of these compute gaps and write the spec's
     ``cold_call`` table: per gap, the median over sizes of (cold mean − the spec's model)."""
-    measured_table: bool = True
+    measured_table: bool = False
     """Write the timed points into the spec's ``measured`` table, so that calls within one node
-    are priced from them (interpolated) rather than from the fitted α-β line."""
+    are priced from them (interpolated) rather than from the fitted α-β line. Off by default:
+    on a shared VM each point carries the machine's spell at the moment it was timed (64 KiB:
+    1.55 ms in one calibration, 1.97 in the next), which a line through all sizes averages out;
+    where calls are steady but not linear in size (NCCL's protocol switches) the table is the
+    better price."""
 
     def __post_init__(self) -> None:
         if self.max_procs < 2:

@@ -91,8 +91,8 @@ def calibrate_command(
     table: Annotated[
         bool,
         typer.Option(
-            help="Write the timed points into the spec's measured table (calls within one node priced "
-            "from them; --no-table: the α-β line alone)."
+            help="Also write the timed points into the spec's measured table: calls within one node "
+            "are then priced from them, not from the α-β line."
         ),
     ] = DEFAULT.measured_table,
 ) -> None:

@@ -30,7 +30,12 @@ KiB = 1024
 def test_quick_calibration_predicts_what_it_measured(tmp_path) -> None:
     # timeout_s bounds the whole benchmark: a run over 30 s fails instead of passing slowly.
     config = CalibrationConfig(
-        sizes=(4 * KiB, 64 * KiB, 1024 * KiB), max_procs=2, reps=5, timeout_s=30, out=tmp_path / "local.toml"
+        sizes=(4 * KiB, 64 * KiB, 1024 * KiB),
+        max_procs=2,
+        reps=5,
+        timeout_s=30,
+        out=tmp_path / "local.toml",
+        measured_table=True,
     )
     result = calibrate(config)
     ops = {c.sample.op for c in result.checks}
@@ -76,6 +81,7 @@ def test_cold_gaps_give_the_spec_a_cold_call_table(tmp_path) -> None:
         out=tmp_path / "local.toml", cold_gaps_ms=(0.5, 2),
     )  # fmt: skip
     spec = calibrate(config).spec
+    assert not spec.measured  # the α-β line alone unless asked
     assert set(spec.cold_call) == {"500", "2000"} and all(v >= 0 for v in spec.cold_call.values())
     assert ClusterSpec.load(tmp_path / "local.toml").cold_call == spec.cold_call
     assert "cold collectives after 0.5, 2 ms" in spec.notes
@@ -85,7 +91,7 @@ def test_cold_gaps_give_the_spec_a_cold_call_table(tmp_path) -> None:
 def test_cli_writes_a_spec_that_loads(tmp_path) -> None:
     out = tmp_path / "spec.toml"
     args = ["-o", str(out), "--max-procs", "2", "--sizes", "4KiB,1MiB", "--ops", "all_reduce,broadcast,send"]
-    result = CliRunner().invoke(app, [*args, "--reps", "3", "--timeout", "30"])
+    result = CliRunner().invoke(app, [*args, "--reps", "3", "--timeout", "30", "--table"])
     assert result.exit_code == 0, result.output
     assert "median relative error" in result.output and "measured table" in result.output
     spec = ClusterSpec.load(out)

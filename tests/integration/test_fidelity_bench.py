@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,7 @@ def fidelity(monkeypatch: pytest.MonkeyPatch):
     import fidelity  # the CLI module; its library modules come with it
 
     yield fidelity
-    for name in [m for m in sys.modules if m.startswith("fidelity")]:
+    for name in [m for m in sys.modules if m.startswith("fidelity")]:  # fidelity_respec too
         del sys.modules[name]
 
 
@@ -75,7 +76,7 @@ def test_run_case_and_cli_json(fidelity, spec_file: Path, tmp_path: Path) -> Non
     out = tmp_path / "fidelity.json"
     argv = ["--case", TINY, "--repeats", "1", "--warmup", "3", "--iterations", "1"]
     argv += ["--cluster-spec", str(spec_file), "--no-probe", "--json", str(out)]
-    assert fidelity.main(argv) == 0
+    assert fidelity.main([*argv, "--work-dir", str(tmp_path / "wd")]) == 0
     data = json.loads(out.read_text())
     assert [r["rank"] for r in data["records"] if r["source"] == "simulation"] == [0, 1]
     for record in data["records"]:
@@ -86,6 +87,21 @@ def test_run_case_and_cli_json(fidelity, spec_file: Path, tmp_path: Path) -> Non
     # The pipeline's transfers of the one clean unprofiled iteration (warm-up 3: iteration 1).
     sends = [r for r in data["collectives"] if r["op"] == "send"]
     assert sends and all(r["calls"] > 0 for r in sends)
+
+    # Re-priced from the kept slices: the same spec reproduces the run's prediction, and a
+    # measured table that makes each one-node send cost 20 ms lengthens it.
+    import fidelity_respec
+
+    slow = replace(preset("h100-ib"), measured={"p2p": {2: ((0, 0.02),)}})
+    slow_file = slow.save(tmp_path / "slow.toml")
+    respec_out = tmp_path / "respec.json"
+    argv = [str(out), str(tmp_path / "wd"), f"same={spec_file}", f"slow={slow_file}", "--no-table", "slow"]
+    assert fidelity_respec.main([*argv, "--json", str(respec_out)]) == 0
+    rows = {(r["spec"], r["rank"]): r for r in json.loads(respec_out.read_text())}
+    assert set(rows) == {(name, rank) for name in ("same", "slow", "slow-line") for rank in (0, 1)}
+    for rank, record in enumerate(r for r in data["records"] if r["source"] == "simulation"):
+        assert rows[("same", rank)]["pred_ms"] == pytest.approx(record["pred_iter_ms"], rel=1e-3)
+        assert rows[("slow", rank)]["pred_ms"] > rows[("slow-line", rank)]["pred_ms"] + 20
 
 
 def test_real_median_standard_error(fidelity) -> None:
