@@ -3,21 +3,14 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture
-def bench(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    import compute_after_wait
-
-    yield compute_after_wait
-    del sys.modules["compute_after_wait"]
+def bench(benchmark_module):
+    return benchmark_module("compute_after_wait")
 
 
 @pytest.mark.slow

@@ -3,21 +3,14 @@ plays every iteration through the clock, and the numbers come out; no speed clai
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture
-def cosim_cost(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    import cosim_cost
-
-    yield cosim_cost
-    del sys.modules["cosim_cost"]
+def cosim_cost(benchmark_module):
+    return benchmark_module("cosim_cost")
 
 
 def test_scripted_program_plays_every_iteration(cosim_cost) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,7 +11,6 @@ import pytest
 
 from prism.schemas.cluster import preset
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 TINY = "tp=1 pp=2 dp=1 layers=2 hidden=32 heads=2 seq=16 mbs=1 microbatches=2 vocab=128"
 RECORD_TYPES = {
     "case": str,
@@ -31,13 +29,8 @@ RECORD_TYPES = {
 
 
 @pytest.fixture
-def fidelity(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    import fidelity  # the CLI module; its library modules come with it
-
-    yield fidelity
-    for name in [m for m in sys.modules if m.startswith("fidelity")]:  # fidelity_respec too
-        del sys.modules[name]
+def fidelity(benchmark_module):
+    return benchmark_module("fidelity")  # the CLI module; its library modules come with it
 
 
 @pytest.fixture
