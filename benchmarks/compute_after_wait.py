@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import sys
 import time
@@ -31,6 +30,8 @@ from pathlib import Path
 import torch.multiprocessing as mp
 from rich.console import Console
 from rich.table import Table
+
+from prism.capture.launch import free_port
 
 MODES = ("none", "gloo", "sleep", "spin")
 console = Console()
@@ -77,16 +78,10 @@ def _worker(rank: int, port: int, mode: str, args: argparse.Namespace, out) -> N
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_mode(mode: str, args: argparse.Namespace) -> float:
     """Rank 0's median compute chunk (µs) with ``mode`` between chunks."""
     ctx = mp.get_context("spawn")
-    queue, port = ctx.Queue(), _free_port()
+    queue, port = ctx.Queue(), free_port()
     procs = [ctx.Process(target=_worker, args=(r, port, mode, args, queue)) for r in range(2)]
     for p in procs:
         p.start()

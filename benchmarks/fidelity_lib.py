@@ -359,10 +359,15 @@ def _breakdown(
     return rows
 
 
+def case_dir(work_dir: Path, label: str) -> Path:
+    """Where a case's repeats are kept under ``--work-dir`` (``repeat0``, ``repeat1``, ...)."""
+    return work_dir / label.replace(" ", "_").replace("=", "")
+
+
 def _repeat_dir(settings: RunSettings, label: str, repeat: int) -> tempfile.TemporaryDirectory | Path:
     if settings.work_dir is None:
         return tempfile.TemporaryDirectory(prefix="prism-fidelity-")
-    path = settings.work_dir / label.replace(" ", "_").replace("=", "") / f"repeat{repeat}"
+    path = case_dir(settings.work_dir, label) / f"repeat{repeat}"
     path.mkdir(parents=True, exist_ok=False)
     return path
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 from fidelity_cases import parse_case
-from fidelity_lib import RunSettings, build_case_graph
+from fidelity_lib import RunSettings, build_case_graph, case_dir
 from rich.console import Console
 from rich.table import Table
 
@@ -63,8 +63,9 @@ def reprice(run: dict, work_dir: Path, specs: dict[str, ClusterSpec], sim_iterat
     records = [r for r in run["records"] if r["source"] == "simulation"]
     for case in dict.fromkeys(r["case"] for r in records):
         config = parse_case(case)
-        case_dir = work_dir / case.replace(" ", "_").replace("=", "")
-        repeats = sorted(case_dir.glob("repeat*"), key=lambda p: int(p.name.removeprefix("repeat")))
+        repeats = sorted(
+            case_dir(work_dir, case).glob("repeat*"), key=lambda p: int(p.name.removeprefix("repeat"))
+        )
         for name, spec in specs.items():
             per_repeat = []
             for repeat in repeats:

@@ -189,7 +189,7 @@ class CalibrationConfig:
     reps: int = 9
     """Timed repetitions per point (the mean latency over their calls is kept)."""
     calls_per_rep: int = 3
-    """Back-to-back calls per repetition (their mean is one repetition's time)."""
+    """Calls per repetition, each timed (back to back, or each after ``compute_between_ms``)."""
     warmup: int = 2
     """Untimed repetitions before the timed ones."""
     timeout_s: float = 300.0

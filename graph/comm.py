@@ -79,6 +79,12 @@ class CommModel:
 
     def __init__(self, spec: ClusterSpec) -> None:
         self.spec = spec
+        # The measured points as (bytes, seconds) arrays, by op class and group size.
+        self._points = {
+            cls: {p: tuple(np.array(column, dtype=np.float64) for column in zip(*points, strict=True))
+                  for p, points in by_size.items()}
+            for cls, by_size in spec.measured.items()
+        }  # fmt: skip
 
     def duration_ns(self, op: str, bytes: int, group_size: int, nodes_spanned: int) -> int:
         """Duration of one call in ns."""
@@ -151,14 +157,13 @@ class CommModel:
     def _measured(self, cls: str, n: np.ndarray, p: np.ndarray, k: np.ndarray, line) -> np.ndarray:
         """``line(n, p, k)``, overridden by the spec's measured points where they apply."""
         out = line(n, p, k)
-        tables = self.spec.measured.get(cls, {})
+        tables = self._points.get(cls, {})
         if tables:
             out = np.array(out, dtype=np.float64)  # writable, whatever the line returned
-        for size, points in tables.items():
+        for size, (sizes, seconds) in tables.items():
             rows = (p == size) & (k == 1)
             if not rows.any():
                 continue
-            sizes, seconds = (np.array(column, dtype=np.float64) for column in zip(*points, strict=True))
             x = n[rows]
             last = np.full_like(x, sizes[-1])
             past = seconds[-1] + line(x, p[rows], k[rows]) - line(last, p[rows], k[rows])

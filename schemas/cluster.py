@@ -104,7 +104,7 @@ class ClusterSpec:
     points. Where a call's group sits on one node and its class and size are listed, the comm
     model interpolates these points linearly in bytes (flat below the first, the α-β slope past
     the last) instead of the α-β line: a local machine's small collectives do not follow one
-    (``prism-calibrate`` writes them, at the job's sizes when asked to)."""
+    (``prism-calibrate --table`` writes them, at the job's sizes with ``--sizes``)."""
     notes: str = ""
     """Where the numbers come from (free text)."""
 
