@@ -48,7 +48,7 @@ def replay_once(graph: Path, rank: int, out: Path) -> dict:
     run_replay(ReplayOptions(graph=graph, ranks=(rank,), out_dir=out, warmup=WARMUP, iterations=1))
     files = ReplayFiles(out)
     stats = ReplayRankStats.from_dict(json.loads(files.replay_stats(rank).read_text()))
-    result = RankResult(**json.loads(files.result(rank).read_text()))
+    result = RankResult.from_dict(json.loads(files.result(rank).read_text()))
     per_call = call_us(files.comm(rank))
     clean = clean_unprofiled(stats.iterations, WARMUP)
     return {

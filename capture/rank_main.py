@@ -28,7 +28,7 @@ from prism.capture.workloads.gpt import GPTWorkload
 from prism.replay.backend import BACKEND_NAME, VirtualWorld, activate, current_comm_log, rendezvous_store
 from prism.replay.clock import CommClock, FreeRunningClock
 from prism.schemas.annotations import group_label
-from prism.schemas.comm_log import write_comm_log
+from prism.schemas.comm_log import HeldTime, write_comm_log
 from prism.schemas.files import write_json_atomic
 from prism.schemas.layout import ParallelLayout
 from prism.schemas.manifest import CaptureFiles, RankJob, RankResult
@@ -80,21 +80,26 @@ def run_rank(job: RankJob, rank: int, out_dir: Path, *, clock: CommClock | None 
         cuda=job.config.device == "cuda",
     )
     iteration_ns: list[int] = []
+    windows: list[tuple[int, int]] = []  # wall time span of each iteration
     losses: list[float | None] = []
     report(rank=rank, event="start", total=total)
     with profiled(spec) as prof:
         for it in range(total):
-            clock.iteration_started(time.time_ns())
+            began = time.time_ns()
+            clock.iteration_started(began)
             t0 = time.perf_counter_ns()
             result = workload.train_step(it)
             if job.config.device == "cuda":
                 torch.cuda.synchronize()
             iteration_ns.append(time.perf_counter_ns() - t0)
-            clock.iteration_done(time.time_ns())
+            windows.append((began, time.time_ns()))
+            clock.iteration_done(windows[-1][1])
             losses.append(result.loss)
             prof.step()
             report(rank=rank, event="iteration", done=it + 1, total=total, ms=iteration_ns[-1] / 1e6)
-    write_comm_log(current_comm_log(), files.comm(rank))
+    log = current_comm_log()
+    write_comm_log(log, files.comm(rank))
+    held = HeldTime(log)
     dist.destroy_process_group()
     result = RankResult(
         rank=rank,
@@ -104,6 +109,7 @@ def run_rank(job: RankJob, rank: int, out_dir: Path, *, clock: CommClock | None 
         peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         peak_device_bytes=_peak_device_bytes(job),
         wall_s=time.perf_counter() - started,
+        held_ns=tuple(held.within(s, e) for s, e in windows),
     )
     write_json_atomic(files.result(rank), asdict(result))
     report(rank=rank, event="done")

@@ -21,7 +21,7 @@ from prism.graph.templates import RoleTemplate, TemplateError, build_role_templa
 from prism.graph.validate import ValidationReport, validate_graph
 from prism.schemas import PRISM_VERSION
 from prism.schemas.cluster import ClusterSpec
-from prism.schemas.comm_log import read_comm_log
+from prism.schemas.comm_log import HeldTime, read_comm_log
 from prism.schemas.graph_format import GraphMetadata
 from prism.schemas.layout import Role
 from prism.schemas.manifest import CaptureFiles, CaptureManifest, ManifestError, read_manifest
@@ -121,8 +121,10 @@ def load_templates(
         ops = normalize_rank(capture_dir, rank.rank)
         first = captured.stage_layers(rank.stage).start
         template = build_role_template(ops, rank=rank.rank, stage=rank.stage, first_layer=first)
-        scale = time_scale(rank.rank, rank.result.iteration_ns, manifest.job.warmup)
-        cv = iteration_cv(rank.result.iteration_ns, manifest.job.warmup)
+        # A paced capture's iterations include its emulated waits: only the program's own time counts.
+        own_ns = rank.result.own_iteration_ns
+        scale = time_scale(rank.rank, own_ns, manifest.job.warmup)
+        cv = iteration_cv(own_ns, manifest.job.warmup)
         jitter = _call_jitter_ns(capture_dir, rank.rank, ops, manifest)
         template = replace(template, noise_cv=cv, call_jitter_ns=jitter)
         if profiler_correction and scale is not None:
@@ -138,10 +140,15 @@ def _call_jitter_ns(capture_dir: Path, rank: int, ops, manifest: CaptureManifest
     per_iteration = ops[ops[T.IS_COMM]].groupby(T.ITERATION).size().unique()
     if len(per_iteration) != 1:
         return 0.0
-    calls = read_comm_log(CaptureFiles(capture_dir).comm(rank)).calls
+    log = read_comm_log(CaptureFiles(capture_dir).comm(rank))
+    held = HeldTime(log)  # a paced capture: time between calls less its emulated waits
+
+    def own_clock(wall_ns: int) -> int:
+        return wall_ns - held.until(wall_ns)
+
     return call_jitter_ns(
-        np.array([c.enter_ns for c in calls]), np.array([c.exit_ns for c in calls]), int(per_iteration[0]),
-        manifest.job.warmup + manifest.job.iterations, manifest.job.warmup,
+        np.array([own_clock(c.enter_ns) for c in log.calls]), np.array([own_clock(c.exit_ns) for c in log.calls]),
+        int(per_iteration[0]), manifest.job.warmup + manifest.job.iterations, manifest.job.warmup,
     )  # fmt: skip
 
 

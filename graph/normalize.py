@@ -37,7 +37,7 @@ from prism.graph.kineto import Marks, find_marks, read_json_file, read_kineto, s
 from prism.graph.memory import attribute_memory
 from prism.graph.op_table import NormalizeError
 from prism.schemas.annotations import Mark, MarkError, parse_mark
-from prism.schemas.comm_log import CommCall, CommLog
+from prism.schemas.comm_log import CommCall, CommLog, HeldTime
 from prism.schemas.manifest import CaptureFiles, ManifestError, read_manifest
 
 __all__ = [
@@ -92,6 +92,7 @@ def normalize_rank(capture_dir: str | os.PathLike, rank: int) -> pd.DataFrame:
     )
     _add_marks(df, np.maximum(start, end - 1), marks)
     _add_comm(df, log, files.comm(rank))
+    _take_out_held(df, log)
     mem = attribute_memory(trace.memory, start, end, its["start_ns"].to_numpy()[win])
     df[T.ALLOC_BYTES], df[T.FREE_BYTES] = mem.alloc_bytes, mem.free_bytes
     df[T.GAP_ALLOC_BYTES], df[T.GAP_FREE_BYTES] = mem.gap_alloc_bytes, mem.gap_free_bytes
@@ -181,6 +182,30 @@ def _add_comm(df: pd.DataFrame, log: CommLog, path: Path) -> None:
         values[comm_rows] = cols[col]
         df[col] = values
     df.loc[df[T.IS_COMM], T.NAME] = df.loc[df[T.IS_COMM], T.COMM_OP]
+
+
+def _take_out_held(df: pd.DataFrame, log: CommLog) -> None:
+    """Take the time prism held the program (a paced capture's emulated waits and engine work)
+    out of the gaps and durations it fell in: they are to hold the program's own time, and the
+    graph charges the waits itself. The waits are on the wall clock (comm log), the units on the
+    trace's: the offset between the two is the median over the calls' marks."""
+    held = HeldTime(log)
+    if not held or not df[T.IS_COMM].any():
+        return
+    enter = {(c.group, c.gseq): c.enter_ns for c in log.calls}
+    comm = df[df[T.IS_COMM]]
+    offsets = [
+        start - enter[(group, gseq)]
+        for start, group, gseq in zip(comm[T.START_NS], comm[T.GROUP_NAME], comm[T.GSEQ], strict=True)
+    ]
+    offset = int(np.median(offsets))
+    start = df[T.START_NS].to_numpy() - offset
+    end = start + df[T.DUR_NS].to_numpy()
+    until = np.array(
+        [[held.until(int(t)) for t in ts] for ts in (start - df[T.GAP_NS].to_numpy(), start, end)]
+    )
+    df[T.GAP_NS] -= until[1] - until[0]
+    df[T.DUR_NS] -= until[2] - until[1]
 
 
 _COMM_DEFAULTS: dict[str, object] = {

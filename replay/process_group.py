@@ -218,7 +218,9 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
         future = torch.futures.Future()
         pending = _pending(record)
         completion = VirtualCompletion(record, future, result)
+        began = time.time_ns()
         self._clock.submit(pending, completion.at)
+        record.clock_ns = time.time_ns() - began
         if not completion.settled:  # no wait may hang: fail the call if no time is named in time
             arm_timeout(completion, pending, self._timeout)
         return VirtualWork(future, completion)

@@ -50,6 +50,8 @@ class CallRecord:
         "enter_ns",
         "exit_ns",
         "done_ns",
+        "wait_ns",
+        "clock_ns",
         "delegated",
     )
 
@@ -61,6 +63,11 @@ class CallRecord:
         """Note that the call completed now; later notices (repeated waits) change nothing."""
         if not self.done_ns:
             self.done_ns = time.time_ns()
+
+    def waiting(self) -> None:
+        """Note that the program began to wait on the call, still in flight, now (first time only)."""
+        if not self.wait_ns and not self.done_ns:
+            self.wait_ns = time.time_ns()
 
     def to_call(self) -> CommCall:
         return CommCall(**{name: getattr(self, name) for name in self.__slots__})
@@ -97,7 +104,15 @@ class CommRecorder:
 
     def begin(self, **fields: object) -> CallRecord:
         """The record of a call made now; ``fields`` are CommCall's except seq and times."""
-        return CallRecord(seq=next(self._seq), enter_ns=time.time_ns(), exit_ns=0, done_ns=0, **fields)
+        return CallRecord(
+            seq=next(self._seq),
+            enter_ns=time.time_ns(),
+            exit_ns=0,
+            done_ns=0,
+            wait_ns=0,
+            clock_ns=0,
+            **fields,
+        )
 
     def commit(self, record: CallRecord) -> None:
         """Log ``record`` once its call has been issued (a call that raised is not logged)."""

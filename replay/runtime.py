@@ -230,7 +230,7 @@ def _pct(pred: float, real: float) -> float:
 
 def rank_report(files: ReplayFiles, rank: int, config: GPTConfig, *, warmup: int) -> RankReport:
     """Measured vs predicted for one replayed rank, from the files its process wrote."""
-    result = RankResult(**json.loads(files.result(rank).read_text()))
+    result = RankResult.from_dict(json.loads(files.result(rank).read_text()))
     stats = ReplayRankStats.from_dict(json.loads(files.replay_stats(rank).read_text()))
     # The clean unprofiled iterations, the window the build's profiler correction predicts; the
     # emulated time is the program's wall time with the engine's stalls taken out.

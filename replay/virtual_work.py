@@ -83,6 +83,7 @@ class VirtualCompletion:
         already charges (it was measured on real calls, their wake-ups included)."""
         with self._lock:
             self._waited = True
+        self._record.waiting()
         self._named.wait()  # a time, or the timeout's failure
         if self._due is not None:
             remaining = self._due - time.time_ns()

@@ -10,6 +10,7 @@ Timestamps are ``time.time_ns()`` so that they sit on the same wall clock as Kin
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -77,6 +78,13 @@ class CommCall:
     """Wall time the call returned to the program."""
     done_ns: int = 0
     """Wall time the operation completed (its Work became ready)."""
+    wait_ns: int = 0
+    """Wall time the program began to wait on the call's Work while it was still in flight: it
+    was held from then until ``done_ns``. 0 when it never waited on it unfinished (and for calls
+    on a real backend, whose waits the log does not see)."""
+    clock_ns: int = 0
+    """Time the call spent in its completion clock before returning (virtual calls; in a replay
+    or paced capture the co-simulation's engine runs there): held, ending at ``exit_ns``."""
     delegated: bool = False
     """True when the call ran on a real gloo/NCCL group; False when peers were virtual."""
 
@@ -119,6 +127,46 @@ class CommLog:
         )
         calls = tuple(CommCall(**{**c, "shape": tuple(c["shape"])}) for c in data["calls"])
         return cls(rank=data["rank"], world_size=data["world_size"], groups=groups, calls=calls)
+
+
+class HeldTime:
+    """When prism held the program: blocked in a virtual call's wait (``wait_ns`` to ``done_ns``)
+    or inside its clock (``clock_ns`` before ``exit_ns``).
+
+    A paced capture (``prism-capture --paced-by``) holds the program as the full-scale job would
+    (its emulated waits) and runs the co-simulation in it; the build takes that time out of gaps
+    and iteration times, which are to hold the program's own time only."""
+
+    def __init__(self, log: CommLog) -> None:
+        spans = sorted(
+            [(c.wait_ns, c.done_ns) for c in log.calls if c.wait_ns and c.done_ns > c.wait_ns]
+            + [(c.exit_ns - c.clock_ns, c.exit_ns) for c in log.calls if c.clock_ns > 0]
+        )
+        merged: list[list[int]] = []
+        for start, end in spans:
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        self.starts = [s for s, _ in merged]
+        self.ends = [e for _, e in merged]
+        self._before: list[int] = [0]  # held time before each span's start
+        for s, e in merged:
+            self._before.append(self._before[-1] + e - s)
+
+    def __bool__(self) -> bool:
+        return bool(self.starts)
+
+    def until(self, t_ns: int) -> int:
+        """Held time before wall time ``t_ns``."""
+        i = bisect.bisect_right(self.starts, t_ns)  # spans that began by t
+        if i == 0:
+            return 0
+        return self._before[i - 1] + min(t_ns, self.ends[i - 1]) - self.starts[i - 1]
+
+    def within(self, start_ns: int, end_ns: int) -> int:
+        """Held time in [start_ns, end_ns)."""
+        return max(0, self.until(end_ns) - self.until(start_ns))
 
 
 def write_comm_log(log: CommLog, path: str | os.PathLike) -> None:

@@ -138,10 +138,27 @@ class RankResult:
     """torch.cuda.max_memory_allocated on CUDA, None on CPU."""
     wall_s: float
     """Wall time of the whole rank process, start-up included."""
+    held_ns: tuple[int, ...] = ()
+    """Time of every iteration prism held the program (``prism.schemas.comm_log.HeldTime``): about
+    zero in a free-running capture; the emulated waits and the engine's work in a paced one."""
+
+    @property
+    def own_iteration_ns(self) -> tuple[int, ...]:
+        """Every iteration's wall time less the time prism held the program: its own time."""
+        if not self.held_ns:
+            return self.iteration_ns
+        return tuple(t - b for t, b in zip(self.iteration_ns, self.held_ns, strict=True))
 
     @classmethod
     def from_dict(cls, data: dict) -> RankResult:
-        return cls(**{**data, "iteration_ns": tuple(data["iteration_ns"]), "losses": tuple(data["losses"])})
+        return cls(
+            **{
+                **data,
+                "iteration_ns": tuple(data["iteration_ns"]),
+                "losses": tuple(data["losses"]),
+                "held_ns": tuple(data.get("held_ns", ())),
+            }
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

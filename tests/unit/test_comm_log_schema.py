@@ -13,6 +13,7 @@ from prism.schemas.comm_log import (
     CommCall,
     CommGroup,
     CommLog,
+    HeldTime,
     read_comm_log,
     write_comm_log,
 )
@@ -157,3 +158,39 @@ def test_overwrite_replaces_content(tmp_path: Path) -> None:
     write_comm_log(sample_log(), path)
     assert read_comm_log(path) == sample_log()
     assert [p.name for p in tmp_path.iterdir()] == ["rank0.comm.json"]
+
+
+# -- held time ----------------------------------------------------------------------------------
+def _call(seq: int, *, enter: int, exit: int, done: int, wait: int = 0, clock: int = 0) -> CommCall:
+    return CommCall(
+        seq=seq, op="all_reduce", group="1", label="tp.0", group_size=2, gseq=seq, bytes=8,
+        dtype="float32", shape=(2,), enter_ns=enter, exit_ns=exit, done_ns=done, wait_ns=wait, clock_ns=clock,
+    )  # fmt: skip
+
+
+def test_held_time_is_the_waits_and_the_clock_merged() -> None:
+    calls = (
+        _call(0, enter=100, exit=130, done=200, wait=150, clock=20),  # clock 110-130, waited 150-200
+        _call(1, enter=160, exit=170, done=260, wait=180),  # waited 180-260: overlaps the first
+        _call(2, enter=300, exit=310, done=305),  # completed before anyone waited: not held
+        _call(3, enter=400, exit=410, done=500, wait=520),  # waited after it completed: not held
+    )
+    held = HeldTime(CommLog(rank=0, world_size=2, calls=calls))
+    assert (held.starts, held.ends) == ([110, 150], [130, 260])
+    assert held.until(0) == 0
+    assert held.until(120) == 10
+    assert held.until(140) == 20
+    assert held.until(1_000) == 20 + 110
+    assert held.within(125, 200) == 5 + 50
+    assert held.within(200, 125) == 0
+    assert not HeldTime(CommLog(rank=0, world_size=2, calls=calls[2:]))
+
+
+def test_logs_written_before_held_time_read_with_no_hold(tmp_path: Path) -> None:
+    data = sample_log().to_dict()
+    for call in data["calls"]:
+        del call["wait_ns"], call["clock_ns"]
+    write_json_atomic(tmp_path / "old.json", data)
+    log = read_comm_log(tmp_path / "old.json")
+    assert all(c.wait_ns == 0 and c.clock_ns == 0 for c in log.calls)
+    assert not HeldTime(log)

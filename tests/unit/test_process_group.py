@@ -20,7 +20,7 @@ from prism.replay.clock import CommClock, Completion, FreeRunningClock, Immediat
 from prism.replay.process_group import GroupMode, ProcessGroupPrism
 from prism.replay.standin import standin_values
 from prism.schemas.annotations import Phase, group_label, try_parse_mark
-from prism.schemas.comm_log import CommCall, read_comm_log, write_comm_log
+from prism.schemas.comm_log import CommCall, HeldTime, read_comm_log, write_comm_log
 from prism.schemas.layout import ParallelLayout
 
 LAYOUT = ParallelLayout(tp=2, pp=2, dp=2)  # rank 5: tp 1, dp 0, pp 1
@@ -395,6 +395,33 @@ def test_async_call_returns_before_its_completion_time(start: Callable[..., None
     work.wait()
     call = last_call()
     assert call.exit_ns <= returned < call.enter_ns + DELAY_NS <= call.done_ns
+
+
+class SlowClock(FixedDelayClock):
+    """A FixedDelayClock that takes CLOCK_NS of the caller's time to answer (an engine's work)."""
+
+    def completion_ns(self, call: PendingCall) -> int | None:
+        time.sleep(CLOCK_NS / 1e9)
+        return super().completion_ns(call)
+
+
+CLOCK_NS = 5_000_000
+
+
+def test_the_log_says_when_the_program_was_held_waiting_and_in_the_clock(start: Callable[..., None]) -> None:
+    start(clock=SlowClock())
+    dist.all_reduce(torch.ones(2))  # sync: held until its completion
+    waited = last_call()
+    assert waited.enter_ns <= waited.wait_ns <= waited.enter_ns + CLOCK_NS + 10_000_000
+    assert waited.done_ns - waited.wait_ns >= DELAY_NS - CLOCK_NS - 10_000_000
+    assert CLOCK_NS <= waited.clock_ns <= waited.exit_ns - waited.enter_ns
+    work = dist.all_reduce(torch.ones(2), async_op=True)
+    time.sleep((DELAY_NS + 10_000_000) / 1e9)  # computes past its completion time: never held
+    work.wait()
+    assert last_call().wait_ns == 0
+    held = HeldTime(current_comm_log())
+    # All of the sync call but the backend's own few µs before the clock and before the wait.
+    assert held.within(waited.enter_ns, waited.done_ns) >= waited.done_ns - waited.enter_ns - 2_000_000
 
 
 class DeferringClock(ImmediateClock):

@@ -20,7 +20,7 @@ def virtual_call() -> tuple[VirtualCompletion, VirtualWork, list[threading.Threa
     future = torch.futures.Future()
     completed_on: list[threading.Thread] = []
     future.add_done_callback(lambda _: completed_on.append(threading.current_thread()))
-    completion = VirtualCompletion(CallRecord(done_ns=0), future, [torch.zeros(4)])
+    completion = VirtualCompletion(CallRecord(done_ns=0, wait_ns=0), future, [torch.zeros(4)])
     return completion, VirtualWork(future, completion), completed_on
 
 
