@@ -45,6 +45,11 @@ class ConsoleHooks(CaptureHooks):
     def close(self) -> None:
         self.batch_done(())
 
+    def __call__(self, event: dict) -> None:
+        """A progress event of the running batch (runs that report events apart from the hooks)."""
+        if self._progress is not None:
+            self._progress(event)
+
 
 def _summary(manifest: CaptureManifest, out_dir: Path) -> Table:
     files = CaptureFiles(out_dir)
@@ -115,9 +120,21 @@ def capture(
     rank_timeout: Annotated[
         float, typer.Option(help="Seconds before stuck rank processes are killed.")
     ] = 1800.0,
+    paced_by: Annotated[
+        Path | None,
+        typer.Option(
+            help="Capture again, paced by this graph.parquet: each role's rank runs alone with its virtual "
+            "peers timed by the graph, so it computes between the full job's waits. The job (model, "
+            "layout, device) is the graph's; the model and layout options are not used.",
+        ),
+    ] = None,
 ) -> None:
     """Capture a slice of the built-in GPT job at its target layout (default: tiny model, tp=8 pp=16 dp=64)."""
     hooks = ConsoleHooks()
+    if paced_by is not None:
+        _paced(paced_by, out, hooks, warmup=warmup, iterations=iterations, threads=threads,
+               overwrite=overwrite, rank_timeout_s=rank_timeout)  # fmt: skip
+        return
     try:
         config = GPTConfig(
             layers=layers, hidden=hidden, heads=heads, ffn_hidden=ffn_hidden, seq_len=seq_len, vocab=vocab,
@@ -138,6 +155,26 @@ def capture(
         console.print(f"[bold red]error:[/] {first}", highlight=False, soft_wrap=True)
         for line in rest:
             console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        hooks.close()
+        console.print("[bold red]interrupted[/]: nothing was written")
+        raise typer.Exit(130) from None
+    console.print(_summary(manifest, out))
+
+
+def _paced(graph: Path, out: Path, hooks: ConsoleHooks, **options) -> None:
+    # Imported here: a paced capture runs the replay runtime, which a plain capture never needs.
+    from prism.replay.paced_capture import paced_config, run_paced_capture
+    from prism.replay.runtime import ReplayDiverged, ReplayInputError
+
+    try:
+        config = paced_config(graph)
+        console.print(f"[bold]prism-capture[/] {config.layout} paced by {graph}, model {_model_line(config)}")
+        manifest = run_paced_capture(graph, out, on_event=hooks, hooks=hooks, **options)
+    except (CaptureError, ReplayInputError, ReplayDiverged) as e:
+        hooks.close()
+        console.print(f"[bold red]error:[/] {str(e).splitlines()[0]}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
         hooks.close()
