@@ -82,6 +82,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="skip the replay rows (each role's rank replayed against the graph)",
     )
+    parser.add_argument(
+        "--paced", action="store_true",
+        help="also capture each role paced by the slice's graph and predict from that (rows 'paced'); "
+        "the replay then runs against the paced graph",
+    )  # fmt: skip
     parser.add_argument("--work-dir", type=Path, default=None, help="keep captures and graphs here")
     parser.add_argument("--no-probe", action="store_true", help="skip the 2-process CPU concurrency probe")
     parser.add_argument(
@@ -131,8 +136,15 @@ def legend_table(ids: dict[str, str]) -> Table:
     return table
 
 
+SOURCE_TITLES = {
+    "simulation": "simulation",
+    "paced": "simulation of the paced capture's graph",
+    "replay": "replay of each role's rank against the graph",
+}
+
+
 def records_table(records: list[dict], ids: dict[str, str], source: str = "simulation") -> Table:
-    what = "simulation" if source == "simulation" else "replay of each role's rank against the graph"
+    what = SOURCE_TITLES[source]
     table = Table(title=f"fidelity: {what} vs every rank real")
     for column in (
         "case",
@@ -249,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         work_dir=args.work_dir,
         matched_load=not args.slice_alone,
         replay=not args.no_replay,
+        paced=args.paced,
     )
     results: list[CaseResult] = []
     for config in configs:
@@ -259,10 +272,13 @@ def main(argv: list[str] | None = None) -> int:
     every = [r for res in results for r in res.records]
     records = [r for r in every if r["source"] == "simulation"]
     replayed = [r for r in every if r["source"] == "replay"]
+    paced = [r for r in every if r["source"] == "paced"]
     breakdown = [r for res in results for r in res.breakdown]
     collectives = [r for res in results for r in res.collectives]
     ids = case_ids(records)
     tables = (legend_table(ids), records_table(records, ids))
+    if paced:
+        tables += (records_table(paced, ids, "paced"),)
     if replayed:
         tables += (records_table(replayed, ids, "replay"),)
     tables += (
@@ -286,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
                 "records": every,
                 "mean_abs_iter_err_pct": round(mean_abs(records, "iter_err_pct"), 2),
                 "mean_abs_mem_err_pct": round(mean_abs(records, "mem_err_pct"), 3),
+                "paced_mean_abs_iter_err_pct": round(mean_abs(paced, "iter_err_pct"), 2),
                 "replay_mean_abs_iter_err_pct": round(mean_abs(replayed, "iter_err_pct"), 2),
                 "replay_mean_abs_mem_err_pct": round(mean_abs(replayed, "mem_err_pct"), 3),
                 "breakdown": breakdown,
@@ -301,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
                     "iterations": settings.iterations,
                     "sim_iterations": settings.sim_iterations,
                     "matched_load": settings.matched_load,
+                    "paced": settings.paced,
                     "concurrency_probe": probes,
                     "elapsed_s": round(elapsed, 1),
                     "machine": machine(),

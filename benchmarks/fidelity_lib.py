@@ -33,6 +33,7 @@ import statistics
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +48,7 @@ from prism.graph.memory import iteration_memory
 from prism.graph.normalize import normalize_rank
 from prism.graph.profiler_overhead import MIN_WARMUP, clean_unprofiled
 from prism.graph.simulate import load_sim_graph, simulate, static_bytes
+from prism.replay.paced_capture import run_paced_capture
 from prism.replay.runtime import ReplayOptions, run_replay
 from prism.schemas.cluster import ClusterSpec, ClusterSpecError, local_path, preset
 from prism.schemas.manifest import CaptureFiles, CaptureManifest
@@ -73,6 +75,10 @@ class RunSettings:
     captured rank shares the machine as it does in the real run; False: it runs alone."""
     replay: bool = True
     """Also replay each role's rank against the graph (``prism-replay``): records of source 'replay'."""
+    paced: bool = False
+    """Also capture each role again paced by the slice's graph (``prism-capture --paced-by``),
+    build that graph and simulate it: records of source 'paced'. The replay then runs against
+    the paced graph."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -233,18 +239,7 @@ def predict(
     else:
         manifest = run_capture(options)
     build_case_graph(config, capture, out / "graph.parquet", spec)
-    graph = load_sim_graph(out / "graph.parquet")
-    result = simulate(graph, iterations=settings.sim_iterations)
-    parts = sim_breakdown(graph, result)
-    predicted = {
-        rank: RankRun(
-            iter_ns=float(result.iteration_ns[rank]),
-            peak_bytes=int(result.peak_bytes[rank]),
-            parts_ms=parts[rank],
-            dynamic_bytes=int(result.peak_bytes[rank]) - static_bytes(config, config.layout.stage(rank)),
-        )
-        for rank in range(graph.ranks)
-    }
+    predicted = _simulated(config, out / "graph.parquet", settings)
     slice_parts = {
         r.rank: {
             **decompose(normalize_rank(capture, r.rank)),
@@ -257,13 +252,56 @@ def predict(
     return predicted, slice_parts
 
 
-def replay_roles(config: GPTConfig, settings: RunSettings, out: Path) -> dict[int, RankRun]:
-    """Replay each role's rank of the slice against the graph ``predict`` built in ``out``."""
+def _simulated(config: GPTConfig, graph_path: Path, settings: RunSettings) -> dict[int, RankRun]:
+    """Every rank's simulated steady iteration, peak memory and time split."""
+    graph = load_sim_graph(graph_path)
+    result = simulate(graph, iterations=settings.sim_iterations)
+    parts = sim_breakdown(graph, result)
+    return {
+        rank: RankRun(
+            iter_ns=float(result.iteration_ns[rank]),
+            peak_bytes=int(result.peak_bytes[rank]),
+            parts_ms=parts[rank],
+            dynamic_bytes=int(result.peak_bytes[rank]) - static_bytes(config, config.layout.stage(rank)),
+        )
+        for rank in range(graph.ranks)
+    }
+
+
+PACED_GRAPH = "paced.parquet"
+
+
+def predict_paced(
+    config: GPTConfig, spec: ClusterSpec, settings: RunSettings, out: Path
+) -> dict[int, RankRun]:
+    """Capture each role again paced by the graph ``predict`` built in ``out`` (load-matched like
+    the slice), build ``out / PACED_GRAPH`` from it and simulate it."""
+    capture = out / "paced"
+    pace = partial(
+        run_paced_capture,
+        out / "graph.parquet",
+        capture,
+        warmup=settings.warmup,
+        iterations=settings.iterations,
+    )
+    if settings.matched_load:
+        with MatchedLoad(config, warmup=settings.warmup, iterations=settings.iterations) as load:
+            pace(hooks=load)
+    else:
+        pace()
+    build_case_graph(config, capture, out / PACED_GRAPH, spec)
+    return _simulated(config, out / PACED_GRAPH, settings)
+
+
+def replay_roles(
+    config: GPTConfig, settings: RunSettings, out: Path, graph: str = "graph.parquet"
+) -> dict[int, RankRun]:
+    """Replay each role's rank against ``out / graph`` (the slice's, or the paced one)."""
     ranks = tuple(sorted(config.layout.roles().values()))
     # One at a time, each the only real rank, beside load ranks that stand in for the rest of
     # the real run's processes (as the slice was captured).
     options = ReplayOptions(
-        graph=out / "graph.parquet", ranks=ranks, out_dir=out / "replay",
+        graph=out / graph, ranks=ranks, out_dir=out / "replay",
         warmup=settings.warmup, iterations=settings.iterations, separately=True,
     )  # fmt: skip
     if settings.matched_load:
@@ -383,7 +421,7 @@ def run_case_detailed(
     settings = settings or RunSettings()
     say = progress or (lambda _: None)
     label = case_label(config)
-    real, pred, replayed, slices, latencies = [], [], [], [], []
+    real, pred, paced, replayed, slices, latencies = [], [], [], [], [], []
     for repeat in range(repeats):
         holder = _repeat_dir(settings, label, repeat)
         root = Path(holder.name) if isinstance(holder, tempfile.TemporaryDirectory) else holder
@@ -395,14 +433,21 @@ def run_case_detailed(
             predicted, slice_parts = predict(config, spec, settings, root)
             pred.append(predicted)
             slices.append(slice_parts)
+            graph = "graph.parquet"
+            if settings.paced:
+                say(f"[{label}] repeat {repeat + 1}/{repeats}: paced capture, build, simulate")
+                paced.append(predict_paced(config, spec, settings, root))
+                graph = PACED_GRAPH
             if settings.replay:
-                say(f"[{label}] repeat {repeat + 1}/{repeats}: replay of each role's rank against the graph")
-                replayed.append(replay_roles(config, settings, root))
+                say(f"[{label}] repeat {repeat + 1}/{repeats}: replay of each role's rank against {graph}")
+                replayed.append(replay_roles(config, settings, root, graph))
         finally:
             if isinstance(holder, tempfile.TemporaryDirectory):
                 holder.cleanup()
     return CaseResult(
-        records=_records(label, real, pred) + _records(label, real, replayed, "replay"),
+        records=_records(label, real, pred)
+        + _records(label, real, paced, "paced")
+        + _records(label, real, replayed, "replay"),
         breakdown=_breakdown(label, config, real, pred, slices),
         collectives=[{"case": label, **row} for row in summarize_latencies(latencies, spec)],
     )

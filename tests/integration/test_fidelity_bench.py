@@ -43,7 +43,7 @@ def _check_record(record: dict) -> None:
     assert set(record) == set(RECORD_TYPES)
     for key, kind in RECORD_TYPES.items():
         assert isinstance(record[key], kind), (key, record[key])
-    assert record["source"] in ("simulation", "replay")
+    assert record["source"] in ("simulation", "paced", "replay")
     assert record["real_iter_ms"] > 0 and record["pred_iter_ms"] > 0
     assert record["real_peak_bytes"] > 0 and record["pred_peak_bytes"] > 0
     # One value per repeat, their median the record's; one repeat has no standard error.
@@ -68,10 +68,15 @@ def test_run_case_and_cli_json(fidelity, spec_file: Path, tmp_path: Path) -> Non
 
     out = tmp_path / "fidelity.json"
     argv = ["--case", TINY, "--repeats", "1", "--warmup", "3", "--iterations", "1"]
-    argv += ["--cluster-spec", str(spec_file), "--no-probe", "--json", str(out)]
+    argv += ["--cluster-spec", str(spec_file), "--no-probe", "--json", str(out), "--paced"]
     assert fidelity.main([*argv, "--work-dir", str(tmp_path / "wd")]) == 0
     data = json.loads(out.read_text())
-    assert [r["rank"] for r in data["records"] if r["source"] == "simulation"] == [0, 1]
+    for source in ("simulation", "paced", "replay"):
+        assert [r["rank"] for r in data["records"] if r["source"] == source] == [0, 1]
+    assert isinstance(data["paced_mean_abs_iter_err_pct"], float)
+    # With --paced the replay runs against the paced capture's graph.
+    (repeat,) = (tmp_path / "wd").glob("*/repeat0")
+    assert json.loads((repeat / "replay" / "report.json").read_text())["graph"].endswith("paced.parquet")
     for record in data["records"]:
         _check_record(record)
     assert isinstance(data["mean_abs_iter_err_pct"], float)
