@@ -87,6 +87,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also capture each role paced by the slice's graph and predict from that (rows 'paced'); "
         "the replay then runs against the paced graph",
     )  # fmt: skip
+    parser.add_argument(
+        "--free-load", action="store_true",
+        help="load ranks beside a paced capture or a replay run free instead of as replays of its graph",
+    )  # fmt: skip
     parser.add_argument("--work-dir", type=Path, default=None, help="keep captures and graphs here")
     parser.add_argument("--no-probe", action="store_true", help="skip the 2-process CPU concurrency probe")
     parser.add_argument(
@@ -262,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         matched_load=not args.slice_alone,
         replay=not args.no_replay,
         paced=args.paced,
+        paced_load=not args.free_load,
     )
     results: list[CaseResult] = []
     for config in configs:
@@ -319,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
                     "sim_iterations": settings.sim_iterations,
                     "matched_load": settings.matched_load,
                     "paced": settings.paced,
+                    "paced_load": settings.paced_load,
                     "concurrency_probe": probes,
                     "elapsed_s": round(elapsed, 1),
                     "machine": machine(),

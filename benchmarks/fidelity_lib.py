@@ -75,6 +75,9 @@ class RunSettings:
     captured rank shares the machine as it does in the real run; False: it runs alone."""
     replay: bool = True
     """Also replay each role's rank against the graph (``prism-replay``): records of source 'replay'."""
+    paced_load: bool = True
+    """Beside a paced capture or a replay, the load ranks are replays of the same graph, so they
+    wait where the real run's ranks wait (``MatchedLoad(paced_by=...)``); False: free-running."""
     paced: bool = False
     """Also capture each role again paced by the slice's graph (``prism-capture --paced-by``),
     build that graph and simulate it: records of source 'paced'. The replay then runs against
@@ -274,8 +277,8 @@ PACED_GRAPH = "paced.parquet"
 def predict_paced(
     config: GPTConfig, spec: ClusterSpec, settings: RunSettings, out: Path
 ) -> dict[int, RankRun]:
-    """Capture each role again paced by the graph ``predict`` built in ``out`` (load-matched like
-    the slice), build ``out / PACED_GRAPH`` from it and simulate it."""
+    """Capture each role again paced by the graph ``predict`` built in ``out`` (load-matched, the
+    load ranks paced by the same graph), build ``out / PACED_GRAPH`` from it and simulate it."""
     capture = out / "paced"
     pace = partial(
         run_paced_capture,
@@ -285,7 +288,7 @@ def predict_paced(
         iterations=settings.iterations,
     )
     if settings.matched_load:
-        with MatchedLoad(config, warmup=settings.warmup, iterations=settings.iterations) as load:
+        with MatchedLoad(config, **_load(settings, out / "graph.parquet")) as load:
             pace(hooks=load)
     else:
         pace()
@@ -293,10 +296,17 @@ def predict_paced(
     return _simulated(config, out / PACED_GRAPH, settings)
 
 
+def _load(settings: RunSettings, graph: Path) -> dict:
+    """MatchedLoad's options beside a run timed by ``graph``."""
+    paced_by = graph if settings.paced_load else None
+    return {"warmup": settings.warmup, "iterations": settings.iterations, "paced_by": paced_by}
+
+
 def replay_roles(
     config: GPTConfig, settings: RunSettings, out: Path, graph: str = "graph.parquet"
 ) -> dict[int, RankRun]:
-    """Replay each role's rank against ``out / graph`` (the slice's, or the paced one)."""
+    """Replay each role's rank against ``out / graph`` (the slice's, or the paced one); with
+    ``settings.paced_load`` the load ranks beside it are replays of the same graph."""
     ranks = tuple(sorted(config.layout.roles().values()))
     # One at a time, each the only real rank, beside load ranks that stand in for the rest of
     # the real run's processes (as the slice was captured).
@@ -305,7 +315,7 @@ def replay_roles(
         warmup=settings.warmup, iterations=settings.iterations, separately=True,
     )  # fmt: skip
     if settings.matched_load:
-        with MatchedLoad(config, warmup=settings.warmup, iterations=settings.iterations) as load:
+        with MatchedLoad(config, **_load(settings, out / graph)) as load:
             report = run_replay(options, hooks=load)
     else:
         report = run_replay(options)

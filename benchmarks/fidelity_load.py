@@ -9,6 +9,12 @@ unrecorded process (all its peers virtual), so the captured rank shares the mach
 same programs it shares it with in the real run. Those processes run the capture's iterations
 (the same warm-up, then profiled ones, as in the real run) and are killed when the batch is
 done, so they load the captured rank to its last iteration.
+
+With ``paced_by`` (a graph), the load ranks are replays of that graph instead, each alone
+against it: they wait where the job waits, as the real run's ranks do. A paced capture or a
+replay computes after the job's waits; beside free-running load ranks, which never wait, it
+would share the CPU for more of its time than any rank of the real run does (a pipeline's ranks
+wait for each other for a third to two thirds of an iteration in the default cases).
 """
 
 from __future__ import annotations
@@ -17,14 +23,17 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from prism.capture.launch import rank_command
 from prism.capture.runner import CaptureHooks
 from prism.schemas.layout import Role
 from prism.schemas.manifest import RankJob
+from prism.schemas.replay import ReplayJob
 from prism.schemas.workload import GPTConfig
 
 _OUTLAST = 20
@@ -34,7 +43,15 @@ _OUTLAST = 20
 class MatchedLoad(CaptureHooks):
     """Capture hook: run the world's other ranks beside each batch of a slice capture."""
 
-    def __init__(self, config: GPTConfig, *, warmup: int, iterations: int, threads: int = 1) -> None:
+    def __init__(
+        self,
+        config: GPTConfig,
+        *,
+        warmup: int,
+        iterations: int,
+        threads: int = 1,
+        paced_by: Path | None = None,
+    ) -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="prism-load-")
         root = Path(self._dir.name)
         self._job = root / "job.json"
@@ -49,7 +66,13 @@ class MatchedLoad(CaptureHooks):
             iterations=iterations * _OUTLAST,
             threads=threads,
         )
-        self._job.write_text(json.dumps(job.to_dict()))
+        if paced_by is None:
+            self._job.write_text(json.dumps(job.to_dict()))
+            self._command = partial(rank_command, self._job)
+        else:
+            replay = ReplayJob(program=job, graph=str(paced_by.resolve()))
+            self._job.write_text(json.dumps(replay.to_dict()))
+            self._command = partial(_replay_command, self._job)
         self._world = config.layout.world_size
         self._threads = threads
         self._procs: list[tuple[int, subprocess.Popen]] = []
@@ -67,7 +90,7 @@ class MatchedLoad(CaptureHooks):
                 (
                     rank,
                     subprocess.Popen(
-                        rank_command(self._job, rank, out),
+                        self._command(rank, out),
                         stdout=subprocess.DEVNULL,
                         stderr=subprocess.DEVNULL,
                         env=env,
@@ -102,3 +125,17 @@ class MatchedLoad(CaptureHooks):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _replay_command(job: Path, rank: int, out: Path) -> tuple[str, ...]:
+    return (
+        sys.executable,
+        "-m",
+        "prism.replay.rank_main",
+        "--job",
+        str(job),
+        "--rank",
+        str(rank),
+        "--out",
+        str(out),
+    )

@@ -1,7 +1,7 @@
 """Re-price a kept fidelity run under other cluster specs: the comm model's share of the error.
 
     .venv/bin/python benchmarks/fidelity_respec.py RUN.json WORK_DIR NAME=SPEC.toml [NAME=SPEC.toml ...] \
-        [--no-table NAME ...] [--json out.json]
+        [--no-table NAME ...] [--capture slice|paced] [--json out.json]
 
 A fidelity run's real medians move by several percent between runs of the same code on a
 shared machine, so two runs cannot tell two comm models apart. This script keeps one run's
@@ -9,7 +9,8 @@ real side and slices (``benchmarks/fidelity.py --json RUN.json --work-dir WORK_D
 rebuilds every repeat's graph from its own slice under each spec, simulating it as the run
 did: the simulation rows differ by the spec alone. ``NAME=SPEC.toml`` names a spec;
 ``NAME-line`` (with ``--no-table NAME``) is the same spec with its ``measured`` table
-dropped, i.e. priced by its α-β line.
+dropped, i.e. priced by its α-β line. ``--capture paced`` rebuilds from each repeat's paced
+capture instead (a run with ``--paced``) and compares with its 'paced' rows.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("work_dir", type=Path, help="the fidelity run's --work-dir")
     parser.add_argument("specs", nargs="+", help="NAME=SPEC.toml")
     parser.add_argument("--no-table", action="append", default=[], help="also price NAME without its table")
+    parser.add_argument(
+        "--capture", choices=("slice", "paced"), default="slice",
+        help="rebuild from each repeat's slice (rows 'simulation') or paced capture (rows 'paced')",
+    )  # fmt: skip
     parser.add_argument("--sim-iterations", type=int, default=RunSettings.sim_iterations)
     parser.add_argument("--json", type=Path, default=None, help="write the re-priced errors here")
     return parser.parse_args(argv)
@@ -57,10 +62,15 @@ def load_specs(args: argparse.Namespace) -> dict[str, ClusterSpec]:
     return specs
 
 
-def reprice(run: dict, work_dir: Path, specs: dict[str, ClusterSpec], sim_iterations: int) -> list[dict]:
+SOURCE_OF_CAPTURE = {"slice": "simulation", "paced": "paced"}
+
+
+def reprice(
+    run: dict, work_dir: Path, specs: dict[str, ClusterSpec], sim_iterations: int, capture: str = "slice"
+) -> list[dict]:
     """One row per (spec, case, rank): the real median and the re-priced prediction's median."""
     rows = []
-    records = [r for r in run["records"] if r["source"] == "simulation"]
+    records = [r for r in run["records"] if r["source"] == SOURCE_OF_CAPTURE[capture]]
     for case in dict.fromkeys(r["case"] for r in records):
         config = parse_case(case)
         repeats = sorted(
@@ -70,7 +80,7 @@ def reprice(run: dict, work_dir: Path, specs: dict[str, ClusterSpec], sim_iterat
             per_repeat = []
             for repeat in repeats:
                 graph = repeat / f"respec-{name}.parquet"
-                build_case_graph(config, repeat / "slice", graph, spec)
+                build_case_graph(config, repeat / capture, graph, spec)
                 per_repeat.append(
                     simulate(load_sim_graph(graph), iterations=sim_iterations).iteration_ns / 1e6
                 )
@@ -94,9 +104,16 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as e:
         console.print(f"[bold red]error:[/] {e}", highlight=False)
         return 2
-    rows = reprice(run, args.work_dir, specs, args.sim_iterations)
+    rows = reprice(run, args.work_dir, specs, args.sim_iterations, args.capture)
+    if not rows:
+        console.print(
+            f"[bold red]error:[/] {args.run} has no '{SOURCE_OF_CAPTURE[args.capture]}' rows", highlight=False
+        )
+        return 2
     cases = list(dict.fromkeys(r["case"] for r in rows))
-    table = Table(title="simulation error (%) of the same slices and real runs under each spec")
+    table = Table(
+        title=f"simulation error (%) of the same {args.capture} captures and real runs under each spec"
+    )
     table.add_column("case")
     table.add_column("rank", justify="right")
     table.add_column("real ms", justify="right")

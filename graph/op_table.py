@@ -27,7 +27,7 @@ NAME = "name"  # op name; the comm op (e.g. 'all_reduce') for comm units
 TID = "tid"  # thread the unit ran on (the main thread, or the autograd thread on CUDA)
 START_NS = "start_ns"  # absolute wall time: baseTimeNanoseconds + ts * 1000
 DUR_NS = "dur_ns"  # duration of the unit
-GAP_NS = "gap_ns"  # start minus the end of the previous unit (or the iteration start); >= 0
+GAP_NS = "gap_ns"  # start minus the end of the previous unit (or the iteration start), less held time; >= 0
 IS_COMM = "is_comm"  # True for a process-group call
 
 # -- enclosing marks (innermost mark that sets each field) -------------------------------------

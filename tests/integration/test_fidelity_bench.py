@@ -100,6 +100,20 @@ def test_run_case_and_cli_json(fidelity, spec_file: Path, tmp_path: Path) -> Non
     for rank, record in enumerate(r for r in data["records"] if r["source"] == "simulation"):
         assert rows[("same", rank)]["pred_ms"] == pytest.approx(record["pred_iter_ms"], rel=1e-3)
         assert rows[("slow", rank)]["pred_ms"] > rows[("slow-line", rank)]["pred_ms"] + 20
+    # The paced captures likewise reproduce the 'paced' rows.
+    argv = [
+        str(out),
+        str(tmp_path / "wd"),
+        f"same={spec_file}",
+        "--capture",
+        "paced",
+        "--json",
+        str(respec_out),
+    ]
+    assert fidelity_respec.main(argv) == 0
+    paced = [r for r in data["records"] if r["source"] == "paced"]
+    for row, record in zip(json.loads(respec_out.read_text()), paced, strict=True):
+        assert row["pred_ms"] == pytest.approx(record["pred_iter_ms"], rel=1e-3)
 
 
 def test_real_median_standard_error(fidelity) -> None:
