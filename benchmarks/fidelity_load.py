@@ -14,7 +14,7 @@ With ``paced_by`` (a graph), the load ranks are replays of that graph instead, e
 against it: they wait where the job waits, as the real run's ranks do. A paced capture or a
 replay computes after the job's waits; beside free-running load ranks, which never wait, it
 would share the CPU for more of its time than any rank of the real run does (a pipeline's ranks
-wait for each other for a third to two thirds of an iteration in the default cases).
+wait for each other for a tenth to a third of an iteration in the default cases).
 """
 
 from __future__ import annotations
