@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -135,7 +136,7 @@ def capture(
         _paced(paced_by, out, hooks, warmup=warmup, iterations=iterations, threads=threads,
                overwrite=overwrite, rank_timeout_s=rank_timeout)  # fmt: skip
         return
-    try:
+    with _reported(hooks, CaptureError, ConfigError, LayoutError):
         config = GPTConfig(
             layers=layers, hidden=hidden, heads=heads, ffn_hidden=ffn_hidden, seq_len=seq_len, vocab=vocab,
             micro_batch_size=micro_batch_size, microbatches=microbatches, tp=tp, pp=pp, dp=dp, dtype=dtype,
@@ -149,7 +150,27 @@ def capture(
             f"[bold]prism-capture[/] {config.layout}, real={real.value}, model {_model_line(config)}"
         )
         manifest = run_capture(options, hooks)
-    except (CaptureError, ConfigError, LayoutError) as e:
+    console.print(_summary(manifest, out))
+
+
+def _paced(graph: Path, out: Path, hooks: ConsoleHooks, **options) -> None:
+    # Imported here: a paced capture runs the replay runtime, which a plain capture never needs.
+    from prism.replay.paced_capture import paced_config, run_paced_capture
+    from prism.replay.runtime import ReplayDiverged, ReplayInputError
+
+    with _reported(hooks, CaptureError, ReplayInputError, ReplayDiverged):
+        config = paced_config(graph)
+        console.print(f"[bold]prism-capture[/] {config.layout} paced by {graph}, model {_model_line(config)}")
+        manifest = run_paced_capture(graph, out, on_event=hooks, hooks=hooks, **options)
+    console.print(_summary(manifest, out))
+
+
+@contextmanager
+def _reported(hooks: ConsoleHooks, *errors: type[Exception]) -> Iterator[None]:
+    """``errors`` end the command with an ``error:`` line (exit 2), an interruption with exit 130."""
+    try:
+        yield
+    except errors as e:
         hooks.close()
         first, *rest = str(e).splitlines()
         console.print(f"[bold red]error:[/] {first}", highlight=False, soft_wrap=True)
@@ -160,27 +181,6 @@ def capture(
         hooks.close()
         console.print("[bold red]interrupted[/]: nothing was written")
         raise typer.Exit(130) from None
-    console.print(_summary(manifest, out))
-
-
-def _paced(graph: Path, out: Path, hooks: ConsoleHooks, **options) -> None:
-    # Imported here: a paced capture runs the replay runtime, which a plain capture never needs.
-    from prism.replay.paced_capture import paced_config, run_paced_capture
-    from prism.replay.runtime import ReplayDiverged, ReplayInputError
-
-    try:
-        config = paced_config(graph)
-        console.print(f"[bold]prism-capture[/] {config.layout} paced by {graph}, model {_model_line(config)}")
-        manifest = run_paced_capture(graph, out, on_event=hooks, hooks=hooks, **options)
-    except (CaptureError, ReplayInputError, ReplayDiverged) as e:
-        hooks.close()
-        console.print(f"[bold red]error:[/] {str(e).splitlines()[0]}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
-    except KeyboardInterrupt:
-        hooks.close()
-        console.print("[bold red]interrupted[/]: nothing was written")
-        raise typer.Exit(130) from None
-    console.print(_summary(manifest, out))
 
 
 def _model_line(c: GPTConfig) -> str:

@@ -25,7 +25,7 @@ from prism.capture.launch import LaunchError, RankLaunch, rank_command, run_proc
 from prism.capture.preflight import CaptureError, check_device, check_full_run_fits, check_output
 from prism.schemas import PRISM_VERSION
 from prism.schemas.files import write_json_atomic
-from prism.schemas.layout import Role
+from prism.schemas.layout import ParallelLayout, Role
 from prism.schemas.manifest import (
     CapturedRank,
     CaptureFiles,
@@ -142,12 +142,12 @@ def _run_batch(options: CaptureOptions, tmp: Path, batch: RankBatch, hooks: Capt
     hooks.batch_done(batch.ranks)
 
 
-def _captured_rank(tmp: Path, rank: int, options: CaptureOptions) -> CapturedRank:
+def captured_rank(tmp: Path, rank: int, layout: ParallelLayout) -> CapturedRank:
+    """The manifest entry of ``rank``, whose process wrote its files under ``tmp``."""
     files = CaptureFiles(tmp)
     missing = [p.relative_to(tmp) for p in files.rank_files(rank) if not p.is_file()]
     if missing:
         raise CaptureError(f"rank {rank} exited cleanly but did not write {', '.join(map(str, missing))}")
-    layout = options.config.layout
     return CapturedRank(
         rank=rank,
         role=layout.role(rank),
@@ -159,8 +159,13 @@ def _captured_rank(tmp: Path, rank: int, options: CaptureOptions) -> CapturedRan
     )
 
 
-def _device_name(config: GPTConfig) -> str:
+def device_name(config: GPTConfig) -> str:
     return torch.cuda.get_device_name() if config.device == "cuda" else "cpu"
+
+
+def machine_notes() -> dict:
+    """What a manifest's notes say of the machine."""
+    return {"platform": platform.platform(), "cpu_count": os.cpu_count(), "python": platform.python_version()}
 
 
 def run_capture(options: CaptureOptions, hooks: CaptureHooks | None = None) -> CaptureManifest:
@@ -177,7 +182,7 @@ def run_capture(options: CaptureOptions, hooks: CaptureHooks | None = None) -> C
         batches = plan_batches(options)
         for batch in batches:
             _run_batch(options, tmp, batch, hooks)
-        ranks = tuple(_captured_rank(tmp, r, options) for b in batches for r in b.ranks)
+        ranks = tuple(captured_rank(tmp, r, options.config.layout) for b in batches for r in b.ranks)
         manifest = CaptureManifest(
             layout=options.config.layout,
             mode=options.real.value,
@@ -185,16 +190,12 @@ def run_capture(options: CaptureOptions, hooks: CaptureHooks | None = None) -> C
             ranks=ranks,
             rerun_command=rerun_command_template(),
             torch_version=torch.__version__,
-            device=_device_name(options.config),
+            device=device_name(options.config),
             host=socket.gethostname(),
             started_at=started_at,
             wall_s=round(time.perf_counter() - t0, 3),
             prism_version=PRISM_VERSION,
-            notes={
-                "platform": platform.platform(),
-                "cpu_count": os.cpu_count(),
-                "python": platform.python_version(),
-            },
+            notes=machine_notes(),
         )
         write_manifest(manifest, tmp)
         _move_into_place(tmp, out_dir)

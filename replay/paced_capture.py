@@ -18,9 +18,7 @@ see the program's own time only.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
-import platform
 import shutil
 import socket
 import tempfile
@@ -30,17 +28,21 @@ from pathlib import Path
 import torch
 
 from prism.capture.preflight import CaptureError, check_output
-from prism.capture.runner import CaptureHooks, rerun_command_template
+from prism.capture.runner import (
+    CaptureHooks,
+    captured_rank,
+    device_name,
+    machine_notes,
+    rerun_command_template,
+)
 from prism.graph.graph_io import GraphFormatError, read_metadata
 from prism.replay.runtime import Progress, ReplayOptions, run_replay
 from prism.schemas import PRISM_VERSION
 from prism.schemas.files import write_json_atomic
 from prism.schemas.manifest import (
-    CapturedRank,
     CaptureFiles,
     CaptureManifest,
     RankJob,
-    RankResult,
     write_manifest,
 )
 from prism.schemas.workload import GPTConfig
@@ -96,38 +98,20 @@ def run_paced_capture(
             iterations=iterations,
             threads=threads,
         )
-        files = CaptureFiles(run)
-        write_json_atomic(files.job, job.to_dict())
-        layout = config.layout
+        write_json_atomic(CaptureFiles(run).job, job.to_dict())
         manifest = CaptureManifest(
-            layout=layout,
+            layout=config.layout,
             mode=PACED_MODE,
             job=job,
-            ranks=tuple(
-                CapturedRank(
-                    rank=r,
-                    role=layout.role(r),
-                    stage=layout.stage(r),
-                    kineto=str(files.kineto(r).relative_to(run)),
-                    et=str(files.et(r).relative_to(run)),
-                    comm=str(files.comm(r).relative_to(run)),
-                    result=RankResult.from_dict(json.loads(files.result(r).read_text())),
-                )
-                for r in ranks
-            ),
+            ranks=tuple(captured_rank(run, r, config.layout) for r in ranks),
             rerun_command=rerun_command_template(),
             torch_version=torch.__version__,
-            device=torch.cuda.get_device_name() if config.device == "cuda" else "cpu",
+            device=device_name(config),
             host=socket.gethostname(),
             started_at=started_at,
             wall_s=round(time.perf_counter() - t0, 3),
             prism_version=PRISM_VERSION,
-            notes={
-                "paced_by": str(graph.resolve()),
-                "platform": platform.platform(),
-                "cpu_count": os.cpu_count(),
-                "python": platform.python_version(),
-            },
+            notes={"paced_by": str(graph.resolve()), **machine_notes()},
         )
         write_manifest(manifest, run)
         if out_dir.exists():
