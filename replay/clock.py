@@ -51,6 +51,10 @@ Completion = Callable[[int | None], None]
 class CommClock(Protocol):
     """Decides when virtual calls complete; told where the program's iterations begin and end."""
 
+    holds: bool
+    """Whether ``submit`` does work of the emulation the program would not do (a co-simulation):
+    its time is then held time (``CommCall.clock_ns``); else it counts as the call's own cost."""
+
     def submit(self, call: PendingCall, complete: Completion) -> None:
         """Call ``complete`` once the completion time of ``call`` is known: now, or later."""
         ...
@@ -71,6 +75,8 @@ class CommClock(Protocol):
 
 class ImmediateClock:
     """A clock that knows every completion time when the call is made: ``completion_ns``."""
+
+    holds = False
 
     def completion_ns(self, call: PendingCall) -> int | None:
         """Wall time at which ``call`` completes; None completes it at once."""

@@ -146,6 +146,8 @@ class IterationStats:
 class GraphClock:
     """The ``CommClock`` of one real rank of a replay."""
 
+    holds = True  # the co-simulation runs in ``submit``
+
     def __init__(self, program: RankProgram, port: CoSimPort, *, wall_ns=time.time_ns) -> None:
         self.program, self.rank, self.port = program, program.rank, port
         self._wall_ns = wall_ns

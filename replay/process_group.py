@@ -220,7 +220,8 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
         completion = VirtualCompletion(record, future, result)
         began = time.time_ns()
         self._clock.submit(pending, completion.at)
-        record.clock_ns = time.time_ns() - began
+        if self._clock.holds:
+            record.clock_ns = time.time_ns() - began
         if not completion.settled:  # no wait may hang: fail the call if no time is named in time
             arm_timeout(completion, pending, self._timeout)
         return VirtualWork(future, completion)

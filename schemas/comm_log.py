@@ -83,8 +83,9 @@ class CommCall:
     was held from then until ``done_ns``. 0 when it never waited on it unfinished (and for calls
     on a real backend, whose waits the log does not see)."""
     clock_ns: int = 0
-    """Time the call spent in its completion clock before returning (virtual calls; in a replay
-    or paced capture the co-simulation's engine runs there): held, ending at ``exit_ns``."""
+    """Time the call spent in a completion clock that holds the program (a replay's or paced
+    capture's co-simulation runs there) before returning: held, ending at ``exit_ns``. 0 under
+    a clock that does not hold it (a free-running capture's)."""
     delegated: bool = False
     """True when the call ran on a real gloo/NCCL group; False when peers were virtual."""
 

@@ -400,6 +400,8 @@ def test_async_call_returns_before_its_completion_time(start: Callable[..., None
 class SlowClock(FixedDelayClock):
     """A FixedDelayClock that takes CLOCK_NS of the caller's time to answer (an engine's work)."""
 
+    holds = True
+
     def completion_ns(self, call: PendingCall) -> int | None:
         time.sleep(CLOCK_NS / 1e9)
         return super().completion_ns(call)
