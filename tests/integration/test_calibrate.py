@@ -24,6 +24,7 @@ from prism.schemas.cluster import ClusterSpec
 from prism.schemas.comm_log import CommCall, CommGroup, CommLog, write_comm_log
 
 KiB = 1024
+MiB = 1024 * KiB
 
 
 @pytest.mark.slow
@@ -77,7 +78,9 @@ def test_a_cold_collective_is_timed_from_its_last_arrival_not_each_members_entry
 @pytest.mark.slow
 def test_cold_gaps_give_the_spec_a_cold_call_table(tmp_path) -> None:
     config = CalibrationConfig(
-        sizes=(4 * KiB, 1024 * KiB), max_procs=2, ops=("all_reduce", "send"), reps=3, timeout_s=60,
+        # Sizes far apart: on a noisy 2-vCPU machine a 4 KiB gloo all-reduce sometimes took
+        # longer than a 1 MiB one over 3 reps, leaving no bandwidth to fit.
+        sizes=(4 * KiB, 8 * MiB), max_procs=2, ops=("all_reduce", "send"), reps=3, timeout_s=60,
         out=tmp_path / "local.toml", cold_gaps_ms=(0.5, 2),
     )  # fmt: skip
     spec = calibrate(config).spec
