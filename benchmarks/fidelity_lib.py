@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 from fidelity_cases import case_label
@@ -55,6 +56,7 @@ from prism.schemas.manifest import CaptureFiles, CaptureManifest
 from prism.schemas.workload import GPTConfig
 
 Progress = Callable[[str], None]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -236,11 +238,7 @@ def predict(
         iterations=settings.iterations,
         out_dir=capture,
     )
-    if settings.matched_load:
-        with MatchedLoad(config, warmup=settings.warmup, iterations=settings.iterations) as load:
-            manifest = run_capture(options, hooks=load)
-    else:
-        manifest = run_capture(options)
+    manifest = _beside_load(config, settings, partial(run_capture, options))
     build_case_graph(config, capture, out / "graph.parquet", spec)
     predicted = _simulated(config, out / "graph.parquet", settings)
     slice_parts = {
@@ -279,27 +277,26 @@ def predict_paced(
 ) -> dict[int, RankRun]:
     """Capture each role again paced by the graph ``predict`` built in ``out`` (load-matched, the
     load ranks paced by the same graph), build ``out / PACED_GRAPH`` from it and simulate it."""
-    capture = out / "paced"
-    pace = partial(
-        run_paced_capture,
-        out / "graph.parquet",
-        capture,
-        warmup=settings.warmup,
-        iterations=settings.iterations,
-    )
-    if settings.matched_load:
-        with MatchedLoad(config, **_load(settings, out / "graph.parquet")) as load:
-            pace(hooks=load)
-    else:
-        pace()
+    capture, pacing = out / "paced", out / "graph.parquet"
+    pace = partial(run_paced_capture, pacing, capture, warmup=settings.warmup, iterations=settings.iterations)
+    _beside_load(config, settings, pace, timed_by=pacing)
     build_case_graph(config, capture, out / PACED_GRAPH, spec)
     return _simulated(config, out / PACED_GRAPH, settings)
 
 
-def _load(settings: RunSettings, graph: Path) -> dict:
-    """MatchedLoad's options beside a run timed by ``graph``."""
-    paced_by = graph if settings.paced_load else None
-    return {"warmup": settings.warmup, "iterations": settings.iterations, "paced_by": paced_by}
+def _beside_load(
+    config: GPTConfig, settings: RunSettings, run: Callable[..., T], timed_by: Path | None = None
+) -> T:
+    """``run(hooks=...)``, beside the world's other ranks (``MatchedLoad``) if ``settings.matched_load``:
+    free-running ones, or replays of ``timed_by`` (the graph that times the run) if
+    ``settings.paced_load``."""
+    if not settings.matched_load:
+        return run(hooks=None)
+    paced_by = timed_by if settings.paced_load else None
+    with MatchedLoad(
+        config, warmup=settings.warmup, iterations=settings.iterations, paced_by=paced_by
+    ) as load:
+        return run(hooks=load)
 
 
 def replay_roles(
@@ -314,11 +311,7 @@ def replay_roles(
         graph=out / graph, ranks=ranks, out_dir=out / "replay",
         warmup=settings.warmup, iterations=settings.iterations, separately=True,
     )  # fmt: skip
-    if settings.matched_load:
-        with MatchedLoad(config, **_load(settings, out / graph)) as load:
-            report = run_replay(options, hooks=load)
-    else:
-        report = run_replay(options)
+    report = _beside_load(config, settings, partial(run_replay, options), timed_by=out / graph)
     return {
         r.rank: RankRun(
             iter_ns=r.measured_iter_ms * 1e6,
