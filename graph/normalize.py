@@ -19,7 +19,7 @@ op of the block whose mark holds its end. Forward marks nest properly, where any
 the unit gives the same answer.
 
 Gaps and durations leave out the time prism held the program (``HeldTime``: a paced capture's
-emulated waits and engine work; about nothing in a free-running capture).
+emulated waits and engine work; none in a free-running capture).
 
 Reading goes through ``json`` directly, not HTA (see ``prism.graph.kineto``); memory through
 ``prism.graph.memory``; the ET join through ``prism.graph.et``.

@@ -139,8 +139,8 @@ class RankResult:
     wall_s: float
     """Wall time of the whole rank process, start-up included."""
     held_ns: tuple[int, ...] = ()
-    """Time of every iteration prism held the program (``prism.schemas.comm_log.HeldTime``): about
-    zero in a free-running capture; the emulated waits and the engine's work in a paced one."""
+    """Time of every iteration prism held the program (``prism.schemas.comm_log.HeldTime``): zero
+    in a free-running capture; the emulated waits and the engine's work in a paced one."""
 
     @property
     def own_iteration_ns(self) -> tuple[int, ...]:
