@@ -91,6 +91,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--free-load", action="store_true",
         help="load ranks beside a paced capture or a replay run free instead of as replays of its graph",
     )  # fmt: skip
+    parser.add_argument(
+        "--no-bracket", action="store_true",
+        help="one real run per repeat, first, instead of one right before and one right after the replay",
+    )  # fmt: skip
     parser.add_argument("--work-dir", type=Path, default=None, help="keep captures and graphs here")
     parser.add_argument("--no-probe", action="store_true", help="skip the 2-process CPU concurrency probe")
     parser.add_argument(
@@ -156,6 +160,7 @@ def records_table(records: list[dict], ids: dict[str, str], source: str = "simul
         "real ms (± SE)",
         "pred ms",
         "iter err",
+        "paired err (± SE)",
         "real peak MiB",
         "pred peak MiB",
         "mem err",
@@ -164,14 +169,21 @@ def records_table(records: list[dict], ids: dict[str, str], source: str = "simul
     for r in records:
         table.add_row(
             ids[r["case"]], str(r["rank"]), f"{r['real_iter_ms']:.1f}{_sem(r)}", f"{r['pred_iter_ms']:.1f}",
-            f"{r['iter_err_pct']:+.1f}%", _mib(r["real_peak_bytes"]), _mib(r["pred_peak_bytes"]),
+            f"{r['iter_err_pct']:+.1f}%", _paired(r), _mib(r["real_peak_bytes"]), _mib(r["pred_peak_bytes"]),
             f"{r['mem_err_pct']:+.3f}%",
         )  # fmt: skip
     sems = [r["real_sem_pct"] for r in records if r["real_sem_pct"] is not None]
     noise = f"; the real medians' own standard error: mean {sum(sems) / len(sems):.1f}%" if sems else ""
+    drifts = [r["real_bracket_drift_pct"] for r in records if r.get("real_bracket_drift_pct") is not None]
+    moved = (
+        f"; real runs before/after the replay differ by {sum(drifts) / len(drifts):.1f}% (mean)"
+        if drifts
+        else ""
+    )
     table.caption = (
-        f"mean |iteration error| {mean_abs(records, 'iter_err_pct'):.1f}%, "
-        f"mean |memory error| {mean_abs(records, 'mem_err_pct'):.3f}%{noise}"
+        f"mean |iteration error| {mean_abs(records, 'iter_err_pct'):.1f}% (of the medians), "
+        f"{mean_abs(records, 'paired_err_pct'):.1f}% (paired: median of each repeat's error), "
+        f"mean |memory error| {mean_abs(records, 'mem_err_pct'):.3f}%{noise}{moved}"
     )
     return table
 
@@ -179,6 +191,11 @@ def records_table(records: list[dict], ids: dict[str, str], source: str = "simul
 def _sem(record: dict) -> str:
     sem = record["real_sem_pct"]
     return "" if sem is None else f" (±{sem:.1f}%)"
+
+
+def _paired(record: dict) -> str:
+    se = record["paired_se_pct"]
+    return f"{record['paired_err_pct']:+.1f}%" + ("" if se is None else f" (±{se:.1f})")
 
 
 def breakdown_table(rows: list[dict], ids: dict[str, str]) -> Table:
@@ -267,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         replay=not args.no_replay,
         paced=args.paced,
         paced_load=not args.free_load,
+        bracket=not args.no_bracket,
     )
     results: list[CaseResult] = []
     for config in configs:
@@ -307,8 +325,11 @@ def main(argv: list[str] | None = None) -> int:
                 "records": every,
                 "mean_abs_iter_err_pct": round(mean_abs(records, "iter_err_pct"), 2),
                 "mean_abs_mem_err_pct": round(mean_abs(records, "mem_err_pct"), 3),
+                "mean_abs_paired_err_pct": round(mean_abs(records, "paired_err_pct"), 2),
                 "paced_mean_abs_iter_err_pct": round(mean_abs(paced, "iter_err_pct"), 2),
+                "paced_mean_abs_paired_err_pct": round(mean_abs(paced, "paired_err_pct"), 2),
                 "replay_mean_abs_iter_err_pct": round(mean_abs(replayed, "iter_err_pct"), 2),
+                "replay_mean_abs_paired_err_pct": round(mean_abs(replayed, "paired_err_pct"), 2),
                 "replay_mean_abs_mem_err_pct": round(mean_abs(replayed, "mem_err_pct"), 3),
                 "breakdown": breakdown,
                 "collectives": collectives,
@@ -325,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
                     "matched_load": settings.matched_load,
                     "paced": settings.paced,
                     "paced_load": settings.paced_load,
+                    "bracket": settings.bracket,
                     "concurrency_probe": probes,
                     "elapsed_s": round(elapsed, 1),
                     "machine": machine(),

@@ -32,7 +32,7 @@ from __future__ import annotations
 import statistics
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import TypeVar
@@ -84,6 +84,11 @@ class RunSettings:
     """Also capture each role again paced by the slice's graph (``prism-capture --paced-by``),
     build that graph and simulate it: records of source 'paced'. The replay then runs against
     the paced graph."""
+    bracket: bool = True
+    """With the replay, run every rank for real right before it and again right after it, and
+    take the repeat's real time as the mean of the two: a drift of the machine during the
+    replay cancels to first order (the real side moved by up to 20 % between runs an hour
+    apart on the 2-vCPU VM). False: one real run per repeat, first."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,6 +107,9 @@ class RankRun:
     """Growth of Total Allocated per iteration (real runs; see ``IterationMemory``)."""
     profiled_ns: float = 0.0
     """Median wall time of the profiled iterations (real runs)."""
+    bracket_ns: tuple[float, float] | None = None
+    """Steady iteration time of the real runs before and after the replay (``RunSettings.bracket``),
+    whose mean is ``iter_ns``; None: one real run."""
 
 
 @dataclass(kw_only=True)
@@ -213,6 +221,18 @@ def measure_real(config: GPTConfig, settings: RunSettings, out: Path) -> dict[in
             drift_bytes=mem.drift_bytes,
         )
     return runs
+
+
+def bracketed(before: dict[int, RankRun], after: dict[int, RankRun]) -> dict[int, RankRun]:
+    """The real runs before and after the replay as one: mean steady time, the rest from ``before``."""
+    return {
+        rank: replace(
+            run,
+            iter_ns=(run.iter_ns + after[rank].iter_ns) / 2,
+            bracket_ns=(run.iter_ns, after[rank].iter_ns),
+        )
+        for rank, run in before.items()
+    }
 
 
 # -- (b) the prediction -------------------------------------------------------------------------
@@ -334,12 +354,21 @@ def _median(values: list[float]) -> float:
     return float(np.median(values))
 
 
-def _median_sem_pct(values: list[float]) -> float | None:
-    """Standard error of the median of ``values`` (normal approximation, 1.2533·sd/√n) as a
-    percentage of it: how far the real side alone moves between repeats. None from one value."""
+def _median_se(values: list[float]) -> float | None:
+    """Standard error of the median of ``values`` (normal approximation, 1.2533·sd/√n); None from one value."""
     if len(values) < 2:
         return None
-    return float(1.2533 * np.std(values, ddof=1) / np.sqrt(len(values)) / np.median(values) * 100.0)
+    return float(1.2533 * np.std(values, ddof=1) / np.sqrt(len(values)))
+
+
+def _median_sem_pct(values: list[float]) -> float | None:
+    """``_median_se`` as a percentage of the median: how far the real side alone moves between repeats."""
+    se = _median_se(values)
+    return None if se is None else se / float(np.median(values)) * 100.0
+
+
+def _round(value: float | None, digits: int = 2) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 def _records(
@@ -353,6 +382,10 @@ def _records(
         sem = _median_sem_pct(real_repeats)
         real_peak = int(_median([run[rank].peak_bytes for run in real]))
         pred_peak = int(_median([run[rank].peak_bytes for run in pred]))
+        # The same errors repeat by repeat: each prediction against the real run(s) beside it in time.
+        brackets = [run[rank].bracket_ns for run in real if run[rank].bracket_ns is not None]
+        drifts = [abs(_err_pct(after, before)) for before, after in brackets]
+        paired = [_err_pct(p, r) for p, r in zip(pred_repeats, real_repeats, strict=True)]
         records.append(
             {
                 "case": label, "rank": rank, "source": source,
@@ -362,7 +395,10 @@ def _records(
                 "mem_err_pct": round(_err_pct(pred_peak, real_peak), 3),
                 "real_repeats_ms": [round(v, 3) for v in real_repeats],
                 "pred_repeats_ms": [round(v, 3) for v in pred_repeats],
-                "real_sem_pct": None if sem is None else round(sem, 2),
+                "real_sem_pct": _round(sem),
+                "paired_err_pct": round(_median(paired), 2),
+                "paired_se_pct": _round(_median_se(paired)),
+                "real_bracket_drift_pct": _round(_median(drifts)) if drifts else None,
             }
         )  # fmt: skip
     return records
@@ -428,22 +464,31 @@ def run_case_detailed(
     for repeat in range(repeats):
         holder = _repeat_dir(settings, label, repeat)
         root = Path(holder.name) if isinstance(holder, tempfile.TemporaryDirectory) else holder
+        step = f"[{label}] repeat {repeat + 1}/{repeats}:"
+        bracket = settings.replay and settings.bracket
         try:
-            say(f"[{label}] repeat {repeat + 1}/{repeats}: every rank real")
-            real.append(measure_real(config, settings, root / "real"))
-            latencies += collective_latencies(root / "real", list(range(config.layout.world_size)))
-            say(f"[{label}] repeat {repeat + 1}/{repeats}: slice capture, build, simulate")
+            if not bracket:
+                say(f"{step} every rank real")
+                real.append(measure_real(config, settings, root / "real"))
+            say(f"{step} slice capture, build, simulate")
             predicted, slice_parts = predict(config, spec, settings, root)
             pred.append(predicted)
             slices.append(slice_parts)
             graph = "graph.parquet"
             if settings.paced:
-                say(f"[{label}] repeat {repeat + 1}/{repeats}: paced capture, build, simulate")
+                say(f"{step} paced capture, build, simulate")
                 paced.append(predict_paced(config, spec, settings, root))
                 graph = PACED_GRAPH
+            if bracket:
+                say(f"{step} every rank real (before the replay)")
+                before = measure_real(config, settings, root / "real")
             if settings.replay:
-                say(f"[{label}] repeat {repeat + 1}/{repeats}: replay of each role's rank against {graph}")
+                say(f"{step} replay of each role's rank against {graph}")
                 replayed.append(replay_roles(config, settings, root, graph))
+            if bracket:
+                say(f"{step} every rank real (after the replay)")
+                real.append(bracketed(before, measure_real(config, settings, root / "real_after")))
+            latencies += collective_latencies(root / "real", list(range(config.layout.world_size)))
         finally:
             if isinstance(holder, tempfile.TemporaryDirectory):
                 holder.cleanup()

@@ -25,6 +25,9 @@ RECORD_TYPES = {
     "real_repeats_ms": list,
     "pred_repeats_ms": list,
     "real_sem_pct": (float, type(None)),
+    "paired_err_pct": float,
+    "paired_se_pct": (float, type(None)),
+    "real_bracket_drift_pct": (float, type(None)),
 }
 
 
@@ -50,6 +53,8 @@ def _check_record(record: dict) -> None:
     assert len(record["real_repeats_ms"]) == len(record["pred_repeats_ms"]) >= 1
     assert record["real_iter_ms"] == pytest.approx(statistics.median(record["real_repeats_ms"]), abs=1e-3)
     assert (record["real_sem_pct"] is None) == (len(record["real_repeats_ms"]) == 1)
+    if len(record["real_repeats_ms"]) == 1:  # one repeat: its error is the median's
+        assert record["paired_err_pct"] == pytest.approx(record["iter_err_pct"], abs=0.02)
 
 
 @pytest.mark.slow
@@ -65,6 +70,8 @@ def test_run_case_and_cli_json(fidelity, spec_file: Path, tmp_path: Path) -> Non
     assert [(r["source"], r["rank"]) for r in records] == [("simulation", 0), ("simulation", 1), ("replay", 0), ("replay", 1)]  # fmt: skip
     for record in records:
         _check_record(record)
+        # The real side ran right before and right after the replay: its time is their mean.
+        assert record["real_bracket_drift_pct"] is not None
 
     out = tmp_path / "fidelity.json"
     argv = ["--case", TINY, "--repeats", "1", "--warmup", "3", "--iterations", "1"]
@@ -77,6 +84,9 @@ def test_run_case_and_cli_json(fidelity, spec_file: Path, tmp_path: Path) -> Non
     # With --paced the replay runs against the paced capture's graph.
     (repeat,) = (tmp_path / "wd").glob("*/repeat0")
     assert json.loads((repeat / "replay" / "report.json").read_text())["graph"].endswith("paced.parquet")
+    assert (repeat / "real" / "manifest.json").is_file() and (
+        repeat / "real_after" / "manifest.json"
+    ).is_file()
     for record in data["records"]:
         _check_record(record)
     assert isinstance(data["mean_abs_iter_err_pct"], float)
@@ -123,6 +133,32 @@ def test_real_median_standard_error(fidelity) -> None:
     assert _median_sem_pct([100.0, 100.0, 100.0]) == 0.0
     # sd 14.14 of two values around 100: 1.2533 · 14.14 / √2 = 12.5 % of the median.
     assert _median_sem_pct([90.0, 110.0]) == pytest.approx(12.53, abs=0.01)
+
+
+def test_paired_errors_compare_each_repeat_with_the_real_runs_beside_it(fidelity) -> None:
+    from fidelity_lib import RankRun, _records, bracketed
+
+    def run(ms: float, bracket: tuple[float, float] | None = None) -> dict[int, RankRun]:
+        return {0: RankRun(iter_ns=ms * 1e6, peak_bytes=1, parts_ms={}, dynamic_bytes=0, bracket_ns=bracket)}
+
+    # The machine drifts 100 -> 200 -> 300 ms between repeats; each replay is +10, -10, +10 %
+    # of the real runs beside it. The medians' error (180 vs 200) says -10 %, the paired one +10 %.
+    real = [
+        bracketed(run(90), run(110)),
+        bracketed(run(210), run(190)),
+        bracketed(run(300), run(300)),
+    ]
+    assert [r[0].iter_ns / 1e6 for r in real] == [100, 200, 300]
+    assert real[0][0].bracket_ns == (90e6, 110e6)
+    (record,) = _records("c", real, [run(110), run(180), run(330)], "replay")
+    assert record["iter_err_pct"] == pytest.approx(-10.0)
+    assert record["paired_err_pct"] == pytest.approx(10.0)
+    assert record["paired_se_pct"] == pytest.approx(1.2533 * 11.547 / 3**0.5, abs=0.01)
+    # How far the real side moved across the replay: |+22.2 %|, |-9.5 %|, 0 -> median 9.52 %.
+    assert record["real_bracket_drift_pct"] == pytest.approx(9.52, abs=0.01)
+    # Without brackets there is no drift to report.
+    (plain,) = _records("c", [run(100)], [run(110)], "replay")
+    assert plain["real_bracket_drift_pct"] is None and plain["paired_se_pct"] is None
 
 
 def test_clean_call_mask_keeps_the_clean_unprofiled_iterations(fidelity) -> None:
