@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import socket
 import tempfile
 import time
 from dataclasses import dataclass
@@ -76,10 +75,12 @@ def run_benchmark(
     timeout_s: float, compute_between_s: float = 0.0,
 ) -> list[Sample]:  # fmt: skip
     """Spawn gloo processes on localhost and time every (op, size, group size); rank 0 reports."""
+    from torch.distributed.elastic.utils.distributed import get_free_port  # torch only when calibrating
+
     group_sizes = tuple(2**i for i in range(1, max_procs.bit_length()) if 2**i <= max_procs)
     with tempfile.TemporaryDirectory(prefix="prism-calibrate-") as tmp:
         plan = _Plan(
-            world=group_sizes[-1], port=_free_port(), group_sizes=group_sizes, sizes=tuple(sorted(sizes)),
+            world=group_sizes[-1], port=get_free_port(), group_sizes=group_sizes, sizes=tuple(sorted(sizes)),
             ops=ops, reps=reps, calls_per_rep=calls_per_rep, warmup=warmup,
             timeout_s=timeout_s, result_path=str(Path(tmp) / "result.json"), compute_between_s=compute_between_s,
         )  # fmt: skip
@@ -90,13 +91,6 @@ def run_benchmark(
         _join(procs, timeout_s)
         points = json.loads(Path(plan.result_path).read_text())
     return [Sample(op=op, bytes=n, group_size=p, seconds=t, count=reps) for op, n, p, t in points]
-
-
-def _free_port() -> int:
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _join(procs: list, timeout_s: float) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime
 import multiprocessing as mp
 import queue
-import socket
 import time
 import traceback
 from collections.abc import Callable
@@ -20,6 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from prism.capture.launch import free_port
 from prism.capture.workloads.gpt import GPTWorkload
 from prism.replay import BACKEND_NAME, FreeRunningClock, VirtualWorld, activate
 from prism.schemas.workload import GPTConfig
@@ -48,12 +48,6 @@ BASE = GPTConfig(
 # -- launch harness --------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _rank_entry(
     fn: Callable, rank: int, world: int, backend: str, port: int, results: mp.Queue, args: tuple
 ) -> None:
@@ -80,7 +74,7 @@ def run_world(fn: Callable, world: int, *args, backend: str = BACKEND, timeout_s
     """Run ``fn(*args)`` on every rank of a fresh ``world``-process group; its results by rank."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [
         ctx.Process(target=_rank_entry, args=(fn, r, world, backend, port, results, args), daemon=True)
         for r in range(world)

@@ -9,22 +9,17 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from prism.capture.launch import free_port
+
 pytestmark = pytest.mark.slow
 
 TIMEOUT_S = 45
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_ranks(scenario: str, ranks: list[int], world_size: int, tmp_path: Path) -> dict[int, dict]:
