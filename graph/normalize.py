@@ -40,7 +40,7 @@ from prism.graph.kineto import Marks, find_marks, read_json_file, read_kineto, s
 from prism.graph.memory import attribute_memory
 from prism.graph.op_table import NormalizeError
 from prism.schemas.annotations import Mark, MarkError, parse_mark
-from prism.schemas.comm_log import CommCall, CommLog, HeldTime
+from prism.schemas.comm_log import CommCall, CommLog, HeldTime, trace_offset_ns
 from prism.schemas.manifest import CaptureFiles, ManifestError, read_manifest
 
 __all__ = [
@@ -191,17 +191,16 @@ def _take_out_held(df: pd.DataFrame, log: CommLog) -> None:
     """Take the time prism held the program (a paced capture's emulated waits and engine work)
     out of the gaps and durations it fell in: they are to hold the program's own time, and the
     graph charges the waits itself. The waits are on the wall clock (comm log), the units on the
-    trace's: the offset between the two is the median over the calls' marks."""
+    trace's: the offset between the two is ``trace_offset_ns`` of the calls' marks."""
     held = HeldTime(log)
     if not held or not df[T.IS_COMM].any():
         return
     enter = {(c.group, c.gseq): c.enter_ns for c in log.calls}
     comm = df[df[T.IS_COMM]]
-    offsets = [
-        start - enter[(group, gseq)]
+    offset = trace_offset_ns(
+        (start, enter[(group, gseq)])
         for start, group, gseq in zip(comm[T.START_NS], comm[T.GROUP_NAME], comm[T.GSEQ], strict=True)
-    ]
-    offset = int(np.median(offsets))
+    )
     start = df[T.START_NS].to_numpy() - offset
     end = start + df[T.DUR_NS].to_numpy()
     until = np.array(

@@ -14,13 +14,12 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 from prism.graph.kineto import read_json_file
 from prism.schemas.annotations import Phase, try_parse_mark
-from prism.schemas.comm_log import CommCall, CommLog
+from prism.schemas.comm_log import CommCall, CommLog, trace_offset_ns
 
 WAIT_TID = 0x7072  # a thread id of its own for the emulated spans
 WAIT_CATEGORY = "prism_emulated"
@@ -66,8 +65,8 @@ def _clock_of(data: dict, marked: list[tuple[dict, CommCall]]) -> TraceClock | N
     if not marked:
         return None
     base = int(data.get("baseTimeNanoseconds", 0))
-    offsets = [base + round(e["ts"] * 1000) - call.enter_ns for e, call in marked]
-    return TraceClock(base_ns=base, offset_ns=round(statistics.median(offsets)), pid=marked[0][0]["pid"])
+    offset = trace_offset_ns((base + round(e["ts"] * 1000), call.enter_ns) for e, call in marked)
+    return TraceClock(base_ns=base, offset_ns=offset, pid=marked[0][0]["pid"])
 
 
 def add_emulated_waits(kineto_path: Path, log: CommLog) -> TraceClock | None:

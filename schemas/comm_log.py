@@ -13,6 +13,8 @@ from __future__ import annotations
 import bisect
 import json
 import os
+import statistics
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -168,6 +170,14 @@ class HeldTime:
     def within(self, start_ns: int, end_ns: int) -> int:
         """Held time in [start_ns, end_ns)."""
         return max(0, self.until(end_ns) - self.until(start_ns))
+
+
+def trace_offset_ns(marks: Iterable[tuple[int, int]]) -> int | None:
+    """A trace's clock minus the comm log's (``time.time_ns``), from (trace time of a call's
+    ``prism:comm`` mark, the call's ``enter_ns``) pairs: their median difference, so that the
+    few marks the profiler stamped late do not move the rest. None without pairs."""
+    offsets = [trace_ns - enter_ns for trace_ns, enter_ns in marks]
+    return round(statistics.median(offsets)) if offsets else None
 
 
 def write_comm_log(log: CommLog, path: str | os.PathLike) -> None:

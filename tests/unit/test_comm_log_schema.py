@@ -15,6 +15,7 @@ from prism.schemas.comm_log import (
     CommLog,
     HeldTime,
     read_comm_log,
+    trace_offset_ns,
     write_comm_log,
 )
 from prism.schemas.files import write_json_atomic
@@ -194,3 +195,12 @@ def test_logs_written_before_held_time_read_with_no_hold(tmp_path: Path) -> None
     log = read_comm_log(tmp_path / "old.json")
     assert all(c.wait_ns == 0 and c.clock_ns == 0 for c in log.calls)
     assert not HeldTime(log)
+
+
+def test_trace_offset_is_the_median_so_a_late_mark_does_not_move_it() -> None:
+    # Marks 5 µs after the logged enter, one stamped 2 ms late by the profiler.
+    enters = [1_000_000, 2_000_000, 3_000_000, 4_000_000, 5_000_000]
+    late = {3_000_000: 2_000_000}
+    pairs = [(7_000_000_000 + t + 5_000 + late.get(t, 0), t) for t in enters]
+    assert trace_offset_ns(pairs) == 7_000_005_000
+    assert trace_offset_ns([]) is None
