@@ -70,6 +70,7 @@ def run_paced_capture(
     rank_timeout_s: float = 1800.0,
     on_event: Progress | None = None,
     hooks: CaptureHooks | None = None,
+    background_engine: bool | None = None,
 ) -> CaptureManifest:
     """Capture every role's rank of ``graph``'s job, paced by ``graph``; return the manifest.
 
@@ -86,7 +87,7 @@ def run_paced_capture(
         run = tmp / "run"
         options = ReplayOptions(
             graph=graph, ranks=ranks, out_dir=run, warmup=warmup, iterations=iterations, threads=threads,
-            separately=True, timeout_s=rank_timeout_s,
+            separately=True, timeout_s=rank_timeout_s, background_engine=background_engine,
         )  # fmt: skip
         run_replay(options, on_event, hooks)
         # The replay directory has a capture directory's layout; its job becomes the program's.

@@ -58,7 +58,9 @@ def _local_clock(job: ReplayJob, rank: int) -> tuple[GraphClock, Callable[[], Ra
     """The only real rank: the co-simulation runs in this process. The prediction is taken now,
     so that the full graph is let go of once the co-simulation has folded it."""
     graph = load_sim_graph(job.graph)
-    clock = GraphClock.open(job.graph, rank, graph, trace_ranks=job.trace_peers)
+    clock = GraphClock.open(
+        job.graph, rank, graph, trace_ranks=job.trace_peers, background=job.background_engine
+    )
     prediction = RankPrediction.of(graph, simulate(graph, iterations=PREDICTION_PASSES), clock.program)
     return clock, lambda: summarize(clock.cosim, rank, prediction)
 

@@ -86,6 +86,8 @@ class ReplayOptions:
     """Replace a non-empty output directory."""
     timeout_s: float = 1800.0
     """Seconds before a rank process is killed."""
+    background_engine: bool | None = None
+    """Where a lone rank's deferred engine work runs (``ReplayJob.background_engine``); None: by graph size."""
 
 
 def check_inputs(options: ReplayOptions) -> GPTConfig:
@@ -175,7 +177,7 @@ def _job(options: ReplayOptions, config: GPTConfig, *, real_ranks: tuple[int, ..
     )  # fmt: skip
     return ReplayJob(
         program=program, graph=str(options.graph.resolve()), trace_peers=options.trace_peers,
-        delays=tuple(asdict(d) for d in options.delays),
+        delays=tuple(asdict(d) for d in options.delays), background_engine=options.background_engine,
     )  # fmt: skip
 
 

@@ -38,6 +38,10 @@ class ReplayJob:
     """Straggler delays: ``{"phase", "layer", "delay_ns", "rank"}`` (``prism.graph.whatif.BlockDelay``)."""
     coordinator: str | None = None
     """Address of the shared co-simulation when several ranks run at once; None: each rank alone."""
+    background_engine: bool | None = None
+    """A lone rank's engine work that the program does not wait for runs in a worker thread
+    (True), in the program's thread (False), or in a worker from ``BACKGROUND_MIN_NODES`` engine
+    nodes on (None, ``prism.replay.graph_clock``)."""
 
     def to_dict(self) -> dict:
         return {
@@ -46,6 +50,7 @@ class ReplayJob:
             "trace_peers": list(self.trace_peers),
             "delays": list(self.delays),
             "coordinator": self.coordinator,
+            "background_engine": self.background_engine,
         }
 
     @classmethod
@@ -56,6 +61,7 @@ class ReplayJob:
             trace_peers=tuple(data.get("trace_peers", ())),
             delays=tuple(data.get("delays", ())),
             coordinator=data.get("coordinator"),
+            background_engine=data.get("background_engine"),
         )
 
 
