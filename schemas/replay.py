@@ -74,7 +74,10 @@ class ReplayIteration:
     engine_ns: int
     """Time the engine computed (inside calls and at the iteration's boundaries)."""
     stall_ns: int
-    """Part of it that held the program; removed from the emulated time and the measured one."""
+    """Time the co-simulation held the program: all its work in the program's thread (the
+    engine's and the clock's own: matching, arrivals, completions) and waits for answers the
+    worker found late. It can exceed ``engine_ns``; removed from the emulated time and the
+    measured one."""
     emulated_ns: int
     """The iteration in graph time: wall time with stall removed."""
     phase_ns: dict[str, int]
