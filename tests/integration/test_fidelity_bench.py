@@ -125,6 +125,15 @@ def test_run_case_and_cli_json(fidelity, spec_file: Path, tmp_path: Path) -> Non
     for row, record in zip(json.loads(respec_out.read_text()), paced, strict=True):
         assert row["pred_ms"] == pytest.approx(record["pred_iter_ms"], rel=1e-3)
 
+    # Each replayed rank's first call per iteration, real and replayed, read from the kept runs.
+    import fidelity_first_call
+
+    rows = fidelity_first_call.rows(tmp_path / "wd")
+    assert [(r.repeat, r.rank) for r in rows] == [("repeat0", 0), ("repeat0", 1)]
+    assert all(r.real_ms > 0 and r.replay_ms > 0 and r.optim_predicted_ms > 0 for r in rows)
+    assert fidelity_first_call.main([str(tmp_path / "wd")]) == 0
+    assert fidelity_first_call.main([str(tmp_path / "missing")]) == 2
+
 
 def test_real_median_standard_error(fidelity) -> None:
     from fidelity_lib import _median_sem_pct
