@@ -9,6 +9,11 @@ in the replay, next to the optimizer step's time (``optim`` phase) as the replay
 as the graph predicts it. A virtual peer that leaves the previous iteration late — its graph's
 optimizer step longer than the real one — keeps the replayed rank waiting in that call, where
 the real ranks, finishing their steps together, hardly wait.
+
+The last column is what a per-op profiler correction would make of the step: the capture the
+graph was built from gives one cost per profiled op, ``c = (profiled − unprofiled own
+iteration) / profiled ops per iteration``, and the step's profiled time less ``c`` per op in it
+(the build's one factor per role is the ``optim graph`` column).
 """
 
 from __future__ import annotations
@@ -20,15 +25,20 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from prism.graph.kineto import CPU_OP, USER_ANNOTATION, read_kineto
 from prism.graph.profiler_overhead import clean_unprofiled
 from prism.schemas.comm_log import CommCall, read_comm_log
+from prism.schemas.manifest import read_manifest
 from prism.schemas.replay import ReplayReport
 
 REAL_RUNS = ("real", "real_after")
-COLUMNS = ("case", "repeat", "rank", "real", "replay", "optim replay", "optim graph", "replay − graph")
+COLUMNS = (
+    "case", "repeat", "rank", "real", "replay", "replay − graph", "optim replay", "optim graph", "optim per-op",
+)  # fmt: skip
 
 
 class FirstCall(NamedTuple):
@@ -46,6 +56,8 @@ class FirstCall(NamedTuple):
     """The graph's optimizer step of that rank (what its virtual peers run)."""
     excess_ms: float
     """The replay's iteration less the graph's prediction."""
+    optim_per_op_ms: float | None
+    """The step with a per-op profiler correction (module docstring)."""
 
 
 def first_call_ms(comm_log: Path, iterations: int, warmup: int) -> float:
@@ -58,6 +70,32 @@ def first_call_ms(comm_log: Path, iterations: int, warmup: int) -> float:
     return statistics.median(
         (max(c.done_ns, c.exit_ns) - c.enter_ns) / 1e6 for c in clean_unprofiled(firsts, warmup)
     )
+
+
+def optim_per_op_ms(capture: Path, rank: int) -> float | None:
+    """The rank's optimizer step in ``capture`` less one profiler cost per op (module docstring)."""
+    manifest = read_manifest(capture)
+    result = next(r for r in manifest.ranks if r.rank == rank)
+    own, warmup = result.result.own_iteration_ns, manifest.job.warmup
+    spans = read_kineto(capture / result.kineto).spans
+    ops = np.sort(spans.loc[spans["cat"] == CPU_OP, "start_ns"].to_numpy())
+    marks = spans[spans["cat"] == USER_ANNOTATION]
+
+    def within(prefix: str) -> list[tuple[int, int]]:
+        picked = marks[marks["name"].str.startswith(prefix)]
+        return list(zip(picked["start_ns"], picked["end_ns"], strict=True))
+
+    def ops_in(span: tuple[int, int]) -> int:
+        return int(np.searchsorted(ops, span[1]) - np.searchsorted(ops, span[0]))
+
+    iterations, steps = within("prism:iter|"), within("prism:optim")
+    clean = clean_unprofiled(own, warmup)
+    if not iterations or not steps or not clean:
+        return None
+    per_op_ns = (statistics.median(own[warmup:]) - statistics.median(clean)) / statistics.median(
+        ops_in(s) for s in iterations
+    )
+    return statistics.median((end - start) - per_op_ns * ops_in((start, end)) for start, end in steps) / 1e6
 
 
 def rows(work_dir: Path, case_filter: str = "") -> list[FirstCall]:
@@ -83,6 +121,7 @@ def rows(work_dir: Path, case_filter: str = "") -> list[FirstCall]:
                     repeat / "replay" / "comm" / f"rank{rank.rank}.comm.json", iterations, report.warmup
                 )
                 optim = phases.get("optim")
+                capture = repeat / ("paced" if Path(report.graph).name == "paced.parquet" else "slice")
                 out.append(
                     FirstCall(
                         case=case.name, repeat=repeat.name, rank=rank.rank,
@@ -90,6 +129,7 @@ def rows(work_dir: Path, case_filter: str = "") -> list[FirstCall]:
                         optim_measured_ms=optim.measured_ms if optim else None,
                         optim_predicted_ms=optim.predicted_ms if optim else None,
                         excess_ms=rank.measured_iter_ms - rank.predicted_iter_ms,
+                        optim_per_op_ms=optim_per_op_ms(capture, rank.rank) if optim else None,
                     )
                 )  # fmt: skip
     return out
@@ -126,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
 
     for row in found:
         table.add_row(
-            short_case(row.case), row.repeat, str(row.rank), ms(row.real_ms), ms(row.replay_ms),
-            ms(row.optim_measured_ms), ms(row.optim_predicted_ms), ms(row.excess_ms),
+            short_case(row.case), row.repeat, str(row.rank), ms(row.real_ms), ms(row.replay_ms), ms(row.excess_ms),
+            ms(row.optim_measured_ms), ms(row.optim_predicted_ms), ms(row.optim_per_op_ms),
         )  # fmt: skip
     Console(width=max(120, Console().width)).print(table)
     return 0

@@ -131,6 +131,7 @@ def test_run_case_and_cli_json(fidelity, spec_file: Path, tmp_path: Path) -> Non
     rows = fidelity_first_call.rows(tmp_path / "wd")
     assert [(r.repeat, r.rank) for r in rows] == [("repeat0", 0), ("repeat0", 1)]
     assert all(r.real_ms > 0 and r.replay_ms > 0 and r.optim_predicted_ms > 0 for r in rows)
+    assert all(r.optim_per_op_ms is not None for r in rows)
     assert fidelity_first_call.main([str(tmp_path / "wd")]) == 0
     assert fidelity_first_call.main([str(tmp_path / "missing")]) == 2
 
