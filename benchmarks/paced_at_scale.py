@@ -16,7 +16,6 @@ at full scale, whatever of the co-simulation's cost is not held time ends up in 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -32,7 +31,7 @@ from prism.graph.simulate import load_sim_graph, simulate
 from prism.replay.paced_capture import run_paced_capture
 from prism.schemas.cluster import ClusterSpec
 from prism.schemas.manifest import CaptureManifest, ManifestError, read_manifest
-from prism.schemas.replay import ReplayFiles, ReplayRankStats
+from prism.schemas.replay import ReplayFiles, read_replay_stats
 
 ENGINES = {"bg": True, "fg": False}
 COLUMNS = (
@@ -69,7 +68,7 @@ def engine_times(capture: Path, manifest: CaptureManifest) -> dict[int, tuple[fl
     """Per captured rank: median engine time and stall (ms) per clean unprofiled iteration."""
     out = {}
     for r in manifest.ranks:
-        stats = ReplayRankStats.from_dict(json.loads(ReplayFiles(capture).replay_stats(r.rank).read_text()))
+        stats = read_replay_stats(ReplayFiles(capture).replay_stats(r.rank))
         clean = clean_unprofiled(stats.iterations, manifest.job.warmup)
         out[r.rank] = (_ms(it.engine_ns for it in clean), _ms(it.stall_ns for it in clean))
     return out

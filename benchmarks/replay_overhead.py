@@ -31,7 +31,7 @@ from prism.graph.profiler_overhead import clean_unprofiled
 from prism.replay.runtime import ReplayOptions, run_replay
 from prism.schemas.comm_log import read_comm_log
 from prism.schemas.manifest import CaptureFiles, RankResult
-from prism.schemas.replay import ReplayFiles, ReplayRankStats
+from prism.schemas.replay import ReplayFiles, read_replay_stats
 
 console = Console()
 TINY = Path(__file__).parents[1] / "tests" / "data" / "tiny_graph.parquet"
@@ -47,7 +47,7 @@ def call_us(comm_path: Path) -> np.ndarray:
 def replay_once(graph: Path, rank: int, out: Path) -> dict:
     run_replay(ReplayOptions(graph=graph, ranks=(rank,), out_dir=out, warmup=WARMUP, iterations=1))
     files = ReplayFiles(out)
-    stats = ReplayRankStats.from_dict(json.loads(files.replay_stats(rank).read_text()))
+    stats = read_replay_stats(files.replay_stats(rank))
     result = RankResult.from_dict(json.loads(files.result(rank).read_text()))
     per_call = call_us(files.comm(rank))
     clean = clean_unprofiled(stats.iterations, WARMUP)

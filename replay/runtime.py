@@ -44,6 +44,7 @@ from prism.schemas.replay import (
     ReplayJob,
     ReplayRankStats,
     ReplayReport,
+    read_replay_stats,
 )
 from prism.schemas.workload import GPTConfig
 
@@ -233,7 +234,7 @@ def _pct(pred: float, real: float) -> float:
 def rank_report(files: ReplayFiles, rank: int, config: GPTConfig, *, warmup: int) -> RankReport:
     """Measured vs predicted for one replayed rank, from the files its process wrote."""
     result = RankResult.from_dict(json.loads(files.result(rank).read_text()))
-    stats = ReplayRankStats.from_dict(json.loads(files.replay_stats(rank).read_text()))
+    stats = read_replay_stats(files.replay_stats(rank))
     # The clean unprofiled iterations, the window the build's profiler correction predicts; the
     # emulated time is the program's wall time with the engine's stalls taken out.
     clean = clean_unprofiled(stats.iterations, warmup)

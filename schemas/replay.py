@@ -16,6 +16,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -116,6 +118,11 @@ class ReplayRankStats:
                 "virtual_iteration_ns": tuple(data.get("virtual_iteration_ns", ())),
             }
         )
+
+
+def read_replay_stats(path: str | os.PathLike) -> ReplayRankStats:
+    """A replayed rank's ``ReplayRankStats`` (``ReplayFiles.replay_stats``)."""
+    return ReplayRankStats.from_dict(json.loads(Path(path).read_text()))
 
 
 class ReplayFiles(CaptureFiles):
