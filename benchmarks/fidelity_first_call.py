@@ -26,13 +26,14 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+from fidelity_lib import PACED_GRAPH
 from rich.console import Console
 from rich.table import Table
 
 from prism.graph.kineto import CPU_OP, USER_ANNOTATION, read_kineto
 from prism.graph.profiler_overhead import clean_unprofiled
 from prism.schemas.comm_log import CommCall, read_comm_log
-from prism.schemas.manifest import read_manifest
+from prism.schemas.manifest import CaptureFiles, read_manifest
 from prism.schemas.replay import ReplayReport
 
 REAL_RUNS = ("real", "real_after")
@@ -108,20 +109,15 @@ def rows(work_dir: Path, case_filter: str = "") -> list[FirstCall]:
                 continue
             report = ReplayReport.from_dict(json.loads(report_file.read_text()))
             iterations = report.warmup + report.iterations
+            # The capture the replayed graph was built from (fidelity_lib's folders).
+            capture = repeat / ("paced" if Path(report.graph).name == PACED_GRAPH else "slice")
             for rank in report.ranks:
-                phases = {p.phase: p for p in rank.phases}
-                real = [
-                    first_call_ms(
-                        repeat / run / "comm" / f"rank{rank.rank}.comm.json", iterations, report.warmup
-                    )
-                    for run in REAL_RUNS
-                    if (repeat / run / "comm" / f"rank{rank.rank}.comm.json").exists()
-                ]
+                logs = [CaptureFiles(repeat / run).comm(rank.rank) for run in REAL_RUNS]
+                real = [first_call_ms(log, iterations, report.warmup) for log in logs if log.exists()]
                 replay = first_call_ms(
-                    repeat / "replay" / "comm" / f"rank{rank.rank}.comm.json", iterations, report.warmup
+                    CaptureFiles(repeat / "replay").comm(rank.rank), iterations, report.warmup
                 )
-                optim = phases.get("optim")
-                capture = repeat / ("paced" if Path(report.graph).name == "paced.parquet" else "slice")
+                optim = next((p for p in rank.phases if p.phase == "optim"), None)
                 out.append(
                     FirstCall(
                         case=case.name, repeat=repeat.name, rank=rank.rank,

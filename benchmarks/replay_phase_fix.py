@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -31,6 +32,7 @@ from rich.table import Table
 from prism.graph.graph_io import GraphWriter, read_metadata, read_rank
 from prism.schemas.graph_format import DUR_NS, GAP_NS, KIND, PHASE, NodeKind
 from prism.schemas.layout import ParallelLayout
+from prism.schemas.replay import ReplayReport
 
 FIXED_GRAPH = "fixed.parquet"
 
@@ -56,10 +58,10 @@ def with_phase_scaled(src: Path, dst: Path, phase: str, factor: float) -> None:
 def phase_factor(report_file: Path, phase: str) -> float:
     """Measured / predicted time of ``phase``, median over the replayed ranks of a report."""
     ratios = [
-        p["measured_ms"] / p["predicted_ms"]
-        for rank in json.loads(report_file.read_text())["ranks"]
-        for p in rank["phases"]
-        if p["phase"] == phase and p["predicted_ms"] > 0
+        p.measured_ms / p.predicted_ms
+        for rank in ReplayReport.from_dict(json.loads(report_file.read_text())).ranks
+        for p in rank.phases
+        if p.phase == phase and p.predicted_ms > 0
     ]
     if not ratios:
         raise ValueError(f"{report_file}: no replayed rank has a '{phase}' phase")
@@ -95,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     for repeat, factor in zip(kept, factors, strict=True):
         out = case_dir(args.out, case_label(config)) / repeat.name
         out.mkdir(parents=True, exist_ok=True)
-        (out / PACED_GRAPH).write_bytes((repeat / PACED_GRAPH).read_bytes())
+        shutil.copyfile(repeat / PACED_GRAPH, out / PACED_GRAPH)
         with_phase_scaled(repeat / PACED_GRAPH, out / FIXED_GRAPH, args.phase, factor)
         console.print(f"{repeat.name}: real, replay, replay with '{args.phase}' x{factor:.2f}, real")
         before = measure_real(config, settings, out / "real")
