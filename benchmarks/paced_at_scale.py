@@ -30,6 +30,7 @@ from prism.graph.profiler_overhead import clean_unprofiled
 from prism.graph.simulate import load_sim_graph, simulate
 from prism.replay.paced_capture import run_paced_capture
 from prism.schemas.cluster import ClusterSpec
+from prism.schemas.graph_format import GraphMetadata
 from prism.schemas.manifest import CaptureManifest, ManifestError, read_manifest
 from prism.schemas.replay import ReplayFiles, read_replay_stats
 
@@ -98,9 +99,24 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, GraphFormatError, ManifestError, OSError) as e:
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
+    if args.work_dir is not None:
+        args.work_dir.mkdir(parents=True, exist_ok=True)
+        compare(args, engines, meta, slice_manifest, args.work_dir)
+    else:  # the captures and graphs of an 8192-rank job are large: gone once printed
+        with tempfile.TemporaryDirectory(prefix="prism-paced-at-scale-") as tmp:
+            compare(args, engines, meta, slice_manifest, Path(tmp))
+    return 0
+
+
+def compare(
+    args: argparse.Namespace,
+    engines: list[str],
+    meta: GraphMetadata,
+    slice_manifest: CaptureManifest,
+    work: Path,
+) -> None:
+    """Pace, measure (and build) for each engine placement in ``work``; print the table."""
     console = Console()
-    work = args.work_dir or Path(tempfile.mkdtemp(prefix="prism-paced-at-scale-"))
-    work.mkdir(parents=True, exist_ok=True)
     slice_own = own_times(slice_manifest)
     layout = meta.layout
     title = (
@@ -137,7 +153,6 @@ def main(argv: list[str] | None = None) -> int:
     console.print(table)
     for name, ms in predictions.items():
         console.print(f"{name}: job iteration {ms:.1f} ms", highlight=False)
-    return 0
 
 
 if __name__ == "__main__":
