@@ -129,8 +129,8 @@ def engine_table(report: ReplayReport) -> Table:
             _mib(r.replay_rss_bytes),
         )  # fmt: skip
     table.caption = (
-        "engine: the co-simulation's time per pass; stall: time the clock held the rank past a completion "
-        "(taken out of its time when it is the only real rank)"
+        "engine: the co-simulation's time per pass; stall: time the co-simulation held the rank (its work in "
+        "the rank's thread, answers found late; taken out of its time when it is the only real rank)"
     )
     return table
 
