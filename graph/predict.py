@@ -61,7 +61,8 @@ def stage_table(summary: Summary, title: str) -> Table:
     for column in (
         "stage",
         "ranks",
-        "iter ms (min / median / max)",
+        "iter ms (median)",
+        "spread ms (max − min)",
         "compute",
         "overhead",
         "exposed comm",
