@@ -30,10 +30,12 @@ from collections.abc import Callable, Iterator
 import torch
 from torch.autograd.profiler import record_function
 
+from prism.capture.phase_timer import PhaseTimer
 from prism.schemas.annotations import Direction, Mark, Part, Phase, format_mark
 
 BlockHook = Callable[[Mark], None]
 _block_hook: BlockHook | None = None
+_phase_timer: PhaseTimer | None = None
 
 
 def set_block_hook(hook: BlockHook | None) -> None:
@@ -44,13 +46,27 @@ def set_block_hook(hook: BlockHook | None) -> None:
     _block_hook = hook
 
 
+def set_phase_timer(timer: PhaseTimer | None) -> None:
+    """Time every top-level block with ``timer`` (``prism.capture.phase_timer``); None: stop.
+
+    The capture's rank process sets one, so that unprofiled iterations are timed by phase too."""
+    global _phase_timer
+    _phase_timer = timer
+
+
 @contextlib.contextmanager
 def mark(m: Mark) -> Iterator[None]:
     """Open a record_function named after ``m`` for the duration of the block."""
     with record_function(format_mark(m)):
-        if _block_hook is not None:
-            _block_hook(m)
-        yield
+        timer = _phase_timer
+        started = timer.opened(m) if timer is not None else None
+        try:
+            if _block_hook is not None:
+                _block_hook(m)
+            yield
+        finally:
+            if timer is not None:
+                timer.closed(m, started)
 
 
 def iteration(index: int) -> contextlib.AbstractContextManager[None]:

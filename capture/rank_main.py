@@ -16,12 +16,14 @@ import os
 import resource
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from prism.capture import annotate
+from prism.capture.phase_timer import BlockSpan, PhaseTimer, own_phase_ns
 from prism.capture.profiling import ProfileSpec, profiled
 from prism.capture.progress import report
 from prism.capture.workloads.gpt import GPTWorkload
@@ -57,6 +59,45 @@ def _peak_device_bytes(job: RankJob) -> int | None:
     return torch.cuda.max_memory_allocated() if job.config.device == "cuda" else None
 
 
+@dataclass(kw_only=True)
+class _Timings:
+    """What the training loop measured, one entry per iteration."""
+
+    iteration_ns: list[int] = field(default_factory=list)
+    windows: list[tuple[int, int]] = field(default_factory=list)  # wall-clock span (comm log's clock)
+    blocks: list[list[BlockSpan]] = field(default_factory=list)  # top-level blocks
+    losses: list[float | None] = field(default_factory=list)
+
+
+def _train(workload: GPTWorkload, job: RankJob, rank: int, spec: ProfileSpec, clock: CommClock) -> _Timings:
+    """Run every iteration, the last ``job.iterations`` profiled, each block timed."""
+    timings, timer = _Timings(), PhaseTimer()
+    total = job.warmup + job.iterations
+    report(rank=rank, event="start", total=total)
+    annotate.set_phase_timer(timer)
+    try:
+        with profiled(spec) as prof:
+            for it in range(total):
+                began = time.time_ns()
+                clock.iteration_started(began)
+                t0 = time.perf_counter_ns()
+                result = workload.train_step(it)
+                if job.config.device == "cuda":
+                    torch.cuda.synchronize()
+                timings.iteration_ns.append(time.perf_counter_ns() - t0)
+                timings.windows.append((began, time.time_ns()))
+                timings.blocks.append(timer.take())
+                clock.iteration_done(timings.windows[-1][1])
+                timings.losses.append(result.loss)
+                prof.step()
+                report(
+                    rank=rank, event="iteration", done=it + 1, total=total, ms=timings.iteration_ns[-1] / 1e6
+                )
+    finally:
+        annotate.set_phase_timer(None)
+    return timings
+
+
 def run_rank(job: RankJob, rank: int, out_dir: Path, *, clock: CommClock | None = None) -> RankResult:
     """Run one rank of ``job`` and write its files under ``out_dir``.
 
@@ -71,7 +112,6 @@ def run_rank(job: RankJob, rank: int, out_dir: Path, *, clock: CommClock | None 
     _init_distributed(job, rank, clock)
     files = CaptureFiles(out_dir)
     workload = GPTWorkload(job.config)
-    total = job.warmup + job.iterations
     spec = ProfileSpec(
         warmup=job.warmup,
         iterations=job.iterations,
@@ -79,38 +119,22 @@ def run_rank(job: RankJob, rank: int, out_dir: Path, *, clock: CommClock | None 
         et_path=files.et(rank),
         cuda=job.config.device == "cuda",
     )
-    iteration_ns: list[int] = []
-    windows: list[tuple[int, int]] = []  # wall time span of each iteration
-    losses: list[float | None] = []
-    report(rank=rank, event="start", total=total)
-    with profiled(spec) as prof:
-        for it in range(total):
-            began = time.time_ns()
-            clock.iteration_started(began)
-            t0 = time.perf_counter_ns()
-            result = workload.train_step(it)
-            if job.config.device == "cuda":
-                torch.cuda.synchronize()
-            iteration_ns.append(time.perf_counter_ns() - t0)
-            windows.append((began, time.time_ns()))
-            clock.iteration_done(windows[-1][1])
-            losses.append(result.loss)
-            prof.step()
-            report(rank=rank, event="iteration", done=it + 1, total=total, ms=iteration_ns[-1] / 1e6)
+    timings = _train(workload, job, rank, spec, clock)
     log = current_comm_log()
     write_comm_log(log, files.comm(rank))
     held = HeldTime(log)
     dist.destroy_process_group()
     result = RankResult(
         rank=rank,
-        iteration_ns=tuple(iteration_ns),
-        losses=tuple(losses),
+        iteration_ns=tuple(timings.iteration_ns),
+        losses=tuple(timings.losses),
         parameter_count=workload.parameter_count,
         peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         peak_device_bytes=_peak_device_bytes(job),
         wall_s=time.perf_counter() - started,
-        held_ns=tuple(held.within(s, e) for s, e in windows),
+        held_ns=tuple(held.within(s, e) for s, e in timings.windows),
     )
+    result = replace(result, phase_ns=own_phase_ns(timings.blocks, log, result.own_iteration_ns))
     write_json_atomic(files.result(rank), asdict(result))
     report(rank=rank, event="done")
     return result

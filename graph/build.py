@@ -16,7 +16,7 @@ from prism.graph.compose import compose_stage
 from prism.graph.graph_io import GraphWriter
 from prism.graph.noise import call_jitter_ns, iteration_cv
 from prism.graph.normalize import normalize_rank
-from prism.graph.profiler_overhead import scale_template, time_scale
+from prism.graph.profiler_overhead import Correction, scale_template, time_scale
 from prism.graph.templates import RoleTemplate, TemplateError, build_role_template
 from prism.graph.validate import ValidationReport, validate_graph
 from prism.schemas import PRISM_VERSION
@@ -57,8 +57,8 @@ class BuildOptions:
     """Transformer layers of the model; None keeps the capture's."""
     ranks_per_row_group: int = 32
     """Consecutive ranks per Parquet row group."""
-    profiler_correction: bool = True
-    """Scale compute and gaps to the captured ranks' unprofiled iterations (``profiler_overhead``)."""
+    profiler_correction: Correction = Correction.PHASE
+    """How compute and gaps are scaled to the captured ranks' unprofiled iterations (``profiler_overhead``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,13 +101,20 @@ TIME_SCALE_KEY = "time_scale"
 
 
 def load_templates(
-    capture_dir: Path, manifest: CaptureManifest, roles: set[Role], *, profiler_correction: bool = True
+    capture_dir: Path,
+    manifest: CaptureManifest,
+    roles: set[Role],
+    *,
+    profiler_correction: Correction = Correction.PHASE,
 ) -> tuple[dict[Role, RoleTemplate], dict[str, dict] | None]:
     """Templates of the captured ranks standing for ``roles``, and the time scale applied to each.
 
-    With ``profiler_correction``, every template is scaled to its rank's unprofiled iterations
-    when the capture has clean ones (warm-up >= 3) and left as measured (None) when not.
+    Unless ``profiler_correction`` is NONE, every template is scaled to its rank's unprofiled
+    iterations when the capture has clean ones (warm-up >= 3) and left as measured (None) when
+    not; by phase on CPU captures that timed their phases (``profiler_overhead``).
     """
+    correct = profiler_correction != Correction.NONE
+    by_phase = profiler_correction == Correction.PHASE and manifest.device == "cpu"
     captured = manifest.job.config
     templates, scales = {}, {}
     for role in sorted(roles):
@@ -122,16 +129,15 @@ def load_templates(
         first = captured.stage_layers(rank.stage).start
         template = build_role_template(ops, rank=rank.rank, stage=rank.stage, first_layer=first)
         # A paced capture's iterations include its emulated waits: only the program's own time counts.
-        own_ns = rank.result.own_iteration_ns
-        scale = time_scale(rank.rank, own_ns, manifest.job.warmup)
-        cv = iteration_cv(own_ns, manifest.job.warmup)
+        scale = time_scale(rank.result, manifest.job.warmup, by_phase=by_phase)
+        cv = iteration_cv(rank.result.own_iteration_ns, manifest.job.warmup)
         jitter = _call_jitter_ns(capture_dir, rank.rank, ops, manifest)
         template = replace(template, noise_cv=cv, call_jitter_ns=jitter)
-        if profiler_correction and scale is not None:
-            template = scale_template(template, scale.factor)
+        if correct and scale is not None:
+            template = scale_template(template, scale)
             scales[role.value] = scale.to_dict() | {"noise_cv": round(cv, 6), "call_jitter_ns": round(jitter)}
         templates[role] = template
-    return templates, (scales if profiler_correction and len(scales) == len(templates) else None)
+    return templates, (scales if correct and len(scales) == len(templates) else None)
 
 
 def _call_jitter_ns(capture_dir: Path, rank: int, ops, manifest: CaptureManifest) -> float:

@@ -14,7 +14,7 @@ from prism.graph.build import BuildError, BuildOptions, BuildResult, build_graph
 from prism.graph.graph_io import GraphFormatError
 from prism.graph.op_table import NormalizeError
 from prism.graph.predict import predict, stage_table
-from prism.graph.profiler_overhead import MIN_WARMUP
+from prism.graph.profiler_overhead import MIN_WARMUP, Correction
 from prism.schemas.cluster import ClusterSpec, preset
 from prism.schemas.summary import write_summary
 
@@ -42,9 +42,16 @@ def _summary(result: BuildResult, out: Path) -> Table:
     scales = result.time_scales
     table.add_row(
         "profiler correction (unprofiled / profiled)",
-        ", ".join(f"×{s['factor']:.3f} (rank {s['rank']})" for s in scales.values()) if scales else "none",
+        ", ".join(_correction(s) for s in scales.values()) if scales else "none",
     )
     return table
+
+
+def _correction(scale: dict) -> str:
+    """'×0.290 (rank 0; by phase ×0.095–0.420)': the role's factor and the range of its phases'."""
+    phases = scale.get("phase_factors") or {}
+    by_phase = f"; by phase ×{min(phases.values()):.3f}–{max(phases.values()):.3f}" if phases else ""
+    return f"×{scale['factor']:.3f} (rank {scale['rank']}{by_phase})"
 
 
 @app.command()
@@ -64,11 +71,12 @@ def build(
         bool, typer.Option(help="Simulate the graph and write summary.json beside it.")
     ] = True,
     profiler_correction: Annotated[
-        bool,
+        Correction,
         typer.Option(
-            help="Scale compute to the captured ranks' unprofiled iterations (needs a capture with --warmup >= 3)."
+            help="Scale compute to the captured ranks' unprofiled iterations (needs a capture with --warmup >= 3): "
+            "each phase by its own ratio (CPU captures; else as 'role'), one ratio per role, or none."
         ),
-    ] = True,
+    ] = Correction.PHASE,
 ) -> None:
     """Build the full-scale graph of the captured job at the target layout, then validate it."""
     try:
@@ -89,7 +97,7 @@ def build(
         console.print(f"[bold red]error:[/] {str(e).splitlines()[0]}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     console.print(_summary(result, out))
-    if profiler_correction and result.time_scales is None:
+    if profiler_correction != Correction.NONE and result.time_scales is None:
         console.print(
             f"[yellow]warning:[/] the capture ran fewer than {MIN_WARMUP} warm-up iterations, so it has no "
             "clean unprofiled one: predictions are of profiled iterations (capture with --warmup 5)",

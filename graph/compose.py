@@ -29,8 +29,8 @@ from prism.graph.templates import (
     PRE,
     RoleTemplate,
     TemplateError,
-    transfer_kind,
 )
+from prism.schemas.annotations import Direction, Phase, block_kind
 from prism.schemas.gpt_params import stage_buckets
 from prism.schemas.pipeline_schedule import Action, one_f_one_b
 from prism.schemas.workload import GPTConfig
@@ -52,10 +52,10 @@ WAIT_NAME = "prism:wait"
 _STEP_KINDS = {
     Action.FORWARD: FWD,
     Action.BACKWARD: BWD,
-    Action.RECV_FORWARD: transfer_kind("recv", "fwd"),
-    Action.SEND_FORWARD: transfer_kind("send", "fwd"),
-    Action.RECV_BACKWARD: transfer_kind("recv", "bwd"),
-    Action.SEND_BACKWARD: transfer_kind("send", "bwd"),
+    Action.RECV_FORWARD: block_kind(Phase.RECV, Direction.FORWARD),
+    Action.SEND_FORWARD: block_kind(Phase.SEND, Direction.FORWARD),
+    Action.RECV_BACKWARD: block_kind(Phase.RECV, Direction.BACKWARD),
+    Action.SEND_BACKWARD: block_kind(Phase.SEND, Direction.BACKWARD),
     Action.WAIT: P2P_WAIT,
 }
 # Which neighbour a transfer talks to: +1 the next stage, -1 the previous one.

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from prism.graph import op_table as ot
-from prism.schemas.annotations import Phase
+from prism.schemas.annotations import Phase, block_kind
 
 PRE, POST = "pre", "post"
 FWD, BWD = Phase.FORWARD.value, Phase.BACKWARD.value
@@ -51,11 +51,6 @@ COPIED_COLUMNS = (
 
 class TemplateError(ValueError):
     """A capture whose blocks cannot be turned into templates."""
-
-
-def transfer_kind(phase: str, direction: str) -> str:
-    """Segment kind of a posted transfer, e.g. 'send_fwd'."""
-    return f"{phase}_{direction}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,22 +116,13 @@ class RoleTemplate:
             raise TemplateError(f"captured rank {self.rank} never ran a {kind!r} segment") from None
 
 
-def _unit_kind(row: pd.Series) -> str | None:
-    phase = row[ot.PHASE]
-    if phase in (FWD, BWD, P2P_WAIT, GRAD_SYNC, OPTIM):
-        return phase
-    if phase in (Phase.SEND.value, Phase.RECV.value):
-        return transfer_kind(phase, row[ot.DIR])
-    return None  # glue between blocks
-
-
 def _is_transfer(kind: str) -> bool:
     return kind.startswith((Phase.SEND.value + "_", Phase.RECV.value + "_"))
 
 
 def split_segments(iteration: pd.DataFrame) -> list[tuple[str, int, pd.DataFrame]]:
     """Cut one iteration's units (in program order) into (kind, microbatch, units) segments."""
-    kinds = [_unit_kind(row) for _, row in iteration.iterrows()]
+    kinds = [block_kind(p, d) for p, d in zip(iteration[ot.PHASE], iteration[ot.DIR], strict=True)]
     mbs = iteration[ot.MB].to_numpy()
     segments: list[tuple[str, int, list[int]]] = []
     glue: list[int] = []

@@ -132,7 +132,44 @@ class CommLog:
         return cls(rank=data["rank"], world_size=data["world_size"], groups=groups, calls=calls)
 
 
-class HeldTime:
+class Spans:
+    """Wall-time spans, merged where they overlap: how much of any interval they cover."""
+
+    def __init__(self, spans: Iterable[tuple[int, int]]) -> None:
+        merged: list[list[int]] = []
+        for start, end in sorted((s, e) for s, e in spans if e > s):
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        self.starts = [s for s, _ in merged]
+        self.ends = [e for _, e in merged]
+        self._before: list[int] = [0]  # covered time before each span's start
+        for s, e in merged:
+            self._before.append(self._before[-1] + e - s)
+
+    def __bool__(self) -> bool:
+        return bool(self.starts)
+
+    def until(self, t_ns: int) -> int:
+        """Covered time before wall time ``t_ns``."""
+        i = bisect.bisect_right(self.starts, t_ns)  # spans that began by t
+        if i == 0:
+            return 0
+        return self._before[i - 1] + min(t_ns, self.ends[i - 1]) - self.starts[i - 1]
+
+    def within(self, start_ns: int, end_ns: int) -> int:
+        """Covered time in [start_ns, end_ns)."""
+        return max(0, self.until(end_ns) - self.until(start_ns))
+
+
+def _held_spans(log: CommLog) -> list[tuple[int, int]]:
+    return [(c.wait_ns, c.done_ns) for c in log.calls if c.wait_ns and c.done_ns > c.wait_ns] + [
+        (c.exit_ns - c.clock_ns, c.exit_ns) for c in log.calls if c.clock_ns > 0
+    ]
+
+
+class HeldTime(Spans):
     """When prism held the program: blocked in a virtual call's wait (``wait_ns`` to ``done_ns``)
     or inside its clock (``clock_ns`` before ``exit_ns``).
 
@@ -141,35 +178,15 @@ class HeldTime:
     and iteration times, which are to hold the program's own time only."""
 
     def __init__(self, log: CommLog) -> None:
-        spans = sorted(
-            [(c.wait_ns, c.done_ns) for c in log.calls if c.wait_ns and c.done_ns > c.wait_ns]
-            + [(c.exit_ns - c.clock_ns, c.exit_ns) for c in log.calls if c.clock_ns > 0]
-        )
-        merged: list[list[int]] = []
-        for start, end in spans:
-            if merged and start <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], end)
-            else:
-                merged.append([start, end])
-        self.starts = [s for s, _ in merged]
-        self.ends = [e for _, e in merged]
-        self._before: list[int] = [0]  # held time before each span's start
-        for s, e in merged:
-            self._before.append(self._before[-1] + e - s)
+        super().__init__(_held_spans(log))
 
-    def __bool__(self) -> bool:
-        return bool(self.starts)
 
-    def until(self, t_ns: int) -> int:
-        """Held time before wall time ``t_ns``."""
-        i = bisect.bisect_right(self.starts, t_ns)  # spans that began by t
-        if i == 0:
-            return 0
-        return self._before[i - 1] + min(t_ns, self.ends[i - 1]) - self.starts[i - 1]
+class CommTime(Spans):
+    """When the program was in a process-group call (``enter_ns`` to ``exit_ns``) or held by
+    prism (``HeldTime``): what is left of a span is the program's own compute and glue."""
 
-    def within(self, start_ns: int, end_ns: int) -> int:
-        """Held time in [start_ns, end_ns)."""
-        return max(0, self.until(end_ns) - self.until(start_ns))
+    def __init__(self, log: CommLog) -> None:
+        super().__init__([(c.enter_ns, c.exit_ns) for c in log.calls] + _held_spans(log))
 
 
 def trace_offset_ns(marks: Iterable[tuple[int, int]]) -> int | None:

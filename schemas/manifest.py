@@ -141,6 +141,10 @@ class RankResult:
     held_ns: tuple[int, ...] = ()
     """Time of every iteration prism held the program (``prism.schemas.comm_log.HeldTime``): zero
     in a free-running capture; the emulated waits and the engine's work in a paced one."""
+    phase_ns: tuple[dict[str, int], ...] = ()
+    """Own time of every iteration by kind of top-level block (``annotations.block_kind``, and
+    ``annotations.GLUE`` for the rest): the blocks' wall time less process-group calls and held
+    time (``prism.capture.phase_timer``). Empty in captures made before it was recorded."""
 
     @property
     def own_iteration_ns(self) -> tuple[int, ...]:
@@ -157,6 +161,7 @@ class RankResult:
                 "iteration_ns": tuple(data["iteration_ns"]),
                 "losses": tuple(data["losses"]),
                 "held_ns": tuple(data.get("held_ns", ())),
+                "phase_ns": tuple(dict(p) for p in data.get("phase_ns", ())),
             }
         )
 

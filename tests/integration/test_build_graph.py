@@ -16,7 +16,9 @@ from prism.graph.build import BuildError, BuildOptions, build_graph
 from prism.graph.cli import app
 from prism.graph.graph_io import read_metadata, read_rank
 from prism.graph.noise import expected_max_normal
+from prism.graph.profiler_overhead import Correction
 from prism.schemas import graph_format as gf
+from prism.schemas.annotations import GLUE
 from prism.schemas.cluster import preset
 from prism.schemas.comm_log import read_comm_log
 from prism.schemas.manifest import CaptureFiles, read_manifest
@@ -46,7 +48,7 @@ def slice_capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def build(capture: Path, out: Path, profiler_correction: bool = True, **target) -> Path:
+def build(capture: Path, out: Path, profiler_correction: Correction = Correction.PHASE, **target) -> Path:
     layout = {"tp": 2, "pp": 2, "dp": 2} | target
     build_graph(
         BuildOptions(
@@ -108,12 +110,15 @@ def test_profiler_correction_scales_compute_to_the_unprofiled_iterations(
     slice_capture: Path, tmp_path: Path
 ) -> None:
     manifest = read_manifest(slice_capture)
-    as_measured = read_rank(build(slice_capture, tmp_path / "raw.parquet", False, pp=4), 0).to_pandas()
-    graph = build(slice_capture, tmp_path / "g.parquet", pp=4)
+    as_measured = read_rank(
+        build(slice_capture, tmp_path / "raw.parquet", Correction.NONE, pp=4), 0
+    ).to_pandas()
+    graph = build(slice_capture, tmp_path / "g.parquet", Correction.ROLE, pp=4)
     corrected = read_rank(graph, 0).to_pandas()
     scales = read_metadata(graph).extra["time_scale"]
     assert set(scales) == {r.role.value for r in manifest.ranks}
     first = scales["first"]
+    assert first["phase_factors"] == {}
     result = next(r.result for r in manifest.ranks if r.rank == first["rank"])
     clean = result.iteration_ns[1 : manifest.job.warmup - 1]
     expected = np.median(clean) / np.median(result.iteration_ns[manifest.job.warmup :])
@@ -123,6 +128,32 @@ def test_profiler_correction_scales_compute_to_the_unprofiled_iterations(
     assert ratio == pytest.approx(first["factor"], rel=1e-3)
     comm = as_measured[gf.KIND] == gf.NodeKind.COLLECTIVE.value
     assert (corrected.loc[comm, gf.DUR_NS] == as_measured.loc[comm, gf.DUR_NS]).all()
+
+
+def test_profiler_correction_by_phase_predicts_each_phase_as_it_ran_unprofiled(
+    slice_capture: Path, tmp_path: Path
+) -> None:
+    manifest = read_manifest(slice_capture)
+    as_measured = read_rank(
+        build(slice_capture, tmp_path / "raw.parquet", Correction.NONE, pp=4), 0
+    ).to_pandas()
+    graph = build(slice_capture, tmp_path / "g.parquet", pp=4)  # by phase: the default
+    corrected = read_rank(graph, 0).to_pandas()
+    first = read_metadata(graph).extra["time_scale"]["first"]
+    factors = first["phase_factors"]
+    assert {"fwd", "bwd", "optim", GLUE} <= set(factors)
+    for phase in ("fwd", "bwd", "optim"):
+        on = (as_measured[gf.KIND] == gf.NodeKind.COMPUTE.value) & (as_measured[gf.PHASE] == phase)
+        ratio = corrected.loc[on, gf.DUR_NS].sum() / as_measured.loc[on, gf.DUR_NS].sum()
+        assert ratio == pytest.approx(factors[phase], rel=0.01), phase
+    # The graph's step is the captured rank's unprofiled one: the Kineto template of the profiled
+    # step and the timer's wall time of it agree, so the scaled template lands on the timer's
+    # unprofiled median.
+    result = next(r.result for r in manifest.ranks if r.rank == first["rank"])
+    unprofiled_ms = np.median([p["optim"] for p in result.phase_ns[1 : manifest.job.warmup - 1]]) / 1e6
+    optim = corrected[corrected[gf.PHASE] == "optim"]
+    graph_ms = (optim[gf.DUR_NS].sum() + optim[gf.GAP_NS].sum()) / 1e6  # the graph holds one iteration
+    assert graph_ms == pytest.approx(unprofiled_ms, rel=0.3)
 
 
 def test_collectives_wait_for_the_captured_ranks_per_call_noise(slice_capture: Path, tmp_path: Path) -> None:

@@ -1,22 +1,39 @@
-"""Profiler correction: clean unprofiled iterations and the scaling of a role's templates."""
+"""Profiler correction: clean unprofiled iterations, per-phase ratios and the scaling of a role's templates."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
 
+import numpy as np
 import pytest
 from test_compose import CAPTURED, op_table
 
 from prism.graph import op_table as ot
-from prism.graph.profiler_overhead import clean_unprofiled, scale_template, time_scale
+from prism.graph.profiler_overhead import (
+    MIN_PHASE_NS,
+    TimeScale,
+    clean_unprofiled,
+    phase_factors,
+    scale_template,
+    time_scale,
+)
 from prism.graph.templates import build_role_template
+from prism.schemas.annotations import GLUE
 from prism.schemas.manifest import RankResult
+
+
+def result(iteration_ns, *, held_ns=(), phase_ns=()) -> RankResult:
+    n = len(iteration_ns)
+    return RankResult(
+        rank=3, iteration_ns=tuple(iteration_ns), losses=(None,) * n, parameter_count=1,
+        peak_rss_bytes=1, peak_device_bytes=None, wall_s=1.0, held_ns=tuple(held_ns), phase_ns=tuple(phase_ns),
+    )  # fmt: skip
 
 
 def test_clean_iterations_skip_the_cold_one_and_the_profiler_warmup_step() -> None:
     ns = (900, 200, 210, 190, 350, 400, 410, 390)  # warmup 5: cold, 3 clean, profiler warm-up; 3 profiled
     assert clean_unprofiled(ns, warmup=5) == (200, 210, 190)
-    scale = time_scale(3, ns, warmup=5)
+    scale = time_scale(result(ns), warmup=5)
     assert scale is not None and scale.clean_iterations == 3
     assert scale.factor == pytest.approx(200 / 400)
     assert scale.to_dict()["rank"] == 3
@@ -25,27 +42,62 @@ def test_clean_iterations_skip_the_cold_one_and_the_profiler_warmup_step() -> No
 def test_a_paced_captures_correction_is_over_the_programs_own_time() -> None:
     # Held 100 ms in each unprofiled iteration, 10 ms in the profiled ones: the profiled rank is
     # slower, so its virtual peers are ahead and it waits less. Whole iterations would give 0.75.
-    result = RankResult(
-        rank=0, iteration_ns=(900, 300, 300, 300, 400), losses=(None,) * 5, parameter_count=1,
-        peak_rss_bytes=1, peak_device_bytes=None, wall_s=1.0, held_ns=(100, 100, 100, 100, 10),
-    )  # fmt: skip
-    assert result.own_iteration_ns == (800, 200, 200, 200, 390)
-    scale = time_scale(0, result.own_iteration_ns, warmup=4)
+    paced = result((900, 300, 300, 300, 400), held_ns=(100, 100, 100, 100, 10))
+    assert paced.own_iteration_ns == (800, 200, 200, 200, 390)
+    scale = time_scale(paced, warmup=4)
     assert scale is not None and scale.factor == pytest.approx(200 / 390)
-    assert RankResult.from_dict({**asdict(result), "held_ns": [100] * 5}).held_ns == (100,) * 5
-    old = {k: v for k, v in asdict(result).items() if k != "held_ns"}  # written before held time
-    assert RankResult.from_dict(old).own_iteration_ns == result.iteration_ns
+    assert RankResult.from_dict({**asdict(paced), "held_ns": [100] * 5}).held_ns == (100,) * 5
+    old = {k: v for k, v in asdict(paced).items() if k not in ("held_ns", "phase_ns")}  # before either
+    assert RankResult.from_dict(old).own_iteration_ns == paced.iteration_ns
+    assert RankResult.from_dict(old).phase_ns == ()
 
 
 @pytest.mark.parametrize("warmup", [0, 1, 2])
 def test_no_clean_iteration_means_no_correction(warmup: int) -> None:
     ns = (900, 350, 400, 410, 390)[: warmup + 3]
-    assert time_scale(0, ns, warmup=warmup) is None
+    assert time_scale(result(ns), warmup=warmup) is None
+
+
+MS = 1_000_000
+
+
+def phases(fwd_ms: float, optim_ms: float, glue_ms: float, send_us: float = 10) -> dict[str, int]:
+    return {"fwd": round(fwd_ms * MS), "optim": round(optim_ms * MS), GLUE: round(glue_ms * MS),
+            "send_fwd": round(send_us * 1000)}  # fmt: skip
+
+
+def test_each_phase_gets_its_own_unprofiled_to_profiled_ratio() -> None:
+    # warmup 4: one cold, two clean, the profiler's warm-up step; then three profiled. The optimizer
+    # step (tiny ops) slows down 10x under the profiler, the forward (big ops) 2x.
+    per_iteration = [phases(50, 20, 5), phases(30, 5, 2), phases(32, 5, 2), phases(40, 10, 3)]
+    per_iteration += [phases(62, 50, 4), phases(62, 50, 4), phases(60, 52, 4)]
+    factors = phase_factors(per_iteration, warmup=4)
+    assert factors["fwd"] == pytest.approx(31 / 62)
+    assert factors["optim"] == pytest.approx(5 / 50)
+    assert factors[GLUE] == pytest.approx(2 / 4)
+    assert "send_fwd" not in factors  # 10 µs profiled: below MIN_PHASE_NS, keeps the role's factor
+    assert 10_000 < MIN_PHASE_NS
+    own = [sum(p.values()) for p in per_iteration]
+    scale = time_scale(result(own, phase_ns=per_iteration), warmup=4)
+    assert scale is not None and dict(scale.phase_factors) == factors
+    assert scale.factor_of("optim") == pytest.approx(0.1)
+    assert scale.factor_of(None) == pytest.approx(0.5)  # glue between blocks
+    assert scale.factor_of("send_fwd") == scale.factor  # too short to measure: the role's
+    assert scale.to_dict()["phase_factors"]["optim"] == pytest.approx(0.1)
+    by_role = time_scale(result(own, phase_ns=per_iteration), warmup=4, by_phase=False)
+    assert by_role is not None and not by_role.phase_factors and by_role.factor_of("optim") == by_role.factor
+
+
+def test_a_capture_without_phase_times_keeps_one_factor_per_role() -> None:
+    scale = time_scale(result((900, 200, 210, 190, 350, 400, 410, 390)), warmup=5)
+    assert scale is not None and not scale.phase_factors
+    assert all(scale.factor_of(kind) == scale.factor for kind in ("fwd", "optim", None))
 
 
 def test_scaling_multiplies_compute_and_gaps_and_leaves_comm_alone() -> None:
     template = build_role_template(op_table(1), rank=2, stage=1, first_layer=CAPTURED.stage_layers(1).start)
-    scaled = scale_template(template, 0.5)
+    scale = TimeScale(rank=2, unprofiled_ns=1.0, profiled_ns=2.0, clean_iterations=1)  # 0.5 for all
+    scaled = scale_template(template, scale)
     for kind, segment in template.segments.items():
         before, after = segment.units, scaled.segments[kind].units
         comm = before[ot.IS_COMM].to_numpy(dtype=bool)
@@ -53,3 +105,23 @@ def test_scaling_multiplies_compute_and_gaps_and_leaves_comm_alone() -> None:
         assert (after[ot.DUR_NS][comm] == before[ot.DUR_NS][comm]).all()
         assert (after[ot.GAP_NS] == (before[ot.GAP_NS] * 0.5).round()).all()
         assert (after[ot.ALLOC_BYTES] == before[ot.ALLOC_BYTES]).all()
+
+
+def test_units_are_scaled_by_their_phase_and_glue_by_the_glues() -> None:
+    template = build_role_template(op_table(1), rank=2, stage=1, first_layer=CAPTURED.stage_layers(1).start)
+    factors = {"fwd": 0.5, "bwd": 0.25, "optim": 0.1, "recv_fwd": 0.8, GLUE: 0.9}
+    scale = TimeScale(rank=2, unprofiled_ns=1.0, profiled_ns=3.0, clean_iterations=1, phase_factors=factors)
+    scaled = scale_template(template, scale)
+    for kind, segment in template.segments.items():
+        before, after = segment.units, scaled.segments[kind].units
+        glue = (before[ot.PHASE] == "iter").to_numpy()  # the synthetic table's glue units
+        expected = np.where(glue, 0.9, factors.get(kind, 1 / 3))  # send_* and grad_sync: the role's
+        compute = ~before[ot.IS_COMM].to_numpy(dtype=bool)
+        assert (after[ot.GAP_NS] == (before[ot.GAP_NS] * expected).round()).all(), kind
+        assert (after[ot.DUR_NS][compute] == (before[ot.DUR_NS] * expected).round()[compute]).all(), kind
+    assert {"pre", "post", "fwd", "bwd", "optim", "recv_fwd", "send_fwd", "grad_sync"} <= set(
+        template.segments
+    )
+    assert (
+        scaled.segments["pre"].units[ot.DUR_NS] == (template.segments["pre"].units[ot.DUR_NS] * 0.9).round()
+    ).all()

@@ -1,0 +1,84 @@
+"""Wall time of each iteration's top-level blocks, profiled or not: the input of the build's
+per-phase profiler correction (``prism.graph.profiler_overhead``).
+
+Kineto sees only the profiled iterations. The profiler's cost is closer to a constant per op
+than to a share of each op's time, so it weighs on phases of many tiny ops (Adam's step, ~1,400
+ops an iteration: 30-42 ms profiled, 4.7 ms not) far more than on a few big matmuls, and one
+unprofiled/profiled factor per role leaves the first several times too long and the second
+short. Every ``annotate.mark`` opens through this timer, so each top-level block (forward and
+backward of a microbatch, a posted transfer, a p2p wait, the gradient sync, the optimizer step)
+is timed in every iteration for two ``time.time_ns()`` calls; ``own_phase_ns`` then takes the
+process-group calls and the time prism held the program out of each, from the comm log.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from prism.schemas.annotations import GLUE, Mark, block_kind
+from prism.schemas.comm_log import CommLog, CommTime, HeldTime
+
+
+@dataclass(frozen=True, slots=True)
+class BlockSpan:
+    """One top-level block of an iteration on the wall clock of the comm log."""
+
+    kind: str
+    """``block_kind`` of its mark: 'fwd', 'send_fwd', 'optim', ..."""
+    start_ns: int
+    """``time.time_ns()`` as it opened."""
+    end_ns: int
+    """``time.time_ns()`` as it closed."""
+
+
+class PhaseTimer:
+    """Collects the spans of the outermost block marks opened on the thread that made it."""
+
+    def __init__(self) -> None:
+        self._thread = threading.get_ident()
+        self._depth = 0  # block marks open on the thread
+        self._spans: list[BlockSpan] = []
+
+    def opened(self, mark: Mark) -> int | None:
+        """Called as ``mark`` opens: its start time if it is a top-level block, else None."""
+        if threading.get_ident() != self._thread or block_kind(mark.phase, mark.dir) is None:
+            return None
+        self._depth += 1
+        return time.time_ns() if self._depth == 1 else None
+
+    def closed(self, mark: Mark, start_ns: int | None) -> None:
+        """Called as ``mark`` closes, with what ``opened`` returned for it."""
+        if threading.get_ident() != self._thread or block_kind(mark.phase, mark.dir) is None:
+            return
+        self._depth -= 1
+        if start_ns is not None:
+            self._spans.append(BlockSpan(block_kind(mark.phase, mark.dir), start_ns, time.time_ns()))
+
+    def take(self) -> list[BlockSpan]:
+        """The spans closed since the last call (one iteration's, when called after each)."""
+        spans, self._spans = self._spans, []
+        return spans
+
+
+def own_phase_ns(
+    spans_by_iteration: Sequence[Sequence[BlockSpan]], log: CommLog, own_iteration_ns: Sequence[int]
+) -> tuple[dict[str, int], ...]:
+    """Each iteration's own time by block kind: its blocks' wall time less the process-group
+    calls (their durations come from the comm model) and the time prism held the program in
+    them; ``GLUE``: the iteration's own time (``RankResult.own_iteration_ns``) outside its blocks."""
+    calls, held = CommTime(log), HeldTime(log)
+    phases = []
+    for spans, own_ns in zip(spans_by_iteration, own_iteration_ns, strict=True):
+        by_kind: dict[str, int] = defaultdict(int)
+        in_blocks = 0
+        for span in spans:
+            wall = span.end_ns - span.start_ns
+            by_kind[span.kind] += wall - calls.within(span.start_ns, span.end_ns)
+            in_blocks += wall - held.within(span.start_ns, span.end_ns)
+        by_kind[GLUE] = own_ns - in_blocks
+        phases.append(dict(by_kind))
+    return tuple(phases)

@@ -1,0 +1,104 @@
+"""The phase timer: top-level blocks of an iteration as annotate opens them, and their own time."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from test_comm_log_schema import _call
+
+from prism.capture import annotate
+from prism.capture.phase_timer import BlockSpan, PhaseTimer, own_phase_ns
+from prism.schemas.annotations import GLUE, Direction, Phase, block_kind, is_block
+from prism.schemas.comm_log import CommLog, CommTime
+
+
+@pytest.fixture
+def timer():
+    t = PhaseTimer()
+    annotate.set_phase_timer(t)
+    yield t
+    annotate.set_phase_timer(None)
+
+
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_only_the_outermost_block_of_each_step_is_timed(timer: PhaseTimer) -> None:
+    layer = torch.nn.Linear(4, 4)
+    x = torch.randn(2, 4, requires_grad=True)
+    with annotate.iteration(0):
+        with annotate.forward(stage=0, mb=0):
+            y = annotate.block(layer, x, stage=0, mb=0, layer=0)  # nested: inside the forward's span
+        with annotate.send(direction=Direction.FORWARD, stage=0, mb=0, peer=1):
+            pass
+        with annotate.backward(stage=0, mb=0):
+            y.sum().backward()
+        with annotate.grad_sync():
+            with annotate.grad_sync(bucket=0):
+                pass
+        with annotate.optimizer():
+            _busy(0.002)
+    spans = timer.take()
+    assert [s.kind for s in spans] == ["fwd", "send_fwd", "bwd", "grad_sync", "optim"]
+    assert all(a.end_ns <= b.start_ns for a, b in zip(spans, spans[1:], strict=False))
+    assert spans[-1].end_ns - spans[-1].start_ns >= 2_000_000
+    assert timer.take() == []  # taken: the next iteration starts empty
+
+
+def test_marks_of_other_threads_and_after_the_timer_is_unset_are_not_timed(timer: PhaseTimer) -> None:
+    def elsewhere() -> None:
+        with annotate.optimizer():
+            pass
+
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    thread.join()
+    assert timer.take() == []
+    annotate.set_phase_timer(None)
+    with annotate.optimizer():
+        pass
+    assert timer.take() == []
+
+
+def test_a_block_that_raises_still_closes(timer: PhaseTimer) -> None:
+    with pytest.raises(RuntimeError), annotate.optimizer():
+        raise RuntimeError("boom")
+    with annotate.forward(stage=0, mb=1):
+        pass
+    assert [s.kind for s in timer.take()] == ["optim", "fwd"]  # depth back to 0 after the raise
+
+
+def test_block_kinds_name_transfers_by_direction_and_skip_non_blocks() -> None:
+    assert block_kind(Phase.SEND, Direction.FORWARD) == "send_fwd"
+    assert block_kind("recv", "bwd") == "recv_bwd"
+    assert block_kind(Phase.OPTIMIZER) == "optim"
+    assert [block_kind(p) for p in ("iter", "comm", "", "nonsense")] == [None] * 4
+    assert is_block("p2p_wait") and not is_block("iter")
+
+
+def test_own_time_leaves_out_calls_and_held_time_and_glue_is_the_rest() -> None:
+    # One iteration of 1000 ns own time: fwd 100-400 with a call 150-170 (held 200-250 waiting
+    # on it), optim 500-600 with a call 540-560 inside its clock from 550.
+    calls = (
+        _call(0, enter=150, exit=170, done=250, wait=200),
+        _call(1, enter=540, exit=560, done=560, clock=10),
+    )
+    log = CommLog(rank=0, world_size=2, calls=calls)
+    spans = [BlockSpan("fwd", 100, 400), BlockSpan("optim", 500, 600)]
+    (own,) = own_phase_ns([spans], log, [1000])
+    assert own["fwd"] == 300 - 20 - 50
+    assert own["optim"] == 100 - 20
+    # Glue: the iteration's own time (already without held time) less the blocks' own time with
+    # their calls in: 1000 - (300 - 50) - (100 - 10).
+    assert own[GLUE] == 1000 - 250 - 90
+    assert CommTime(log).within(0, 1000) == 20 + 50 + 20
+
+
+def test_own_time_of_an_iteration_without_blocks_is_all_glue() -> None:
+    assert own_phase_ns([[]], CommLog(rank=0, world_size=1), [500]) == ({GLUE: 500},)
