@@ -47,7 +47,7 @@ from prism.graph.build import BuildOptions, build_graph
 from prism.graph.calibrate import CalibrationConfig, calibrate
 from prism.graph.memory import iteration_memory
 from prism.graph.normalize import normalize_rank
-from prism.graph.profiler_overhead import MIN_WARMUP, clean_unprofiled
+from prism.graph.profiler_overhead import MIN_WARMUP, Correction, clean_unprofiled
 from prism.graph.simulate import load_sim_graph, simulate, static_bytes
 from prism.replay.paced_capture import run_paced_capture
 from prism.replay.runtime import ReplayOptions, run_replay
@@ -238,11 +238,18 @@ def bracketed(before: dict[int, RankRun], after: dict[int, RankRun]) -> dict[int
 # -- (b) the prediction -------------------------------------------------------------------------
 
 
-def build_case_graph(config: GPTConfig, capture: Path, graph: Path, spec: ClusterSpec) -> None:
+def build_case_graph(
+    config: GPTConfig,
+    capture: Path,
+    graph: Path,
+    spec: ClusterSpec,
+    correction: Correction = Correction.PHASE,
+) -> None:
     """The graph of the case's own layout, built as prism-build-graph does."""
     options = BuildOptions(
-        capture_dir=capture, out=graph, tp=config.tp, pp=config.pp, dp=config.dp, cluster=spec
-    )
+        capture_dir=capture, out=graph, tp=config.tp, pp=config.pp, dp=config.dp, cluster=spec,
+        profiler_correction=correction,
+    )  # fmt: skip
     build_graph(options)
 
 

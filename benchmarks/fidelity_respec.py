@@ -1,7 +1,7 @@
-"""Re-price a kept fidelity run under other cluster specs: the comm model's share of the error.
+"""Re-price a kept fidelity run under other cluster specs or profiler corrections.
 
     .venv/bin/python benchmarks/fidelity_respec.py RUN.json WORK_DIR NAME=SPEC.toml [NAME=SPEC.toml ...] \
-        [--no-table NAME ...] [--capture slice|paced] [--json out.json]
+        [--no-table NAME ...] [--correction phase|role|none ...] [--capture slice|paced] [--json out.json]
 
 A fidelity run's real medians move by several percent between runs of the same code on a
 shared machine, so two runs cannot tell two comm models apart. This script keeps one run's
@@ -9,8 +9,10 @@ real side and slices (``benchmarks/fidelity.py --json RUN.json --work-dir WORK_D
 rebuilds every repeat's graph from its own slice under each spec, simulating it as the run
 did: the simulation rows differ by the spec alone. ``NAME=SPEC.toml`` names a spec;
 ``NAME-line`` (with ``--no-table NAME``) is the same spec with its ``measured`` table
-dropped, i.e. priced by its α-β line. ``--capture paced`` rebuilds from each repeat's paced
-capture instead (a run with ``--paced``) and compares with its 'paced' rows.
+dropped, i.e. priced by its α-β line. Each ``--correction`` builds every spec's graphs with
+that profiler correction (``prism-build-graph --profiler-correction``; default: phase), in
+columns ``NAME/CORRECTION`` when there are several. ``--capture paced`` rebuilds from each
+repeat's paced capture instead (a run with ``--paced``) and compares with its 'paced' rows.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from fidelity_lib import RunSettings, build_case_graph, case_dir
 from rich.console import Console
 from rich.table import Table
 
+from prism.graph.profiler_overhead import Correction
 from prism.graph.simulate import load_sim_graph, simulate
 from prism.schemas.cluster import ClusterSpec
 
@@ -40,12 +43,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("specs", nargs="+", help="NAME=SPEC.toml")
     parser.add_argument("--no-table", action="append", default=[], help="also price NAME without its table")
     parser.add_argument(
+        "--correction", action="append", choices=[c.value for c in Correction], default=None,
+        help="profiler correction of the rebuilt graphs (repeat for several; default: phase)",
+    )  # fmt: skip
+    parser.add_argument(
         "--capture", choices=("slice", "paced"), default="slice",
         help="rebuild from each repeat's slice (rows 'simulation') or paced capture (rows 'paced')",
     )  # fmt: skip
     parser.add_argument("--sim-iterations", type=int, default=RunSettings.sim_iterations)
     parser.add_argument("--json", type=Path, default=None, help="write the re-priced errors here")
     return parser.parse_args(argv)
+
+
+Variant = tuple[ClusterSpec, Correction]
+"""How a graph is rebuilt: under which spec, with which profiler correction."""
+
+
+def load_variants(args: argparse.Namespace) -> dict[str, Variant]:
+    """Every spec under every ``--correction``, by column name."""
+    specs = load_specs(args)
+    corrections = [Correction(c) for c in dict.fromkeys(args.correction or [Correction.PHASE.value])]
+    if len(corrections) == 1:
+        return {name: (spec, corrections[0]) for name, spec in specs.items()}
+    return {f"{name}/{c.value}": (spec, c) for name, spec in specs.items() for c in corrections}
 
 
 def load_specs(args: argparse.Namespace) -> dict[str, ClusterSpec]:
@@ -66,7 +86,7 @@ SOURCE_OF_CAPTURE = {"slice": "simulation", "paced": "paced"}
 
 
 def reprice(
-    run: dict, work_dir: Path, specs: dict[str, ClusterSpec], sim_iterations: int, capture: str = "slice"
+    run: dict, work_dir: Path, variants: dict[str, Variant], sim_iterations: int, capture: str = "slice"
 ) -> list[dict]:
     """One row per (spec, case, rank): the real median and the re-priced prediction's median."""
     rows = []
@@ -76,11 +96,11 @@ def reprice(
         repeats = sorted(
             case_dir(work_dir, case).glob("repeat*"), key=lambda p: int(p.name.removeprefix("repeat"))
         )
-        for name, spec in specs.items():
+        for name, (spec, correction) in variants.items():
             per_repeat = []
             for repeat in repeats:
-                graph = repeat / f"respec-{name}.parquet"
-                build_case_graph(config, repeat / capture, graph, spec)
+                graph = repeat / f"respec-{name.replace('/', '-')}.parquet"
+                build_case_graph(config, repeat / capture, graph, spec, correction)
                 per_repeat.append(
                     simulate(load_sim_graph(graph), iterations=sim_iterations).iteration_ns / 1e6
                 )
@@ -99,12 +119,12 @@ def reprice(
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        specs = load_specs(args)
+        variants = load_variants(args)
         run = json.loads(args.run.read_text())
     except (ValueError, OSError) as e:
         console.print(f"[bold red]error:[/] {e}", highlight=False)
         return 2
-    rows = reprice(run, args.work_dir, specs, args.sim_iterations, args.capture)
+    rows = reprice(run, args.work_dir, variants, args.sim_iterations, args.capture)
     if not rows:
         console.print(
             f"[bold red]error:[/] {args.run} has no '{SOURCE_OF_CAPTURE[args.capture]}' rows", highlight=False
@@ -117,19 +137,19 @@ def main(argv: list[str] | None = None) -> int:
     table.add_column("case")
     table.add_column("rank", justify="right")
     table.add_column("real ms", justify="right")
-    for name in specs:
+    for name in variants:
         table.add_column(name, justify="right")
     keys = list(dict.fromkeys((r["case"], r["rank"]) for r in rows))
     by = {(r["spec"], r["case"], r["rank"]): r for r in rows}
     for case, rank in keys:
-        cells = [f"{by[(n, case, rank)]['iter_err_pct']:+.1f}" for n in specs]
+        cells = [f"{by[(n, case, rank)]['iter_err_pct']:+.1f}" for n in variants]
         table.add_row(
             f"C{cases.index(case) + 1}",
             str(rank),
-            f"{by[(next(iter(specs)), case, rank)]['real_ms']:.1f}",
+            f"{by[(next(iter(variants)), case, rank)]['real_ms']:.1f}",
             *cells,
         )
-    means = [np.mean([abs(r["iter_err_pct"]) for r in rows if r["spec"] == n]) for n in specs]
+    means = [np.mean([abs(r["iter_err_pct"]) for r in rows if r["spec"] == n]) for n in variants]
     table.add_row("mean |err|", "", "", *(f"{m:.1f}" for m in means))
     console.print(table)
     if args.json:

@@ -110,19 +110,15 @@ def test_run_case_and_cli_json(fidelity, spec_file: Path, tmp_path: Path) -> Non
     for rank, record in enumerate(r for r in data["records"] if r["source"] == "simulation"):
         assert rows[("same", rank)]["pred_ms"] == pytest.approx(record["pred_iter_ms"], rel=1e-3)
         assert rows[("slow", rank)]["pred_ms"] > rows[("slow-line", rank)]["pred_ms"] + 20
-    # The paced captures likewise reproduce the 'paced' rows.
-    argv = [
-        str(out),
-        str(tmp_path / "wd"),
-        f"same={spec_file}",
-        "--capture",
-        "paced",
-        "--json",
-        str(respec_out),
-    ]
+    # The paced captures likewise reproduce the 'paced' rows, and are rebuilt under a second
+    # profiler correction beside them.
+    argv = [str(out), str(tmp_path / "wd"), f"same={spec_file}", "--capture", "paced"]
+    argv += ["--correction", "phase", "--correction", "role", "--json", str(respec_out)]
     assert fidelity_respec.main(argv) == 0
+    rows = json.loads(respec_out.read_text())
+    assert {r["spec"] for r in rows} == {"same/phase", "same/role"}
     paced = [r for r in data["records"] if r["source"] == "paced"]
-    for row, record in zip(json.loads(respec_out.read_text()), paced, strict=True):
+    for row, record in zip([r for r in rows if r["spec"] == "same/phase"], paced, strict=True):
         assert row["pred_ms"] == pytest.approx(record["pred_iter_ms"], rel=1e-3)
 
     # Each replayed rank's first call per iteration, real and replayed, read from the kept runs.
