@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -106,17 +107,19 @@ def test_durations_come_from_the_capture_and_the_comm_model(slice_capture: Path,
     assert np.all(np.diff(dp[gf.BYTES].to_numpy()) <= dp[gf.BYTES].max())
 
 
+def rank0(capture: Path, out: Path, correction: Correction) -> tuple[pd.DataFrame, dict | None]:
+    """Rank 0's nodes of the pp=4 graph built with ``correction``, and the graph's time scales."""
+    graph = build(capture, out, correction, pp=4)
+    return read_rank(graph, 0).to_pandas(), read_metadata(graph).extra["time_scale"]
+
+
 def test_profiler_correction_scales_compute_to_the_unprofiled_iterations(
     slice_capture: Path, tmp_path: Path
 ) -> None:
     manifest = read_manifest(slice_capture)
-    as_measured = read_rank(
-        build(slice_capture, tmp_path / "raw.parquet", Correction.NONE, pp=4), 0
-    ).to_pandas()
-    graph = build(slice_capture, tmp_path / "g.parquet", Correction.ROLE, pp=4)
-    corrected = read_rank(graph, 0).to_pandas()
-    scales = read_metadata(graph).extra["time_scale"]
-    assert set(scales) == {r.role.value for r in manifest.ranks}
+    as_measured, none = rank0(slice_capture, tmp_path / "raw.parquet", Correction.NONE)
+    corrected, scales = rank0(slice_capture, tmp_path / "g.parquet", Correction.ROLE)
+    assert none is None and set(scales) == {r.role.value for r in manifest.ranks}
     first = scales["first"]
     assert first["phase_factors"] == {}
     result = next(r.result for r in manifest.ranks if r.rank == first["rank"])
@@ -134,12 +137,9 @@ def test_profiler_correction_by_phase_predicts_each_phase_as_it_ran_unprofiled(
     slice_capture: Path, tmp_path: Path
 ) -> None:
     manifest = read_manifest(slice_capture)
-    as_measured = read_rank(
-        build(slice_capture, tmp_path / "raw.parquet", Correction.NONE, pp=4), 0
-    ).to_pandas()
-    graph = build(slice_capture, tmp_path / "g.parquet", pp=4)  # by phase: the default
-    corrected = read_rank(graph, 0).to_pandas()
-    first = read_metadata(graph).extra["time_scale"]["first"]
+    as_measured, _ = rank0(slice_capture, tmp_path / "raw.parquet", Correction.NONE)
+    corrected, scales = rank0(slice_capture, tmp_path / "g.parquet", Correction.PHASE)
+    first = scales["first"]
     factors = first["phase_factors"]
     assert {"fwd", "bwd", "optim", GLUE} <= set(factors)
     for phase in ("fwd", "bwd", "optim"):

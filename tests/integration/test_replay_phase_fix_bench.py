@@ -45,3 +45,14 @@ def test_a_run_without_paced_repeats_is_one_error_line(phase_fix, tmp_path: Path
     assert phase_fix.main([str(tmp_path), str(tmp_path / "out"), "--case", "tp=two"]) == 2
     errors = capsys.readouterr().err.strip().splitlines()
     assert len(errors) == 2 and all(e.startswith("error: ") for e in errors)
+
+
+def test_a_correction_needs_the_spec_to_rebuild_with(phase_fix, tmp_path: Path, capsys) -> None:
+    case = "tp=2 pp=1 dp=1 layers=2 hidden=32 heads=2"
+    argv = [str(tmp_path), str(tmp_path / "out"), "--case", case, "--correction", "role"]
+    with pytest.raises(SystemExit) as stopped:
+        phase_fix.main(argv)
+    assert stopped.value.code == 2 and "--correction and --spec go together" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        phase_fix.main([*argv, "--phase", "optim"])  # one second graph or the other
+    assert phase_fix.main([*argv, "--spec", str(tmp_path / "missing.toml")]) == 2  # no paced repeats
