@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from prism.schemas.annotations import GLUE, Mark, block_kind
+from prism.schemas.annotations import BLOCK_PHASES, GLUE, Mark, block_kind
 from prism.schemas.comm_log import CommLog, CommTime, HeldTime
 
 
@@ -45,18 +45,19 @@ class PhaseTimer:
 
     def opened(self, mark: Mark) -> int | None:
         """Called as ``mark`` opens: its start time if it is a top-level block, else None."""
-        if threading.get_ident() != self._thread or block_kind(mark.phase, mark.dir) is None:
+        if mark.phase not in BLOCK_PHASES or threading.get_ident() != self._thread:
             return None
         self._depth += 1
         return time.time_ns() if self._depth == 1 else None
 
     def closed(self, mark: Mark, start_ns: int | None) -> None:
         """Called as ``mark`` closes, with what ``opened`` returned for it."""
-        if threading.get_ident() != self._thread or block_kind(mark.phase, mark.dir) is None:
+        if mark.phase not in BLOCK_PHASES or threading.get_ident() != self._thread:
             return
         self._depth -= 1
         if start_ns is not None:
-            self._spans.append(BlockSpan(block_kind(mark.phase, mark.dir), start_ns, time.time_ns()))
+            end_ns = time.time_ns()
+            self._spans.append(BlockSpan(block_kind(mark.phase, mark.dir), start_ns, end_ns))
 
     def take(self) -> list[BlockSpan]:
         """The spans closed since the last call (one iteration's, when called after each)."""

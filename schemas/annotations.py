@@ -88,7 +88,8 @@ class Mark:
     """Payload bytes of the call on this rank (COMM)."""
 
 
-_NOT_BLOCKS = (Phase.ITERATION, Phase.COMM)
+BLOCK_PHASES = frozenset(Phase) - {Phase.ITERATION, Phase.COMM}
+"""Phases whose marks open a block (strings compare equal to them: 'fwd' in BLOCK_PHASES)."""
 _TRANSFERS = (Phase.SEND, Phase.RECV)
 
 GLUE = "glue"
@@ -98,17 +99,14 @@ Python between the schedule's steps, the loss's read-back."""
 
 def is_block(phase: str) -> bool:
     """Whether marks of ``phase`` open a block (iteration and comm marks do not; nor does glue)."""
-    try:
-        return Phase(phase) not in _NOT_BLOCKS
-    except ValueError:
-        return False
+    return phase in BLOCK_PHASES
 
 
 def block_kind(phase: str, direction: str | None = None) -> str | None:
     """What kind of block a mark of ``phase`` opens, as templates and per-phase timings name it:
     the phase ('fwd', 'optim', ...), with the direction for a pipeline transfer ('send_fwd');
     None for iteration and comm marks and for anything that is no phase (glue)."""
-    if not is_block(phase):
+    if phase not in BLOCK_PHASES:
         return None
     if phase in _TRANSFERS:
         return f"{Phase(phase).value}_{Direction(direction).value}"
