@@ -1,7 +1,8 @@
 """The calibration microbenchmark: real gloo collectives and send/recv among local processes.
 
 Every process joins one gloo world on localhost; each (op, bytes, group size) is timed over
-``reps`` repetitions of ``calls_per_rep`` calls, after ``warmup`` untimed repetitions, and
+``reps`` repetitions of ``calls_per_rep`` calls, after ``warmup`` untimed repetitions (the
+repetitions go round the points, so that the machine's slow spells fall on all of them), and
 rank 0 writes one time per point: the *mean latency after the last member arrived* (each
 member's exit minus the latest entry, on the machine's monotonic clock), over members and
 calls. A mean, because a step's time is the sum of its calls' and heavy tails count: on a
@@ -23,6 +24,7 @@ import json
 import multiprocessing as mp
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -141,9 +143,13 @@ def _worker(rank: int, plan: _Plan) -> None:
     # Every call's entry and exit (monotonic ns, one clock for all local processes), so that the
     # latency after the last arrival can be told apart from the members' skew.
     times = torch.zeros(len(points), plan.reps * plan.calls_per_rep, 2, dtype=torch.int64)
-    for i, (op, p, numel) in enumerate(points):
-        if rank < p:
-            times[i] = torch.tensor(_time_point(_make_call(op, p, numel, rank, groups[p]), groups[p], plan))
+    mine = {
+        i: (_make_call(op, p, numel, rank, groups[p]), groups[p])
+        for i, (op, p, numel) in enumerate(points)
+        if rank < p
+    }
+    for i, stamps in _time_points(mine, plan).items():
+        times[i] = torch.tensor(stamps)
     gathered = [torch.zeros_like(times) for _ in range(plan.world)]
     dist.all_gather(gathered, times)
     seconds = [_mean_latency_s(op, [g[i] for g in gathered[:p]]) for i, (op, p, _) in enumerate(points)]
@@ -156,22 +162,27 @@ def _worker(rank: int, plan: _Plan) -> None:
     dist.destroy_process_group()
 
 
-def _time_point(call, group, plan: _Plan) -> list:
-    """``[entry_ns, exit_ns]`` of every timed call, each after ``compute_between_s`` of compute."""
+def _time_points(calls: dict[int, tuple[Callable[[], None], object]], plan: _Plan) -> dict[int, list]:
+    """``[entry_ns, exit_ns]`` of every timed call of each point, each after ``compute_between_s``
+    of compute. Repetitions go round the points (every point's first, then every point's second,
+    ...), so that a slow spell of the machine, which lasts seconds on a VM, falls on every point
+    alike instead of on the few timed in it: back to back, point after point, one calibration's
+    64 KiB all-reduce read 1.19 ms and the next one's, seconds later, 1.92 ms."""
     import torch.distributed as dist
 
-    out = []
+    out: dict[int, list] = {i: [] for i in calls}
     for rep in range(plan.warmup + plan.reps):
-        dist.barrier(group=group)
-        stamps = []
-        for _ in range(plan.calls_per_rep):
-            if plan.compute_between_s > 0:
-                _busy(plan.compute_between_s)
-            entry = time.monotonic_ns()
-            call()
-            stamps.append([entry, time.monotonic_ns()])
-        if rep >= plan.warmup:
-            out += stamps
+        for i, (call, group) in calls.items():
+            dist.barrier(group=group)
+            stamps = []
+            for _ in range(plan.calls_per_rep):
+                if plan.compute_between_s > 0:
+                    _busy(plan.compute_between_s)
+                entry = time.monotonic_ns()
+                call()
+                stamps.append([entry, time.monotonic_ns()])
+            if rep >= plan.warmup:
+                out[i] += stamps
     return out
 
 

@@ -17,7 +17,7 @@ from prism.graph.calibrate import (
     measured_table,
     read_comm_logs,
 )
-from prism.graph.calibrate_bench import _mean_latency_s, run_benchmark
+from prism.graph.calibrate_bench import _mean_latency_s, _Plan, _time_points, run_benchmark
 from prism.graph.calibrate_cli import app
 from prism.graph.comm import CommModel, single_node_terms
 from prism.schemas.cluster import ClusterSpec
@@ -73,6 +73,24 @@ def test_a_cold_collective_is_timed_from_its_last_arrival_not_each_members_entry
     assert _mean_latency_s("all_reduce", [early, late]) == pytest.approx(100e-6)
     # A ping-pong's ends are one round trip each (the caller halves it into a one-way send).
     assert _mean_latency_s("send", [early, late]) == pytest.approx((400 + 100 + 100 + 100) / 4 * 1e-6)
+
+
+def test_repetitions_go_round_the_points_so_a_slow_spell_falls_on_all_of_them(monkeypatch) -> None:
+    # Timed point after point, a spell of the VM lasting seconds landed on one size: one
+    # calibration priced a 64 KiB all-reduce at 1.19 ms, the next at 1.92 ms.
+    import torch.distributed as dist
+
+    order: list[str] = []
+    monkeypatch.setattr(dist, "barrier", lambda group=None: order.append(f"barrier {group}"))
+    calls = {0: (lambda: order.append("a"), "g2"), 1: (lambda: order.append("b"), "g2")}
+    plan = _Plan(
+        world=2, port=0, group_sizes=(2,), sizes=(4,), ops=("all_reduce",), reps=2, calls_per_rep=2,
+        warmup=1, timeout_s=1, result_path="",
+    )  # fmt: skip
+    stamps = _time_points(calls, plan)
+    assert order == ["barrier g2", "a", "a", "barrier g2", "b", "b"] * 3  # warm-up, then 2 timed rounds
+    assert [len(stamps[i]) for i in (0, 1)] == [4, 4]  # the warm-up round is not kept
+    assert all(entry <= exit for entry, exit in stamps[0])
 
 
 @pytest.mark.slow
