@@ -6,9 +6,10 @@
   ``prism:comm`` mark closes; a pipeline rank waits for its transfers in ``p2p_wait``, which
   holds no op) and glue (every other gap: Python between ops, profiler bookkeeping).
 - ``sim_breakdown``: the same split of a simulated rank (``prism.graph.sim_metrics``).
-- ``collective_latencies``: from the comm logs of a run where every rank was real, for each
-  collective instance: how far apart the members arrived (skew) and how long it took after
-  the last one arrived (latency), next to what the comm model charges for it.
+- ``summarize_latencies``: of the real calls of a run where every rank was real
+  (``prism.graph.call_latency``), per op and size: how far apart the members arrived (skew)
+  and how long a call took after the last one arrived (latency), next to what the comm model
+  charges for it.
 - ``concurrency_probe``: how fast two CPU-bound processes run side by side compared to one
   alone: on a shared 2-vCPU VM this is not 1.0, and it changes by the minute.
 """
@@ -19,19 +20,16 @@ import statistics
 import subprocess
 import sys
 from collections import defaultdict
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from prism.graph import op_table as ot
+from prism.graph.call_latency import CallLatency
 from prism.graph.comm import CommModel
-from prism.graph.profiler_overhead import clean_unprofiled
 from prism.graph.sim_metrics import breakdown
 from prism.graph.simulate import SimGraph, SimResult
 from prism.schemas.cluster import ClusterSpec
-from prism.schemas.comm_log import read_comm_log
-from prism.schemas.manifest import CaptureFiles, read_manifest
 
 
 def decompose(ops: pd.DataFrame) -> dict[str, float]:
@@ -66,81 +64,15 @@ def sim_breakdown(graph: SimGraph, result: SimResult) -> list[dict[str, float]]:
     ]
 
 
-def clean_call_mask(calls: int, iterations: int, warmup: int) -> np.ndarray:
-    """Which of a rank's ``calls`` (in order) were made in its clean unprofiled iterations.
-
-    Set-up calls come first, then the same number of calls in each of ``iterations``; a log
-    that does not split so (set-up calls as many as an iteration's, or none per iteration)
-    keeps every call rather than guess."""
-    per = calls // iterations if iterations > 0 else 0
-    setup = calls - per * iterations
-    if per == 0 or setup >= per:
-        return np.ones(calls, np.bool_)
-    iteration = np.r_[np.full(setup, -1), np.repeat(np.arange(iterations), per)]
-    return np.isin(iteration, clean_unprofiled(list(range(iterations)), warmup))
-
-
-def _instances(capture_dir: Path, ranks: list[int], clean_only: bool) -> dict[tuple, list[tuple[int, int]]]:
-    """(enter_ns, done_ns) of every member of every delegated call, keyed by instance.
-
-    A collective is keyed by (group label, gseq, op, bytes, size); a transfer by
-    (source, destination, n-th transfer between them, 'send', bytes, 2), so that a send and
-    its recv share a key. gloo's send/recv Works have no future: their done_ns is when the
-    program's wait() returned, which the pipeline calls right after posting. ``clean_only``:
-    calls of the clean unprofiled iterations only, the ones the comm model prices.
-    """
-    job = read_manifest(capture_dir).job
-    calls: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
-    for rank in ranks:
-        p2p_count: dict[tuple[int, int], int] = defaultdict(int)
-        log = read_comm_log(CaptureFiles(capture_dir).comm(rank)).calls
-        keep = clean_call_mask(len(log), job.warmup + job.iterations, job.warmup)
-        for c, kept in zip(log, keep, strict=True):
-            if not c.delegated or c.done_ns <= 0:
-                continue
-            if c.op in ("send", "recv"):
-                pair = (rank, c.peer) if c.op == "send" else (c.peer, rank)
-                key = (*pair, p2p_count[pair], "send", c.bytes, 2)
-                p2p_count[pair] += 1
-            else:
-                key = (c.label, c.gseq, c.op, c.bytes, c.group_size)
-            if kept or not clean_only:
-                calls[key].append((c.enter_ns, c.done_ns))
-    return calls
-
-
-def collective_latencies(capture_dir: Path, ranks: list[int], clean_only: bool = True) -> list[dict]:
-    """One row per complete delegated collective or transfer: op, bytes, size, skew_ns, latency_ns.
-
-    By default only the calls of the clean unprofiled iterations: the first is cold, and under
-    the profiler a call takes longer (the 23:02 fidelity run's tp all-reduces: 1.46 ms mean
-    after the last arrival in clean iterations, 1.79 ms in profiled ones)."""
-    rows = []
-    for (*_, op, nbytes, size), members in _instances(capture_dir, ranks, clean_only).items():
-        if len(members) != size:
-            continue
-        enter = [m[0] for m in members]
-        rows.append(
-            {
-                "op": op,
-                "bytes": nbytes,
-                "group_size": size,
-                "skew_ns": max(enter) - min(enter),
-                "latency_ns": max(m[1] for m in members) - max(enter),
-            }
-        )
-    return rows
-
-
-def summarize_latencies(rows: list[dict], spec: ClusterSpec) -> list[dict]:
+def summarize_latencies(rows: list[CallLatency], spec: ClusterSpec) -> list[dict]:
     """Per (op, bytes, group size): calls, latency median/mean, skew median, and the model's time."""
     model = CommModel(spec)
-    groups: dict[tuple, list[dict]] = defaultdict(list)
+    groups: dict[tuple, list[CallLatency]] = defaultdict(list)
     for row in rows:
-        groups[(row["op"], row["bytes"], row["group_size"])].append(row)
+        groups[(row.op, row.bytes, row.group_size)].append(row)
     out = []
     for (op, nbytes, size), items in sorted(groups.items()):
-        latency = [i["latency_ns"] / 1e3 for i in items]
+        latency = [i.latency_ns / 1e3 for i in items]
         out.append(
             {
                 "op": op,
@@ -149,7 +81,7 @@ def summarize_latencies(rows: list[dict], spec: ClusterSpec) -> list[dict]:
                 "calls": len(items),
                 "latency_median_us": statistics.median(latency),
                 "latency_mean_us": statistics.fmean(latency),
-                "skew_median_us": statistics.median(i["skew_ns"] / 1e3 for i in items),
+                "skew_median_us": statistics.median(i.skew_ns / 1e3 for i in items),
                 "model_us": model.duration_ns(op, nbytes, size, 1) / 1e3,
             }
         )

@@ -39,12 +39,13 @@ from typing import TypeVar
 
 import numpy as np
 from fidelity_cases import case_label
-from fidelity_explain import collective_latencies, decompose, sim_breakdown, summarize_latencies
+from fidelity_explain import decompose, sim_breakdown, summarize_latencies
 from fidelity_load import MatchedLoad
 
 from prism.capture.runner import CaptureOptions, RealMode, run_capture
 from prism.graph.build import BuildOptions, build_graph
 from prism.graph.calibrate import CalibrationConfig, calibrate
+from prism.graph.call_latency import capture_latencies
 from prism.graph.memory import iteration_memory
 from prism.graph.normalize import normalize_rank
 from prism.graph.profiler_overhead import MIN_WARMUP, Correction, clean_unprofiled
@@ -495,7 +496,7 @@ def run_case_detailed(
             if bracket:
                 say(f"{step} every rank real (after the replay)")
                 real.append(bracketed(before, measure_real(config, settings, root / "real_after")))
-            latencies += collective_latencies(root / "real", list(range(config.layout.world_size)))
+            latencies += capture_latencies(root / "real", range(config.layout.world_size))
         finally:
             if isinstance(holder, tempfile.TemporaryDirectory):
                 holder.cleanup()

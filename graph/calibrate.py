@@ -16,7 +16,9 @@ groups across nodes. Calibrated at the job's own sizes (``--sizes``), that price
 measured, where no line fits (512 B gloo all-reduces cost more than 64 KiB ones here).
 
 Samples come from a microbenchmark (``run_benchmark``) and optionally from the comm logs of a
-``--real all`` capture (``samples_from_comm_logs``), whose delegated calls ran on real gloo groups.
+``--real all`` capture (``samples_from_comm_logs``), whose delegated calls ran on real gloo groups:
+timed like the microbenchmark's, from the last member's arrival, over the clean unprofiled
+iterations.
 """
 
 from __future__ import annotations
@@ -26,17 +28,19 @@ import re
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from prism.graph.calibrate_bench import CalibrationError, Sample, run_benchmark
+from prism.graph.call_latency import LoggedCalls, call_latencies, clean_call_mask
 from prism.graph.comm import OPS, CommModel, op_class, single_node_terms
+from prism.graph.profiler_overhead import MIN_WARMUP
 from prism.schemas.cluster import OP_CLASSES, ClusterSpec, local_path
-from prism.schemas.comm_log import CommLog, read_comm_log
-from prism.schemas.manifest import COMM_DIR
+from prism.schemas.comm_log import read_comm_log
+from prism.schemas.manifest import COMM_DIR, MANIFEST_FILE, read_manifest
 
 KiB, MiB = 2**10, 2**20
 DEFAULT_SIZES = (4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB)
@@ -142,35 +146,54 @@ def _lstsq(a: np.ndarray, t: np.ndarray) -> np.ndarray:
     return coef
 
 
-def samples_from_comm_logs(logs: Iterable[CommLog]) -> list[Sample]:
-    """Median ``done_ns - enter_ns`` per (op, bytes, group size) of delegated calls (one node assumed)."""
-    durations: dict[tuple[str, int, int], list[float]] = defaultdict(list)
-    for log in logs:
-        for c in log.calls:
-            if c.delegated and c.op in OPS and c.done_ns > c.enter_ns:
-                durations[(c.op, c.bytes, c.group_size)].append((c.done_ns - c.enter_ns) / 1e9)
+def samples_from_comm_logs(runs: Iterable[Sequence[LoggedCalls]]) -> list[Sample]:
+    """Mean latency after the last member arrived per (op, bytes, group size) of the delegated
+    calls whose members' logs are all given (one node assumed), as the microbenchmark times
+    its points: one log's call durations would also charge the job's arrival skew. ``runs``:
+    each run's logs, one per rank (``read_comm_logs``)."""
+    latencies: dict[tuple[str, int, int], list[float]] = defaultdict(list)
+    for c in (c for logs in runs for c in call_latencies(logs)):
+        if c.op in OPS:
+            latencies[(c.op, c.bytes, c.group_size)].append(c.latency_ns / 1e9)
     return [
-        Sample(op=op, bytes=n, group_size=p, seconds=statistics.median(d), source="comm_log", count=len(d))
-        for (op, n, p), d in sorted(durations.items())
+        Sample(op=op, bytes=n, group_size=p, seconds=statistics.fmean(t), source="comm_log", count=len(t))
+        for (op, n, p), t in sorted(latencies.items())
     ]
 
 
-def fit_from_comm_logs(logs: Iterable[CommLog]) -> CalibrationFit:
+def fit_from_comm_logs(runs: Iterable[Sequence[LoggedCalls]]) -> CalibrationFit:
     """Fit α and β per op class from the delegated calls of comm logs alone."""
-    return fit_samples(samples_from_comm_logs(logs))
+    return fit_samples(samples_from_comm_logs(runs))
 
 
-def read_comm_logs(paths: Iterable[Path]) -> list[CommLog]:
-    """Comm logs from files or capture directories (their ``comm/rank*.comm.json``)."""
-    files: list[Path] = []
+def read_comm_logs(paths: Iterable[Path]) -> list[list[LoggedCalls]]:
+    """Comm logs by run: each capture directory's (its ``comm/rank*.comm.json``), then the loose
+    files together. Each log comes with the mask of the calls to keep: a capture's clean
+    unprofiled iterations (its manifest says which), every call of a loose file."""
+    runs: list[list[LoggedCalls]] = []
+    loose: list[LoggedCalls] = []
     for path in map(Path, paths):
         if not path.exists():
             raise CalibrationError(f"no capture directory or comm log at {path}")
-        found = sorted((path / COMM_DIR).glob("rank*.comm.json")) if path.is_dir() else [path]
+        if not path.is_dir():
+            loose.append((read_comm_log(path), None))
+            continue
+        found = sorted((path / COMM_DIR).glob("rank*.comm.json"))
         if not found:
             raise CalibrationError(f"no comm logs under {path / COMM_DIR}")
-        files += found
-    return [read_comm_log(f) for f in files]
+        job = read_manifest(path).job if (path / MANIFEST_FILE).exists() else None
+        if job is not None and job.warmup < MIN_WARMUP:
+            raise CalibrationError(
+                f"{path} has no clean unprofiled iteration to time calls in (warm-up {job.warmup}; "
+                f"capture with --warmup {MIN_WARMUP} or more)"
+            )
+        run = []
+        for file in found:
+            log = read_comm_log(file)
+            keep = clean_call_mask(len(log.calls), job.warmup + job.iterations, job.warmup) if job else None
+            run.append((log, keep))
+        runs.append(run)
+    return runs + ([loose] if loose else [])
 
 
 # -- the whole calibration -------------------------------------------------------------------
@@ -295,13 +318,13 @@ def cold_call_table(spec: ClusterSpec, config: CalibrationConfig) -> dict[str, f
 
 def calibrate(config: CalibrationConfig) -> CalibrationResult:
     """Time collectives here, add comm-log samples, fit, write the spec, check it."""
-    logs = read_comm_logs(config.comm_logs)
+    runs = read_comm_logs(config.comm_logs)
     measured = run_benchmark(
         max_procs=config.max_procs, sizes=config.sizes, ops=config.ops, reps=config.reps,
         calls_per_rep=config.calls_per_rep, warmup=config.warmup, timeout_s=config.timeout_s,
         compute_between_s=config.compute_between_ms / 1e3,
     )  # fmt: skip
-    samples = measured + samples_from_comm_logs(logs)
+    samples = measured + samples_from_comm_logs(runs)
     fit = fit_samples(samples)
     notes = (
         f"calibrated by prism-calibrate on {os.uname().nodename} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}: "

@@ -72,7 +72,10 @@ def calibrate_command(
     ] = DEFAULT.reps,
     capture: Annotated[
         list[Path] | None,
-        typer.Option(help="Capture dir or comm-log file whose delegated calls join the fit; repeatable."),
+        typer.Option(
+            help="A --real all capture dir (or every member's comm-log file) whose delegated calls join the fit, "
+            "each timed from its last member's arrival; repeatable."
+        ),
     ] = None,
     timeout: Annotated[
         float, typer.Option(help="Seconds before the benchmark processes are killed.")

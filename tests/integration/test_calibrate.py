@@ -16,6 +16,7 @@ from prism.graph.calibrate import (
     fit_samples,
     measured_table,
     read_comm_logs,
+    samples_from_comm_logs,
 )
 from prism.graph.calibrate_bench import _mean_latency_s, _Plan, _time_points, run_benchmark
 from prism.graph.calibrate_cli import app
@@ -136,42 +137,83 @@ ALPHA, BETA = 20e-6, 0.5e-9  # 20 µs per hop, 2 GB/s
 TRUE = {"all_reduce": (3 * ALPHA, 2 * BETA), "all_gather": (ALPHA, 4 * BETA), "send": (ALPHA / 2, BETA)}
 
 
-def _log(rank: int) -> CommLog:
-    group = CommGroup(name="0", label="world", ranks=(0, 1, 2, 3), real_ranks=(0, 1, 2, 3))
-    calls, t = [], 10**18
+SKEW_NS = 50_000  # members reach each call 50 µs apart: the fit must not price it
+
+
+def _logs() -> list[CommLog]:
+    """Four ranks' logs: every instance has all its members, each arriving ``SKEW_NS`` after
+    the previous one, and completes the α-β time after the last arrival."""
+    calls: dict[int, list[CommCall]] = {r: [] for r in range(4)}
+    t = 10**18
     for op, (alpha, beta) in TRUE.items():
         for p in (2,) if op == "send" else (2, 4):
             for n in (4 * KiB, 64 * KiB, 1024 * KiB):
                 hops, volume = single_node_terms(op, np.array([n]), np.array([p]))
                 dur_ns = round((hops[0] * alpha + volume[0] * beta) * 1e9)
-                calls.append(_call(len(calls), op, n, p, t, t + dur_ns, delegated=True))
+                if op == "send":  # the receiver posted first; done when its wait returned
+                    calls[0].append(_call(calls[0], "send", n, 2, t, t + dur_ns, peer=1))
+                    calls[1].append(_call(calls[1], "recv", n, 2, t - SKEW_NS, t + dur_ns, peer=0))
+                else:
+                    last = t + (p - 1) * SKEW_NS
+                    for r in range(p):
+                        calls[r].append(_call(calls[r], op, n, p, t + r * SKEW_NS, last + dur_ns))
                 t += 10**6
     # A virtual call's time is the clock's, not the network's: the fit must ignore it.
-    calls.append(_call(len(calls), "all_reduce", 4 * KiB, 2, t, t + 10**9, delegated=False))
-    return CommLog(rank=rank, world_size=4, groups=(group,), calls=tuple(calls))
+    calls[0].append(_call(calls[0], "all_reduce", 4 * KiB, 2, t, t + 10**9, delegated=False))
+    calls[1].append(_call(calls[1], "all_reduce", 4 * KiB, 2, t, t + 10**9, delegated=False))
+    group = CommGroup(name="0", label="world", ranks=(0, 1, 2, 3), real_ranks=(0, 1, 2, 3))
+    return [CommLog(rank=r, world_size=4, groups=(group,), calls=tuple(c)) for r, c in calls.items()]
 
 
-def _call(seq: int, op: str, n: int, p: int, enter: int, done: int, *, delegated: bool) -> CommCall:
+def _call(
+    earlier: list[CommCall], op: str, n: int, p: int, enter: int, done: int, *, peer: int | None = None,
+    delegated: bool = True,
+) -> CommCall:  # fmt: skip
+    label = "world" if p == 4 else "pair"
+    gseq = sum(c.label == label for c in earlier)
     return CommCall(
-        seq=seq, op=op, group="0", label="world", group_size=p, gseq=seq, bytes=n, dtype="float32",
-        shape=(n // 4,), enter_ns=enter, exit_ns=done, done_ns=done, delegated=delegated,
+        seq=len(earlier), op=op, group=label, label=label, group_size=p, gseq=gseq, bytes=n,
+        dtype="float32", shape=(n // 4,), peer=peer, enter_ns=enter, exit_ns=done, done_ns=done,
+        delegated=delegated,
     )  # fmt: skip
 
 
-def test_fit_from_comm_logs_recovers_alpha_and_beta(tmp_path) -> None:
-    for rank in range(2):
-        write_comm_log(_log(rank), tmp_path / "capture" / "comm" / f"rank{rank}.comm.json")
-    logs = read_comm_logs([tmp_path / "capture"])
-    fit = fit_from_comm_logs(logs)
+def test_fit_from_comm_logs_prices_calls_from_their_last_arrival(tmp_path) -> None:
+    for log in _logs():
+        write_comm_log(log, tmp_path / "capture" / "comm" / f"rank{log.rank}.comm.json")
+    (run,) = read_comm_logs([tmp_path / "capture"])  # no manifest: every call is read
+    assert len(run) == 4 and all(keep is None for _, keep in run)
+    fit = fit_from_comm_logs([run])
     for op, (alpha, beta) in TRUE.items():
         got = fit.classes["p2p" if op == "send" else op]
         assert got.alpha_s == pytest.approx(alpha, rel=1e-6)
         assert got.beta_s_per_byte == pytest.approx(beta, rel=1e-6)
-    # The spec made from the fit reproduces every delegated call to the nanosecond.
+    # The spec made from the fit reproduces every call's time after its last member arrived;
+    # the first member's own call lasted the skew longer.
     model = CommModel(fit.to_spec(gpus_per_node=4))
-    for call in (c for c in logs[0].calls if c.delegated):
+    for call in (c for c in run[3][0].calls if c.delegated):
         predicted = model.duration_ns(call.op, call.bytes, call.group_size, 1)
         assert abs(predicted - (call.done_ns - call.enter_ns)) <= 1
+    first = next(c for c in run[0][0].calls if c.op == "all_reduce" and c.group_size == 4)
+    assert first.done_ns - first.enter_ns - model.duration_ns("all_reduce", first.bytes, 4, 1) == 3 * SKEW_NS
+    # One member's log alone prices nothing: its durations would include the others' lateness.
+    assert fit_from_comm_logs([run[:1]]).classes == {}
+
+
+def test_comm_logs_are_matched_within_a_run(tmp_path) -> None:
+    files = []
+    for log in _logs():
+        files.append(tmp_path / "a" / "comm" / f"rank{log.rank}.comm.json")
+        write_comm_log(log, files[-1])
+    # Two captures are two runs: their calls are counted apart, never as one over-full instance.
+    runs = read_comm_logs([tmp_path / "a", tmp_path / "a"])
+    once, twice = samples_from_comm_logs(runs[:1]), samples_from_comm_logs(runs)
+    assert [2 * s.count for s in once] == [s.count for s in twice] and once
+    # Loose files are one run together, so each rank's log may come once only.
+    (loose,) = read_comm_logs(files)
+    assert samples_from_comm_logs([loose]) == once
+    with pytest.raises(ValueError, match="rank 0's comm log given twice"):
+        samples_from_comm_logs(read_comm_logs([*files, files[0]]))
 
 
 def test_fit_samples_edge_cases() -> None:
@@ -195,7 +237,7 @@ def test_measured_table_keeps_benchmark_points_by_class_and_group_size() -> None
         Sample(op="all_reduce", bytes=512, group_size=4, seconds=2.5e-3),
         Sample(op="send", bytes=4096, group_size=2, seconds=1e-4),
         Sample(op="barrier", bytes=0, group_size=2, seconds=5e-5),
-        # A capture's comm-log medians include its members' skew: not a table point.
+        # A capture's calls are the job's, not the benchmark's points: not a table point.
         Sample(op="all_reduce", bytes=4096, group_size=2, seconds=9e-3, source="comm_log"),
     ]
     assert measured_table(samples) == {

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from prism.capture.runner import CaptureOptions, RealMode, run_capture
+from prism.graph.calibrate import CalibrationError, read_comm_logs
+from prism.graph.call_latency import capture_latencies
 from prism.graph.memory import iteration_memory
 from prism.schemas.comm_log import read_comm_log
 from prism.schemas.manifest import CaptureFiles, read_manifest
@@ -69,6 +71,21 @@ def test_every_send_has_its_recv(capture_dir: Path) -> None:
     iterations = WARMUP + PROFILED
     assert sends[(0, 2, 1 * 32 * 64 * 4)] == CONFIG.microbatches * iterations
     assert sends[(2, 0, 1 * 32 * 64 * 4)] == CONFIG.microbatches * iterations
+
+
+def test_every_real_call_is_matched_across_its_members_logs(capture_dir: Path) -> None:
+    files = CaptureFiles(capture_dir)
+    logs = [read_comm_log(files.comm(rank)) for rank in range(4)]
+    expected = sum(1 / c.group_size for log in logs for c in log.calls if c.op not in ("send", "recv"))
+    expected += sum(c.op == "send" for log in logs for c in log.calls)
+    matched = capture_latencies(capture_dir, range(4), clean_only=False)
+    assert len(matched) == round(expected) > 0
+    assert all(m.skew_ns >= 0 and m.latency_ns >= 0 for m in matched)
+    assert {m.op for m in matched} >= {"all_reduce", "send"}
+    # The clean unprofiled iterations are the calibration's: this capture has none (warm-up 1).
+    assert capture_latencies(capture_dir, range(4)) == []
+    with pytest.raises(CalibrationError, match="no clean unprofiled iteration"):
+        read_comm_logs([capture_dir])
 
 
 def test_every_free_is_in_the_trace(capture_dir: Path) -> None:

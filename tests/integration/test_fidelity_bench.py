@@ -167,17 +167,6 @@ def test_paired_errors_compare_each_repeat_with_the_real_runs_beside_it(fidelity
     assert plain["real_bracket_drift_pct"] is None and plain["paired_se_pct"] is None
 
 
-def test_clean_call_mask_keeps_the_clean_unprofiled_iterations(fidelity) -> None:
-    from fidelity_explain import clean_call_mask
-
-    # 2 set-up calls, then 3 calls in each of 5 iterations; warm-up 4: iterations 1 and 2 are
-    # clean (0 is cold, 3 is the profiler's warm-up step, 4 is profiled).
-    mask = clean_call_mask(2 + 3 * 5, 5, 4)
-    assert mask.tolist() == [False] * 5 + [True] * 6 + [False] * 6
-    # Logs that do not split into equal iterations keep every call.
-    assert clean_call_mask(7, 5, 4).all() and clean_call_mask(3, 5, 4).all()
-
-
 def test_bad_case_is_one_error_line(fidelity, capsys: pytest.CaptureFixture[str]) -> None:
     assert fidelity.main(["--case", "tp=1 pp=2 colour=blue"]) == 2
     assert "unknown case key 'colour'" in capsys.readouterr().out

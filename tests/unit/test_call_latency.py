@@ -1,0 +1,73 @@
+"""Real calls matched across their members' comm logs: latency after the last arrival, and skew."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from prism.graph.call_latency import call_latencies, clean_call_mask
+from prism.schemas.comm_log import CommCall, CommLog
+
+
+def _call(
+    seq: int, op: str, enter: int, done: int, *, gseq: int = 0, peer: int | None = None, delegated=True
+):
+    return CommCall(
+        seq=seq, op=op, group="g", label="tp", group_size=2, gseq=gseq, bytes=4096, dtype="float32",
+        shape=(1024,), peer=peer, enter_ns=enter, exit_ns=enter, done_ns=done, delegated=delegated,
+    )  # fmt: skip
+
+
+def _log(rank: int, *calls: CommCall) -> CommLog:
+    return CommLog(rank=rank, world_size=2, calls=calls)
+
+
+def test_a_collective_costs_from_its_last_arrival_not_from_each_members_entry() -> None:
+    # Rank 0 arrives at 100 and waits for rank 1 (arrives 400); both done at 900 and 950.
+    (only,) = call_latencies([(_log(0, _call(0, "all_reduce", 100, 900)), None),
+                              (_log(1, _call(0, "all_reduce", 400, 950)), None)])  # fmt: skip
+    assert (only.op, only.group_size, only.bytes) == ("all_reduce", 2, 4096)
+    assert only.skew_ns == 300 and only.latency_ns == 550  # not rank 0's 800
+
+
+def test_instances_are_matched_by_group_sequence_and_transfers_by_their_order_per_pair() -> None:
+    rank0 = _log(
+        0,
+        _call(0, "all_reduce", 0, 10, gseq=0),
+        _call(1, "send", 20, 25, peer=1),
+        _call(2, "send", 40, 48, peer=1),
+        _call(3, "all_reduce", 60, 70, gseq=1),
+    )
+    rank1 = _log(
+        1,
+        _call(0, "all_reduce", 5, 12, gseq=0),
+        _call(1, "recv", 18, 30, peer=0),
+        _call(2, "all_reduce", 61, 75, gseq=1),
+        _call(3, "recv", 35, 50, peer=0),
+    )
+    got = sorted((c.op, c.skew_ns, c.latency_ns) for c in call_latencies([(rank0, None), (rank1, None)]))
+    # Transfers: (send 20, recv 18) -> from 20 to 30; (send 40, recv 35) -> from 40 to 50.
+    assert got == [("all_reduce", 1, 14), ("all_reduce", 5, 7), ("send", 2, 10), ("send", 5, 10)]
+
+
+def test_incomplete_virtual_and_masked_calls_are_left_out() -> None:
+    rank0 = _log(
+        0,
+        _call(0, "all_reduce", 0, 10, gseq=0),  # the one complete instance
+        _call(1, "all_reduce", 20, 30, gseq=1, delegated=False),  # timed by a clock, not a network
+        _call(2, "all_reduce", 40, 50, gseq=2),  # masked out below
+        _call(3, "all_reduce", 60, 0, gseq=3),  # never completed
+    )
+    rank1 = _log(1, *(_call(i, "all_reduce", 10 * i, 10 * i + 5, gseq=i) for i in range(4)))
+    (only,) = call_latencies([(rank0, np.array([True, True, False, True])), (rank1, None)])
+    assert (only.skew_ns, only.latency_ns) == (0, 10)  # gseq 0, the one instance both ranks made for real
+    # Only one member's log: nothing is complete.
+    assert call_latencies([(_log(0, _call(0, "all_reduce", 0, 10)), None)]) == []
+
+
+def test_clean_call_mask_keeps_the_clean_unprofiled_iterations() -> None:
+    # 2 set-up calls, then 3 calls in each of 5 iterations; warm-up 4: iterations 1 and 2 are
+    # clean (0 is cold, 3 is the profiler's warm-up step, 4 is profiled).
+    mask = clean_call_mask(2 + 3 * 5, 5, 4)
+    assert mask.tolist() == [False] * 5 + [True] * 6 + [False] * 6
+    # Logs that do not split into equal iterations keep every call.
+    assert clean_call_mask(7, 5, 4).all() and clean_call_mask(3, 5, 4).all()
