@@ -219,6 +219,10 @@ class CalibrationConfig:
     """Seconds before the benchmark processes are killed."""
     comm_logs: tuple[Path, ...] = ()
     """Comm-log files or capture directories whose delegated calls join the fit."""
+    bench: bool = True
+    """Run the microbenchmark; False fits the comm logs' calls alone (a real job's calls, each
+    from its last member's arrival, price its comm as it runs; the microbenchmark's points carry
+    the spell of the VM they were timed in)."""
     out: Path | None = None
     """Spec file to write; None writes the 'local' path."""
     gpus_per_node: int | None = None
@@ -250,6 +254,12 @@ class CalibrationConfig:
             raise ValueError(f"compute_between_ms must be 0 or more, got {self.compute_between_ms}")
         if any(g <= 0 for g in self.cold_gaps_ms):
             raise ValueError(f"cold gaps must be positive, got {self.cold_gaps_ms}")
+        if not self.bench and not self.comm_logs:
+            raise ValueError("without the microbenchmark there is nothing to fit: give --capture")
+        if not self.bench and (self.cold_gaps_ms or self.measured_table or self.compute_between_ms):
+            raise ValueError(
+                "--cold-gaps-ms, --table and --compute-between-ms time the microbenchmark: not with --no-bench"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -319,22 +329,26 @@ def cold_call_table(spec: ClusterSpec, config: CalibrationConfig) -> dict[str, f
 def calibrate(config: CalibrationConfig) -> CalibrationResult:
     """Time collectives here, add comm-log samples, fit, write the spec, check it."""
     runs = read_comm_logs(config.comm_logs)
-    measured = run_benchmark(
-        max_procs=config.max_procs, sizes=config.sizes, ops=config.ops, reps=config.reps,
-        calls_per_rep=config.calls_per_rep, warmup=config.warmup, timeout_s=config.timeout_s,
-        compute_between_s=config.compute_between_ms / 1e3,
-    )  # fmt: skip
+    measured = []
+    if config.bench:
+        measured = run_benchmark(
+            max_procs=config.max_procs, sizes=config.sizes, ops=config.ops, reps=config.reps,
+            calls_per_rep=config.calls_per_rep, warmup=config.warmup, timeout_s=config.timeout_s,
+            compute_between_s=config.compute_between_ms / 1e3,
+        )  # fmt: skip
     samples = measured + samples_from_comm_logs(runs)
     fit = fit_samples(samples)
-    notes = (
-        f"calibrated by prism-calibrate on {os.uname().nodename} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}: "
-        f"gloo, {config.max_procs} processes, {len(samples)} samples"
-        + (
+    where = (
+        f"calibrated by prism-calibrate on {os.uname().nodename} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}"
+    )
+    if config.bench:
+        notes = f"{where}: gloo, {config.max_procs} processes, {len(samples)} samples" + (
             f", cold calls after {config.compute_between_ms:g} ms of compute"
             if config.compute_between_ms
             else ""
         )
-    )
+    else:
+        notes = f"{where}: the delegated calls of {len(runs)} captured run(s), {len(samples)} samples, each call from its last member's arrival"
     gpus_per_node = config.gpus_per_node or max(config.max_procs, os.cpu_count() or 1)
     line = fit.to_spec(gpus_per_node=gpus_per_node, notes=notes)
     spec = line

@@ -77,6 +77,13 @@ def calibrate_command(
             "each timed from its last member's arrival; repeatable."
         ),
     ] = None,
+    bench: Annotated[
+        bool,
+        typer.Option(
+            "--bench/--no-bench",
+            help="Run the microbenchmark; --no-bench fits the --capture calls alone (a real job's calls as it ran them).",
+        ),
+    ] = True,
     timeout: Annotated[
         float, typer.Option(help="Seconds before the benchmark processes are killed.")
     ] = DEFAULT.timeout_s,
@@ -104,10 +111,15 @@ def calibrate_command(
         config = CalibrationConfig(
             sizes=tuple(parse_size(s) for s in sizes.split(",") if s.strip()),
             max_procs=max_procs, ops=tuple(o.strip() for o in ops.split(",") if o.strip()), reps=reps,
-            timeout_s=timeout, comm_logs=tuple(capture or ()), out=out, compute_between_ms=compute_between_ms,
+            timeout_s=timeout, comm_logs=tuple(capture or ()), bench=bench, out=out, compute_between_ms=compute_between_ms,
             cold_gaps_ms=tuple(float(g) for g in cold_gaps_ms.split(",") if g.strip()), measured_table=table,
         )  # fmt: skip
-        err_console.print(f"[bold]prism-calibrate[/] {config.max_procs} gloo processes, sizes {sizes}")
+        if bench:
+            err_console.print(f"[bold]prism-calibrate[/] {config.max_procs} gloo processes, sizes {sizes}")
+        else:
+            err_console.print(
+                f"[bold]prism-calibrate[/] the delegated calls of {len(config.comm_logs)} path(s)"
+            )
         result = calibrate(config)
     except (CalibrationError, ClusterSpecError, ValueError, OSError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__

@@ -200,6 +200,21 @@ def test_fit_from_comm_logs_prices_calls_from_their_last_arrival(tmp_path) -> No
     assert fit_from_comm_logs([run[:1]]).classes == {}
 
 
+def test_cli_fits_a_real_jobs_calls_alone(tmp_path) -> None:
+    for log in _logs():
+        write_comm_log(log, tmp_path / "capture" / "comm" / f"rank{log.rank}.comm.json")
+    out = tmp_path / "spec.toml"
+    result = CliRunner().invoke(app, ["--no-bench", "--capture", str(tmp_path / "capture"), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    spec = ClusterSpec.load(out)
+    assert spec.intra_latency_s == pytest.approx(TRUE["send"][0], rel=1e-6)  # p2p is the reference link
+    assert "the delegated calls of 1 captured run(s)" in spec.notes
+    for args in (["--no-bench"], ["--no-bench", "--capture", str(tmp_path / "capture"), "--table"]):
+        result = CliRunner().invoke(app, [*args, "-o", str(tmp_path / "bad.toml")])
+        assert result.exit_code == 2 and "error:" in result.output, result.output
+    assert not (tmp_path / "bad.toml").exists()
+
+
 def test_comm_logs_are_matched_within_a_run(tmp_path) -> None:
     files = []
     for log in _logs():
