@@ -496,7 +496,7 @@ def run_case_detailed(
             if bracket:
                 say(f"{step} every rank real (after the replay)")
                 real.append(bracketed(before, measure_real(config, settings, root / "real_after")))
-            latencies += capture_latencies(root / "real", range(config.layout.world_size))
+            latencies += capture_latencies(root / "real")
         finally:
             if isinstance(holder, tempfile.TemporaryDirectory):
                 holder.cleanup()

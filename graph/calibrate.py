@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from prism.graph.calibrate_bench import CalibrationError, Sample, run_benchmark
-from prism.graph.call_latency import LoggedCalls, call_latencies, clean_call_mask
+from prism.graph.call_latency import LoggedCalls, call_latencies, capture_logs
 from prism.graph.comm import OPS, CommModel, op_class, single_node_terms
 from prism.graph.profiler_overhead import MIN_WARMUP
 from prism.schemas.cluster import OP_CLASSES, ClusterSpec, local_path
@@ -178,20 +178,15 @@ def read_comm_logs(paths: Iterable[Path]) -> list[list[LoggedCalls]]:
         if not path.is_dir():
             loose.append((read_comm_log(path), None))
             continue
-        found = sorted((path / COMM_DIR).glob("rank*.comm.json"))
-        if not found:
-            raise CalibrationError(f"no comm logs under {path / COMM_DIR}")
         job = read_manifest(path).job if (path / MANIFEST_FILE).exists() else None
         if job is not None and job.warmup < MIN_WARMUP:
             raise CalibrationError(
                 f"{path} has no clean unprofiled iteration to time calls in (warm-up {job.warmup}; "
                 f"capture with --warmup {MIN_WARMUP} or more)"
             )
-        run = []
-        for file in found:
-            log = read_comm_log(file)
-            keep = clean_call_mask(len(log.calls), job.warmup + job.iterations, job.warmup) if job else None
-            run.append((log, keep))
+        run = capture_logs(path)
+        if not run:
+            raise CalibrationError(f"no comm logs under {path / COMM_DIR}")
         runs.append(run)
     return runs + ([loose] if loose else [])
 

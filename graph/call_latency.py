@@ -20,7 +20,7 @@ import numpy as np
 
 from prism.graph.profiler_overhead import clean_unprofiled
 from prism.schemas.comm_log import CommLog, read_comm_log
-from prism.schemas.manifest import CaptureFiles, read_manifest
+from prism.schemas.manifest import COMM_DIR, MANIFEST_FILE, read_manifest
 
 LoggedCalls = tuple[CommLog, np.ndarray | None]
 """A rank's comm log and the mask of its calls to read (None: all)."""
@@ -93,18 +93,23 @@ def call_latencies(logs: Iterable[LoggedCalls]) -> list[CallLatency]:
     return out
 
 
-def capture_latencies(capture_dir: Path, ranks: Iterable[int], clean_only: bool = True) -> list[CallLatency]:
-    """``call_latencies`` of a capture's ranks; by default only the calls of their clean
-    unprofiled iterations: the first is cold, and under the profiler a call takes longer (tp
-    all-reduces of one fidelity run: 1.46 ms mean after the last arrival in clean iterations,
-    1.79 ms in profiled ones)."""
+def capture_logs(capture_dir: Path, clean_only: bool = True) -> list[LoggedCalls]:
+    """Every rank's comm log of a capture (``comm/rank*.comm.json``), each with the mask of its
+    calls in the clean unprofiled iterations when ``clean_only`` and the capture's manifest says
+    which (else None: every call). The first iteration is cold, and under the profiler a call
+    takes longer (tp all-reduces of one fidelity run: 1.46 ms mean after the last arrival in
+    clean iterations, 1.79 ms in profiled ones)."""
     capture_dir = Path(capture_dir)
-    job = read_manifest(capture_dir).job
+    manifest = capture_dir / MANIFEST_FILE
+    job = read_manifest(capture_dir).job if clean_only and manifest.exists() else None
     logs = []
-    for rank in ranks:
-        log = read_comm_log(CaptureFiles(capture_dir).comm(rank))
-        keep = (
-            clean_call_mask(len(log.calls), job.warmup + job.iterations, job.warmup) if clean_only else None
-        )
+    for file in sorted((capture_dir / COMM_DIR).glob("rank*.comm.json")):
+        log = read_comm_log(file)
+        keep = clean_call_mask(len(log.calls), job.warmup + job.iterations, job.warmup) if job else None
         logs.append((log, keep))
-    return call_latencies(logs)
+    return logs
+
+
+def capture_latencies(capture_dir: Path, clean_only: bool = True) -> list[CallLatency]:
+    """``call_latencies`` of every rank of a capture (``capture_logs``)."""
+    return call_latencies(capture_logs(capture_dir, clean_only))

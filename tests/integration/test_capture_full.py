@@ -78,12 +78,12 @@ def test_every_real_call_is_matched_across_its_members_logs(capture_dir: Path) -
     logs = [read_comm_log(files.comm(rank)) for rank in range(4)]
     expected = sum(1 / c.group_size for log in logs for c in log.calls if c.op not in ("send", "recv"))
     expected += sum(c.op == "send" for log in logs for c in log.calls)
-    matched = capture_latencies(capture_dir, range(4), clean_only=False)
+    matched = capture_latencies(capture_dir, clean_only=False)
     assert len(matched) == round(expected) > 0
     assert all(m.skew_ns >= 0 and m.latency_ns >= 0 for m in matched)
     assert {m.op for m in matched} >= {"all_reduce", "send"}
     # The clean unprofiled iterations are the calibration's: this capture has none (warm-up 1).
-    assert capture_latencies(capture_dir, range(4)) == []
+    assert capture_latencies(capture_dir) == []
     with pytest.raises(CalibrationError, match="no clean unprofiled iteration"):
         read_comm_logs([capture_dir])
 
