@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from prism.capture.runner import CaptureOptions, run_capture
-from prism.graph.graph_io import read_metadata, read_rank
+from prism.graph.io.parquet import read_metadata, read_rank
 from prism.schemas.workload import GPTConfig
 
 
@@ -32,7 +32,7 @@ def build_once(capture: Path, out: Path, dp: int) -> tuple[float, int]:
     cmd = [
         sys.executable,
         "-m",
-        "prism.graph.cli",
+        "prism.graph.build.cli",
         str(capture),
         "--tp",
         "8",

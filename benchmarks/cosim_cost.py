@@ -24,7 +24,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from prism.graph.simulate import SimGraph, load_sim_graph
+from prism.graph.sim.simulate import SimGraph, load_sim_graph
 from prism.replay.graph_clock import GraphClock
 from prism.replay.scripted import FakeWall, play
 

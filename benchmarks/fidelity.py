@@ -4,38 +4,46 @@
         [--repeats 3] [--json out.json] [--cluster-spec spec.toml | --recalibrate] [--work-dir DIR]
 
 For each case: run every rank for real, capture the slice, build and simulate the graph of the
-same layout, and compare (``fidelity_lib``). Without ``--case`` the default cases run: tp=2,
+same layout, and compare (``prism.fidelity``). Without ``--case`` the default cases run: tp=2,
 pp=2 and dp=2 (world size 2) at two model sizes. See docs/fidelity.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
-import platform
 import shlex
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from fidelity_cases import DEFAULT_CASES, CaseError, parse_case
-from fidelity_explain import concurrency_probe
-from fidelity_lib import (
+from rich.console import Console
+
+from prism.fidelity import (
     CALIBRATION_SIZES,
+    DEFAULT_CASES,
+    CaseError,
     CaseResult,
     RunSettings,
     mean_abs,
+    parse_case,
     resolve_spec,
     run_case_detailed,
 )
-from rich.console import Console
-from rich.table import Table
-
-from prism.graph.calibrate import parse_size
-from prism.graph.profiler_overhead import MIN_WARMUP
+from prism.fidelity.explain import concurrency_probe
+from prism.fidelity.report import (
+    breakdown_table,
+    case_ids,
+    collectives_table,
+    legend_table,
+    machine,
+    memory_table,
+    profiler_table,
+    records_table,
+)
+from prism.graph.comm.calibrate import parse_size
 from prism.schemas.files import write_json_atomic
+from prism.schemas.iterations import MIN_WARMUP
 
 console = Console(width=max(120, Console().width))
 
@@ -109,150 +117,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             f"--warmup must be at least {MIN_WARMUP}: the real run's time is its clean unprofiled iterations"
         )
     return args
-
-
-def machine() -> dict:
-    """The facts docs/fidelity.md quotes about the machine a table was measured on."""
-    model = next(
-        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
-        platform.processor(),
-    ) if Path("/proc/cpuinfo").exists() else platform.processor()  # fmt: skip
-    return {
-        "nproc": os.cpu_count(),
-        "cpu_model": model,
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "platform": platform.platform(),
-    }
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.3f}"
-
-
-def case_ids(records: list[dict]) -> dict[str, str]:
-    """Short ids (C1, C2, ...) of the cases, in order of appearance."""
-    labels = list(dict.fromkeys(r["case"] for r in records))
-    return {label: f"C{i + 1}" for i, label in enumerate(labels)}
-
-
-def legend_table(ids: dict[str, str]) -> Table:
-    table = Table(title="cases")
-    table.add_column("id")
-    table.add_column("case")
-    for label, short in ids.items():
-        table.add_row(short, label)
-    return table
-
-
-SOURCE_TITLES = {
-    "simulation": "simulation",
-    "paced": "simulation of the paced capture's graph",
-    "replay": "replay of each role's rank against the graph",
-}
-
-
-def records_table(records: list[dict], ids: dict[str, str], source: str = "simulation") -> Table:
-    what = SOURCE_TITLES[source]
-    table = Table(title=f"fidelity: {what} vs every rank real")
-    for column in (
-        "case",
-        "rank",
-        "real ms (± SE)",
-        "pred ms",
-        "iter err",
-        "paired err (± SE)",
-        "real peak MiB",
-        "pred peak MiB",
-        "mem err",
-    ):
-        table.add_column(column, justify="left" if column == "case" else "right")
-    for r in records:
-        table.add_row(
-            ids[r["case"]], str(r["rank"]), f"{r['real_iter_ms']:.1f}{_sem(r)}", f"{r['pred_iter_ms']:.1f}",
-            f"{r['iter_err_pct']:+.1f}%", _paired(r), _mib(r["real_peak_bytes"]), _mib(r["pred_peak_bytes"]),
-            f"{r['mem_err_pct']:+.3f}%",
-        )  # fmt: skip
-    sems = [r["real_sem_pct"] for r in records if r["real_sem_pct"] is not None]
-    noise = f"; the real medians' own standard error: mean {sum(sems) / len(sems):.1f}%" if sems else ""
-    drifts = [r["real_bracket_drift_pct"] for r in records if r.get("real_bracket_drift_pct") is not None]
-    moved = (
-        f"; real runs before/after the replay differ by {sum(drifts) / len(drifts):.1f}% (mean)"
-        if drifts
-        else ""
-    )
-    table.caption = (
-        f"mean |iteration error| {mean_abs(records, 'iter_err_pct'):.1f}% (of the medians), "
-        f"{mean_abs(records, 'paired_err_pct'):.1f}% (paired: median of each repeat's error), "
-        f"mean |memory error| {mean_abs(records, 'mem_err_pct'):.3f}%{noise}{moved}"
-    )
-    return table
-
-
-def _sem(record: dict) -> str:
-    sem = record["real_sem_pct"]
-    return "" if sem is None else f" (±{sem:.1f}%)"
-
-
-def _paired(record: dict) -> str:
-    se = record["paired_se_pct"]
-    return f"{record['paired_err_pct']:+.1f}%" + ("" if se is None else f" (±{se:.1f})")
-
-
-def breakdown_table(rows: list[dict], ids: dict[str, str]) -> Table:
-    table = Table(
-        title="where an iteration goes (ms): real run / slice capture (profiled iterations) / simulation (unprofiled)"
-    )
-    table.add_column("case")
-    table.add_column("rank", justify="right")
-    for part in ("compute", "comm_wait", "glue"):
-        table.add_column(part.replace("_", "+"), justify="right")
-    for r in rows:
-        cells = [f"{r[f'real_{p}_ms']:.1f} / {r[f'slice_{p}_ms']:.1f} / {r[f'pred_{p}_ms']:.1f}" for p in ("compute", "comm_wait", "glue")]  # fmt: skip
-        table.add_row(ids[r["case"]], str(r["rank"]), *cells)
-    return table
-
-
-def profiler_table(rows: list[dict], records: list[dict], ids: dict[str, str]) -> Table:
-    """Whole iterations with and without the profiler, real run and slice, beside the prediction."""
-    table = Table(title="iteration (ms): unprofiled / profiled, and the prediction")
-    columns = ("case", "rank", "real", "slice rank", "real ratio", "slice ratio", "prediction")
-    for column in columns:
-        table.add_column(column, justify="left" if column == "case" else "right")
-    for r, rec in zip(rows, records, strict=True):
-        table.add_row(
-            ids[r["case"]], str(r["rank"]),
-            f"{r['real_unprofiled_ms']:.1f} / {r['real_profiled_ms']:.1f}",
-            f"{r['slice_unprofiled_ms']:.1f} / {r['slice_profiled_ms']:.1f}",
-            f"{r['real_unprofiled_ms'] / r['real_profiled_ms']:.3f}",
-            f"{r['slice_unprofiled_ms'] / r['slice_profiled_ms']:.3f}", f"{rec['pred_iter_ms']:.1f}",
-        )  # fmt: skip
-    table.caption = "ratio = unprofiled / profiled; the build scales the slice's compute by the slice ratio"
-    return table
-
-
-def memory_table(rows: list[dict], ids: dict[str, str]) -> Table:
-    table = Table(title="memory the iteration allocates at its peak (static bytes left out), MiB")
-    for column in ("case", "rank", "real", "slice", "simulation", "real drift / iteration"):
-        table.add_column(column, justify="left" if column == "case" else "right")
-    for r in rows:
-        table.add_row(
-            ids[r["case"]], str(r["rank"]), _mib(r["real_dynamic_bytes"]), _mib(r["slice_dynamic_bytes"]),
-            _mib(r["pred_dynamic_bytes"]), _mib(r["real_drift_bytes_per_iter"]),
-        )  # fmt: skip
-    return table
-
-
-def collectives_table(rows: list[dict], ids: dict[str, str]) -> Table:
-    table = Table(title="real gloo calls (every rank real) vs the comm model; send = a send and its recv")
-    for column in ("case", "op", "bytes", "calls", "latency µs median / mean", "skew µs median", "model µs"):
-        table.add_column(column, justify="left" if column in ("case", "op") else "right")
-    for r in rows:
-        table.add_row(
-            ids[r["case"]], r["op"], str(r["bytes"]), str(r["calls"]),
-            f"{r['latency_median_us']:.0f} / {r['latency_mean_us']:.0f}", f"{r['skew_median_us']:.0f}",
-            f"{r['model_us']:.0f}",
-        )  # fmt: skip
-    return table
 
 
 def _log(message: str) -> None:

@@ -24,13 +24,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-from fidelity_cases import parse_case
-from fidelity_lib import RunSettings, build_case_graph, case_dir
 from rich.console import Console
 from rich.table import Table
 
-from prism.graph.profiler_overhead import Correction
-from prism.graph.simulate import load_sim_graph, simulate
+from prism.fidelity import RunSettings, build_case_graph, case_dir, parse_case
+from prism.graph.build.profiler_overhead import Correction
+from prism.graph.sim.simulate import load_sim_graph, simulate
 from prism.schemas.cluster import ClusterSpec
 
 console = Console(width=max(120, Console().width))

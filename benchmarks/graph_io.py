@@ -26,8 +26,8 @@ import pyarrow.parquet as pq
 from rich.console import Console
 from rich.table import Table
 
-from prism.graph.graph_io import GraphReader, GraphWriter, read_rank
-from prism.graph.validate import validate_graph
+from prism.graph.io.parquet import GraphReader, GraphWriter, read_rank
+from prism.graph.io.validate import validate_graph
 from prism.schemas import graph_format as gf
 from prism.schemas.graph_format import GraphMetadata
 from prism.schemas.layout import ParallelLayout

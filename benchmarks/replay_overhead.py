@@ -27,9 +27,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from prism.graph.profiler_overhead import clean_unprofiled
 from prism.replay.runtime import ReplayOptions, run_replay
 from prism.schemas.comm_log import read_comm_log
+from prism.schemas.iterations import clean_unprofiled
 from prism.schemas.manifest import CaptureFiles, RankResult
 from prism.schemas.replay import ReplayFiles, read_replay_stats
 

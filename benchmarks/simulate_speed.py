@@ -21,13 +21,13 @@ from rich.console import Console
 from rich.table import Table
 
 from prism.capture.runner import CaptureOptions, run_capture
-from prism.graph.build import BuildOptions, build_graph
+from prism.graph.build.builder import BuildOptions, build_graph
 from prism.schemas.cluster import preset
 from prism.schemas.workload import GPTConfig
 
 CHILD = """
 import json, resource, sys, time
-from prism.graph.simulate import load_sim_graph, simulate
+from prism.graph.sim.simulate import load_sim_graph, simulate
 path, repeats = sys.argv[1], int(sys.argv[2])
 t0 = time.perf_counter(); graph = load_sim_graph(path); load_s = time.perf_counter() - t0
 simulate(graph)  # compiles the engine (cached on disk after the first run)

@@ -15,6 +15,7 @@ from rich.table import Table
 from prism.capture.preflight import CaptureError
 from prism.capture.progress import RankProgress
 from prism.capture.runner import CaptureHooks, CaptureOptions, RealMode, run_capture
+from prism.schemas import cli_help
 from prism.schemas.comm_log import read_comm_log
 from prism.schemas.layout import LayoutError, Role
 from prism.schemas.manifest import CaptureFiles, CaptureManifest
@@ -52,7 +53,7 @@ class ConsoleHooks(CaptureHooks):
             self._progress(event)
 
 
-def _summary(manifest: CaptureManifest, out_dir: Path) -> Table:
+def capture_table(manifest: CaptureManifest, out_dir: Path) -> Table:
     files = CaptureFiles(out_dir)
     table = Table(title=f"capture of {manifest.layout} — {out_dir}")
     for column in ("rank", "role", "stage", "iter ms (median, profiled)", "kineto", "ET", "comm calls"):
@@ -84,9 +85,9 @@ def capture(
     out: Annotated[Path, typer.Option("--out", "-o", help="Capture directory to create.")] = Path(
         "capture-out"
     ),
-    tp: Annotated[int, typer.Option(help="Target tensor-parallel degree.")] = DEFAULT.tp,
-    pp: Annotated[int, typer.Option(help="Target pipeline-parallel degree.")] = DEFAULT.pp,
-    dp: Annotated[int, typer.Option(help="Target data-parallel degree.")] = DEFAULT.dp,
+    tp: Annotated[int, typer.Option(help=cli_help.TP)] = DEFAULT.tp,
+    pp: Annotated[int, typer.Option(help=cli_help.PP)] = DEFAULT.pp,
+    dp: Annotated[int, typer.Option(help=cli_help.DP)] = DEFAULT.dp,
     layers: Annotated[int, typer.Option(help="Transformer layers of the whole model.")] = DEFAULT.layers,
     hidden: Annotated[int, typer.Option(help="Model width.")] = DEFAULT.hidden,
     heads: Annotated[int, typer.Option(help="Attention heads.")] = DEFAULT.heads,
@@ -104,39 +105,19 @@ def capture(
     grad_bucket_mb: Annotated[
         float, typer.Option(help="DP gradient bucket size (MiB).")
     ] = DEFAULT.grad_bucket_mb,
-    iterations: Annotated[int, typer.Option(help="Iterations profiled per rank.")] = 2,
-    warmup: Annotated[
-        int,
-        typer.Option(
-            help="Iterations run before profiling; from 3 on, the unprofiled ones let the build take the "
-            "profiler's cost out of its predictions."
-        ),
-    ] = 5,
+    iterations: Annotated[int, typer.Option(help=cli_help.ITERATIONS)] = 2,
+    warmup: Annotated[int, typer.Option(help=cli_help.WARMUP)] = 5,
     device: Annotated[str, typer.Option(help="cpu (gloo) or cuda (NCCL).")] = "cpu",
     real: Annotated[
         RealMode, typer.Option(help="roles: one real rank per role, peers virtual; all: every rank real.")
     ] = RealMode.ROLES,
-    threads: Annotated[int, typer.Option(help="torch intra-op threads per rank process.")] = 1,
-    overwrite: Annotated[bool, typer.Option(help="Replace a non-empty output directory.")] = False,
-    rank_timeout: Annotated[
-        float, typer.Option(help="Seconds before stuck rank processes are killed.")
-    ] = 1800.0,
-    paced_by: Annotated[
-        Path | None,
-        typer.Option(
-            help="Capture again, paced by this graph.parquet: each role's rank runs alone with its virtual "
-            "peers timed by the graph, so it computes between the full job's waits. The job (model, "
-            "layout, device) is the graph's; the model and layout options are not used.",
-        ),
-    ] = None,
+    threads: Annotated[int, typer.Option(help=cli_help.THREADS)] = 1,
+    overwrite: Annotated[bool, typer.Option(help=cli_help.OVERWRITE)] = False,
+    rank_timeout: Annotated[float, typer.Option(help=cli_help.RANK_TIMEOUT)] = 1800.0,
 ) -> None:
     """Capture a slice of the built-in GPT job at its target layout (default: tiny model, tp=8 pp=16 dp=64)."""
     hooks = ConsoleHooks()
-    if paced_by is not None:
-        _paced(paced_by, out, hooks, warmup=warmup, iterations=iterations, threads=threads,
-               overwrite=overwrite, rank_timeout_s=rank_timeout)  # fmt: skip
-        return
-    with _reported(hooks, CaptureError, ConfigError, LayoutError):
+    with reported(hooks, CaptureError, ConfigError, LayoutError):
         config = GPTConfig(
             layers=layers, hidden=hidden, heads=heads, ffn_hidden=ffn_hidden, seq_len=seq_len, vocab=vocab,
             micro_batch_size=micro_batch_size, microbatches=microbatches, tp=tp, pp=pp, dp=dp, dtype=dtype,
@@ -147,26 +128,14 @@ def capture(
             overwrite=overwrite, rank_timeout_s=rank_timeout,
         )  # fmt: skip
         console.print(
-            f"[bold]prism-capture[/] {config.layout}, real={real.value}, model {_model_line(config)}"
+            f"[bold]prism-capture[/] {config.layout}, real={real.value}, model {model_line(config)}"
         )
         manifest = run_capture(options, hooks)
-    console.print(_summary(manifest, out))
-
-
-def _paced(graph: Path, out: Path, hooks: ConsoleHooks, **options) -> None:
-    # Imported here: a paced capture runs the replay runtime, which a plain capture never needs.
-    from prism.replay.paced_capture import paced_config, run_paced_capture
-    from prism.replay.runtime import ReplayDiverged, ReplayInputError
-
-    with _reported(hooks, CaptureError, ReplayInputError, ReplayDiverged):
-        config = paced_config(graph)
-        console.print(f"[bold]prism-capture[/] {config.layout} paced by {graph}, model {_model_line(config)}")
-        manifest = run_paced_capture(graph, out, on_event=hooks, hooks=hooks, **options)
-    console.print(_summary(manifest, out))
+    console.print(capture_table(manifest, out))
 
 
 @contextmanager
-def _reported(hooks: ConsoleHooks, *errors: type[Exception]) -> Iterator[None]:
+def reported(hooks: ConsoleHooks, *errors: type[Exception]) -> Iterator[None]:
     """``errors`` end the command with an ``error:`` line (exit 2), an interruption with exit 130."""
     try:
         yield
@@ -183,7 +152,7 @@ def _reported(hooks: ConsoleHooks, *errors: type[Exception]) -> Iterator[None]:
         raise typer.Exit(130) from None
 
 
-def _model_line(c: GPTConfig) -> str:
+def model_line(c: GPTConfig) -> str:
     return (
         f"layers={c.layers} hidden={c.hidden} heads={c.heads} seq={c.seq_len} vocab={c.vocab} "
         f"mbs={c.micro_batch_size} microbatches={c.microbatches} {c.dtype} on {c.device}"

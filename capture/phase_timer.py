@@ -1,5 +1,5 @@
 """Wall time of each iteration's top-level blocks, profiled or not: the input of the build's
-per-phase profiler correction (``prism.graph.profiler_overhead``).
+per-phase profiler correction (``prism.graph.build.profiler_overhead``).
 
 Kineto sees only the profiled iterations. The profiler's cost is closer to a constant per op
 than to a share of each op's time, so it weighs on phases of many tiny ops (Adam's step, ~1,400

@@ -27,8 +27,8 @@ from prism.capture.phase_timer import BlockSpan, PhaseTimer, own_phase_ns
 from prism.capture.profiling import ProfileSpec, profiled
 from prism.capture.progress import report
 from prism.capture.workloads.gpt import GPTWorkload
-from prism.replay.backend import BACKEND_NAME, VirtualWorld, activate, current_comm_log, rendezvous_store
-from prism.replay.clock import CommClock, FreeRunningClock
+from prism.peers.backend import BACKEND_NAME, VirtualWorld, activate, current_comm_log, rendezvous_store
+from prism.peers.clock import CommClock, FreeRunningClock
 from prism.schemas.annotations import group_label
 from prism.schemas.comm_log import HeldTime, write_comm_log
 from prism.schemas.files import write_json_atomic

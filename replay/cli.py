@@ -10,8 +10,9 @@ from rich.console import Console
 from rich.table import Table
 
 from prism.capture.progress import RankProgress
-from prism.graph.whatif import WhatIfError, parse_delay
+from prism.graph.sim.whatif import WhatIfError, parse_delay
 from prism.replay.runtime import ReplayDiverged, ReplayInputError, ReplayOptions, run_replay
+from prism.schemas import cli_help
 from prism.schemas.replay import RankReport, ReplayReport
 
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -27,24 +28,17 @@ def _ranks(text: str) -> tuple[int, ...]:
 
 @app.command()
 def replay(
-    graph: Annotated[Path, typer.Argument(help="graph.parquet built by prism-build-graph.")],
+    graph: Annotated[Path, typer.Argument(help=cli_help.GRAPH_IN)],
     rank: Annotated[
         list[int], typer.Option("--rank", "-r", help="Global rank to run for real (repeatable).")
     ],
     out: Annotated[Path, typer.Option("--out", "-o", help="Replay directory to create.")] = Path(
         "replay-out"
     ),
-    warmup: Annotated[
-        int,
-        typer.Option(
-            help="Unprofiled iterations; the clean ones (not the first or last) give the steady time."
-        ),
-    ] = 5,
-    iterations: Annotated[
-        int, typer.Option(help="Profiled iterations after them (trace and peak memory).")
-    ] = 2,
+    warmup: Annotated[int, typer.Option(help=cli_help.WARMUP)] = 5,
+    iterations: Annotated[int, typer.Option(help=cli_help.ITERATIONS)] = 2,
     device: Annotated[str | None, typer.Option(help="cpu or cuda [default: the graph's].")] = None,
-    threads: Annotated[int, typer.Option(help="torch intra-op threads of the real rank.")] = 1,
+    threads: Annotated[int, typer.Option(help=cli_help.THREADS)] = 1,
     trace_peers: Annotated[
         str, typer.Option(help="Virtual ranks to write Chrome traces of, e.g. 0,8,122.")
     ] = "",
@@ -58,10 +52,8 @@ def replay(
         bool,
         typer.Option(help="Run several --rank one after another, each the only real rank, not all at once."),
     ] = False,
-    overwrite: Annotated[bool, typer.Option(help="Replace a non-empty output directory.")] = False,
-    rank_timeout: Annotated[
-        float, typer.Option(help="Seconds before a stuck rank process is killed.")
-    ] = 1800.0,
+    overwrite: Annotated[bool, typer.Option(help=cli_help.OVERWRITE)] = False,
+    rank_timeout: Annotated[float, typer.Option(help=cli_help.RANK_TIMEOUT)] = 1800.0,
 ) -> None:
     """Run RANK(s) of GRAPH's job for real, every other rank virtual, timed by the graph."""
     try:

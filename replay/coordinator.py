@@ -19,7 +19,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Client, Connection, Listener, wait
 from pathlib import Path
 
-from prism.graph.simulate import SimulationError, load_sim_graph, simulate
+from prism.graph.sim.simulate import SimulationError, load_sim_graph, simulate
 from prism.replay.cosim import (
     PREDICTION_PASSES,
     CoSimulation,

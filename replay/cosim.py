@@ -1,6 +1,6 @@
 """The co-simulation of prism-replay: the graph's virtual ranks, advanced around the real ones.
 
-The real ranks are *external* ranks of the simulation engine (``prism.graph.sim_engine``);
+The real ranks are *external* ranks of the simulation engine (``prism.graph.sim.engine``);
 every other rank is virtual and advanced by the engine. Everything here is in graph time (ns
 since the first iteration began); the real ranks' clocks (``prism.replay.graph_clock``) map it
 to their wall time. The graph holds one iteration, so each iteration of the program is one
@@ -39,10 +39,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from prism.graph.fold import fold_replicas
-from prism.graph.noise import virtual_lateness_ns
-from prism.graph.sim_engine import COLLECTIVE, COMPUTE, Engine, Hedge
-from prism.graph.simulate import SimGraph, SimResult, SimulationError
+from prism.graph.sim.engine import COLLECTIVE, COMPUTE, Engine, Hedge
+from prism.graph.sim.fold import fold_replicas
+from prism.graph.sim.noise import virtual_lateness_ns
+from prism.graph.sim.simulate import SimGraph, SimResult, SimulationError
 from prism.replay.rank_program import DivergenceError, RankProgram
 from prism.replay.spread import spread
 
@@ -255,7 +255,7 @@ class CoSimulation:
 
         A collective's skew is the expected wait for the last of its members; the real ones
         arrive when they do, noise included, so only the virtual members' lateness is added
-        (``prism.graph.noise.virtual_lateness_ns``). Worked out on the full graph, where
+        (``prism.graph.sim.noise.virtual_lateness_ns``). Worked out on the full graph, where
         collectives have all their members, and moved onto the folded one."""
         rows = np.concatenate([np.arange(graph.rank_ptr[r], graph.rank_ptr[r + 1]) for r in self.real])
         rows = rows[graph.kind[rows] == COLLECTIVE]

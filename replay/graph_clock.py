@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from prism.graph.simulate import SimGraph
-from prism.replay.clock import Completion, PendingCall
+from prism.graph.sim.simulate import SimGraph
+from prism.peers.clock import Completion, PendingCall
 from prism.replay.cosim import Call, CoSimulation, Done, Event, RealCall, RealEnd, Resolved, Start
 from prism.replay.rank_program import DivergenceError, RankProgram
 

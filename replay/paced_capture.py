@@ -35,7 +35,7 @@ from prism.capture.runner import (
     machine_notes,
     rerun_command_template,
 )
-from prism.graph.graph_io import GraphFormatError, read_metadata
+from prism.graph.io.parquet import GraphFormatError, read_metadata
 from prism.replay.runtime import Progress, ReplayOptions, run_replay
 from prism.schemas import PRISM_VERSION
 from prism.schemas.files import write_json_atomic

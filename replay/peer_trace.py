@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from prism.graph.sim_engine import COMPUTE
+from prism.graph.sim.engine import COMPUTE
 from prism.replay.rank_program import RankProgram
 from prism.replay.wait_spans import TraceClock
 from prism.schemas.files import write_json_atomic

@@ -22,9 +22,8 @@ import psutil
 
 from prism.capture.progress import report
 from prism.capture.rank_main import run_rank
-from prism.graph.profiler_overhead import clean_unprofiled
-from prism.graph.simulate import SimulationError, load_sim_graph, simulate
-from prism.graph.whatif import BlockDelay
+from prism.graph.sim.simulate import SimulationError, load_sim_graph, simulate
+from prism.graph.sim.whatif import BlockDelay
 from prism.replay.coordinator import RemotePort
 from prism.replay.cosim import PREDICTION_PASSES, RankPass, RankPrediction, RankSummary, summarize
 from prism.replay.graph_clock import DivergenceError, GraphClock, IterationStats, RankProgram
@@ -33,6 +32,7 @@ from prism.replay.straggler import install_delays
 from prism.replay.wait_spans import add_emulated_waits
 from prism.schemas.comm_log import read_comm_log
 from prism.schemas.files import write_json_atomic
+from prism.schemas.iterations import clean_unprofiled
 from prism.schemas.replay import ReplayFiles, ReplayIteration, ReplayJob, ReplayRankStats
 
 EXIT_DIVERGED = 3

@@ -8,12 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from prism.graph.graph_io import read_metadata
-from prism.graph.sim_engine import COLLECTIVE, COMPUTE, RECV, SEND
-from prism.graph.simulate import kind_codes
-from prism.replay.clock import PendingCall
+from prism.graph.io.parquet import GraphReader
+from prism.graph.sim.engine import COLLECTIVE, COMPUTE, RECV, SEND
+from prism.graph.sim.simulate import kind_codes
+from prism.peers.clock import PendingCall
 from prism.schemas import graph_format as gf
 from prism.schemas.workload import GPTConfig
 
@@ -32,7 +31,7 @@ class RankProgram:
     first_row: int
     """Global row of the rank's first node (rows of a graph are sorted by rank)."""
     kind: np.ndarray
-    """Engine node kinds (``prism.graph.sim_engine.COMPUTE`` ...)."""
+    """Engine node kinds (``prism.graph.sim.engine.COMPUTE`` ...)."""
     name: np.ndarray
     """Op name (collectives: 'all_reduce', ...; transfers: 'send' / 'recv')."""
     label: np.ndarray
@@ -48,12 +47,13 @@ class RankProgram:
     @classmethod
     def read(cls, path: str | Path, rank: int) -> RankProgram:
         """The rank's rows of the graph file at ``path`` (other row groups are skipped)."""
-        parquet = pq.ParquetFile(path)
-        world = GPTConfig.from_dict(read_metadata(path).model).layout.world_size
-        if not 0 <= rank < world:
-            raise ValueError(f"rank {rank} is not in the graph (0..{world - 1})")
-        columns = [gf.RANK, gf.KIND, gf.NAME, gf.GROUP_KIND, gf.GROUP_INDEX, gf.BYTES, gf.PEER, gf.PHASE]
-        table = pq.read_table(path, columns=columns, filters=[(gf.RANK, "=", rank)])
+        with GraphReader(path) as reader:
+            world = GPTConfig.from_dict(reader.metadata.model).layout.world_size
+            if not 0 <= rank < world:
+                raise ValueError(f"rank {rank} is not in the graph (0..{world - 1})")
+            columns = [gf.KIND, gf.NAME, gf.GROUP_KIND, gf.GROUP_INDEX, gf.BYTES, gf.PEER, gf.PHASE]
+            table = reader.read_rank(rank, columns)
+            first_row = reader.first_row(rank)
         group_kind = table[gf.GROUP_KIND].cast("string").to_numpy(zero_copy_only=False)
         group_index = table[gf.GROUP_INDEX].to_numpy()
         label = np.array(
@@ -64,7 +64,7 @@ class RankProgram:
         phases, codes = np.unique(phase, return_inverse=True)
         return cls(
             rank=rank,
-            first_row=_first_row(parquet, rank),
+            first_row=first_row,
             kind=kind_codes(table[gf.KIND]),
             name=pc.cast(table[gf.NAME], "string").to_numpy(zero_copy_only=False),
             label=label,
@@ -106,18 +106,3 @@ class RankProgram:
         if kind == COLLECTIVE:
             return self.name[i] == call.op and self.label[i] == call.label and self.bytes[i] == call.bytes
         return _OPS.get(kind) == call.op and self.peer[i] == call.peer and self.bytes[i] == call.bytes
-
-
-def _first_row(parquet: pq.ParquetFile, rank: int) -> int:
-    """Rows before ``rank``'s: whole row groups by their statistics, then the one it starts in."""
-    rank_column = parquet.schema_arrow.get_field_index(gf.RANK)
-    row = 0
-    for g in range(parquet.num_row_groups):
-        meta = parquet.metadata.row_group(g)
-        stats = meta.column(rank_column).statistics
-        if int(stats.max) < rank:
-            row += meta.num_rows
-            continue
-        ranks = parquet.read_row_group(g, columns=[gf.RANK])[gf.RANK].to_numpy()
-        return row + int(np.searchsorted(ranks, rank))
-    return row

@@ -28,13 +28,13 @@ from pathlib import Path
 
 from prism.capture.launch import LaunchError, RankLaunch, run_processes
 from prism.capture.runner import CaptureHooks
-from prism.graph.graph_io import GraphFormatError, read_metadata
-from prism.graph.memory import iteration_memory
-from prism.graph.profiler_overhead import MIN_WARMUP, clean_unprofiled
-from prism.graph.simulate import static_bytes
-from prism.graph.whatif import BlockDelay
+from prism.graph.io.parquet import GraphFormatError, read_metadata
+from prism.graph.sim.simulate import static_bytes
+from prism.graph.sim.whatif import BlockDelay
+from prism.graph.traces.memory import iteration_memory
 from prism.replay.coordinator import Coordinator
 from prism.schemas.files import write_json_atomic
+from prism.schemas.iterations import MIN_WARMUP, clean_unprofiled
 from prism.schemas.manifest import RankJob, RankResult
 from prism.schemas.replay import (
     PhaseComparison,

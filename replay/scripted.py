@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import threading
 
-from prism.graph.sim_engine import COLLECTIVE, COMPUTE
-from prism.graph.simulate import SimGraph
-from prism.replay.clock import PendingCall
+from prism.graph.sim.engine import COLLECTIVE, COMPUTE
+from prism.graph.sim.simulate import SimGraph
+from prism.peers.clock import PendingCall
 from prism.replay.graph_clock import GraphClock
 
 ORIGIN_NS = 1_000_000_000

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable
 
 from prism.capture import annotate
-from prism.graph.whatif import BlockDelay
+from prism.graph.sim.whatif import BlockDelay
 from prism.schemas.annotations import Mark
 
 

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from prism.graph.kineto import read_json_file
+from prism.graph.traces.kineto import read_json_file
 from prism.schemas.annotations import Phase, try_parse_mark
 from prism.schemas.comm_log import CommCall, CommLog, trace_offset_ns
 

@@ -334,3 +334,9 @@ def preset(name: str) -> ClusterSpec:
     if not shipped.is_file():
         raise ClusterSpecError(f"unknown cluster preset {name!r}; known: {', '.join(preset_names())}")
     return ClusterSpec.from_toml(shipped.read_text())
+
+
+def load_cluster(name_or_path: str) -> ClusterSpec:
+    """A preset by name, or a cluster spec TOML file."""
+    path = Path(name_or_path)
+    return ClusterSpec.load(path) if path.suffix == ".toml" or path.is_file() else preset(name_or_path)

@@ -45,11 +45,10 @@ class CommGroup:
 
 
 @dataclass(frozen=True, kw_only=True)
-class CommCall:
-    """One call on a process group, from this rank's point of view."""
+class CallSite:
+    """A call as the program made it: what, on which group, how much, with whom, when. The
+    fields a pending call (``prism.peers.clock.PendingCall``) and a logged one share."""
 
-    seq: int
-    """Index of the call among all calls of this rank."""
     op: str
     """Operation: all_reduce, all_gather, reduce_scatter, broadcast, barrier, all_to_all, reduce, gather, scatter, send, recv."""
     group: str
@@ -62,20 +61,28 @@ class CommCall:
     """Per-group sequence number: the n-th call this rank made on this group."""
     bytes: int
     """Bytes this rank contributes (send / input side); for recv the bytes received."""
-    dtype: str
-    """torch dtype of the payload, e.g. 'float32'."""
-    shape: tuple[int, ...]
-    """Shape of this rank's input tensor (recv: of the receive buffer)."""
     peer: int | None = None
     """Global rank of the other side (send / recv / broadcast root), else None."""
-    tag: int | None = None
-    """p2p tag, else None."""
-    reduce_op: str | None = None
-    """Reduction (sum, max, ...) for reducing collectives, else None."""
     async_op: bool = False
     """Whether the caller asked for an asynchronous Work."""
     enter_ns: int = 0
     """Wall time the call was made."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommCall(CallSite):
+    """One call on a process group, from this rank's point of view."""
+
+    seq: int
+    """Index of the call among all calls of this rank."""
+    dtype: str
+    """torch dtype of the payload, e.g. 'float32'."""
+    shape: tuple[int, ...]
+    """Shape of this rank's input tensor (recv: of the receive buffer)."""
+    tag: int | None = None
+    """p2p tag, else None."""
+    reduce_op: str | None = None
+    """Reduction (sum, max, ...) for reducing collectives, else None."""
     exit_ns: int = 0
     """Wall time the call returned to the program."""
     done_ns: int = 0

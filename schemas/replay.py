@@ -37,7 +37,7 @@ class ReplayJob:
     trace_peers: tuple[int, ...] = ()
     """Virtual ranks whose co-simulated nodes are written as Chrome traces."""
     delays: tuple[dict, ...] = ()
-    """Straggler delays: ``{"phase", "layer", "delay_ns", "rank"}`` (``prism.graph.whatif.BlockDelay``)."""
+    """Straggler delays: ``{"phase", "layer", "delay_ns", "rank"}`` (``prism.graph.sim.whatif.BlockDelay``)."""
     coordinator: str | None = None
     """Address of the shared co-simulation when several ranks run at once; None: each rank alone."""
     background_engine: bool | None = None

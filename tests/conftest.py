@@ -1,11 +1,10 @@
 """Shared test set-up: tests marked ``gpu`` are skipped where CUDA is unavailable; the scripts
-of ``benchmarks/`` are imported through the ``benchmark_module`` fixture."""
+of ``benchmarks/`` are loaded by path through the ``benchmark_script`` fixture."""
 
 from __future__ import annotations
 
-import importlib
-import sys
-from collections.abc import Callable, Iterator
+import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -34,11 +33,14 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 @pytest.fixture
-def benchmark_module(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], ModuleType]]:
-    """Import a script of benchmarks/ by name (they import each other as top-level modules);
-    afterwards forget every module loaded from there, so that each test starts afresh."""
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    yield importlib.import_module
-    for name, module in list(sys.modules.items()):
-        if Path(getattr(module, "__file__", None) or "/").parent == BENCHMARKS:
-            del sys.modules[name]
+def benchmark_script() -> Callable[[str], ModuleType]:
+    """Load a script of benchmarks/ by name as a module of its own (the scripts import only
+    ``prism``), to test its functions and ``main`` in-process."""
+
+    def load(name: str) -> ModuleType:
+        spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", BENCHMARKS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load

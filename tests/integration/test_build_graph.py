@@ -13,11 +13,11 @@ import pytest
 from typer.testing import CliRunner
 
 from prism.capture.runner import CaptureOptions, RealMode, run_capture
-from prism.graph.build import BuildError, BuildOptions, build_graph
-from prism.graph.cli import app
-from prism.graph.graph_io import read_metadata, read_rank
-from prism.graph.noise import expected_max_normal
-from prism.graph.profiler_overhead import Correction
+from prism.graph.build.builder import BuildError, BuildOptions, build_graph
+from prism.graph.build.cli import app
+from prism.graph.build.profiler_overhead import Correction
+from prism.graph.io.parquet import read_metadata, read_rank
+from prism.graph.sim.noise import expected_max_normal
 from prism.schemas import graph_format as gf
 from prism.schemas.annotations import GLUE
 from prism.schemas.cluster import preset
@@ -242,7 +242,7 @@ def test_build_error_is_raised_by_the_library_too(slice_capture: Path, tmp_path:
 
 
 def test_build_simulates_and_what_ifs_move_the_prediction(slice_capture: Path, tmp_path: Path) -> None:
-    from prism.graph.simulate_cli import app as simulate_app
+    from prism.graph.sim.cli import app as simulate_app
     from prism.schemas.summary import read_summary
 
     out = tmp_path / "g.parquet"

@@ -7,7 +7,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from prism.graph.calibrate import (
+from prism.graph.comm.bench import _mean_latency_s, _Plan, _time_points, run_benchmark
+from prism.graph.comm.calibrate import (
     CalibrationConfig,
     CalibrationError,
     Sample,
@@ -18,9 +19,8 @@ from prism.graph.calibrate import (
     read_comm_logs,
     samples_from_comm_logs,
 )
-from prism.graph.calibrate_bench import _mean_latency_s, _Plan, _time_points, run_benchmark
-from prism.graph.calibrate_cli import app
-from prism.graph.comm import CommModel, single_node_terms
+from prism.graph.comm.calibrate_cli import app
+from prism.graph.comm.model import CommModel, single_node_terms
 from prism.schemas.cluster import ClusterSpec
 from prism.schemas.comm_log import CommCall, CommGroup, CommLog, write_comm_log
 

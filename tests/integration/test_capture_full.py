@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from prism.capture.runner import CaptureOptions, RealMode, run_capture
-from prism.graph.calibrate import CalibrationError, read_comm_logs
-from prism.graph.call_latency import capture_latencies
-from prism.graph.memory import iteration_memory
+from prism.graph.comm.calibrate import CalibrationError, read_comm_logs
+from prism.graph.comm.call_latency import capture_latencies
+from prism.graph.traces.memory import iteration_memory
 from prism.schemas.comm_log import read_comm_log
 from prism.schemas.manifest import CaptureFiles, read_manifest
 from prism.schemas.workload import GPTConfig

@@ -179,8 +179,8 @@ def test_rerun_command_runs_one_rank_alone(capture_dir: Path, tmp_path: Path) ->
 
 def test_default_slice_builds_the_full_scale_graph(capture_dir: Path, tmp_path: Path) -> None:
     """capture → graph → validate on the built-in default: all 8192 ranks, every group complete."""
-    from prism.graph.build import BuildOptions, build_graph
-    from prism.graph.graph_io import read_rank
+    from prism.graph.build.builder import BuildOptions, build_graph
+    from prism.graph.io.parquet import read_rank
     from prism.schemas.cluster import preset
 
     out = tmp_path / "graph.parquet"

@@ -9,12 +9,12 @@ import pytest
 
 
 @pytest.fixture
-def cosim_cost(benchmark_module):
-    return benchmark_module("cosim_cost")
+def cosim_cost(benchmark_script):
+    return benchmark_script("cosim_cost")
 
 
 def test_scripted_program_plays_every_iteration(cosim_cost) -> None:
-    from prism.graph.simulate import load_sim_graph, simulate
+    from prism.graph.sim.simulate import load_sim_graph, simulate
     from prism.replay.graph_clock import GraphClock
     from prism.replay.scripted import FakeWall
 

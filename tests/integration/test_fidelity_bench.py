@@ -1,14 +1,18 @@
-"""Smoke test of benchmarks/fidelity.py: one tiny case, one repeat; fields and JSON, no accuracy claim."""
+"""Smoke test of prism.fidelity and benchmarks/fidelity.py: one tiny case, one repeat; fields and JSON, no accuracy claim."""
 
 from __future__ import annotations
 
 import json
 import statistics
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from prism.fidelity import parse_case
+from prism.fidelity.load import MatchedLoad
 from prism.schemas.cluster import preset
 
 TINY = "tp=1 pp=2 dp=1 layers=2 hidden=32 heads=2 seq=16 mbs=1 microbatches=2 vocab=128"
@@ -31,9 +35,14 @@ RECORD_TYPES = {
 }
 
 
-@pytest.fixture
-def fidelity(benchmark_module):
-    return benchmark_module("fidelity")  # the CLI module; its library modules come with it
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def run_script(name: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    """Run a script of benchmarks/ as a user does, in a fresh interpreter."""
+    return subprocess.run(
+        [sys.executable, str(BENCHMARKS / name), *argv], capture_output=True, text=True, timeout=900
+    )
 
 
 @pytest.fixture
@@ -58,10 +67,8 @@ def _check_record(record: dict) -> None:
 
 
 @pytest.mark.slow
-def test_run_case_and_cli_json(fidelity, spec_file: Path, tmp_path: Path) -> None:
-    from fidelity_cases import parse_case
-    from fidelity_lib import RunSettings, run_case
-
+def test_run_case_and_cli_json(spec_file: Path, tmp_path: Path) -> None:
+    from prism.fidelity import RunSettings, run_case
     from prism.schemas.cluster import ClusterSpec
 
     settings = RunSettings(warmup=3, iterations=1)
@@ -76,7 +83,8 @@ def test_run_case_and_cli_json(fidelity, spec_file: Path, tmp_path: Path) -> Non
     out = tmp_path / "fidelity.json"
     argv = ["--case", TINY, "--repeats", "1", "--warmup", "3", "--iterations", "1"]
     argv += ["--cluster-spec", str(spec_file), "--no-probe", "--json", str(out), "--paced"]
-    assert fidelity.main([*argv, "--work-dir", str(tmp_path / "wd")]) == 0
+    done = run_script("fidelity.py", *argv, "--work-dir", str(tmp_path / "wd"))
+    assert done.returncode == 0, done.stderr
     data = json.loads(out.read_text())
     for source in ("simulation", "paced", "replay"):
         assert [r["rank"] for r in data["records"] if r["source"] == source] == [0, 1]
@@ -98,13 +106,12 @@ def test_run_case_and_cli_json(fidelity, spec_file: Path, tmp_path: Path) -> Non
 
     # Re-priced from the kept slices: the same spec reproduces the run's prediction, and a
     # measured table that makes each one-node send cost 20 ms lengthens it.
-    import fidelity_respec
-
     slow = replace(preset("h100-ib"), measured={"p2p": {2: ((0, 0.02),)}})
     slow_file = slow.save(tmp_path / "slow.toml")
     respec_out = tmp_path / "respec.json"
     argv = [str(out), str(tmp_path / "wd"), f"same={spec_file}", f"slow={slow_file}", "--no-table", "slow"]
-    assert fidelity_respec.main([*argv, "--json", str(respec_out)]) == 0
+    done = run_script("fidelity_respec.py", *argv, "--json", str(respec_out))
+    assert done.returncode == 0, done.stderr
     rows = {(r["spec"], r["rank"]): r for r in json.loads(respec_out.read_text())}
     assert set(rows) == {(name, rank) for name in ("same", "slow", "slow-line") for rank in (0, 1)}
     for rank, record in enumerate(r for r in data["records"] if r["source"] == "simulation"):
@@ -114,69 +121,23 @@ def test_run_case_and_cli_json(fidelity, spec_file: Path, tmp_path: Path) -> Non
     # profiler correction beside them.
     argv = [str(out), str(tmp_path / "wd"), f"same={spec_file}", "--capture", "paced"]
     argv += ["--correction", "phase", "--correction", "role", "--json", str(respec_out)]
-    assert fidelity_respec.main(argv) == 0
+    done = run_script("fidelity_respec.py", *argv)
+    assert done.returncode == 0, done.stderr
     rows = json.loads(respec_out.read_text())
     assert {r["spec"] for r in rows} == {"same/phase", "same/role"}
     paced = [r for r in data["records"] if r["source"] == "paced"]
     for row, record in zip([r for r in rows if r["spec"] == "same/phase"], paced, strict=True):
         assert row["pred_ms"] == pytest.approx(record["pred_iter_ms"], rel=1e-3)
 
-    # Each replayed rank's first call per iteration, real and replayed, read from the kept runs.
-    import fidelity_first_call
 
-    rows = fidelity_first_call.rows(tmp_path / "wd")
-    assert [(r.repeat, r.rank) for r in rows] == [("repeat0", 0), ("repeat0", 1)]
-    assert all(r.real_ms > 0 and r.replay_ms > 0 and r.optim_predicted_ms > 0 for r in rows)
-    assert all(r.optim_per_op_ms is not None for r in rows)
-    assert fidelity_first_call.main([str(tmp_path / "wd")]) == 0
-    assert fidelity_first_call.main([str(tmp_path / "missing")]) == 2
-
-
-def test_real_median_standard_error(fidelity) -> None:
-    from fidelity_lib import _median_sem_pct
-
-    assert _median_sem_pct([120.0]) is None
-    assert _median_sem_pct([100.0, 100.0, 100.0]) == 0.0
-    # sd 14.14 of two values around 100: 1.2533 · 14.14 / √2 = 12.5 % of the median.
-    assert _median_sem_pct([90.0, 110.0]) == pytest.approx(12.53, abs=0.01)
-
-
-def test_paired_errors_compare_each_repeat_with_the_real_runs_beside_it(fidelity) -> None:
-    from fidelity_lib import RankRun, _records, bracketed
-
-    def run(ms: float, bracket: tuple[float, float] | None = None) -> dict[int, RankRun]:
-        return {0: RankRun(iter_ns=ms * 1e6, peak_bytes=1, parts_ms={}, dynamic_bytes=0, bracket_ns=bracket)}
-
-    # The machine drifts 100 -> 200 -> 300 ms between repeats; each replay is +10, -10, +10 %
-    # of the real runs beside it. The medians' error (180 vs 200) says -10 %, the paired one +10 %.
-    real = [
-        bracketed(run(90), run(110)),
-        bracketed(run(210), run(190)),
-        bracketed(run(300), run(300)),
-    ]
-    assert [r[0].iter_ns / 1e6 for r in real] == [100, 200, 300]
-    assert real[0][0].bracket_ns == (90e6, 110e6)
-    (record,) = _records("c", real, [run(110), run(180), run(330)], "replay")
-    assert record["iter_err_pct"] == pytest.approx(-10.0)
-    assert record["paired_err_pct"] == pytest.approx(10.0)
-    assert record["paired_se_pct"] == pytest.approx(1.2533 * 11.547 / 3**0.5, abs=0.01)
-    # How far the real side moved across the replay: |+22.2 %|, |-9.5 %|, 0 -> median 9.52 %.
-    assert record["real_bracket_drift_pct"] == pytest.approx(9.52, abs=0.01)
-    # Without brackets there is no drift to report.
-    (plain,) = _records("c", [run(100)], [run(110)], "replay")
-    assert plain["real_bracket_drift_pct"] is None and plain["paired_se_pct"] is None
-
-
-def test_bad_case_is_one_error_line(fidelity, capsys: pytest.CaptureFixture[str]) -> None:
-    assert fidelity.main(["--case", "tp=1 pp=2 colour=blue"]) == 2
-    assert "unknown case key 'colour'" in capsys.readouterr().out
+def test_bad_case_is_one_error_line() -> None:
+    done = run_script("fidelity.py", "--case", "tp=1 pp=2 colour=blue")
+    assert done.returncode == 2
+    assert "unknown case key 'colour'" in done.stdout
 
 
 @pytest.mark.slow
-def test_matched_load_runs_the_other_ranks_beside_each_batch(fidelity, tmp_path: Path) -> None:
-    from fidelity_cases import parse_case
-    from fidelity_load import MatchedLoad
-
+def test_matched_load_runs_the_other_ranks_beside_each_batch(tmp_path: Path) -> None:
     from prism.capture.runner import CaptureOptions, RealMode, run_capture
 
     config = parse_case(TINY)
@@ -198,10 +159,7 @@ def test_matched_load_runs_the_other_ranks_beside_each_batch(fidelity, tmp_path:
         assert load._procs == []
 
 
-def test_matched_load_that_dies_is_an_error(fidelity, tmp_path: Path) -> None:
-    from fidelity_cases import parse_case
-    from fidelity_load import MatchedLoad
-
+def test_matched_load_that_dies_is_an_error(tmp_path: Path) -> None:
     with MatchedLoad(parse_case(TINY), warmup=1, iterations=1) as load:
         load._job.write_text("not json")  # the load process cannot start
         load.batch_starting((0,), {})

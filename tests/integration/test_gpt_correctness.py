@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from prism.capture.launch import free_port
 from prism.capture.workloads.gpt import GPTWorkload
-from prism.replay import BACKEND_NAME, FreeRunningClock, VirtualWorld, activate
+from prism.peers import BACKEND_NAME, FreeRunningClock, VirtualWorld, activate
 from prism.schemas.workload import GPTConfig
 
 pytestmark = pytest.mark.slow

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from prism.capture.cli import app as capture_app
 from prism.capture.rank_main import run_rank
-from prism.graph.cli import app as build_app
-from prism.graph.graph_io import read_metadata
-from prism.graph.normalize import normalize_rank
-from prism.graph.profiler_overhead import clean_unprofiled
-from prism.replay.clock import ImmediateClock, PendingCall
+from prism.graph.build.cli import app as build_app
+from prism.graph.build.normalize import normalize_rank
+from prism.graph.io.parquet import read_metadata
+from prism.peers.clock import ImmediateClock, PendingCall
+from prism.replay.paced_cli import app as paced_app
 from prism.schemas.comm_log import HeldTime, read_comm_log
+from prism.schemas.iterations import clean_unprofiled
 from prism.schemas.manifest import CaptureFiles, RankJob, read_manifest
 from prism.schemas.workload import GPTConfig
 
@@ -68,9 +68,7 @@ def _wall(iteration: dict, ops, log) -> tuple[int, int]:
 @pytest.fixture(scope="module")
 def paced(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("paced") / "capture"
-    result = runner.invoke(
-        capture_app, ["--paced-by", str(TINY), "-o", str(out), "--warmup", "3", "--iterations", "1"]
-    )
+    result = runner.invoke(paced_app, [str(TINY), "-o", str(out), "--warmup", "3", "--iterations", "1"])
     assert result.exit_code == 0, result.output
     return out
 
@@ -101,7 +99,7 @@ def test_the_build_reads_a_paced_capture(paced: Path, tmp_path: Path) -> None:
 def test_pacing_by_a_file_that_is_not_a_graph_is_one_error_line(tmp_path: Path) -> None:
     bogus = tmp_path / "bogus.parquet"
     bogus.write_text("not parquet")
-    result = runner.invoke(capture_app, ["--paced-by", str(bogus), "-o", str(tmp_path / "out")])
+    result = runner.invoke(paced_app, [str(bogus), "-o", str(tmp_path / "out")])
     assert result.exit_code == 2
     assert [line for line in result.output.splitlines() if line.startswith("error:")][0].startswith(
         f"error: {bogus}"

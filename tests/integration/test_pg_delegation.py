@@ -96,7 +96,7 @@ def _all_real(rank: int, world_size: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from prism.replay.backend import BACKEND_NAME, VirtualWorld, activate, current_comm_log
+    from prism.peers.backend import BACKEND_NAME, VirtualWorld, activate, current_comm_log
 
     activate(VirtualWorld())
     dist.init_process_group(BACKEND_NAME, init_method="env://", rank=rank, world_size=world_size)
@@ -162,7 +162,7 @@ def _mixed(rank: int, world_size: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from prism.replay.backend import BACKEND_NAME, VirtualWorld, activate, current_comm_log, rendezvous_store
+    from prism.peers.backend import BACKEND_NAME, VirtualWorld, activate, current_comm_log, rendezvous_store
 
     labels = {(0, 1): "pair", (0, 2): "virtual"}
     world = VirtualWorld(real_ranks=frozenset({0, 1}), labeler=labels.get)

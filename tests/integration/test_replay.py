@@ -11,9 +11,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from prism.graph.kineto import read_json_file
-from prism.graph.simulate import load_sim_graph, simulate
-from prism.graph.whatif import BlockDelay, WhatIf, apply_what_if
+from prism.graph.sim.simulate import load_sim_graph, simulate
+from prism.graph.sim.whatif import BlockDelay, WhatIf, apply_what_if
+from prism.graph.traces.kineto import read_json_file
 from prism.replay.cli import app
 from prism.replay.wait_spans import WAIT_CATEGORY
 from prism.schemas import graph_format as gf

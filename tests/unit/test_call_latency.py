@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from prism.graph.call_latency import call_latencies, clean_call_mask
+from prism.graph.comm.call_latency import call_latencies, clean_call_mask
 from prism.schemas.comm_log import CommCall, CommLog
 
 

@@ -8,10 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from prism.graph import op_table as ot
-from prism.graph.bind import LayoutTables, bind_ranks, encode_program
-from prism.graph.compose import GSEQ, LAYER, MB, P2P_DIR, WAIT_NAME, compose_stage
-from prism.graph.templates import TemplateError, build_role_template, split_segments
+from prism.graph.build import op_table as ot
+from prism.graph.build.bind import bind_ranks, encode_program
+from prism.graph.build.compose import GSEQ, LAYER, MB, P2P_DIR, WAIT_NAME, compose_stage
+from prism.graph.build.templates import TemplateError, build_role_template, split_segments
+from prism.graph.comm.placement import LayoutTables
 from prism.schemas import graph_format as gf
 from prism.schemas.gpt_params import stage_buckets
 from prism.schemas.pipeline_schedule import Action, one_f_one_b

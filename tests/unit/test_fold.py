@@ -11,10 +11,10 @@ from test_graph_clock import named
 from test_simulate import collective, compute, config, one_f_one_b_programs, write
 
 import prism.replay.cosim as cosim_module
-from prism.graph.fold import fold_replicas, no_folding
-from prism.graph.sim_engine import Engine
-from prism.graph.simulate import SimGraph, load_sim_graph, peak_bytes, simulate
-from prism.graph.whatif import SlowRank, WhatIf, apply_what_if
+from prism.graph.sim.engine import Engine
+from prism.graph.sim.fold import fold_replicas, no_folding
+from prism.graph.sim.simulate import SimGraph, load_sim_graph, peak_bytes, simulate
+from prism.graph.sim.whatif import SlowRank, WhatIf, apply_what_if
 from prism.replay.graph_clock import GraphClock
 from prism.replay.scripted import FakeWall, play
 from prism.schemas import graph_format as gf

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from test_simulate import collective, compute, config, one_f_one_b_programs, write
 
-from prism.graph.sim_engine import COMPUTE, Engine
-from prism.graph.simulate import SimGraph, load_sim_graph, simulate
-from prism.graph.whatif import SlowRank, WhatIf, apply_what_if
-from prism.replay.clock import PendingCall
+from prism.graph.sim.engine import COMPUTE, Engine
+from prism.graph.sim.simulate import SimGraph, load_sim_graph, simulate
+from prism.graph.sim.whatif import SlowRank, WhatIf, apply_what_if
+from prism.peers.clock import PendingCall
 from prism.replay.cosim import CoSimulation, predicted_phase_ns
 from prism.replay.graph_clock import DivergenceError, GraphClock, RankProgram
 from prism.replay.scripted import ORIGIN_NS as ORIGIN

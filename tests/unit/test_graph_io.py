@@ -14,7 +14,7 @@ import pyarrow.compute  # noqa: F401 - pa.compute below
 import pyarrow.parquet as pq
 import pytest
 
-from prism.graph.graph_io import (
+from prism.graph.io.parquet import (
     GraphFormatError,
     GraphReader,
     GraphWriter,
@@ -194,6 +194,18 @@ def test_iter_rank_chunks_yields_row_groups_in_rank_order(tmp_path: Path) -> Non
     path = write_graph(tmp_path / "g.parquet", ranks_per_row_group=3)
     chunks = list(iter_rank_chunks(path, columns=[gf.RANK]))
     assert [sorted(set(c.column(gf.RANK).to_pylist())) for c in chunks] == [[0, 1, 2], [3, 4, 5], [6, 7]]
+
+
+def test_first_row_and_one_column_index_the_whole_file(tmp_path: Path) -> None:
+    rows = graph_rows()
+    path = write_graph(tmp_path / "g.parquet", rows, ranks_per_row_group=3)
+    ranks = [row[gf.RANK] for row in rows]
+    with GraphReader(path) as reader:
+        assert reader.num_rows == len(rows)
+        assert reader.read_column(gf.RANK).to_pylist() == ranks
+        for rank in range(LAYOUT.world_size):
+            assert reader.first_row(rank) == ranks.index(rank)
+        assert reader.first_row(LAYOUT.world_size) == len(rows)  # past the last rank
 
 
 def test_plain_string_columns_are_accepted(tmp_path: Path) -> None:

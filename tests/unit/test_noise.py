@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from test_compose import CAPTURED, template
 
-from prism.graph import op_table as ot
-from prism.graph.compose import GROUP_AXIS, P2P_DIR, SKEW, compose_stage
-from prism.graph.noise import (
+from prism.graph.build import op_table as ot
+from prism.graph.build.compose import GROUP_AXIS, P2P_DIR, SKEW, compose_stage
+from prism.graph.sim.noise import (
     call_jitter_ns,
     collective_skew_ns,
     expected_max_normal,
@@ -99,8 +99,8 @@ def test_composed_programs_skew_only_their_collectives() -> None:
 def test_graph_wide_intervals_equal_each_programs_own() -> None:
     from pathlib import Path
 
-    from prism.graph.sim_engine import COMPUTE
-    from prism.graph.simulate import load_sim_graph
+    from prism.graph.sim.engine import COMPUTE
+    from prism.graph.sim.simulate import load_sim_graph
 
     graph = load_sim_graph(Path(__file__).parents[1] / "data" / "tiny_graph.parquet")
     comm = graph.kind != COMPUTE

@@ -10,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from prism.graph import op_table as T
-from prism.graph.normalize import (
+from prism.graph.build import op_table as T
+from prism.graph.build.normalize import (
     NormalizeError,
     baseline_bytes,
     block_signatures,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from prism.graph.predict import predict, stage_table
+from prism.graph.sim.predict import predict, stage_table
 
 TINY = Path(__file__).parents[1] / "data" / "tiny_graph.parquet"
 

@@ -7,7 +7,7 @@ import torch.distributed as dist
 
 from prism.capture.preflight import CaptureError, check_full_run_fits, stage_parameter_count
 from prism.capture.workloads.gpt import GPTWorkload
-from prism.replay import BACKEND_NAME, FreeRunningClock, VirtualWorld, activate
+from prism.peers import BACKEND_NAME, FreeRunningClock, VirtualWorld, activate
 from prism.schemas.gpt_params import stage_buckets, stage_parameter_shapes
 from prism.schemas.workload import GPTConfig
 

@@ -15,10 +15,10 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
-from prism.replay.backend import BACKEND_NAME, VirtualWorld, activate, current_comm_log
-from prism.replay.clock import CommClock, Completion, FreeRunningClock, ImmediateClock, PendingCall
-from prism.replay.process_group import GroupMode, ProcessGroupPrism
-from prism.replay.standin import standin_values
+from prism.peers.backend import BACKEND_NAME, VirtualWorld, activate, current_comm_log
+from prism.peers.clock import CommClock, Completion, FreeRunningClock, ImmediateClock, PendingCall
+from prism.peers.process_group import GroupMode, ProcessGroupPrism
+from prism.peers.standin import standin_values
 from prism.schemas.annotations import Phase, group_label, try_parse_mark
 from prism.schemas.comm_log import CommCall, HeldTime, read_comm_log, write_comm_log
 from prism.schemas.layout import ParallelLayout

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from test_compose import CAPTURED, op_table
 
-from prism.graph import op_table as ot
-from prism.graph.profiler_overhead import (
+from prism.graph.build import op_table as ot
+from prism.graph.build.profiler_overhead import (
     MIN_PHASE_NS,
     TimeScale,
     clean_unprofiled,
@@ -17,7 +17,7 @@ from prism.graph.profiler_overhead import (
     scale_template,
     time_scale,
 )
-from prism.graph.templates import build_role_template
+from prism.graph.build.templates import build_role_template
 from prism.schemas.annotations import GLUE
 from prism.schemas.manifest import RankResult
 

@@ -8,8 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from prism.graph.graph_io import GraphWriter
-from prism.graph.simulate import SimulationError, load_sim_graph, simulate, static_bytes
+from prism.graph.io.parquet import GraphWriter
+from prism.graph.sim.simulate import SimulationError, load_sim_graph, simulate, static_bytes
 from prism.schemas import graph_format as gf
 from prism.schemas.graph_format import GraphMetadata, NodeKind
 from prism.schemas.pipeline_schedule import Action, one_f_one_b
@@ -179,7 +179,7 @@ def test_deadlock_is_reported(tmp_path: Path) -> None:
 
 
 def test_breakdown_adds_up_and_finds_the_1f1b_bubble(tmp_path: Path) -> None:
-    from prism.graph.sim_metrics import breakdown, critical_path
+    from prism.graph.sim.metrics import breakdown, critical_path
 
     pp, m, f, b = 4, 8, 10, 20
     graph = load_sim_graph(
@@ -201,7 +201,7 @@ def test_breakdown_adds_up_and_finds_the_1f1b_bubble(tmp_path: Path) -> None:
 
 
 def test_exposed_comm_is_the_wait_for_a_slow_member(tmp_path: Path) -> None:
-    from prism.graph.sim_metrics import breakdown
+    from prism.graph.sim.metrics import breakdown
 
     cfg = config(tp=2)
     programs = [[compute(100, **{gf.GAP_NS: 7}), collective(7, 50, 2)], [compute(300), collective(7, 50, 2)]]

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from prism.capture import annotate
-from prism.graph.whatif import parse_delay
+from prism.graph.sim.whatif import parse_delay
 from prism.replay.straggler import install_delays
 from prism.schemas.annotations import Mark, Part, Phase
 

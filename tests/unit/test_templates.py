@@ -7,9 +7,9 @@ from dataclasses import replace
 import numpy as np
 from test_compose import CAPTURED, op_table
 
-from prism.graph import op_table as ot
-from prism.graph.compose import MB, compose_stage
-from prism.graph.templates import build_role_template
+from prism.graph.build import op_table as ot
+from prism.graph.build.compose import MB, compose_stage
+from prism.graph.build.templates import build_role_template
 
 STAGE = 0
 EXTRA = 4096  # bytes the first forward of an iteration allocates and the last backward frees

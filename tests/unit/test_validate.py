@@ -10,9 +10,9 @@ import pytest
 from test_graph_io import DEFAULTS, LAYOUT, graph_rows, metadata, write_graph, write_raw
 from typer.testing import CliRunner
 
-from prism.graph.graph_io import GraphFormatError
-from prism.graph.validate import GraphValidationError, validate_graph
-from prism.graph.validate_cli import app
+from prism.graph.io.parquet import GraphFormatError
+from prism.graph.io.validate import GraphValidationError, validate_graph
+from prism.graph.io.validate_cli import app
 from prism.schemas import graph_format as gf
 from prism.schemas.graph_format import NodeKind
 from prism.schemas.layout import ParallelLayout

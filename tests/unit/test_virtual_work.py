@@ -12,8 +12,8 @@ import time
 
 import torch
 
-from prism.replay.recorder import CallRecord
-from prism.replay.virtual_work import VirtualCompletion, VirtualWork
+from prism.peers.recorder import CallRecord
+from prism.peers.virtual_work import VirtualCompletion, VirtualWork
 
 
 def virtual_call() -> tuple[VirtualCompletion, VirtualWork, list[threading.Thread]]:

@@ -6,7 +6,7 @@ import gzip
 import json
 from pathlib import Path
 
-from prism.graph.kineto import read_kineto
+from prism.graph.traces.kineto import read_kineto
 from prism.replay.wait_spans import WAIT_CATEGORY, WAIT_TID, add_emulated_waits
 from prism.schemas.annotations import Mark, Phase, format_mark
 from prism.schemas.comm_log import CommCall, CommLog

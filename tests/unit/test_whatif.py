@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from test_simulate import collective, compute, config, write
 
-from prism.graph.simulate import load_sim_graph, simulate
-from prism.graph.whatif import (
+from prism.graph.sim.simulate import load_sim_graph, simulate
+from prism.graph.sim.whatif import (
     BlockDelay,
     SlowRank,
     WhatIf,

@@ -1,0 +1,110 @@
+"""One fidelity case end to end: its repeats, each side in turn, paired into records."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prism.fidelity.cases import case_label
+from prism.fidelity.compare import breakdown_rows, paired_records
+from prism.fidelity.explain import summarize_latencies
+from prism.fidelity.measure import (
+    PACED_GRAPH,
+    RunSettings,
+    bracketed,
+    measure_real,
+    predict,
+    predict_paced,
+    replay_roles,
+)
+from prism.graph.comm.call_latency import capture_latencies
+from prism.schemas.cluster import ClusterSpec
+from prism.schemas.workload import GPTConfig
+
+Progress = Callable[[str], None]
+
+
+@dataclass(kw_only=True)
+class CaseResult:
+    """Everything one case produced."""
+
+    records: list[dict]
+    """One per rank: the benchmark's table."""
+    breakdown: list[dict] = field(default_factory=list)
+    """One per rank: where the iteration goes, real vs slice vs simulation (ms, medians)."""
+    collectives: list[dict] = field(default_factory=list)
+    """Real gloo collectives of the real runs: latency and skew vs the comm model."""
+
+
+def case_dir(work_dir: Path, label: str) -> Path:
+    """Where a case's repeats are kept under ``--work-dir`` (``repeat0``, ``repeat1``, ...)."""
+    return work_dir / label.replace(" ", "_").replace("=", "")
+
+
+def _repeat_dir(settings: RunSettings, label: str, repeat: int) -> tempfile.TemporaryDirectory | Path:
+    if settings.work_dir is None:
+        return tempfile.TemporaryDirectory(prefix="prism-fidelity-")
+    path = case_dir(settings.work_dir, label) / f"repeat{repeat}"
+    path.mkdir(parents=True, exist_ok=False)
+    return path
+
+
+def run_case_detailed(
+    config: GPTConfig,
+    repeats: int,
+    spec: ClusterSpec,
+    settings: RunSettings | None = None,
+    progress: Progress | None = None,
+) -> CaseResult:
+    """Measure and predict ``config`` ``repeats`` times (real run and slice interleaved) and pair them."""
+    settings = settings or RunSettings()
+    say = progress or (lambda _: None)
+    label = case_label(config)
+    real, pred, paced, replayed, slices, latencies = [], [], [], [], [], []
+    for repeat in range(repeats):
+        holder = _repeat_dir(settings, label, repeat)
+        root = Path(holder.name) if isinstance(holder, tempfile.TemporaryDirectory) else holder
+        step = f"[{label}] repeat {repeat + 1}/{repeats}:"
+        bracket = settings.replay and settings.bracket
+        try:
+            if not bracket:
+                say(f"{step} every rank real")
+                real.append(measure_real(config, settings, root / "real"))
+            say(f"{step} slice capture, build, simulate")
+            predicted, slice_parts = predict(config, spec, settings, root)
+            pred.append(predicted)
+            slices.append(slice_parts)
+            graph = "graph.parquet"
+            if settings.paced:
+                say(f"{step} paced capture, build, simulate")
+                paced.append(predict_paced(config, spec, settings, root))
+                graph = PACED_GRAPH
+            if bracket:
+                say(f"{step} every rank real (before the replay)")
+                before = measure_real(config, settings, root / "real")
+            if settings.replay:
+                say(f"{step} replay of each role's rank against {graph}")
+                replayed.append(replay_roles(config, settings, root, graph))
+            if bracket:
+                say(f"{step} every rank real (after the replay)")
+                real.append(bracketed(before, measure_real(config, settings, root / "real_after")))
+            latencies += capture_latencies(root / "real")
+        finally:
+            if isinstance(holder, tempfile.TemporaryDirectory):
+                holder.cleanup()
+    return CaseResult(
+        records=paired_records(label, real, pred)
+        + paired_records(label, real, paced, "paced")
+        + paired_records(label, real, replayed, "replay"),
+        breakdown=breakdown_rows(label, config, real, pred, slices),
+        collectives=[{"case": label, **row} for row in summarize_latencies(latencies, spec)],
+    )
+
+
+def run_case(
+    case_config: GPTConfig, repeats: int, spec: ClusterSpec, settings: RunSettings | None = None
+) -> list[dict]:
+    """One record per rank of ``case_config``: real vs predicted iteration time and peak memory."""
+    return run_case_detailed(case_config, repeats, spec, settings).records

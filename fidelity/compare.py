@@ -1,0 +1,103 @@
+"""Pair the real runs with a prediction rank by rank: the records and breakdown rows of a case."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from prism.fidelity.measure import RankRun
+from prism.schemas.workload import GPTConfig
+
+
+def _err_pct(pred: float, real: float) -> float:
+    return (pred - real) / real * 100.0 if real else float("nan")
+
+
+def _median(values: list[float]) -> float:
+    return float(np.median(values))
+
+
+def _median_se(values: list[float]) -> float | None:
+    """Standard error of the median of ``values`` (normal approximation, 1.2533·sd/√n); None from one value."""
+    if len(values) < 2:
+        return None
+    return float(1.2533 * np.std(values, ddof=1) / np.sqrt(len(values)))
+
+
+def _median_sem_pct(values: list[float]) -> float | None:
+    """``_median_se`` as a percentage of the median: how far the real side alone moves between repeats."""
+    se = _median_se(values)
+    return None if se is None else se / float(np.median(values)) * 100.0
+
+
+def _round(value: float | None, digits: int = 2) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def paired_records(
+    label: str, real: list[dict[int, RankRun]], pred: list[dict[int, RankRun]], source: str = "simulation"
+) -> list[dict]:
+    records = []
+    for rank in sorted(pred[0]) if pred else []:
+        real_repeats = [run[rank].iter_ns / 1e6 for run in real]
+        pred_repeats = [run[rank].iter_ns / 1e6 for run in pred]
+        real_ms, pred_ms = _median(real_repeats), _median(pred_repeats)
+        sem = _median_sem_pct(real_repeats)
+        real_peak = int(_median([run[rank].peak_bytes for run in real]))
+        pred_peak = int(_median([run[rank].peak_bytes for run in pred]))
+        # The same errors repeat by repeat: each prediction against the real run(s) beside it in time.
+        brackets = [run[rank].bracket_ns for run in real if run[rank].bracket_ns is not None]
+        drifts = [abs(_err_pct(after, before)) for before, after in brackets]
+        paired = [_err_pct(p, r) for p, r in zip(pred_repeats, real_repeats, strict=True)]
+        records.append(
+            {
+                "case": label, "rank": rank, "source": source,
+                "real_iter_ms": round(real_ms, 3), "pred_iter_ms": round(pred_ms, 3),
+                "iter_err_pct": round(_err_pct(pred_ms, real_ms), 2),
+                "real_peak_bytes": real_peak, "pred_peak_bytes": pred_peak,
+                "mem_err_pct": round(_err_pct(pred_peak, real_peak), 3),
+                "real_repeats_ms": [round(v, 3) for v in real_repeats],
+                "pred_repeats_ms": [round(v, 3) for v in pred_repeats],
+                "real_sem_pct": _round(sem),
+                "paired_err_pct": round(_median(paired), 2),
+                "paired_se_pct": _round(_median_se(paired)),
+                "real_bracket_drift_pct": _round(_median(drifts)) if drifts else None,
+            }
+        )  # fmt: skip
+    return records
+
+
+def breakdown_rows(
+    label: str,
+    config: GPTConfig,
+    real: list[dict[int, RankRun]],
+    pred: list[dict[int, RankRun]],
+    slices: list[dict],
+) -> list[dict]:
+    layout = config.layout
+    roles = layout.roles()
+    rows = []
+    for rank in sorted(real[0]):
+        role_rank = roles[layout.role(rank)]
+        row: dict = {"case": label, "rank": rank}
+        for part in ("compute", "comm_wait", "glue"):
+            row[f"real_{part}_ms"] = round(_median([run[rank].parts_ms[part] for run in real]), 3)
+            row[f"slice_{part}_ms"] = round(_median([s[role_rank][part] for s in slices]), 3)
+            row[f"pred_{part}_ms"] = round(_median([run[rank].parts_ms[part] for run in pred]), 3)
+        # Memory allocated by the iteration itself at its peak (static bytes left out), and how
+        # much the real run's allocator total grows per iteration (it should not).
+        row["real_dynamic_bytes"] = int(_median([run[rank].dynamic_bytes for run in real]))
+        row["slice_dynamic_bytes"] = int(_median([s[role_rank]["dynamic_bytes"] for s in slices]))
+        row["pred_dynamic_bytes"] = int(_median([run[rank].dynamic_bytes for run in pred]))
+        row["real_drift_bytes_per_iter"] = int(_median([run[rank].drift_bytes for run in real]))
+        # Whole iterations with and without the profiler: the slice's ratio is the build's correction.
+        row["real_unprofiled_ms"] = round(_median([run[rank].iter_ns / 1e6 for run in real]), 3)
+        row["real_profiled_ms"] = round(_median([run[rank].profiled_ns / 1e6 for run in real]), 3)
+        row["slice_unprofiled_ms"] = round(_median([s[role_rank]["unprofiled_ms"] for s in slices]), 3)
+        row["slice_profiled_ms"] = round(_median([s[role_rank]["profiled_ms"] for s in slices]), 3)
+        rows.append(row)
+    return rows
+
+
+def mean_abs(records: list[dict], key: str) -> float:
+    """Mean of |record[key]| over ``records``."""
+    return float(np.mean([abs(r[key]) for r in records])) if records else float("nan")

@@ -1,0 +1,111 @@
+"""Where the time goes, measured three ways, so that prediction errors can be explained.
+
+- ``decompose``: one rank's profiled iterations from its op table, split into compute (the
+  durations of its ops), comm + wait (process-group calls, plus the gap after each call: a
+  gloo collective returns a Work at once and ``dist.all_reduce`` waits for it *after* the
+  ``prism:comm`` mark closes; a pipeline rank waits for its transfers in ``p2p_wait``, which
+  holds no op) and glue (every other gap: Python between ops, profiler bookkeeping).
+- ``sim_breakdown``: the same split of a simulated rank (``prism.graph.sim.metrics``).
+- ``summarize_latencies``: of the real calls of a run where every rank was real
+  (``prism.graph.comm.call_latency``), per op and size: how far apart the members arrived (skew)
+  and how long a call took after the last one arrived (latency), next to what the comm model
+  charges for it.
+- ``concurrency_probe``: how fast two CPU-bound processes run side by side compared to one
+  alone: on a shared 2-vCPU VM this is not 1.0, and it changes by the minute.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+from collections import defaultdict
+
+import numpy as np
+import pandas as pd
+
+from prism.graph.build import op_table as ot
+from prism.graph.comm.call_latency import CallLatency
+from prism.graph.comm.model import CommModel
+from prism.graph.sim.metrics import breakdown
+from prism.graph.sim.simulate import SimGraph, SimResult
+from prism.schemas.cluster import ClusterSpec
+
+
+def decompose(ops: pd.DataFrame) -> dict[str, float]:
+    """Median over the profiled iterations of compute / comm_wait / glue, in ms."""
+    ends = {it["iteration"]: it["end_ns"] for it in ops.attrs["iterations"]}
+    parts = []
+    for iteration, units in ops.sort_values(ot.SEQ).groupby(ot.ITERATION):
+        comm = units[ot.IS_COMM].to_numpy()
+        after_comm = np.r_[False, comm[:-1]]
+        dur, gap = units[ot.DUR_NS].to_numpy(), units[ot.GAP_NS].to_numpy()
+        tail = ends[iteration] - (units[ot.START_NS].to_numpy()[-1] + dur[-1])
+        parts.append(
+            {
+                "compute": dur[~comm].sum(),
+                "comm_wait": dur[comm].sum() + gap[after_comm].sum(),
+                "glue": gap[~after_comm].sum() + max(tail, 0),
+            }
+        )
+    return {key: float(statistics.median(p[key] for p in parts)) / 1e6 for key in parts[0]}
+
+
+def sim_breakdown(graph: SimGraph, result: SimResult) -> list[dict[str, float]]:
+    """Per rank: compute / comm_wait (exposed comm + bubble) / glue (gaps) of the simulation, in ms."""
+    b = breakdown(graph, result)
+    return [
+        {
+            "compute": float(b.compute_ns[r]) / 1e6,
+            "comm_wait": float(b.exposed_comm_ns[r] + b.bubble_ns[r]) / 1e6,
+            "glue": float(b.overhead_ns[r]) / 1e6,
+        }
+        for r in range(graph.ranks)
+    ]
+
+
+def summarize_latencies(rows: list[CallLatency], spec: ClusterSpec) -> list[dict]:
+    """Per (op, bytes, group size): calls, latency median/mean, skew median, and the model's time."""
+    model = CommModel(spec)
+    groups: dict[tuple, list[CallLatency]] = defaultdict(list)
+    for row in rows:
+        groups[(row.op, row.bytes, row.group_size)].append(row)
+    out = []
+    for (op, nbytes, size), items in sorted(groups.items()):
+        latency = [i.latency_ns / 1e3 for i in items]
+        out.append(
+            {
+                "op": op,
+                "bytes": nbytes,
+                "group_size": size,
+                "calls": len(items),
+                "latency_median_us": statistics.median(latency),
+                "latency_mean_us": statistics.fmean(latency),
+                "skew_median_us": statistics.median(i.skew_ns / 1e3 for i in items),
+                "model_us": model.duration_ns(op, nbytes, size, 1) / 1e3,
+            }
+        )
+    return out
+
+
+_SPIN = "import time\nt=time.perf_counter()+{s}\nn=0\nwhile time.perf_counter()<t: n+=1\nprint(n)"
+
+
+def _spin(processes: int, seconds: float) -> float:
+    """Loop iterations per second of each of ``processes`` pure-Python spinners run together (mean)."""
+    code = _SPIN.format(s=seconds)
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        for _ in range(processes)
+    ]
+    counts = [int(p.communicate()[0]) for p in procs]
+    return statistics.fmean(counts) / seconds
+
+
+def concurrency_probe(processes: int = 2, seconds: float = 0.5, rounds: int = 3) -> float:
+    """Speed of each of ``processes`` CPU-bound processes run together, relative to one alone.
+
+    1.0 means they do not slow each other down; 0.5 means two share one core's worth of work.
+    Median of ``rounds`` (alone, together) pairs: on a shared VM one pair can be far off.
+    """
+    return statistics.median(_spin(processes, seconds) / _spin(1, seconds) for _ in range(rounds))

@@ -1,0 +1,244 @@
+"""Each side of one repeat: every rank for real, the slice's prediction, the paced prediction,
+the replay of each role's rank; what each measured or predicted per rank (``RankRun``)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
+from typing import TypeVar
+
+from prism.capture.runner import CaptureOptions, RealMode, run_capture
+from prism.fidelity.explain import decompose, sim_breakdown
+from prism.fidelity.load import MatchedLoad
+from prism.graph.build.builder import BuildOptions, build_graph
+from prism.graph.build.normalize import normalize_rank
+from prism.graph.build.profiler_overhead import Correction
+from prism.graph.sim.simulate import load_sim_graph, simulate, static_bytes
+from prism.graph.traces.memory import iteration_memory
+from prism.replay.paced_capture import run_paced_capture
+from prism.replay.runtime import ReplayOptions, run_replay
+from prism.schemas.cluster import ClusterSpec
+from prism.schemas.iterations import MIN_WARMUP, clean_unprofiled
+from prism.schemas.manifest import CaptureFiles, CaptureManifest
+from prism.schemas.workload import GPTConfig
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSettings:
+    """How each side of the comparison is run."""
+
+    warmup: int = 8
+    """Unprofiled iterations before the profiled ones; the first (cold) and the last (the
+    profiler's warm-up step) aside, they give the real run's steady iteration time."""
+    iterations: int = 3
+    """Profiled iterations of both the real run and the slice capture."""
+    sim_iterations: int = 3
+    """Back-to-back iterations simulated; the last gives the steady state."""
+    work_dir: Path | None = None
+    """Keep captures and graphs here (one folder per case and repeat); None: a temporary folder."""
+    matched_load: bool = True
+    """Run the world's other ranks beside each slice batch (``prism.fidelity.load.MatchedLoad``), so the
+    captured rank shares the machine as it does in the real run; False: it runs alone."""
+    replay: bool = True
+    """Also replay each role's rank against the graph (``prism-replay``): records of source 'replay'."""
+    paced_load: bool = True
+    """Beside a paced capture or a replay, the load ranks are replays of the same graph, so they
+    wait where the real run's ranks wait (``MatchedLoad(paced_by=...)``); False: free-running."""
+    paced: bool = False
+    """Also capture each role again paced by the slice's graph (``prism-capture --paced-by``),
+    build that graph and simulate it: records of source 'paced'. The replay then runs against
+    the paced graph."""
+    bracket: bool = True
+    """With the replay, run every rank for real right before it and again right after it, and
+    take the repeat's real time as the mean of the two: a drift of the machine during the
+    replay cancels to first order (the real side moved by up to 20 % between runs an hour
+    apart on the 2-vCPU VM). False: one real run per repeat, first."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankRun:
+    """What one repeat measured or predicted for one rank."""
+
+    iter_ns: float
+    """Steady iteration time."""
+    peak_bytes: int
+    """Peak memory."""
+    parts_ms: dict[str, float]
+    """compute / comm_wait / glue per iteration, in ms (``prism.fidelity.explain``)."""
+    dynamic_bytes: int
+    """Peak memory minus static bytes: what the iteration itself allocates at its peak."""
+    drift_bytes: int = 0
+    """Growth of Total Allocated per iteration (real runs; see ``IterationMemory``)."""
+    profiled_ns: float = 0.0
+    """Median wall time of the profiled iterations (real runs)."""
+    bracket_ns: tuple[float, float] | None = None
+    """Steady iteration time of the real runs before and after the replay (``RunSettings.bracket``),
+    whose mean is ``iter_ns``; None: one real run."""
+
+
+def _steady_ns(manifest: CaptureManifest, rank: int) -> float:
+    """Median wall time of the rank's clean unprofiled iterations: the job as it runs unobserved."""
+    result = next(r.result for r in manifest.ranks if r.rank == rank)
+    clean = clean_unprofiled(result.iteration_ns, manifest.job.warmup)
+    if not clean:
+        raise ValueError(
+            f"warm-up {manifest.job.warmup} leaves no clean unprofiled iteration (needs >= {MIN_WARMUP})"
+        )
+    return float(statistics.median(clean))
+
+
+def _profiled_ns(manifest: CaptureManifest, rank: int) -> float:
+    result = next(r.result for r in manifest.ranks if r.rank == rank)
+    return float(statistics.median(result.iteration_ns[manifest.job.warmup :]))
+
+
+def measure_real(config: GPTConfig, settings: RunSettings, out: Path) -> dict[int, RankRun]:
+    """Run every rank for real; steady iteration time, real peak memory and time split per rank."""
+    options = CaptureOptions(
+        config=config, real=RealMode.ALL, warmup=settings.warmup, iterations=settings.iterations, out_dir=out
+    )
+    manifest = run_capture(options)
+    runs = {}
+    for rank in range(config.layout.world_size):
+        mem = iteration_memory(CaptureFiles(out).kineto(rank))
+        runs[rank] = RankRun(
+            iter_ns=_steady_ns(manifest, rank),
+            peak_bytes=static_bytes(config, config.layout.stage(rank)) + mem.peak_delta_bytes,
+            parts_ms=decompose(normalize_rank(out, rank)),
+            profiled_ns=_profiled_ns(manifest, rank),
+            dynamic_bytes=mem.peak_delta_bytes,
+            drift_bytes=mem.drift_bytes,
+        )
+    return runs
+
+
+def bracketed(before: dict[int, RankRun], after: dict[int, RankRun]) -> dict[int, RankRun]:
+    """The real runs before and after the replay as one: mean steady time, the rest from ``before``."""
+    return {
+        rank: replace(
+            run,
+            iter_ns=(run.iter_ns + after[rank].iter_ns) / 2,
+            bracket_ns=(run.iter_ns, after[rank].iter_ns),
+        )
+        for rank, run in before.items()
+    }
+
+
+# -- (b) the prediction -------------------------------------------------------------------------
+
+
+def build_case_graph(
+    config: GPTConfig,
+    capture: Path,
+    graph: Path,
+    spec: ClusterSpec,
+    correction: Correction = Correction.PHASE,
+) -> None:
+    """The graph of the case's own layout, built as prism-build-graph does."""
+    options = BuildOptions(
+        capture_dir=capture, out=graph, tp=config.tp, pp=config.pp, dp=config.dp, cluster=spec,
+        profiler_correction=correction,
+    )  # fmt: skip
+    build_graph(options)
+
+
+def predict(
+    config: GPTConfig, spec: ClusterSpec, settings: RunSettings, out: Path
+) -> tuple[dict[int, RankRun], dict[int, dict[str, float]]]:
+    """Capture the slice, build and simulate the graph: per rank prediction, per role rank slice split."""
+    capture = out / "slice"
+    options = CaptureOptions(
+        config=config,
+        real=RealMode.ROLES,
+        warmup=settings.warmup,
+        iterations=settings.iterations,
+        out_dir=capture,
+    )
+    manifest = _beside_load(config, settings, partial(run_capture, options))
+    build_case_graph(config, capture, out / "graph.parquet", spec)
+    predicted = _simulated(config, out / "graph.parquet", settings)
+    slice_parts = {
+        r.rank: {
+            **decompose(normalize_rank(capture, r.rank)),
+            "dynamic_bytes": iteration_memory(CaptureFiles(capture).kineto(r.rank)).peak_delta_bytes,
+            "unprofiled_ms": _steady_ns(manifest, r.rank) / 1e6,
+            "profiled_ms": _profiled_ns(manifest, r.rank) / 1e6,
+        }
+        for r in manifest.ranks
+    }
+    return predicted, slice_parts
+
+
+def _simulated(config: GPTConfig, graph_path: Path, settings: RunSettings) -> dict[int, RankRun]:
+    """Every rank's simulated steady iteration, peak memory and time split."""
+    graph = load_sim_graph(graph_path)
+    result = simulate(graph, iterations=settings.sim_iterations)
+    parts = sim_breakdown(graph, result)
+    return {
+        rank: RankRun(
+            iter_ns=float(result.iteration_ns[rank]),
+            peak_bytes=int(result.peak_bytes[rank]),
+            parts_ms=parts[rank],
+            dynamic_bytes=int(result.peak_bytes[rank]) - static_bytes(config, config.layout.stage(rank)),
+        )
+        for rank in range(graph.ranks)
+    }
+
+
+PACED_GRAPH = "paced.parquet"
+
+
+def predict_paced(
+    config: GPTConfig, spec: ClusterSpec, settings: RunSettings, out: Path
+) -> dict[int, RankRun]:
+    """Capture each role again paced by the graph ``predict`` built in ``out`` (load-matched, the
+    load ranks paced by the same graph), build ``out / PACED_GRAPH`` from it and simulate it."""
+    capture, pacing = out / "paced", out / "graph.parquet"
+    pace = partial(run_paced_capture, pacing, capture, warmup=settings.warmup, iterations=settings.iterations)
+    _beside_load(config, settings, pace, timed_by=pacing)
+    build_case_graph(config, capture, out / PACED_GRAPH, spec)
+    return _simulated(config, out / PACED_GRAPH, settings)
+
+
+def _beside_load(
+    config: GPTConfig, settings: RunSettings, run: Callable[..., T], timed_by: Path | None = None
+) -> T:
+    """``run(hooks=...)``, beside the world's other ranks (``MatchedLoad``) if ``settings.matched_load``:
+    free-running ones, or replays of ``timed_by`` (the graph that times the run) if
+    ``settings.paced_load``."""
+    if not settings.matched_load:
+        return run(hooks=None)
+    paced_by = timed_by if settings.paced_load else None
+    with MatchedLoad(
+        config, warmup=settings.warmup, iterations=settings.iterations, paced_by=paced_by
+    ) as load:
+        return run(hooks=load)
+
+
+def replay_roles(
+    config: GPTConfig, settings: RunSettings, out: Path, graph: str = "graph.parquet"
+) -> dict[int, RankRun]:
+    """Replay each role's rank against ``out / graph`` (the slice's, or the paced one); with
+    ``settings.paced_load`` the load ranks beside it are replays of the same graph."""
+    ranks = tuple(sorted(config.layout.roles().values()))
+    # One at a time, each the only real rank, beside load ranks that stand in for the rest of
+    # the real run's processes (as the slice was captured).
+    options = ReplayOptions(
+        graph=out / graph, ranks=ranks, out_dir=out / "replay",
+        warmup=settings.warmup, iterations=settings.iterations, separately=True,
+    )  # fmt: skip
+    report = _beside_load(config, settings, partial(run_replay, options), timed_by=out / graph)
+    return {
+        r.rank: RankRun(
+            iter_ns=r.measured_iter_ms * 1e6,
+            peak_bytes=int(r.measured_peak_bytes),
+            parts_ms={},
+            dynamic_bytes=int(r.measured_peak_bytes) - static_bytes(config, r.stage),
+        )
+        for r in report.ranks
+    }

@@ -1,0 +1,223 @@
+"""Build graph.parquet from a capture: normalize, template, compose per stage, bind ranks, validate."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from prism.graph.build import op_table as T
+from prism.graph.comm.placement import LayoutTables
+from prism.graph.build.bind import bind_ranks, encode_program
+from prism.graph.comm.model import CommModel
+from prism.graph.build.compose import compose_stage
+from prism.graph.io.parquet import GraphWriter
+from prism.graph.sim.noise import call_jitter_ns, iteration_cv
+from prism.graph.build.normalize import normalize_rank
+from prism.graph.build.profiler_overhead import Correction, scale_template, time_scale
+from prism.graph.build.templates import RoleTemplate, TemplateError, build_role_template
+from prism.graph.io.validate import ValidationReport, validate_graph
+from prism.schemas import PRISM_VERSION
+from prism.schemas.cluster import ClusterSpec
+from prism.schemas.comm_log import HeldTime, read_comm_log
+from prism.schemas.graph_format import GraphMetadata
+from prism.schemas.layout import Role
+from prism.schemas.manifest import CaptureFiles, CaptureManifest, ManifestError, read_manifest
+from prism.schemas.workload import ConfigError, GPTConfig
+
+ProgressCallback = Callable[[int, int], None]
+"""Called with (ranks written, total ranks)."""
+
+
+class BuildError(ValueError):
+    """A graph that cannot be built from this capture; the message is one line for the user."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildOptions:
+    """What graph to build from which capture."""
+
+    capture_dir: Path
+    """Capture directory written by prism-capture."""
+    out: Path
+    """graph.parquet to write."""
+    tp: int
+    """Target tensor-parallel degree (must equal the capture's)."""
+    pp: int
+    """Target pipeline-parallel degree."""
+    dp: int
+    """Target data-parallel degree."""
+    cluster: ClusterSpec
+    """Cluster the comm durations are computed for."""
+    microbatches: int | None = None
+    """Microbatches per iteration; None keeps the capture's."""
+    layers: int | None = None
+    """Transformer layers of the model; None keeps the capture's."""
+    ranks_per_row_group: int = 32
+    """Consecutive ranks per Parquet row group."""
+    profiler_correction: Correction = Correction.PHASE
+    """How compute and gaps are scaled to the captured ranks' unprofiled iterations (``profiler_overhead``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildResult:
+    """What was built."""
+
+    config: GPTConfig
+    """Target job."""
+    metadata: GraphMetadata
+    """File metadata written."""
+    report: ValidationReport
+    """The validator's verdict and counts."""
+
+    @property
+    def time_scales(self) -> dict | None:
+        """Profiler correction applied, per captured rank; None if none was."""
+        return self.metadata.extra.get(TIME_SCALE_KEY)
+
+
+def target_config(captured: GPTConfig, options: BuildOptions) -> GPTConfig:
+    if options.tp != captured.tp:
+        raise BuildError(
+            f"--tp {options.tp} differs from the capture's tp={captured.tp}: per-rank shapes depend on tp, "
+            f"re-capture with --tp {options.tp}"
+        )
+    try:
+        return replace(
+            captured,
+            pp=options.pp,
+            dp=options.dp,
+            microbatches=options.microbatches or captured.microbatches,
+            layers=options.layers or captured.layers,
+        )
+    except ConfigError as e:
+        raise BuildError(f"target is inconsistent with the model: {e}") from e
+
+
+TIME_SCALE_KEY = "time_scale"
+"""``GraphMetadata.extra`` key: the profiler correction of each captured rank, or None."""
+
+
+def load_templates(
+    capture_dir: Path,
+    manifest: CaptureManifest,
+    roles: set[Role],
+    *,
+    profiler_correction: Correction = Correction.PHASE,
+) -> tuple[dict[Role, RoleTemplate], dict[str, dict] | None]:
+    """Templates of the captured ranks standing for ``roles``, and the time scale applied to each.
+
+    Unless ``profiler_correction`` is NONE, every template is scaled to its rank's unprofiled
+    iterations when the capture has clean ones (warm-up >= 3) and left as measured (None) when
+    not; by phase on CPU captures that timed their phases (``profiler_overhead``).
+    """
+    correct = profiler_correction != Correction.NONE
+    by_phase = profiler_correction == Correction.PHASE and manifest.device == "cpu"
+    captured = manifest.job.config
+    templates, scales = {}, {}
+    for role in sorted(roles):
+        rank = manifest.rank_of_role(role)
+        if rank is None:
+            have = ", ".join(sorted(r.role.value for r in manifest.ranks))
+            raise BuildError(
+                f"the target needs a '{role.value}' pipeline stage but the capture (pp={captured.pp}) only has "
+                f"{have}; capture with a pp that has that stage"
+            )
+        ops = normalize_rank(capture_dir, rank.rank)
+        first = captured.stage_layers(rank.stage).start
+        template = build_role_template(ops, rank=rank.rank, stage=rank.stage, first_layer=first)
+        # A paced capture's iterations include its emulated waits: only the program's own time counts.
+        scale = time_scale(rank.result, manifest.job.warmup, by_phase=by_phase)
+        cv = iteration_cv(rank.result.own_iteration_ns, manifest.job.warmup)
+        jitter = _call_jitter_ns(capture_dir, rank.rank, ops, manifest)
+        template = replace(template, noise_cv=cv, call_jitter_ns=jitter)
+        if correct and scale is not None:
+            template = scale_template(template, scale)
+            scales[role.value] = scale.to_dict() | {"noise_cv": round(cv, 6), "call_jitter_ns": round(jitter)}
+        templates[role] = template
+    return templates, (scales if correct and len(scales) == len(templates) else None)
+
+
+def _call_jitter_ns(capture_dir: Path, rank: int, ops, manifest: CaptureManifest) -> float:
+    """The captured rank's per-call noise floor (``prism.graph.sim.noise.call_jitter_ns``); 0 when its
+    profiled iterations do not all make the same number of calls."""
+    per_iteration = ops[ops[T.IS_COMM]].groupby(T.ITERATION).size().unique()
+    if len(per_iteration) != 1:
+        return 0.0
+    log = read_comm_log(CaptureFiles(capture_dir).comm(rank))
+    held = HeldTime(log)  # a paced capture: time between calls less its emulated waits
+
+    def own_clock(wall_ns: int) -> int:
+        return wall_ns - held.until(wall_ns)
+
+    return call_jitter_ns(
+        np.array([own_clock(c.enter_ns) for c in log.calls]), np.array([own_clock(c.exit_ns) for c in log.calls]),
+        int(per_iteration[0]), manifest.job.warmup + manifest.job.iterations, manifest.job.warmup,
+    )  # fmt: skip
+
+
+def _digest(capture_dir: Path) -> str:
+    return hashlib.sha256(CaptureFiles(capture_dir).manifest.read_bytes()).hexdigest()
+
+
+def build_graph(options: BuildOptions, progress: ProgressCallback | None = None) -> BuildResult:
+    """Build and validate ``options.out``; nothing is left behind on failure."""
+    try:
+        manifest = read_manifest(options.capture_dir)
+    except ManifestError as e:
+        raise BuildError(str(e)) from e
+    cfg = target_config(manifest.job.config, options)
+    layout = cfg.layout
+    try:
+        templates, scales = load_templates(
+            options.capture_dir,
+            manifest,
+            {layout.role_of_stage(s) for s in range(cfg.pp)},
+            profiler_correction=options.profiler_correction,
+        )
+        stages = [
+            encode_program(
+                compose_stage(
+                    templates[layout.role_of_stage(s)], cfg=cfg, captured=manifest.job.config, stage=s
+                )
+            )
+            for s in range(cfg.pp)
+        ]
+    except TemplateError as e:
+        raise BuildError(str(e)) from e
+    metadata = GraphMetadata(
+        layout=layout.to_dict(),
+        model=cfg.to_dict(),
+        cluster=options.cluster.to_dict(),
+        capture_digest=_digest(options.capture_dir),
+        build_options={"microbatches": cfg.microbatches, "layers": cfg.layers, "ranks_per_row_group": options.ranks_per_row_group},
+        prism_version=PRISM_VERSION,
+        extra={TIME_SCALE_KEY: scales},
+    )  # fmt: skip
+    _write(options, metadata, stages, LayoutTables.build(layout, options.cluster.gpus_per_node), progress)
+    report = validate_graph(options.out)
+    if not report.ok:
+        options.out.unlink(missing_ok=True)
+        raise BuildError(f"the built graph is invalid (a prism bug): {report.problems[0]}")
+    return BuildResult(config=cfg, metadata=metadata, report=report)
+
+
+def _write(
+    options: BuildOptions, metadata: GraphMetadata, stages: list, tables: LayoutTables, progress
+) -> None:
+    comm = CommModel(options.cluster)
+    layout = tables.layout
+    stage_of = np.array([layout.stage(r) for r in range(layout.world_size)])
+    step = options.ranks_per_row_group
+    with GraphWriter(options.out, metadata, ranks_per_row_group=step) as writer:
+        for start in range(0, layout.world_size, step):
+            ranks = np.arange(start, min(start + step, layout.world_size))
+            # Runs of consecutive ranks on one stage share a program.
+            cuts = np.flatnonzero(np.diff(stage_of[ranks])) + 1
+            for run in np.split(ranks, cuts):
+                writer.write_ranks(bind_ranks(stages[stage_of[run[0]]], run, tables, comm))
+            if progress is not None:
+                progress(int(ranks[-1]) + 1, layout.world_size)

@@ -1,0 +1,117 @@
+"""``prism-build-graph``: extrapolate a capture into the full-scale execution graph (Parquet)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from prism.graph.build.builder import BuildError, BuildOptions, BuildResult, build_graph
+from prism.graph.io.parquet import GraphFormatError
+from prism.graph.traces.kineto import NormalizeError
+from prism.graph.sim.predict import predict, stage_table
+from prism.graph.build.profiler_overhead import Correction
+from prism.schemas import cli_help
+from prism.schemas.iterations import MIN_WARMUP
+from prism.schemas.cluster import load_cluster
+from prism.schemas.summary import write_summary
+
+app = typer.Typer(add_completion=False, help=__doc__)
+console = Console(stderr=True)
+
+
+def _summary(result: BuildResult, out: Path) -> Table:
+    report, cfg = result.report, result.config
+    table = Table(title=f"graph of {cfg.layout} — {out} ({out.stat().st_size / 2**20:.1f} MiB)")
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    table.add_row("ranks", f"{report.ranks:,}")
+    table.add_row("nodes", f"{report.nodes:,}")
+    table.add_row("collective instances", f"{report.collectives:,}")
+    table.add_row("p2p transfers", f"{report.p2p_pairs:,}")
+    for kind, nbytes in sorted(report.bytes_by_group.items()):
+        table.add_row(f"bytes on the wire per iteration, {kind}", f"{nbytes / 2**30:,.2f} GiB")
+    scales = result.time_scales
+    table.add_row(
+        "profiler correction (unprofiled / profiled)",
+        ", ".join(_correction(s) for s in scales.values()) if scales else "none",
+    )
+    return table
+
+
+def _correction(scale: dict) -> str:
+    """'×0.290 (rank 0; by phase ×0.095–0.420)': the role's factor and the range of its phases'."""
+    phases = scale.get("phase_factors") or {}
+    by_phase = f"; by phase ×{min(phases.values()):.3f}–{max(phases.values()):.3f}" if phases else ""
+    return f"×{scale['factor']:.3f} (rank {scale['rank']}{by_phase})"
+
+
+@app.command()
+def build(
+    capture: Annotated[Path, typer.Argument(help="Capture directory written by prism-capture.")],
+    tp: Annotated[int, typer.Option(help=f"{cli_help.TP} Must equal the capture's.")],
+    pp: Annotated[int, typer.Option(help=cli_help.PP)],
+    dp: Annotated[int, typer.Option(help=cli_help.DP)],
+    out: Annotated[Path, typer.Option("--out", "-o", help="graph.parquet to write.")] = Path("graph.parquet"),
+    microbatches: Annotated[
+        int | None, typer.Option(help="Microbatches per iteration [default: the capture's].")
+    ] = None,
+    layers: Annotated[int | None, typer.Option(help="Transformer layers [default: the capture's].")] = None,
+    cluster: Annotated[str, typer.Option(help=cli_help.CLUSTER)] = "h100-ib",
+    ranks_per_row_group: Annotated[int, typer.Option(help="Ranks per Parquet row group.")] = 32,
+    simulate: Annotated[
+        bool, typer.Option(help="Simulate the graph and write summary.json beside it.")
+    ] = True,
+    profiler_correction: Annotated[
+        Correction,
+        typer.Option(
+            help="Scale compute to the captured ranks' unprofiled iterations (needs a capture with --warmup >= 3): "
+            "each phase by its own ratio (CPU captures; else as 'role'), one ratio per role, or none."
+        ),
+    ] = Correction.PHASE,
+) -> None:
+    """Build the full-scale graph of the captured job at the target layout, then validate it."""
+    try:
+        options = BuildOptions(
+            capture_dir=capture, out=out, tp=tp, pp=pp, dp=dp, cluster=load_cluster(cluster),
+            microbatches=microbatches, layers=layers, ranks_per_row_group=ranks_per_row_group,
+            profiler_correction=profiler_correction,
+        )  # fmt: skip
+        with Progress(
+            TextColumn("[bold]building"), BarColumn(), MofNCompleteColumn(), TextColumn("ranks"),
+            TimeElapsedColumn(), console=console,
+        ) as progress:  # fmt: skip
+            task = progress.add_task("build", total=None)
+            result = build_graph(
+                options, lambda done, total: progress.update(task, completed=done, total=total)
+            )
+    except (BuildError, NormalizeError, GraphFormatError, ValueError, OSError) as e:
+        console.print(f"[bold red]error:[/] {str(e).splitlines()[0]}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    console.print(_summary(result, out))
+    if profiler_correction != Correction.NONE and result.time_scales is None:
+        console.print(
+            f"[yellow]warning:[/] the capture ran fewer than {MIN_WARMUP} warm-up iterations, so it has no "
+            "clean unprofiled one: predictions are of profiled iterations (capture with --warmup 5)",
+            highlight=False,
+        )
+    if simulate:
+        summary = predict(out)
+        summary_path = out.with_name("summary.json")
+        write_summary(summary, summary_path)
+        console.print(
+            stage_table(summary, f"predicted iteration of {result.config.layout} on {options.cluster.name}")
+        )
+        console.print(f"wrote {summary_path}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

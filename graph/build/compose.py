@@ -1,0 +1,305 @@
+"""Compose the program of one target pipeline stage from its role's templates.
+
+Every rank of a stage runs the same sequence of nodes; only rank-bound columns (rank, group
+index, collective id, peer, comm duration) differ, and ``extrapolate`` fills those in per rank.
+The sequence follows the target's 1F1B schedule (``prism.schemas.pipeline_schedule``); forward
+and backward segments are re-expanded to the target's layers per stage; the DP gradient sync
+is re-planned with the target's buckets.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from prism.graph.build import op_table as ot
+from prism.graph.sim.noise import collective_skew_ns, work_between
+from prism.graph.build.templates import (
+    BWD,
+    FWD,
+    GRAD_SYNC,
+    GROUP_AXIS,
+    LAYER_OFFSET,
+    OPTIM,
+    P2P_WAIT,
+    POST,
+    PRE,
+    RoleTemplate,
+    TemplateError,
+)
+from prism.schemas.annotations import Direction, Phase, block_kind
+from prism.schemas.gpt_params import stage_buckets
+from prism.schemas.pipeline_schedule import Action, one_f_one_b
+from prism.schemas.workload import GPTConfig
+
+# Rank-independent columns of a stage program.
+MB, LAYER, GSEQ, P2P_DIR, P2P_SEQ, DEPS, IS_WAIT, SKEW, IDLE = (
+    "mb",
+    "layer",
+    "gseq",
+    "p2p_dir",
+    "p2p_seq",
+    "deps",
+    "is_wait",
+    "skew_ns",
+    "idle_ns",
+)
+WAIT_NAME = "prism:wait"
+
+_STEP_KINDS = {
+    Action.FORWARD: FWD,
+    Action.BACKWARD: BWD,
+    Action.RECV_FORWARD: block_kind(Phase.RECV, Direction.FORWARD),
+    Action.SEND_FORWARD: block_kind(Phase.SEND, Direction.FORWARD),
+    Action.RECV_BACKWARD: block_kind(Phase.RECV, Direction.BACKWARD),
+    Action.SEND_BACKWARD: block_kind(Phase.SEND, Direction.BACKWARD),
+    Action.WAIT: P2P_WAIT,
+}
+# Which neighbour a transfer talks to: +1 the next stage, -1 the previous one.
+_P2P_DIR = {"send_fwd": 1, "recv_bwd": 1, "recv_fwd": -1, "send_bwd": -1}
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageProgram:
+    """The nodes every rank of one stage runs, in program order."""
+
+    stage: int
+    """Target pipeline stage."""
+    src_rank: int
+    """Captured rank whose templates it was built from."""
+    nodes: pd.DataFrame
+    """Template columns plus MB, LAYER, GSEQ, P2P_DIR, P2P_SEQ, DEPS, IS_WAIT, SKEW, IDLE."""
+
+
+def _segment(
+    template: RoleTemplate, kind: str, mb: int = -1, ordinal: int = 0, count: int = 1
+) -> pd.DataFrame:
+    """Units of the ``ordinal``-th of ``count`` instances of ``kind`` in the target iteration."""
+    if kind in (PRE, POST) and kind not in template.segments:
+        return pd.DataFrame()
+    units = template.segment(kind).units_at(ordinal, count)
+    units[MB] = mb
+    units[P2P_DIR] = _P2P_DIR.get(kind, 0)
+    return units
+
+
+def _layer_runs(units: pd.DataFrame) -> tuple[pd.DataFrame, list[pd.DataFrame], pd.DataFrame]:
+    """(prefix, one run per layer in order of appearance, suffix) of a fwd/bwd segment."""
+    is_layer = units[LAYER_OFFSET].to_numpy() >= 0
+    if not is_layer.any():
+        return units, [], units.iloc[0:0]
+    first, last = np.flatnonzero(is_layer)[[0, -1]]
+    middle = units.iloc[first : last + 1]
+    # A new run starts wherever the layer offset changes to another layer.
+    offsets = middle[LAYER_OFFSET].replace(-1, np.nan).ffill().to_numpy()
+    starts = np.flatnonzero(np.r_[True, offsets[1:] != offsets[:-1]])
+    runs = [middle.iloc[a:b] for a, b in zip(starts, np.r_[starts[1:], len(middle)], strict=True)]
+    return units.iloc[:first], runs, units.iloc[last + 1 :]
+
+
+def _source_run(target: int, targets: int, sources: int) -> int:
+    """Which captured layer run stands for target layer ``target`` (positions, not indices)."""
+    if target == 0:
+        return 0
+    if target == targets - 1:
+        return sources - 1
+    return min(1, sources - 1)  # a middle layer: neither the first nor the last of the stage
+
+
+def _expand_layers(units: pd.DataFrame, first_layer: int, layers: int) -> pd.DataFrame:
+    prefix, runs, suffix = _layer_runs(units)
+    if not runs:
+        return units
+    backward = runs[0][LAYER_OFFSET].max() > runs[-1][LAYER_OFFSET].max()
+    order = list(range(layers))[::-1] if backward else list(range(layers))
+    pieces = [prefix]
+    for position, layer in enumerate(order):
+        run = runs[_source_run(position, layers, len(runs))].copy()
+        run[LAYER] = np.where(run[LAYER_OFFSET] >= 0, first_layer + layer, -1)
+        pieces.append(run)
+    pieces.append(suffix)
+    return pd.concat(pieces, ignore_index=True)
+
+
+def _wait_node(deps: list[int], phase: str, mb: int = -1) -> pd.DataFrame:
+    """A zero-cost node that completes when the asynchronous nodes ``deps`` have."""
+    return pd.DataFrame(
+        {ot.NAME: [WAIT_NAME], ot.PHASE: [phase], MB: [mb], IS_WAIT: [True], DEPS: [list(deps)]}
+    )
+
+
+def _rescale_grad_sync(
+    units: pd.DataFrame, cfg: GPTConfig, captured: GPTConfig, stage: int, src_stage: int
+) -> pd.DataFrame:
+    """The captured gradient sync re-planned for the target's buckets.
+
+    Each target bucket copies the captured bucket closest in size, its compute scaled by the
+    size ratio (copying gradients in and out is bandwidth-bound) and its all-reduce carrying
+    the target bucket's bytes. Units outside any bucket scale with the total.
+    """
+    itemsize = cfg.itemsize
+    target = stage_buckets(cfg, stage, itemsize)
+    source = stage_buckets(captured, src_stage, itemsize)
+    has_comm = bool((units[ot.IS_COMM] & (units[GROUP_AXIS] == "dp")).any())
+    if cfg.dp > 1 and not has_comm:
+        raise TemplateError(
+            f"the capture ran with dp={captured.dp}, so it holds no gradient all-reduce to extrapolate to "
+            f"dp={cfg.dp}; capture with dp >= 2"
+        )
+    if [b.numel for b in target] == [b.numel for b in source] and (cfg.dp > 1) == has_comm:
+        return units
+    bucket = units[ot.BUCKET].to_numpy()
+    in_bucket = bucket >= 0
+    first = np.flatnonzero(in_bucket)[0] if in_bucket.any() else len(units)
+    head, tail = units.iloc[:first], units.iloc[first:][~in_bucket[first:]]
+    total_ratio = sum(b.numel for b in target) / max(1, sum(b.numel for b in source))
+    pieces = [head]
+    for b in target:
+        closest = min(source, key=lambda s: abs(s.numel - b.numel))
+        piece = units[bucket == closest.index].copy()
+        piece[ot.BUCKET] = b.index
+        _scale_compute(piece, b.numel / max(1, closest.numel))
+        piece.loc[piece[ot.IS_COMM], ot.BYTES] = b.numel * itemsize
+        pieces.append(piece)
+    tail = tail.copy()
+    _scale_compute(tail, total_ratio)
+    pieces.append(tail)
+    out = pd.concat(pieces, ignore_index=True)
+    return out if cfg.dp > 1 else out[~out[ot.IS_COMM]].reset_index(drop=True)
+
+
+def _scale_compute(units: pd.DataFrame, ratio: float) -> None:
+    compute = ~units[ot.IS_COMM].to_numpy(dtype=bool)
+    for column in (ot.DUR_NS, ot.ALLOC_BYTES, ot.FREE_BYTES):
+        values = units[column].to_numpy(dtype=np.float64)
+        units[column] = np.where(compute, np.round(values * ratio), values).astype(np.int64)
+
+
+class _ProgramBuilder:
+    """Appends segments and keeps track of asynchronous nodes still to be waited for."""
+
+    def __init__(self) -> None:
+        self.pieces: list[pd.DataFrame] = []
+        self.size = 0
+        self.pending: list[int] = []
+
+    def add(self, frame: pd.DataFrame) -> None:
+        if frame.empty:
+            return
+        frame = frame.reset_index(drop=True)
+        if ot.IS_ASYNC in frame:
+            is_async = frame[ot.IS_COMM].fillna(False).astype(bool) & frame[ot.IS_ASYNC].fillna(False).astype(
+                bool
+            )
+            self.pending += (self.size + np.flatnonzero(is_async.to_numpy())).tolist()
+        self.pieces.append(frame)
+        self.size += len(frame)
+
+    def wait(self, phase: str) -> None:
+        self.add(_wait_node(self.pending, phase))
+        self.pending = []
+
+
+_DEFAULTS = {
+    ot.IS_COMM: False, ot.IS_ASYNC: False, ot.COMM_OP: "", ot.DTYPE: "", ot.PART: "", GROUP_AXIS: "",
+    ot.DUR_NS: 0, ot.GAP_NS: 0, ot.ALLOC_BYTES: 0, ot.FREE_BYTES: 0, ot.BYTES: 0, ot.BUCKET: -1,
+    ot.SEQ: -1, LAYER_OFFSET: -1, LAYER: -1, MB: -1, P2P_DIR: 0, IS_WAIT: False,
+}  # fmt: skip
+
+
+def compose_stage(template: RoleTemplate, *, cfg: GPTConfig, captured: GPTConfig, stage: int) -> StageProgram:
+    """The program of every rank of target ``stage`` of ``cfg``, from a role's templates."""
+    program = _ProgramBuilder()
+    program.add(_segment(template, PRE))
+    first_layer = cfg.stage_layers(stage).start
+    steps = one_f_one_b(stage=stage, stages=cfg.pp, microbatches=cfg.microbatches)
+    counts = Counter(_STEP_KINDS[step.action] for step in steps)
+    seen: Counter[str] = Counter()
+    for step in steps:
+        kind = _STEP_KINDS[step.action]
+        ordinal = seen[kind]
+        seen[kind] += 1
+        if step.action == Action.WAIT:
+            if P2P_WAIT in template.segments:
+                program.add(_segment(template, P2P_WAIT, -1, ordinal, counts[kind]))
+            program.wait(P2P_WAIT)
+            continue
+        units = _segment(template, kind, step.mb, ordinal, counts[kind])
+        if kind in (FWD, BWD):
+            units = _expand_layers(units, first_layer, cfg.layers_per_stage)
+        program.add(units)
+    program.pending = []  # every transfer was waited for by the schedule's last WAIT
+    # With dp = 1 the workload opens its grad-sync marks but runs nothing inside them.
+    no_sync = GRAD_SYNC not in template.segments and cfg.dp == 1
+    sync = (
+        pd.DataFrame()
+        if no_sync
+        else _rescale_grad_sync(_segment(template, GRAD_SYNC), cfg, captured, stage, template.stage)
+    )
+    sync = _finish_columns(sync)
+    is_async = (sync[ot.IS_COMM].astype(bool) & sync[ot.IS_ASYNC].astype(bool)).to_numpy(dtype=bool)
+    split = np.flatnonzero(is_async)[-1] + 1 if is_async.any() else len(sync)
+    program.add(sync.iloc[:split])
+    if is_async.any():
+        program.wait(GRAD_SYNC)
+    program.add(sync.iloc[split:])
+    program.add(_segment(template, OPTIM))
+    program.add(_segment(template, POST))
+    nodes = _finish(program.pieces)
+    # What the rank does by itself: a compute node's duration after its arrival, plus every gap.
+    is_comm = nodes[ot.IS_COMM].to_numpy(dtype=bool)
+    own = np.where(is_comm, 0, nodes[ot.DUR_NS].to_numpy(dtype=np.int64))
+    work = own + nodes[ot.GAP_NS].to_numpy(dtype=np.int64)
+    nodes[SKEW] = _skew(nodes, cfg, template, own, work)
+    nodes[IDLE] = _idle(is_comm, own, work)
+    return StageProgram(stage=stage, src_rank=template.rank, nodes=nodes)
+
+
+def _idle(is_comm: np.ndarray, own: np.ndarray, work: np.ndarray) -> np.ndarray:
+    """Compute and gaps since the rank's previous comm call, for every comm node (else 0)."""
+    rows = np.flatnonzero(is_comm)
+    idle = np.zeros(len(is_comm), np.int64)
+    idle[rows] = np.round(work_between(work, own, rows)).astype(np.int64)
+    return idle
+
+
+def _skew(
+    nodes: pd.DataFrame, cfg: GPTConfig, template: RoleTemplate, own: np.ndarray, work: np.ndarray
+) -> np.ndarray:
+    """Expected arrival skew of each collective (``prism.graph.sim.noise``)."""
+    is_coll = nodes[ot.IS_COMM].to_numpy(dtype=bool) & (nodes[P2P_DIR].to_numpy() == 0)
+    axis = np.where(is_coll, nodes[GROUP_AXIS].to_numpy(dtype=object), "").astype(str)
+    sizes = {"tp": cfg.tp, "dp": cfg.dp, "world": cfg.layout.world_size}
+    return collective_skew_ns(work, own, axis, sizes, template.noise_cv, template.call_jitter_ns)
+
+
+def _finish_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with at least the comm flags, so an empty segment can be split like any other."""
+    for column in (ot.IS_COMM, ot.IS_ASYNC):
+        if column not in frame:
+            frame[column] = pd.Series(dtype=bool)
+    return frame
+
+
+def _finish(pieces: list[pd.DataFrame]) -> pd.DataFrame:
+    nodes = pd.concat(pieces, ignore_index=True)
+    for column, default in _DEFAULTS.items():
+        if column not in nodes:
+            nodes[column] = default
+        else:
+            values = nodes[column].astype(object)
+            nodes[column] = values.where(values.notna(), default).astype(type(default))
+    if DEPS not in nodes:
+        nodes[DEPS] = None
+    nodes[DEPS] = [d if isinstance(d, list) else [] for d in nodes[DEPS]]
+    is_comm = nodes[ot.IS_COMM].to_numpy(dtype=bool)
+    is_p2p = is_comm & (nodes[P2P_DIR].to_numpy() != 0)
+    is_coll = is_comm & ~is_p2p
+    nodes[P2P_DIR] = np.where(is_p2p, nodes[P2P_DIR], 0)
+    nodes[GSEQ] = np.where(is_coll, nodes.groupby(np.where(is_coll, nodes[GROUP_AXIS], "")).cumcount(), -1)
+    p2p_key = nodes[P2P_DIR].astype(str) + nodes[ot.COMM_OP]
+    nodes[P2P_SEQ] = np.where(is_p2p, nodes.groupby(p2p_key).cumcount(), -1)
+    return nodes

@@ -1,0 +1,139 @@
+"""Take the profiler's own cost out of the templates: predict the iteration the job runs unprofiled.
+
+Templates are measured in profiled iterations, and on CPU the profiler (shapes, memory events,
+Execution Trace, one callback per op) makes an iteration 1.4-3.5x as long as without it. The
+capture also times the unprofiled warm-up iterations of the same rank, so each captured rank
+gives its own ratio ``unprofiled / profiled`` of its steady own time, and the build multiplies
+the rank's compute durations and gaps by it (communication durations come from the comm model
+and are left alone).
+
+The profiler's cost is closer to a constant per op than to a share of each op's time, so one
+factor per role leaves a phase of many tiny ops too long and one of a few big ops too short:
+Adam's step (~1,400 ops an iteration) kept 2-3x its real time under the role's factor, and in a
+replay the real rank then waited for its virtual peers' long step every iteration. Captures
+record each top-level block's own time in every iteration (``RankResult.phase_ns``,
+``prism.capture.phase_timer``), so on CPU every unit is scaled by its own *phase's* ratio —
+forward, backward, each kind of transfer, p2p wait, gradient sync, optimizer step, and the glue
+between blocks — and only a phase too short to measure (or an older capture) falls back to the
+role's factor. On CUDA the phase spans are host time while the device runs ahead of it, so the
+role's factor (whole iterations, synchronised) stays.
+
+Which warm-up iterations are clean is ``prism.schemas.iterations.clean_unprofiled``.
+"""
+
+from __future__ import annotations
+
+import enum
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from prism.graph.build import op_table as ot
+from prism.graph.build.templates import RoleTemplate, Segment
+from prism.schemas.annotations import GLUE, is_block
+from prism.schemas.iterations import clean_unprofiled
+from prism.schemas.manifest import RankResult
+
+
+class Correction(enum.StrEnum):
+    """How the build takes the profiler's cost out of the templates."""
+
+    PHASE = "phase"
+    """Each phase by its own ratio (CPU captures that timed their phases), else as ROLE."""
+    ROLE = "role"
+    """One ratio per captured role, over whole iterations."""
+    NONE = "none"
+    """Templates as profiled."""
+
+
+MIN_PHASE_NS = 50_000
+"""Profiled own time per iteration below which a phase keeps the role's factor: a ratio of a few
+timer readings is noise, and a phase that short weighs nothing in the iteration."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimeScale:
+    """How much faster a captured rank ran without the profiler, as a whole and by phase."""
+
+    rank: int
+    """Captured rank."""
+    unprofiled_ns: float
+    """Median own time of its clean unprofiled iterations."""
+    profiled_ns: float
+    """Median own time of its profiled iterations."""
+    clean_iterations: int
+    """Unprofiled iterations the median is over."""
+    phase_factors: Mapping[str, float] = field(default_factory=dict)
+    """Unprofiled / profiled median own time of each phase (``annotations.block_kind``, and
+    ``GLUE``); empty: the role's factor for every unit."""
+
+    @property
+    def factor(self) -> float:
+        """The role's factor: whole iterations."""
+        return self.unprofiled_ns / self.profiled_ns
+
+    def factor_of(self, kind: str | None) -> float:
+        """The factor of a unit of block kind ``kind`` (None: glue between blocks)."""
+        return self.phase_factors.get(GLUE if kind is None else kind, self.factor)
+
+    def to_dict(self) -> dict:
+        return {
+            "rank": self.rank,
+            "factor": round(self.factor, 6),
+            "unprofiled_ms": round(self.unprofiled_ns / 1e6, 3),
+            "profiled_ms": round(self.profiled_ns / 1e6, 3),
+            "clean_iterations": self.clean_iterations,
+            "phase_factors": {kind: round(f, 6) for kind, f in sorted(self.phase_factors.items())},
+        }
+
+
+def phase_factors(phase_ns: Sequence[Mapping[str, int]], warmup: int) -> dict[str, float]:
+    """Unprofiled / profiled median own time of every phase the profiled iterations ran for at
+    least ``MIN_PHASE_NS``; empty without per-phase times or a clean unprofiled iteration."""
+    clean, profiled = clean_unprofiled(phase_ns, warmup), phase_ns[warmup:]
+    if not clean or not profiled:
+        return {}
+    factors = {}
+    for kind in sorted({k for p in profiled for k in p}):
+        unprofiled_ns = statistics.median(p.get(kind, 0) for p in clean)
+        profiled_ns = statistics.median(p.get(kind, 0) for p in profiled)
+        if profiled_ns >= MIN_PHASE_NS and unprofiled_ns > 0:
+            factors[kind] = unprofiled_ns / profiled_ns
+    return factors
+
+
+def time_scale(result: RankResult, warmup: int, *, by_phase: bool = True) -> TimeScale | None:
+    """The rank's unprofiled/profiled ratios (by phase when ``by_phase`` and the capture timed
+    its phases), or None without a clean unprofiled iteration. Over the program's own time: a
+    paced capture's held time is not the program's."""
+    own_ns = result.own_iteration_ns
+    clean, profiled = clean_unprofiled(own_ns, warmup), own_ns[warmup:]
+    if not clean or not profiled:
+        return None
+    return TimeScale(
+        rank=result.rank,
+        unprofiled_ns=float(statistics.median(clean)),
+        profiled_ns=float(statistics.median(profiled)),
+        clean_iterations=len(clean),
+        phase_factors=phase_factors(result.phase_ns, warmup) if by_phase else {},
+    )
+
+
+def _scaled(segment: Segment, scale: TimeScale) -> Segment:
+    # A segment is the glue before a step and the step's block: its units are of its kind or glue.
+    units = segment.units.copy()
+    in_block = np.array([is_block(phase) for phase in units[ot.PHASE]], dtype=bool)
+    factor = np.where(in_block, scale.factor_of(segment.kind), scale.factor_of(None))
+    compute = ~units[ot.IS_COMM].fillna(False).to_numpy(dtype=bool)
+    dur = units[ot.DUR_NS].to_numpy(dtype=np.float64)
+    units[ot.DUR_NS] = np.where(compute, np.round(dur * factor), dur).astype(np.int64)
+    units[ot.GAP_NS] = np.round(units[ot.GAP_NS].to_numpy(dtype=np.float64) * factor).astype(np.int64)
+    return replace(segment, units=units)
+
+
+def scale_template(template: RoleTemplate, scale: TimeScale) -> RoleTemplate:
+    """``template`` with every compute duration and every gap multiplied by its phase's factor."""
+    segments = {kind: _scaled(segment, scale) for kind, segment in template.segments.items()}
+    return replace(template, segments=segments)

@@ -1,0 +1,264 @@
+"""The calibration microbenchmark: real gloo collectives and send/recv among local processes.
+
+Every process joins one gloo world on localhost; each (op, bytes, group size) is timed over
+``reps`` repetitions of ``calls_per_rep`` calls, after ``warmup`` untimed repetitions (the
+repetitions go round the points, so that the machine's slow spells fall on all of them), and
+rank 0 writes one time per point: the *mean latency after the last member arrived* (each
+member's exit minus the latest entry, on the machine's monotonic clock), over members and
+calls. A mean, because a step's time is the sum of its calls' and heavy tails count: on a
+2-vCPU VM a small all-reduce is bimodal (0.6 ms or 2+ ms), and a median of back-to-back
+repetitions flipped between the modes from one calibration to the next (64 KiB: 1.24 ms,
+128 KiB: 0.60 ms in one run; 1.55 and 1.51 ms in the run before). From the last arrival,
+because the members' arrival skew is the benchmark's loop, not the job's; the graph models
+the job's own (``prism.graph.sim.noise``), and a replay lets the real rank arrive when it does.
+
+With ``compute_between_s`` > 0 the calls are *cold*, as a training step makes them: before
+each call every member keeps its CPU busy for that long. On a VM a gloo call costs more the
+longer its process computed before it, which back-to-back timing misses. A send is timed as
+its ping-pong's mean round trip, halved.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class CalibrationError(RuntimeError):
+    """The benchmark failed or its timings cannot be fitted."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sample:
+    """One measured point: the time of one (op, bytes, group size) on one node."""
+
+    op: str
+    """Comm-log op name."""
+    bytes: int
+    """Bytes this rank contributes, as in the comm log."""
+    group_size: int
+    """Members of the group."""
+    seconds: float
+    """Mean latency after the last member arrived (a send: half its ping-pong's mean round trip);
+    a comm-log sample: the median of its calls' durations."""
+    source: str = "bench"
+    """'bench' (microbenchmark) or 'comm_log' (delegated calls of a capture)."""
+    count: int = 1
+    """Observations behind the time (repetitions of the point)."""
+
+
+# -- the microbenchmark ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Plan:
+    """What every benchmark process runs (pickled to the spawned processes)."""
+
+    world: int
+    port: int
+    group_sizes: tuple[int, ...]
+    sizes: tuple[int, ...]
+    ops: tuple[str, ...]
+    reps: int
+    calls_per_rep: int
+    warmup: int
+    timeout_s: float
+    result_path: str
+    compute_between_s: float = 0.0
+
+
+def run_benchmark(
+    *, max_procs: int, sizes: tuple[int, ...], ops: tuple[str, ...], reps: int, calls_per_rep: int, warmup: int,
+    timeout_s: float, compute_between_s: float = 0.0,
+) -> list[Sample]:  # fmt: skip
+    """Spawn gloo processes on localhost and time every (op, size, group size); rank 0 reports."""
+    from torch.distributed.elastic.utils.distributed import get_free_port  # torch only when calibrating
+
+    group_sizes = tuple(2**i for i in range(1, max_procs.bit_length()) if 2**i <= max_procs)
+    with tempfile.TemporaryDirectory(prefix="prism-calibrate-") as tmp:
+        plan = _Plan(
+            world=group_sizes[-1], port=get_free_port(), group_sizes=group_sizes, sizes=tuple(sorted(sizes)),
+            ops=ops, reps=reps, calls_per_rep=calls_per_rep, warmup=warmup,
+            timeout_s=timeout_s, result_path=str(Path(tmp) / "result.json"), compute_between_s=compute_between_s,
+        )  # fmt: skip
+        ctx = mp.get_context("spawn")  # fork would copy this process's threads and torch state
+        procs = [ctx.Process(target=_worker, args=(r, plan), daemon=True) for r in range(plan.world)]
+        for proc in procs:
+            proc.start()
+        _join(procs, timeout_s)
+        points = json.loads(Path(plan.result_path).read_text())
+    return [Sample(op=op, bytes=n, group_size=p, seconds=t, count=reps) for op, n, p, t in points]
+
+
+def _join(procs: list, timeout_s: float) -> None:
+    """Wait for all; on a failure or timeout kill the rest so a stuck collective never hangs us."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        while any(p.exitcode is None for p in procs):
+            failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if failed:
+                raise CalibrationError(f"a benchmark process exited with code {failed[0]} (see its stderr)")
+            if time.monotonic() > deadline:
+                raise CalibrationError(f"benchmark still running after {timeout_s:.0f} s; killed")
+            time.sleep(0.05)
+        if any(p.exitcode != 0 for p in procs):
+            raise CalibrationError("a benchmark process failed (see its stderr)")
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join()
+
+
+def _points(plan: _Plan) -> list[tuple[str, int, int]]:
+    """(op, group size, float32 elements per rank) in the order every rank runs them."""
+    points = []
+    for p in plan.group_sizes:
+        for op in plan.ops:
+            if op == "barrier":
+                points.append((op, p, 0))
+            elif op != "send" or p == 2:  # the ping-pong runs between ranks 0 and 1 only
+                points += [(op, p, max(1, size // 4 // p) * p) for size in plan.sizes]
+    return points
+
+
+def _worker(rank: int, plan: _Plan) -> None:
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{plan.port}", rank=rank, world_size=plan.world,
+        timeout=timedelta(seconds=plan.timeout_s),
+    )  # fmt: skip
+    groups = {p: dist.new_group(list(range(p))) for p in plan.group_sizes}
+    points = _points(plan)
+    # Every call's entry and exit (monotonic ns, one clock for all local processes), so that the
+    # latency after the last arrival can be told apart from the members' skew.
+    times = torch.zeros(len(points), plan.reps * plan.calls_per_rep, 2, dtype=torch.int64)
+    mine = {
+        i: (_make_call(op, p, numel, rank, groups[p]), groups[p])
+        for i, (op, p, numel) in enumerate(points)
+        if rank < p
+    }
+    for i, stamps in _time_points(mine, plan).items():
+        times[i] = torch.tensor(stamps)
+    gathered = [torch.zeros_like(times) for _ in range(plan.world)]
+    dist.all_gather(gathered, times)
+    seconds = [_mean_latency_s(op, [g[i] for g in gathered[:p]]) for i, (op, p, _) in enumerate(points)]
+    if rank == 0:
+        rows = [
+            (op, 4 * numel, p, t / 2 if op == "send" else t)
+            for (op, p, numel), t in zip(points, seconds, strict=True)
+        ]
+        Path(plan.result_path).write_text(json.dumps(rows))
+    dist.destroy_process_group()
+
+
+def _time_points(calls: dict[int, tuple[Callable[[], None], object]], plan: _Plan) -> dict[int, list]:
+    """``[entry_ns, exit_ns]`` of every timed call of each point, each after ``compute_between_s``
+    of compute. Repetitions go round the points (every point's first, then every point's second,
+    ...), so that a slow spell of the machine, which lasts seconds on a VM, falls on every point
+    alike instead of on the few timed in it: back to back, point after point, one calibration's
+    64 KiB all-reduce read 1.19 ms and the next one's, seconds later, 1.92 ms."""
+    import torch.distributed as dist
+
+    out: dict[int, list] = {i: [] for i in calls}
+    for rep in range(plan.warmup + plan.reps):
+        for i, (call, group) in calls.items():
+            dist.barrier(group=group)
+            stamps = []
+            for _ in range(plan.calls_per_rep):
+                if plan.compute_between_s > 0:
+                    _busy(plan.compute_between_s)
+                entry = time.monotonic_ns()
+                call()
+                stamps.append([entry, time.monotonic_ns()])
+            if rep >= plan.warmup:
+                out[i] += stamps
+    return out
+
+
+def _mean_latency_s(op: str, members: list) -> float:
+    """Mean over members and calls: latency after the last arrival (a send: the call's own time).
+
+    ``members``: per member, an int64 tensor of ``[entry_ns, exit_ns]`` per call."""
+    import torch
+
+    stamps = torch.stack(members).double()  # member, call, (entry, exit)
+    if op == "send":  # a ping-pong's two ends are not one operation: time each end's round trip
+        return float((stamps[..., 1] - stamps[..., 0]).mean()) / 1e9
+    last_arrival = stamps[..., 0].max(dim=0).values
+    return float((stamps[..., 1] - last_arrival).mean()) / 1e9
+
+
+def _busy(seconds: float) -> None:
+    """Keep this CPU busy (not asleep) for ``seconds``, as a step's compute between two calls does."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def _make_call(op: str, p: int, numel: int, rank: int, group):
+    """A no-argument callable running ``op`` once with ``numel`` float32 elements per rank, as
+    prism's runtime makes it: the Work is waited on through ``CallerReleasesWork``, whose wait
+    lasts until gloo's worker thread has let go of the tensors (0.1-0.2 ms per call on a busy
+    2-core VM), a cost every delegated call of a capture or a fully real run pays."""
+    import torch
+    import torch.distributed as dist
+
+    x = torch.zeros(numel)
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        out = torch.zeros({"all_gather": numel * p, "reduce_scatter": numel // p}.get(op, numel))
+        fn = {"all_gather": dist.all_gather_single, "reduce_scatter": dist.reduce_scatter_single}
+        return _released(
+            [out, x], lambda: fn.get(op, dist.all_to_all_single)(out, x, group=group, async_op=True)
+        )
+    if op in ("gather", "scatter"):
+        chunks = [torch.zeros(numel) for _ in range(p)] if rank == 0 else []
+        if op == "gather":
+            return _released(
+                [x, *chunks], lambda: dist.gather(x, chunks or None, dst=0, group=group, async_op=True)
+            )
+        return _released(
+            [x, *chunks], lambda: dist.scatter(x, chunks or None, src=0, group=group, async_op=True)
+        )
+    if op == "send":
+        return lambda: _ping_pong(x, rank)
+    issue = {
+        "all_reduce": lambda: dist.all_reduce(x, group=group, async_op=True),
+        "broadcast": lambda: dist.broadcast(x, src=0, group=group, async_op=True),
+        "reduce": lambda: dist.reduce(x, dst=0, group=group, async_op=True),
+        "barrier": lambda: dist.barrier(group=group, async_op=True),
+    }[op]
+    return _released([] if op == "barrier" else [x], issue)
+
+
+def _released(payload: list, issue):
+    # The runtime's own wrapper: calibration times the path the jobs take (graph -> replay is
+    # the one import of the runtime here, made in the benchmark's processes only).
+    from prism.peers.delegate import CallerReleasesWork
+
+    def call() -> None:
+        work = CallerReleasesWork.issue(payload, issue, lambda: None)
+        if work is not None:
+            work.wait()
+
+    return call
+
+
+def _ping_pong(x, rank: int) -> None:
+    """One round trip between ranks 0 and 1; the worker halves its time (one-way send)."""
+    import torch.distributed as dist
+
+    peer = 1 - rank
+    first, second = (dist.isend, dist.irecv) if rank == 0 else (dist.irecv, dist.isend)
+    for fn in (first, second):
+        _released([x], lambda fn=fn: fn(x, peer))()

@@ -1,0 +1,146 @@
+"""``prism-calibrate``: time real gloo collectives on this machine and write the 'local' cluster spec."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from prism.graph.comm.calibrate import (
+    BENCH_OPS,
+    DEFAULT_SIZES,
+    CalibrationConfig,
+    CalibrationError,
+    CalibrationResult,
+    calibrate,
+    parse_size,
+)
+from prism.schemas.cluster import ClusterSpecError, local_path
+
+app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=False)
+console = Console()
+err_console = Console(stderr=True)
+DEFAULT = CalibrationConfig()
+
+
+def _human(n: int) -> str:
+    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def _tables(result: CalibrationResult) -> tuple[Table, Table]:
+    checks = Table(title="measured vs the fitted α-β line (one node)")
+    for column in ("op", "p", "bytes", "source", "measured µs", "line µs", "rel err"):
+        checks.add_column(column, justify="left" if column in ("op", "source") else "right")
+    for c in result.checks:
+        s = c.sample
+        checks.add_row(
+            s.op, str(s.group_size), _human(s.bytes), s.source, f"{s.seconds * 1e6:.1f}",
+            f"{c.predicted_s * 1e6:.1f}", f"{c.rel_error:.0%}",
+        )  # fmt: skip
+    fits = Table(title="fitted per op class: T = hops·α + volume·β")
+    for column in ("class", "α µs/hop", "1/β GB/s", "samples"):
+        fits.add_column(column, justify="left" if column == "class" else "right")
+    for cls, f in result.fit.classes.items():
+        bw = f"{1e-9 / f.beta_s_per_byte:.2f}" if f.beta_s_per_byte > 0 else "-"
+        fits.add_row(cls, f"{f.alpha_s * 1e6:.1f}", bw, str(f.samples))
+    skipped = [f"{cls}: {why}" for cls, why in result.fit.skipped.items()]
+    fits.caption = ("not fitted (factor 1.0): " + "; ".join(skipped)) if skipped else None
+    return checks, fits
+
+
+@app.command()
+def calibrate_command(
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Spec file to write [default: the 'local' path].")
+    ] = None,
+    max_procs: Annotated[
+        int, typer.Option(help="Processes to spawn (group sizes 2, 4, ... up to it).")
+    ] = DEFAULT.max_procs,
+    sizes: Annotated[str, typer.Option(help="Comma-separated bytes per rank.")] = ",".join(
+        map(_human, DEFAULT_SIZES)
+    ).replace(" ", ""),
+    ops: Annotated[str, typer.Option(help="Comma-separated ops to time.")] = ",".join(BENCH_OPS),
+    reps: Annotated[
+        int, typer.Option(help="Timed repetitions per point (mean latency kept).")
+    ] = DEFAULT.reps,
+    capture: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="A --real all capture dir (or every member's comm-log file) whose delegated calls join the fit, "
+            "each timed from its last member's arrival; repeatable."
+        ),
+    ] = None,
+    bench: Annotated[
+        bool,
+        typer.Option(
+            "--bench/--no-bench",
+            help="Run the microbenchmark; --no-bench fits the --capture calls alone (a real job's calls as it ran them).",
+        ),
+    ] = True,
+    timeout: Annotated[
+        float, typer.Option(help="Seconds before the benchmark processes are killed.")
+    ] = DEFAULT.timeout_s,
+    compute_between_ms: Annotated[
+        float,
+        typer.Option(help="Time cold calls: this much compute before each one (0: back to back)."),
+    ] = DEFAULT.compute_between_ms,
+    cold_gaps_ms: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated compute gaps (ms) after which collectives are also timed, giving the "
+            "spec's cold_call table (e.g. 0.5,1,2,4)."
+        ),
+    ] = "",
+    table: Annotated[
+        bool,
+        typer.Option(
+            help="Also write the timed points into the spec's measured table: calls within one node "
+            "are then priced from them, not from the α-β line."
+        ),
+    ] = DEFAULT.measured_table,
+) -> None:
+    """Time gloo collectives and send/recv among local processes; fit α and β; write the spec."""
+    try:
+        config = CalibrationConfig(
+            sizes=tuple(parse_size(s) for s in sizes.split(",") if s.strip()),
+            max_procs=max_procs, ops=tuple(o.strip() for o in ops.split(",") if o.strip()), reps=reps,
+            timeout_s=timeout, comm_logs=tuple(capture or ()), bench=bench, out=out, compute_between_ms=compute_between_ms,
+            cold_gaps_ms=tuple(float(g) for g in cold_gaps_ms.split(",") if g.strip()), measured_table=table,
+        )  # fmt: skip
+        if bench:
+            err_console.print(f"[bold]prism-calibrate[/] {config.max_procs} gloo processes, sizes {sizes}")
+        else:
+            err_console.print(
+                f"[bold]prism-calibrate[/] the delegated calls of {len(config.comm_logs)} path(s)"
+            )
+        result = calibrate(config)
+    except (CalibrationError, ClusterSpecError, ValueError, OSError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        err_console.print(f"[bold red]error:[/] {escape(first)}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    for table in _tables(result):
+        console.print(table)
+    where = "" if result.path == local_path() else f" (use it with {_env_hint(result.path)})"
+    pricing = "; calls within one node are priced from the measured table" if result.spec.measured else ""
+    console.print(
+        f"α-β line: median relative error {result.median_rel_error:.0%}{pricing}; wrote {result.path}{where}"
+    )
+
+
+def _env_hint(path: Path) -> str:
+    return f"PRISM_LOCAL_CLUSTER={path}"
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""Real calls' latency after the last member arrived, from the comm logs of all their members.
+
+A call's duration in one rank's log (``done_ns - enter_ns``) includes the wait for the members
+that arrived later: the job's arrival skew, which the graph models apart (``prism.graph.sim.noise``).
+The network's part is the time from the *last* member's arrival to the completion, which needs
+every member's log of the same instance. A collective instance is keyed by (group label, gseq,
+op, bytes, size); a transfer by (source, destination, n-th transfer between them, 'send', bytes,
+2), so that a send and its recv share a key. gloo's send/recv Works have no future: their
+``done_ns`` is when the program's ``wait()`` returned, which a pipeline calls right after posting.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from prism.schemas.comm_log import CommLog, read_comm_log
+from prism.schemas.iterations import clean_unprofiled
+from prism.schemas.manifest import COMM_DIR, MANIFEST_FILE, read_manifest
+
+LoggedCalls = tuple[CommLog, np.ndarray | None]
+"""A rank's comm log and the mask of its calls to read (None: all)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallLatency:
+    """One complete delegated collective or transfer, every member's log read."""
+
+    op: str
+    """Comm-log op ('send' for a send/recv pair)."""
+    bytes: int
+    """Bytes each member contributes, as in the comm log."""
+    group_size: int
+    """Members of the instance (2 for a transfer)."""
+    skew_ns: int
+    """Last member's arrival minus the first's."""
+    latency_ns: int
+    """Last member's completion minus the last member's arrival."""
+
+
+def clean_call_mask(calls: int, iterations: int, warmup: int) -> np.ndarray:
+    """Which of a rank's ``calls`` (in order) were made in its clean unprofiled iterations.
+
+    Set-up calls come first, then the same number of calls in each of ``iterations``; a log
+    that does not split so (set-up calls as many as an iteration's, or none per iteration)
+    keeps every call rather than guess."""
+    per = calls // iterations if iterations > 0 else 0
+    setup = calls - per * iterations
+    if per == 0 or setup >= per:
+        return np.ones(calls, np.bool_)
+    iteration = np.r_[np.full(setup, -1), np.repeat(np.arange(iterations), per)]
+    return np.isin(iteration, clean_unprofiled(list(range(iterations)), warmup))
+
+
+def call_latencies(logs: Iterable[LoggedCalls]) -> list[CallLatency]:
+    """Every instance whose members' logs are all given: ``(log, keep)`` pairs of one run, a log
+    per rank, ``keep`` a mask over the log's calls (None: all). Virtual calls (timed by a clock,
+    not a network) and calls that never completed are left out; so is an instance missing a
+    member."""
+    members: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
+    seen: set[int] = set()
+    for log, keep in logs:
+        if log.rank in seen:  # two runs' logs would make every instance look over-full
+            raise ValueError(f"rank {log.rank}'s comm log given twice: pass one run's logs at a time")
+        seen.add(log.rank)
+        transfers: dict[tuple[int, int], int] = defaultdict(int)
+        for i, c in enumerate(log.calls):
+            if c.op in ("send", "recv"):
+                if c.peer is None:
+                    continue
+                pair = (log.rank, c.peer) if c.op == "send" else (c.peer, log.rank)
+                key: tuple = (*pair, transfers[pair], "send", c.bytes, 2)
+                transfers[pair] += 1  # counted whether kept or not: the two ends must agree
+            else:
+                key = (c.label, c.gseq, c.op, c.bytes, c.group_size)
+            if c.delegated and c.done_ns > 0 and (keep is None or keep[i]):
+                members[key].append((c.enter_ns, c.done_ns))
+    out = []
+    for (*_, op, nbytes, size), calls in members.items():
+        if len(calls) != size:
+            continue
+        last_arrival = max(enter for enter, _ in calls)
+        out.append(
+            CallLatency(
+                op=op, bytes=nbytes, group_size=size, skew_ns=last_arrival - min(e for e, _ in calls),
+                latency_ns=max(done for _, done in calls) - last_arrival,
+            )
+        )  # fmt: skip
+    return out
+
+
+def capture_logs(capture_dir: Path, clean_only: bool = True) -> list[LoggedCalls]:
+    """Every rank's comm log of a capture (``comm/rank*.comm.json``), each with the mask of its
+    calls in the clean unprofiled iterations when ``clean_only`` and the capture's manifest says
+    which (else None: every call). The first iteration is cold, and under the profiler a call
+    takes longer (tp all-reduces of one fidelity run: 1.46 ms mean after the last arrival in
+    clean iterations, 1.79 ms in profiled ones)."""
+    capture_dir = Path(capture_dir)
+    manifest = capture_dir / MANIFEST_FILE
+    job = read_manifest(capture_dir).job if clean_only and manifest.exists() else None
+    logs = []
+    for file in sorted((capture_dir / COMM_DIR).glob("rank*.comm.json")):
+        log = read_comm_log(file)
+        keep = clean_call_mask(len(log.calls), job.warmup + job.iterations, job.warmup) if job else None
+        logs.append((log, keep))
+    return logs
+
+
+def capture_latencies(capture_dir: Path, clean_only: bool = True) -> list[CallLatency]:
+    """``call_latencies`` of every rank of a capture (``capture_logs``)."""
+    return call_latencies(capture_logs(capture_dir, clean_only))

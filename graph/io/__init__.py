@@ -1,0 +1,1 @@
+"""graph.parquet on disk: write and read it (``prism.graph.io.parquet``), validate it."""

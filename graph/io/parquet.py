@@ -1,0 +1,323 @@
+"""Write and read ``graph.parquet``, the format declared in ``prism.schemas.graph_format``.
+
+Rows are sorted by (rank, stream, index) and every row group holds a fixed number of
+consecutive ranks, so one rank is read by decoding one row group, found by binary search over
+the ``rank`` statistics of the footer. Writing is deterministic: the same tables and metadata
+give a byte-identical file (under the same pyarrow version, whose name is in the footer).
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import TracebackType
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from prism.schemas.graph_format import (
+    COLUMNS,
+    INDEX,
+    METADATA_KEY,
+    RANK,
+    SCHEMA,
+    STAGE,
+    STREAM,
+    GraphMetadata,
+    schema_with_metadata,
+)
+from prism.schemas.layout import ParallelLayout
+
+COMPRESSION = "zstd"
+# Statistics only where they prune: every row group holds every stream, index and op name, so
+# their min/max would only grow the footer that each read_rank parses.
+STATISTICS_COLUMNS = [RANK, STAGE]
+SORTING = [pq.SortingColumn(SCHEMA.get_field_index(c)) for c in (RANK, STREAM, INDEX)]
+
+
+class GraphFormatError(ValueError):
+    """A file that is not a prism graph of the version this code reads."""
+
+
+class GraphWriter:
+    """Writes ``graph.parquet`` rank by rank; the file appears at ``path`` only on a clean close.
+
+    ``write_ranks`` takes tables sorted by (rank, stream, index) whose ranks continue from the
+    previous call (starting at rank 0); tables are buffered until a row group of
+    ``ranks_per_row_group`` ranks is complete. Closing checks that every rank of the layout came.
+    """
+
+    def __init__(self, path: str | os.PathLike, metadata: GraphMetadata, ranks_per_row_group: int = 32):
+        if ranks_per_row_group < 1:
+            raise ValueError(f"ranks_per_row_group must be at least 1, got {ranks_per_row_group}")
+        self.path = Path(path)
+        self.metadata = metadata
+        self.ranks_per_row_group = ranks_per_row_group
+        self.world_size = ParallelLayout.from_dict(metadata.layout).world_size
+        # The temporary name never reaches the file's bytes: only the rename knows it.
+        self._tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        self._writer: pq.ParquetWriter | None = None
+        self._pending: list[pa.Table] = []
+        self._group_first = 0  # first rank of the row group being buffered
+        self._next_rank = 0  # rank the next table must start with
+        self.row_groups = 0
+
+    def __enter__(self) -> GraphWriter:
+        self._writer = pq.ParquetWriter(
+            self._tmp,
+            schema_with_metadata(self.metadata),
+            compression=COMPRESSION,
+            use_dictionary=True,
+            write_statistics=STATISTICS_COLUMNS,
+            sorting_columns=SORTING,
+            store_schema=True,  # keeps the dictionary types on read
+        )
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is not None:
+            self._abort()
+            return
+        try:
+            self._flush(final=True)
+            if self._next_rank != self.world_size:
+                raise ValueError(
+                    f"graph incomplete: ranks 0..{self._next_rank - 1} written, "
+                    f"the layout has {self.world_size} ranks"
+                )
+            self._require_open().close()
+            os.replace(self._tmp, self.path)
+        except BaseException:
+            self._abort()
+            raise
+
+    def write_ranks(self, table: pa.Table) -> None:
+        """Append the nodes of one or more consecutive ranks."""
+        self._require_open()
+        table = _conform(table)
+        if table.num_rows == 0:
+            return
+        ranks = table.column(RANK).to_numpy()
+        _check_sorted(ranks, table.column(STREAM).to_numpy(), table.column(INDEX).to_numpy())
+        if ranks[0] != self._next_rank:
+            raise ValueError(
+                f"ranks must be consecutive: expected rank {self._next_rank} next, got {ranks[0]}"
+            )
+        if ranks[-1] >= self.world_size:
+            raise ValueError(f"rank {ranks[-1]} out of range for world size {self.world_size}")
+        self._next_rank = int(ranks[-1]) + 1
+        self._pending.append(table)
+        self._flush(final=False)
+
+    def _flush(self, *, final: bool) -> None:
+        complete = (self._next_rank - self._group_first) // self.ranks_per_row_group
+        if not self._pending or not (complete or final):
+            return
+        buffered = pa.concat_tables(self._pending)
+        ranks = buffered.column(RANK).to_numpy()
+        start = 0
+        for _ in range(complete):
+            self._group_first += self.ranks_per_row_group
+            cut = int(np.searchsorted(ranks, self._group_first))
+            self._write_row_group(buffered.slice(start, cut - start))
+            start = cut
+        self._pending = [buffered.slice(start)] if start < buffered.num_rows else []
+        if final and self._pending:
+            self._write_row_group(self._pending.pop())
+            self._group_first = self._next_rank
+
+    def _write_row_group(self, table: pa.Table) -> None:
+        self._require_open().write_table(_canonical(table), row_group_size=table.num_rows)
+        self.row_groups += 1
+
+    def _require_open(self) -> pq.ParquetWriter:
+        if self._writer is None:
+            raise RuntimeError("GraphWriter is used as a context manager: `with GraphWriter(...) as w:`")
+        return self._writer
+
+    def _abort(self) -> None:
+        if self._writer is not None:
+            with contextlib.suppress(Exception):  # the original error matters, not this one
+                self._writer.close()
+        self._tmp.unlink(missing_ok=True)
+
+
+def _conform(table: pa.Table) -> pa.Table:
+    missing = [c for c in COLUMNS if c not in table.column_names]
+    extra = [c for c in table.column_names if c not in COLUMNS]
+    if missing or extra:
+        raise ValueError(f"table does not match the graph schema: missing {missing}, unknown {extra}")
+    table = table.select(list(COLUMNS))
+    nulls = [c for c in COLUMNS if table.column(c).null_count]
+    if nulls:
+        raise ValueError(f"graph columns may not hold nulls (use -1 / '' for 'does not apply'): {nulls}")
+    if table.schema.equals(SCHEMA):
+        return table
+    try:
+        return table.cast(SCHEMA)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+        raise ValueError(f"table does not match the graph schema: {e}") from None
+
+
+def _canonical(table: pa.Table) -> pa.Table:
+    """One dictionary per string column, holding the values used, in first-use order.
+
+    Input dictionaries may carry unused values or another order (a slice of a bigger table,
+    tables built apart); this makes the bytes depend on the rows alone. One dictionary per
+    column chunk also avoids Parquet's fallback to plain encoding when a dictionary changes.
+    """
+    table = table.unify_dictionaries()
+    for i, f in enumerate(table.schema):
+        if pa.types.is_dictionary(f.type):
+            column = table.column(i).combine_chunks()
+            used = pc.unique(column.indices)  # Arrow's unique keeps first-occurrence order
+            remap = np.zeros(len(column.dictionary), np.int32)
+            remap[used.to_numpy()] = np.arange(len(used), dtype=np.int32)
+            indices = pc.take(pa.array(remap), column.indices)
+            table = table.set_column(
+                i, f, pa.DictionaryArray.from_arrays(indices, column.dictionary.take(used))
+            )
+    return table
+
+
+def _check_sorted(rank: np.ndarray, stream: np.ndarray, index: np.ndarray) -> None:
+    dr, ds, di = (np.diff(a.astype(np.int64)) for a in (rank, stream, index))
+    ordered = (dr > 0) | ((dr == 0) & ((ds > 0) | ((ds == 0) & (di > 0))))
+    if not ordered.all():
+        i = int(np.argmin(ordered)) + 1
+        raise ValueError(
+            f"rows not sorted by (rank, stream, index): row {i} (rank {rank[i]}, stream {stream[i]}, "
+            f"index {index[i]}) follows (rank {rank[i - 1]}, stream {stream[i - 1]}, index {index[i - 1]})"
+        )
+    if (dr > 1).any():
+        i = int(np.argmax(dr > 1)) + 1
+        raise ValueError(f"ranks must be consecutive: rank {rank[i]} follows rank {rank[i - 1]}")
+
+
+class GraphReader:
+    """An open ``graph.parquet``: its metadata, one rank at a time, or one row group at a time."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if not self.path.exists():
+            raise FileNotFoundError(f"{self.path}: no such file")
+        try:
+            self._file = pq.ParquetFile(self.path)
+        except (pa.ArrowException, OSError) as e:
+            raise GraphFormatError(f"{self.path}: not a Parquet file ({e})") from None
+        self.metadata = _parse_metadata(self.path, self._file.schema_arrow)
+        _check_columns(self.path, self._file.schema_arrow)
+        self._bounds: dict[int, tuple[int, int]] = {}
+
+    def __enter__(self) -> GraphReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._file.close()
+
+    @property
+    def num_row_groups(self) -> int:
+        return self._file.metadata.num_row_groups
+
+    def row_groups_of(self, rank: int) -> list[int]:
+        """Row groups whose rank statistics include ``rank`` (binary search: rows are sorted)."""
+        n = self.num_row_groups
+        first = bisect.bisect_left(range(n), rank, key=lambda i: self._rank_bounds(i)[1])
+        last = first
+        while last < n and self._rank_bounds(last)[0] <= rank:
+            last += 1
+        return list(range(first, last))
+
+    def read_rank(self, rank: int, columns: Sequence[str] | None = None) -> pa.Table:
+        """Nodes of one rank (empty if the file has none), reading only its row group(s)."""
+        wanted = list(columns) if columns is not None else list(COLUMNS)
+        read = wanted if RANK in wanted else [*wanted, RANK]
+        groups = self.row_groups_of(rank)
+        table = self._file.read_row_groups(groups, columns=read) if groups else SCHEMA.empty_table()
+        table = table.filter(pc.equal(table.column(RANK), pa.scalar(rank, pa.int32())))
+        return table.select(wanted)
+
+    def iter_rank_chunks(self, columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
+        """One row group (``ranks_per_row_group`` consecutive ranks) at a time."""
+        for i in range(self.num_row_groups):
+            yield self._file.read_row_group(i, columns=list(columns) if columns is not None else None)
+
+    @property
+    def num_rows(self) -> int:
+        return self._file.metadata.num_rows
+
+    def read_column(self, column: str) -> pa.ChunkedArray:
+        """One column of every node of the graph."""
+        return self._file.read(columns=[column]).column(column)
+
+    def first_row(self, rank: int) -> int:
+        """Global row of ``rank``'s first node: whole row groups before it by their statistics,
+        then the rows before it in the one it starts in."""
+        row = 0
+        for group in range(self.num_row_groups):
+            if self._rank_bounds(group)[1] < rank:
+                row += self._file.metadata.row_group(group).num_rows
+                continue
+            ranks = self._file.read_row_group(group, columns=[RANK]).column(RANK).to_numpy()
+            return row + int(np.searchsorted(ranks, rank))
+        return row
+
+    def _rank_bounds(self, group: int) -> tuple[int, int]:
+        if group not in self._bounds:
+            stats = self._file.metadata.row_group(group).column(SCHEMA.get_field_index(RANK)).statistics
+            if stats is None or not stats.has_min_max:
+                raise GraphFormatError(f"{self.path}: row group {group} has no statistics on {RANK!r}")
+            self._bounds[group] = (stats.min, stats.max)
+        return self._bounds[group]
+
+
+def _parse_metadata(path: Path, schema: pa.Schema) -> GraphMetadata:
+    raw = (schema.metadata or {}).get(METADATA_KEY)
+    if raw is None:
+        raise GraphFormatError(f"{path}: not a prism graph (no {METADATA_KEY.decode()!r} metadata)")
+    try:
+        return GraphMetadata.from_bytes(raw)
+    except (ValueError, TypeError) as e:
+        raise GraphFormatError(f"{path}: {e}") from None
+
+
+def _check_columns(path: Path, schema: pa.Schema) -> None:
+    for field in SCHEMA:
+        if field.name not in schema.names:
+            raise GraphFormatError(f"{path}: column {field.name!r} is missing")
+        found = schema.field(field.name).type
+        if found != field.type:
+            raise GraphFormatError(f"{path}: column {field.name!r} has type {found}, expected {field.type}")
+
+
+def read_metadata(path: str | os.PathLike) -> GraphMetadata:
+    """File-level metadata of a graph (reads the footer only)."""
+    with GraphReader(path) as reader:
+        return reader.metadata
+
+
+def read_rank(path: str | os.PathLike, rank: int, columns: Sequence[str] | None = None) -> pa.Table:
+    """Nodes of one rank, decoding only the row group that holds it."""
+    with GraphReader(path) as reader:
+        return reader.read_rank(rank, columns)
+
+
+def iter_rank_chunks(path: str | os.PathLike, columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
+    """Row groups one at a time (bounded memory). Opens the file now, so errors raise here."""
+    reader = GraphReader(path)
+
+    def chunks() -> Iterator[pa.Table]:
+        with reader:
+            yield from reader.iter_rank_chunks(columns)
+
+    return chunks()

@@ -1,0 +1,377 @@
+"""Check that ``graph.parquet`` is a well-formed full-scale graph, streaming over its row groups.
+
+Per row group: sort order, contiguous indices, stage of each rank, ``deps`` pointing backwards.
+Only the comm rows are kept (as numpy arrays) and checked at the end: every collective instance
+has exactly its group's members with equal attributes; every send meets exactly one recv.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from prism.graph.io.parquet import GraphReader
+from prism.schemas import graph_format as gf
+from prism.schemas.layout import AXES, LayoutError, ParallelLayout
+
+MAX_PROBLEMS = 100
+"""Problems kept in a report (all are counted)."""
+WORLD = "world"
+P2P = "p2p"
+_STRINGS = (gf.KIND, gf.NAME, gf.GROUP_KIND)
+_INTS = (gf.RANK, gf.STREAM, gf.INDEX, gf.STAGE, gf.COLL_ID, gf.GROUP_INDEX, gf.GROUP_SIZE)
+_INTS += (gf.PEER, gf.P2P_SEQ, gf.BYTES)
+_COLL_KEEP = (gf.COLL_ID, gf.RANK, gf.INDEX, gf.BYTES, gf.NAME, gf.GROUP_KIND, gf.GROUP_INDEX, gf.GROUP_SIZE)
+_P2P_KEEP = (gf.RANK, gf.INDEX, gf.KIND, gf.PEER, gf.P2P_SEQ, gf.BYTES, gf.GROUP_KIND, gf.GROUP_SIZE)
+_KEPT_TYPES = {gf.COLL_ID: np.int64, gf.BYTES: np.int64}
+Cols = dict[str, np.ndarray]
+
+
+class GraphValidationError(ValueError):
+    """A graph that failed validation."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidationReport:
+    """What validate_graph found."""
+
+    path: str
+    """The file checked."""
+    problems: tuple[str, ...]
+    """One line per problem, at most MAX_PROBLEMS of them."""
+    problem_count: int
+    """All problems found, including those past the cap."""
+    ranks: int = 0
+    """Distinct ranks present."""
+    nodes: int = 0
+    """Rows of the file."""
+    collectives: int = 0
+    """Collective instances (distinct coll_id)."""
+    p2p_pairs: int = 0
+    """Matched send/recv pairs."""
+    bytes_by_group: dict[str, int] = field(default_factory=dict)
+    """Payload bytes summed over members (collectives) or over sends (p2p), by group kind."""
+
+    @property
+    def ok(self) -> bool:
+        return self.problem_count == 0
+
+    def raise_if_failed(self) -> None:
+        if not self.ok:
+            more = f" (and {self.problem_count - 1} more problems)" if self.problem_count > 1 else ""
+            raise GraphValidationError(f"{self.path}: {self.problems[0]}{more}")
+
+
+class _Problems:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.count = 0
+
+    def add(self, line: str) -> None:
+        self.extend(1, lambda _: line)
+
+    def extend(self, total: int, describe: Callable[[int], str]) -> None:
+        """``total`` problems; only those kept are described (describe(k) for the k-th)."""
+        room = max(0, MAX_PROBLEMS - len(self.lines))
+        self.lines.extend(describe(k) for k in range(min(total, room)))
+        self.count += total
+
+    def per_rank(self, bad: np.ndarray, rank: np.ndarray, describe: Callable[[int], str]) -> None:
+        """One problem per rank that has bad rows, describing (by row) its first one."""
+        _, first = np.unique(rank[bad], return_index=True)
+        rows = np.flatnonzero(bad)[np.sort(first)]
+        self.extend(rows.size, lambda k: describe(int(rows[k])))
+
+
+class _Strings:
+    """One integer id per distinct string across row groups (each row group has its own dictionary)."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+        self.names: list[str] = []
+
+    def id(self, s: str) -> int:
+        if s not in self.ids:
+            self.ids[s] = len(self.names)
+            self.names.append(s)
+        return self.ids[s]
+
+    def codes(self, column: pa.ChunkedArray) -> np.ndarray:
+        parts = [np.empty(0, np.int64)]
+        for chunk in column.chunks:
+            lookup = np.asarray([self.id(s) for s in chunk.dictionary.to_pylist()], np.int64)
+            parts.append(lookup[chunk.indices.to_numpy(zero_copy_only=False)])
+        return np.concatenate(parts)
+
+
+def validate_graph(
+    path: str | os.PathLike, *, progress: Callable[[int, int], None] | None = None
+) -> ValidationReport:
+    """Validate a graph file (GraphFormatError if it is not a prism graph of this version).
+
+    ``progress(done, total)`` is called after each row group.
+    """
+    with GraphReader(path) as reader:
+        try:
+            layout = ParallelLayout.from_dict(reader.metadata.layout)
+        except (LayoutError, KeyError, TypeError) as e:
+            return ValidationReport(
+                path=str(path), problems=(f"metadata layout is invalid: {e}",), problem_count=1
+            )
+        scan = _Scan(layout)
+        _check_model(reader.metadata.model, layout, scan.problems)
+        for done, chunk in enumerate(reader.iter_rank_chunks([*_INTS, *_STRINGS, gf.DEPS]), start=1):
+            scan.chunk(chunk)
+            if progress is not None:
+                progress(done, reader.num_row_groups)
+    return scan.report(str(path))
+
+
+def _check_model(model: dict, layout: ParallelLayout, problems: _Problems) -> None:
+    for axis in AXES:
+        if axis in model and model[axis] != layout.degree(axis):
+            problems.add(f"metadata model has {axis}={model[axis]}, the layout {axis}={layout.degree(axis)}")
+
+
+class _Scan:
+    """Per-row-group checks; keeps the comm rows for the cross-rank checks at the end."""
+
+    def __init__(self, layout: ParallelLayout) -> None:
+        self.layout, self.world = layout, layout.world_size
+        self.problems, self.strings = _Problems(), _Strings()
+        self.kinds = {k: self.strings.id(k.value) for k in gf.NodeKind}
+        self.seen = np.zeros(self.world, bool)
+        self.last = (-1, -1, -1)  # (rank, stream, index) of the previous row group's last row
+        self.nodes = 0
+        self.coll: list[Cols] = []
+        self.p2p: list[Cols] = []
+
+    def chunk(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        c = {name: table.column(name).to_numpy().astype(np.int64) for name in _INTS}
+        c |= {name: self.strings.codes(table.column(name)) for name in _STRINGS}
+        self.nodes += table.num_rows
+        self._order(c)
+        self._ranks_stages_kinds(c)
+        self._deps(c, table.column(gf.DEPS).combine_chunks())
+        kind = c[gf.KIND]
+        coll = kind == self.kinds[gf.NodeKind.COLLECTIVE]
+        p2p = (kind == self.kinds[gf.NodeKind.SEND]) | (kind == self.kinds[gf.NodeKind.RECV])
+        # Collective rows are the bulk of what is kept: int32 where the schema has no more.
+        self.coll.append({k: c[k][coll].astype(_KEPT_TYPES.get(k, np.int32)) for k in _COLL_KEEP})
+        self.p2p.append({k: c[k][p2p] for k in _P2P_KEEP})
+        self.last = (int(c[gf.RANK][-1]), int(c[gf.STREAM][-1]), int(c[gf.INDEX][-1]))
+
+    def _order(self, c: Cols) -> None:
+        r, s, i = c[gf.RANK], c[gf.STREAM], c[gf.INDEX]
+        pr, ps, pi = (np.r_[prev, a[:-1]] for prev, a in zip(self.last, (r, s, i), strict=True))
+        ordered = (r > pr) | ((r == pr) & ((s > ps) | ((s == ps) & (i > pi))))
+        new = (r != pr) | (s != ps)
+        contiguous = np.where(new, i == 0, i == pi + 1)
+        self.problems.per_rank(~ordered, r, lambda k: (
+            f"rows not sorted by (rank, stream, index): rank {r[k]} stream {s[k]} index {i[k]} "
+            f"follows rank {pr[k]} stream {ps[k]} index {pi[k]}"))  # fmt: skip
+        self.problems.per_rank(ordered & ~contiguous, r, lambda k: (
+            f"rank {r[k]} stream {s[k]}: index {i[k]} where {0 if new[k] else pi[k] + 1} was expected "
+            "(indices run 0, 1, 2, ... within (rank, stream))"))  # fmt: skip
+
+    def _ranks_stages_kinds(self, c: Cols) -> None:
+        r, index, stage, kind = c[gf.RANK], c[gf.INDEX], c[gf.STAGE], c[gf.KIND]
+        inside = (r >= 0) & (r < self.world)
+        self.problems.per_rank(~inside, r, lambda k: f"rank {r[k]} out of range for world size {self.world}")
+        self.seen[r[inside]] = True
+        expected = (r // self.layout.stride("pp")) % self.layout.pp
+        self.problems.per_rank(inside & (stage != expected), r, lambda k: (
+            f"rank {r[k]} index {index[k]}: stage {stage[k]}, but the layout puts rank {r[k]} "
+            f"in stage {expected[k]}"))  # fmt: skip
+        unknown = ~np.isin(kind, list(self.kinds.values()))
+        self.problems.per_rank(unknown, r, lambda k: (
+            f"rank {r[k]} index {index[k]}: unknown kind {self.strings.names[kind[k]]!r}"))  # fmt: skip
+
+    def _deps(self, c: Cols, deps: pa.ListArray) -> None:
+        parent = pc.list_parent_indices(deps).to_numpy()
+        target = pc.list_flatten(deps).to_numpy().astype(np.int64)
+        rank, stream, index = (c[k][parent] for k in (gf.RANK, gf.STREAM, gf.INDEX))
+        bad = (target < 0) | (target >= index)
+        self.problems.per_rank(bad, rank, lambda k: (
+            f"rank {rank[k]} stream {stream[k]} index {index[k]}: deps entry {target[k]} "
+            "does not point to an earlier node of its (rank, stream)"))  # fmt: skip
+
+    def report(self, path: str) -> ValidationReport:
+        missing = np.flatnonzero(~self.seen)
+        if missing.size:
+            listed = ", ".join(map(str, missing[:10])) + (", ..." if missing.size > 10 else "")
+            self.problems.add(f"{missing.size} of {self.world} ranks missing: {listed}")
+        nbytes: dict[str, int] = {}
+        colls = _Collectives(_concat(self.coll), self.layout, self.strings, self.problems).check(nbytes)
+        pairs = _check_p2p(_concat(self.p2p), self, nbytes)
+        return ValidationReport(
+            path=path, problems=tuple(self.problems.lines), problem_count=self.problems.count,
+            ranks=int(self.seen.sum()), nodes=self.nodes, collectives=colls, p2p_pairs=pairs,
+            bytes_by_group=dict(sorted(nbytes.items())),
+        )  # fmt: skip
+
+
+def _concat(parts: list[Cols]) -> Cols:
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else {}
+
+
+class _Collectives:
+    """Collective rows sorted by (coll_id, rank), one run of rows per instance."""
+
+    def __init__(self, c: Cols, layout: ParallelLayout, strings: _Strings, problems: _Problems) -> None:
+        self.layout, self.strings, self.problems = layout, strings, problems
+        c = c or {k: np.empty(0, np.int64) for k in _COLL_KEEP}
+        no_id = c[gf.COLL_ID] < 0
+        problems.per_rank(no_id, c[gf.RANK], lambda k: (
+            f"rank {c[gf.RANK][k]} index {c[gf.INDEX][k]}: collective without coll_id"))  # fmt: skip
+        order = np.lexsort((c[gf.RANK], c[gf.COLL_ID]))
+        self.c = {k: v[order[~no_id[order]]] for k, v in c.items()}
+        cid = self.c[gf.COLL_ID]
+        self.starts = np.flatnonzero(np.r_[True, cid[1:] != cid[:-1]]) if cid.size else cid
+        self.counts = np.diff(np.r_[self.starts, cid.size])
+        self.inst = np.repeat(np.arange(self.starts.size), self.counts)  # instance of each row
+        self.bad = np.zeros(self.starts.size, bool)  # instances already reported
+
+    def first(self, col: str) -> np.ndarray:
+        return self.c[col][self.starts]
+
+    def members(self, j: int, col: str = gf.RANK) -> np.ndarray:
+        return self.c[col][self.starts[j] : self.starts[j] + self.counts[j]]
+
+    def label(self, j: int) -> str:
+        kind = self.strings.names[self.first(gf.GROUP_KIND)[j]]
+        return f"coll_id {self.first(gf.COLL_ID)[j]} ({kind} group {self.first(gf.GROUP_INDEX)[j]})"
+
+    def check(self, nbytes: dict[str, int]) -> int:
+        for col in (gf.BYTES, gf.NAME, gf.GROUP_KIND, gf.GROUP_INDEX, gf.GROUP_SIZE):
+            self._equal(col)
+        kind_of_row = self.first(gf.GROUP_KIND)[self.inst]
+        for kind in np.unique(kind_of_row):
+            name = self.strings.names[kind]
+            nbytes[name] = nbytes.get(name, 0) + int(self.c[gf.BYTES][kind_of_row == kind].sum())
+        first, stride, degree = self._groups()
+        self._membership(first, stride, degree)
+        return int(self.starts.size)
+
+    def _equal(self, col: str) -> None:
+        values = self.c[col]
+        differ = np.unique(self.inst[values != values[self.starts][self.inst]])
+        self.bad[differ] = True
+
+        def describe(k: int) -> str:
+            ranks, vals = self.members(differ[k])[:4], self.members(differ[k], col)[:4]
+            shown = ", ".join(f"rank {r}: {self._show(col, v)}" for r, v in zip(ranks, vals, strict=True))
+            return f"coll_id {self.first(gf.COLL_ID)[differ[k]]}: members disagree on {col} ({shown}, ...)"
+
+        self.problems.extend(differ.size, describe)
+
+    def _show(self, col: str, value: int) -> str:
+        return repr(self.strings.names[value]) if col in _STRINGS else str(value)
+
+    def _groups(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """First member, stride and size of each instance's group; marks unknown groups bad."""
+        n, kinds, index = self.starts.size, self.first(gf.GROUP_KIND), self.first(gf.GROUP_INDEX)
+        first, stride, degree = np.zeros(n, np.int64), np.ones(n, np.int64), np.zeros(n, np.int64)
+        for kind in np.unique(kinds):
+            sel = np.flatnonzero(kinds == kind)
+            name = self.strings.names[kind]
+            count = 1 if name == WORLD else self.layout.group_count(name) if name in AXES else 0
+            unknown = sel[(index[sel] < 0) | (index[sel] >= count)]
+            self.bad[unknown] = True
+            self.problems.extend(unknown.size, lambda k, u=unknown, g=name: (
+                f"coll_id {self.first(gf.COLL_ID)[u[k]]}: the layout {self.layout} has no {g!r} "
+                f"group {index[u[k]]}"))  # fmt: skip
+            if count:
+                first[sel], stride[sel], degree[sel] = _group_geometry(name, index[sel] % count, self.layout)
+        size = self.first(gf.GROUP_SIZE)
+        wrong = np.flatnonzero(~self.bad & (size != degree))
+        self.problems.extend(wrong.size, lambda k: (
+            f"{self.label(wrong[k])}: group_size {size[wrong[k]]}, the group has {degree[wrong[k]]} ranks"))  # fmt: skip
+        return first, stride, degree
+
+    def _membership(self, first: np.ndarray, stride: np.ndarray, degree: np.ndarray) -> None:
+        """Sorted member ranks must be first + i * stride for i < degree, each exactly once."""
+        rank, inst = self.c[gf.RANK], self.inst
+        pos = np.arange(rank.size) - self.starts[inst]
+        row_ok = (pos < degree[inst]) & (rank == first[inst] + pos * stride[inst])
+        all_ok = np.logical_and.reduceat(row_ok, self.starts) if rank.size else row_ok
+        wrong = np.flatnonzero(~self.bad & ((self.counts != degree) | ~all_ok))
+        self.problems.extend(wrong.size, lambda k: (
+            f"{self.label(wrong[k])}: "
+            + _membership(first[wrong[k]] + np.arange(degree[wrong[k]]) * stride[wrong[k]], self.members(wrong[k]))))  # fmt: skip
+
+
+def _group_geometry(kind: str, index: np.ndarray, layout: ParallelLayout) -> tuple[np.ndarray, int, int]:
+    """First member of each group of ``kind`` (decoding the dense group index), stride, degree."""
+    if kind == WORLD:
+        return np.zeros_like(index), 1, layout.world_size
+    first, rest = np.zeros_like(index), index.copy()
+    for other in (a for a in layout.order.split("-") if a != kind):  # the group index's digit order
+        first += (rest % layout.degree(other)) * layout.stride(other)
+        rest //= layout.degree(other)
+    return first, layout.stride(kind), layout.degree(kind)
+
+
+def _membership(expected: np.ndarray, actual: np.ndarray) -> str:
+    values, counts = np.unique(actual, return_counts=True)
+    parts = [f"rank {r} missing" for r in np.setdiff1d(expected, actual)[:5]]
+    parts += [f"rank {r} appears {n} times" for r, n in zip(values, counts, strict=True) if n > 1][:5]
+    parts += [f"rank {r} is not a member" for r in np.setdiff1d(actual, expected)[:5]]
+    return "; ".join(parts)
+
+
+def _check_p2p(c: Cols, scan: _Scan, nbytes: dict[str, int]) -> int:
+    """The n-th send a -> b meets the n-th recv at b from a (p2p_seq n), with equal bytes."""
+    if not c or c[gf.RANK].size == 0:
+        return 0
+    problems, world = scan.problems, scan.world
+    rank, peer, seq, size = c[gf.RANK], c[gf.PEER], c[gf.P2P_SEQ], c[gf.GROUP_SIZE]
+    is_send = c[gf.KIND] == scan.kinds[gf.NodeKind.SEND]
+    invalid = (peer < 0) | (peer >= world) | (peer == rank) | (seq < 0) | (size != 2)
+    problems.per_rank(invalid, rank, lambda k: (
+        f"rank {rank[k]} index {c[gf.INDEX][k]}: {'send' if is_send[k] else 'recv'} with peer {peer[k]}, "
+        f"p2p_seq {seq[k]}, group_size {size[k]} (needs another rank, p2p_seq >= 0, group_size 2)"))  # fmt: skip
+    span = max(int(seq.max()), 0) + 1
+    key = (np.where(is_send, rank, peer) * world + np.where(is_send, peer, rank)) * span + seq
+    sends = _side(key, is_send & ~invalid, "send", span, world, problems)
+    recvs = _side(key, ~is_send & ~invalid, "recv", span, world, problems)
+    both, si, ri = np.intersect1d(sends[0], recvs[0], assume_unique=True, return_indices=True)
+    for side, (keys, _), other in (("send", sends, "recv"), ("recv", recvs, "send")):
+        alone = np.setdiff1d(keys, both, assume_unique=True)
+        problems.extend(alone.size, lambda k, a=alone, s=side, o=other: (
+            f"{s} {_pair(a[k], span, world)} has no matching {o}"))  # fmt: skip
+    sb, rb = c[gf.BYTES][sends[1][si]], c[gf.BYTES][recvs[1][ri]]
+    unequal = np.flatnonzero(sb != rb)
+    problems.extend(unequal.size, lambda k: (
+        f"send {_pair(both[unequal[k]], span, world)}: {sb[unequal[k]]} bytes sent, "
+        f"the recv expects {rb[unequal[k]]}"))  # fmt: skip
+    kinds = c[gf.GROUP_KIND][sends[1][si]]
+    for kind in np.unique(kinds):
+        name = scan.strings.names[kind] or P2P
+        nbytes[name] = nbytes.get(name, 0) + int(sb[kinds == kind].sum())
+    return int(both.size)
+
+
+def _side(
+    key: np.ndarray, mask: np.ndarray, side: str, span: int, world: int, problems: _Problems
+) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct keys of one side and the row of each; reports keys that occur twice."""
+    values, first, counts = np.unique(key[mask], return_index=True, return_counts=True)
+    dup = np.flatnonzero(counts > 1)
+    problems.extend(
+        dup.size, lambda k: f"{side} {_pair(values[dup[k]], span, world)} appears {counts[dup[k]]} times"
+    )
+    return values, np.flatnonzero(mask)[first]
+
+
+def _pair(key: int, span: int, world: int) -> str:
+    pair, seq = divmod(int(key), span)
+    src, dst = divmod(pair, world)
+    return f"rank {src} -> rank {dst} p2p_seq {seq}"

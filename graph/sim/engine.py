@@ -1,0 +1,225 @@
+"""The discrete-event core of the simulation: start and end of every node of every rank.
+
+Semantics (one stream per rank; durations from the graph):
+
+- A rank runs its nodes in program order. Node ``n`` may start at
+  ``ready = max(clock + gap_ns[n], end of every node in deps[n])``, where ``clock`` is when the
+  program reached it: the end of the previous node, or its *start* if that node is asynchronous.
+- compute: ``end = start + dur``.
+- collective: every member arrives at its ``start``; the operation runs from the last arrival
+  for ``dur`` (the cost model's time) plus ``skew`` (the expected wait for the last member
+  that deterministic arrivals do not show, ``prism.graph.sim.noise``), so all members share
+  ``end = max(arrivals) + dur + skew``.
+  A synchronous call blocks its rank until ``end``; an asynchronous one returns at once and a
+  later node waits for it through ``deps``.
+- with *external* (real) members (a replay), ``skew`` would count the real ranks' noise twice:
+  their arrivals are real and carry it. The virtual members' last arrival is then taken as
+  normal around ``their max + mu`` with spread ``sd`` (``Hedge``, the order statistic of the
+  virtual members alone), and ``end = E[max(real arrivals, that)] + dur``.
+- send / recv: a rendezvous, as gloo and NCCL transfers of activations are: the transfer runs
+  from the later of the two posts for ``dur``; both nodes end together.
+
+Link contention between concurrent operations is not modelled, so every end time is a pure
+function of the dependencies: ranks are advanced until they block, in any order, and the
+result does not depend on that order.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+COMPUTE, COLLECTIVE, SEND, RECV = 0, 1, 2, 3
+
+
+@numba.njit(cache=True)
+def _complete(slot, t_end, slot_nodes_ptr, slot_nodes, end, waiting_node, runnable, n_runnable):
+    """Set the end of every node of a finished collective/transfer and wake ranks waiting on them."""
+    for j in range(slot_nodes_ptr[slot], slot_nodes_ptr[slot + 1]):
+        node = slot_nodes[j]
+        end[node] = t_end
+        r = waiting_node[node]
+        if r >= 0:
+            waiting_node[node] = -1
+            runnable[n_runnable] = r
+            n_runnable += 1
+    return n_runnable
+
+
+@numba.njit(cache=True)
+def _hedged_end(real_last, virtual_last, mu, sd):
+    """E[max(real_last, V)] for the virtual members' last arrival V ~ N(virtual_last + mu, sd²)."""
+    m = virtual_last + mu
+    if sd <= 0.0:
+        return max(real_last, m)
+    z = (m - real_last) / sd
+    cdf = 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
+    pdf = math.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+    return real_last + (m - real_last) * cdf + sd * pdf
+
+
+@numba.njit(cache=True)
+def _arrive(i, ready, external, dur, slot, slot_size, slot_nodes_ptr, slot_nodes, start, end, arrived, last_arrival, waiting_node, runnable, n_runnable, hedged, mu, sd, pure, real_last):  # fmt: skip
+    """Node ``i`` (a collective or transfer) arrives at ``ready``; completes its instance if last.
+
+    ``last_arrival`` of a hedged slot holds the virtual members' last arrival only."""
+    start[i] = ready
+    s = slot[i]
+    arrived[s] += 1
+    mixed = len(hedged) > 0 and hedged[s]
+    if mixed and external:
+        real_last[s] = max(real_last[s], ready)
+    else:
+        last_arrival[s] = max(last_arrival[s], ready)
+    if arrived[s] == slot_size[s]:
+        if not mixed:
+            t_end = last_arrival[s] + dur[i]
+        elif mu[s] < 0.0:  # every member is real
+            t_end = real_last[s] + pure[i]
+        else:
+            t_end = np.int64(round(_hedged_end(real_last[s], last_arrival[s], mu[s], sd[s]))) + pure[i]
+        n_runnable = _complete(s, t_end, slot_nodes_ptr, slot_nodes, end, waiting_node, runnable, n_runnable)
+    return n_runnable
+
+
+@numba.njit(cache=True, nogil=True)  # a replay advances it in a worker thread beside the program
+def advance(
+    rank_ptr, kind, dur, gap, is_async, slot, slot_size, slot_nodes_ptr, slot_nodes, deps_ptr, deps,
+    start, end, arrived, last_arrival, pc, clock, waiting_node, runnable, n_runnable, hedged, mu, sd, pure, real_last,
+):  # fmt: skip
+    """Advance every runnable, non-external rank until it blocks or finishes; returns the queue length.
+
+    External ranks are never queued: their nodes' times come from ``Engine.arrive_external``
+    and ``Engine.finish_external``, and the driver reads their completions from ``end``.
+    """
+    while n_runnable > 0:
+        n_runnable -= 1
+        r = runnable[n_runnable]
+        while pc[r] < rank_ptr[r + 1]:
+            i = pc[r]
+            if start[i] >= 0:  # resumed after blocking on this synchronous call
+                clock[r] = end[i]
+                pc[r] += 1
+                continue
+            ready = clock[r] + gap[i]
+            blocked = -1
+            for j in range(deps_ptr[i], deps_ptr[i + 1]):
+                d = deps[j]
+                if end[d] < 0:
+                    blocked = d
+                    break
+                ready = max(ready, end[d])
+            if blocked >= 0:
+                waiting_node[blocked] = r
+                break
+            if kind[i] == COMPUTE:
+                start[i] = ready
+                end[i] = ready + dur[i]
+                clock[r] = end[i]
+                pc[r] += 1
+                continue
+            n_runnable = _arrive(i, ready, False, dur, slot, slot_size, slot_nodes_ptr, slot_nodes, start, end, arrived, last_arrival, waiting_node, runnable, n_runnable, hedged, mu, sd, pure, real_last)  # fmt: skip
+            if is_async[i]:
+                clock[r] = ready
+                pc[r] += 1
+            elif end[i] >= 0:
+                clock[r] = end[i]
+                pc[r] += 1
+            else:
+                waiting_node[i] = r
+                break
+    return n_runnable
+
+
+@dataclass(frozen=True)
+class Hedge:
+    """Per slot: whether real ranks are members (``hedged``), and the virtual members' lateness
+    beyond their last mean arrival (mean ``mu``, spread ``sd``, ns; ``mu`` < 0: no virtual member)."""
+
+    hedged: np.ndarray
+    mu: np.ndarray
+    sd: np.ndarray
+
+    @classmethod
+    def none(cls) -> Hedge:
+        return cls(np.zeros(0, np.bool_), np.zeros(0, np.float64), np.zeros(0, np.float64))
+
+
+class Engine:
+    """The engine's state over one pass of a graph; ``external`` ranks are driven from outside.
+
+    Offline: ``Engine(...).advance()`` once. Co-simulation: alternate ``advance()`` with
+    ``arrive_external`` / ``finish_external`` for the real ranks; with the real ranks' times
+    equal to the graph's and no ``hedge``, the result is the offline one exactly.
+    """
+
+    def __init__(
+        self, g, start_clock: np.ndarray, external: np.ndarray | None = None, hedge: Hedge | None = None
+    ) -> None:
+        n, n_ranks = len(g.kind), g.ranks
+        self.g = g
+        self.hedge = hedge or Hedge.none()
+        self.real_last = np.zeros(len(self.hedge.hedged), np.int64)
+        self.busy = g.busy_ns  # duration, plus the expected arrival skew of collectives (cached)
+        self.start = np.full(n, -1, np.int64)
+        self.end = np.full(n, -1, np.int64)
+        self.arrived = np.zeros(len(g.slot_size), np.int64)
+        self.last_arrival = np.zeros(len(g.slot_size), np.int64)
+        self.pc = g.rank_ptr[:-1].copy()
+        self.clock = start_clock.astype(np.int64).copy()
+        self.waiting_node = np.full(n, -1, np.int64)
+        self.external = np.zeros(n_ranks, np.bool_) if external is None else external.astype(np.bool_)
+        internal = np.flatnonzero(~self.external)[::-1]
+        self.runnable = np.zeros(n_ranks, np.int64)  # a rank is queued at most once: while it can run
+        self.runnable[: len(internal)] = internal
+        self.n_runnable = len(internal)
+
+    def advance(self) -> None:
+        g = self.g
+        self.n_runnable = advance(
+            g.rank_ptr, g.kind, self.busy, g.gap, g.is_async, g.slot, g.slot_size, g.slot_nodes_ptr, g.slot_nodes,
+            g.deps_ptr, g.deps, self.start, self.end, self.arrived, self.last_arrival, self.pc, self.clock,
+            self.waiting_node, self.runnable, self.n_runnable, *self._hedging(),
+        )  # fmt: skip
+
+    def _hedging(self) -> tuple:
+        h = self.hedge
+        return h.hedged, h.mu, h.sd, self.g.dur, self.real_last
+
+    def done(self, rank: int) -> bool:
+        return bool(self.pc[rank] >= self.g.rank_ptr[rank + 1])
+
+    def next_node(self, rank: int) -> int:
+        """Global row of the node an external rank is at."""
+        return int(self.pc[rank])
+
+    def arrive_external(self, rank: int, t_ns: int) -> None:
+        """The external rank reached its current node at ``t_ns`` (starts it; arrives at a collective)."""
+        i = self.next_node(rank)
+        g = self.g
+        if g.kind[i] == COMPUTE:
+            self.start[i] = t_ns
+            return
+        self.n_runnable = _arrive(
+            i, t_ns, True, self.busy, g.slot, g.slot_size, g.slot_nodes_ptr, g.slot_nodes, self.start, self.end,
+            self.arrived, self.last_arrival, self.waiting_node, self.runnable, self.n_runnable, *self._hedging(),
+        )  # fmt: skip
+
+    def finish_external(self, rank: int, t_ns: int) -> None:
+        """The external rank's program moved past its current node at ``t_ns``."""
+        i = self.next_node(rank)
+        if self.g.kind[i] == COMPUTE:
+            self.end[i] = t_ns  # dependencies are same-rank: nobody else waits on it
+        self.clock[rank] = t_ns
+        self.pc[rank] += 1
+
+    def finish_external_run(self, rank: int, stop: int, start_ns: np.ndarray, end_ns: np.ndarray) -> None:
+        """The external rank ran its compute nodes up to ``stop`` with these times (one call for many)."""
+        i = self.next_node(rank)
+        self.start[i:stop] = start_ns
+        self.end[i:stop] = end_ns
+        self.clock[rank] = end_ns[-1]
+        self.pc[rank] = stop

@@ -1,0 +1,266 @@
+"""Simulate a graph: every node's start and end, every rank's steady iteration time and peak memory.
+
+The graph holds one iteration. Iteration k+1 of a rank starts when its iteration k ends, so
+the simulation runs ``iterations`` passes, each starting every rank at its previous end; the
+steady iteration time of a rank is the length of its last pass. The engine's semantics are in
+``prism.graph.sim.engine``.
+
+Peak memory of a rank = its static bytes (parameters, gradients, Adam moments and step
+counters, DP bucket buffers: ``prism.schemas.gpt_params``) + the highest running total of the
+bytes its nodes allocate and free, in program order (a node's allocations count before its
+frees).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from prism.graph.io.parquet import GraphReader
+from prism.graph.sim.engine import COLLECTIVE, COMPUTE, RECV, SEND, Engine
+from prism.graph.sim.fold import fold_replicas
+from prism.schemas import graph_format as gf
+from prism.schemas.gpt_params import stage_buckets, stage_parameter_numels
+from prism.schemas.workload import GPTConfig
+
+_KIND_CODES = {
+    gf.NodeKind.COMPUTE.value: COMPUTE,
+    gf.NodeKind.COLLECTIVE.value: COLLECTIVE,
+    gf.NodeKind.SEND.value: SEND,
+    gf.NodeKind.RECV.value: RECV,
+}
+_COLUMNS = [gf.RANK, gf.STAGE, gf.KIND, gf.DUR_NS, gf.GAP_NS, gf.SKEW_NS, gf.IS_ASYNC, gf.COLL_ID, gf.PEER]
+_COLUMNS += [gf.P2P_SEQ]
+_COLUMNS += [gf.DEPS, gf.ALLOC_BYTES, gf.FREE_BYTES]
+
+
+class SimulationError(RuntimeError):
+    """A graph whose ranks cannot all finish (a deadlock) or that is malformed."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimGraph:
+    """A graph as the engine's arrays (all ranks, rows in (rank, index) order)."""
+
+    config: GPTConfig
+    rank_ptr: np.ndarray
+    stage: np.ndarray
+    kind: np.ndarray
+    dur: np.ndarray
+    """Compute: measured; comm: the cost model's (what ``--cluster`` re-costs)."""
+    gap: np.ndarray
+    is_async: np.ndarray
+    slot: np.ndarray
+    slot_size: np.ndarray
+    slot_nodes_ptr: np.ndarray
+    slot_nodes: np.ndarray
+    deps_ptr: np.ndarray
+    deps: np.ndarray
+    alloc: np.ndarray
+    free: np.ndarray
+    skew: np.ndarray | None = None
+    """Expected arrival skew of collectives (``prism.graph.sim.noise``); None: none."""
+
+    @cached_property
+    def busy_ns(self) -> np.ndarray:
+        """What the engine charges each node: its duration, plus the skew a collective waits for.
+
+        Computed once per graph (every simulated iteration and co-simulation engine reuses it);
+        a what-if makes a new SimGraph, so changed durations give a new one."""
+        return self.dur if self.skew is None else self.dur + self.skew
+
+    @property
+    def ranks(self) -> int:
+        return len(self.rank_ptr) - 1
+
+    def node_rank(self) -> np.ndarray:
+        """The rank of every node (rows are grouped by rank)."""
+        return np.repeat(np.arange(self.ranks), np.diff(self.rank_ptr))
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimResult:
+    """What the simulation predicts."""
+
+    start_ns: np.ndarray
+    """Start of every node in the last simulated iteration (absolute, from time 0)."""
+    end_ns: np.ndarray
+    """End of every node in the last simulated iteration."""
+    rank_start_ns: np.ndarray
+    """When every rank started the last simulated iteration."""
+    iteration_ns: np.ndarray
+    """Steady iteration time of every rank."""
+    peak_bytes: np.ndarray
+    """Peak memory of every rank."""
+
+
+def kind_codes(column: pa.ChunkedArray) -> np.ndarray:
+    """The engine's node kinds (``COMPUTE``, ``COLLECTIVE``, ...) of a graph's kind column."""
+    return _codes(column, _KIND_CODES)
+
+
+def _codes(column: pa.ChunkedArray, mapping: dict[str, int]) -> np.ndarray:
+    column = column.combine_chunks()
+    lookup = np.array([mapping[v] for v in column.dictionary.to_pylist()], np.int8)
+    return lookup[column.indices.to_numpy()]
+
+
+def _slots(
+    kind: np.ndarray, coll_id: np.ndarray, rank: np.ndarray, peer: np.ndarray, seq: np.ndarray, world: int
+):
+    """Dense instance id of every collective and transfer node; members per instance."""
+    slot = np.full(len(kind), -1, np.int32)
+    coll = kind == COLLECTIVE
+    uniq, inverse, counts = np.unique(coll_id[coll], return_inverse=True, return_counts=True)
+    slot[coll] = inverse
+    sizes = [counts]
+    p2p = (kind == SEND) | (kind == RECV)
+    # A send (a -> b, n) and the recv at b from a with the same n are one transfer.
+    src = np.where(kind == SEND, rank, peer)[p2p].astype(np.int64)
+    dst = np.where(kind == SEND, peer, rank)[p2p].astype(np.int64)
+    key = (src * world + dst) * (int(seq.max()) + 1 if len(seq) else 1) + seq[p2p]
+    puniq, pinverse, pcounts = np.unique(key, return_inverse=True, return_counts=True)
+    slot[p2p] = len(uniq) + pinverse
+    sizes.append(pcounts)
+    slot_size = np.concatenate(sizes).astype(np.int64)
+    if (pcounts != 2).any():
+        raise SimulationError("a send or recv has no matching partner; validate the graph first")
+    return slot, slot_size
+
+
+class _Columns:
+    """The engine's per-node arrays, filled one row group at a time (bounded memory)."""
+
+    INT64 = (gf.DUR_NS, gf.GAP_NS, gf.SKEW_NS, gf.COLL_ID, gf.ALLOC_BYTES, gf.FREE_BYTES)
+    INT32 = (gf.RANK, gf.PEER, gf.P2P_SEQ)
+
+    def __init__(self, n: int, world: int) -> None:
+        self.arrays = {name: np.empty(n, np.int64) for name in self.INT64}
+        self.arrays |= {name: np.empty(n, np.int32) for name in self.INT32}
+        self.arrays[gf.STAGE] = np.empty(n, np.int16)
+        self.arrays[gf.KIND] = np.empty(n, np.int8)
+        self.arrays[gf.IS_ASYNC] = np.empty(n, np.bool_)
+        self.deps_count = np.zeros(n + 1, np.int64)
+        self.deps_chunks: list[np.ndarray] = []
+        self.first_row = np.full(world, np.iinfo(np.int64).max, np.int64)  # global row of each rank's index 0
+
+    def fill(self, table: pa.Table, offset: int) -> None:
+        rows = slice(offset, offset + table.num_rows)
+        for name, array in self.arrays.items():
+            if name == gf.KIND:
+                array[rows] = _codes(table[name], _KIND_CODES)
+            elif name == gf.IS_ASYNC:
+                array[rows] = table[name].to_numpy(zero_copy_only=False)
+            else:
+                array[rows] = table[name].to_numpy()
+        rank = self.arrays[gf.RANK][rows]
+        starts = np.flatnonzero(np.r_[True, rank[1:] != rank[:-1]])  # rows are sorted by rank
+        self.first_row[rank[starts]] = np.minimum(self.first_row[rank[starts]], offset + starts)
+        deps = table[gf.DEPS].combine_chunks()
+        counts = np.diff(deps.offsets.to_numpy())
+        self.deps_count[offset + 1 : offset + 1 + table.num_rows] = counts
+        if counts.any():  # same-rank indices -> global rows
+            owner = np.repeat(np.arange(table.num_rows), counts)
+            self.deps_chunks.append(deps.values.to_numpy().astype(np.int64) + self.first_row[rank[owner]])
+
+
+def load_sim_graph(path: str | Path) -> SimGraph:
+    """Read the columns the engine needs and index collectives, transfers and dependencies.
+
+    Row groups are read one at a time into preallocated arrays, so the peak is the engine's
+    arrays plus one row group, not the whole Arrow table beside them.
+    """
+    with GraphReader(path) as reader:
+        metadata = reader.metadata
+        config = GPTConfig.from_dict(metadata.model)
+        world = config.layout.world_size
+        columns = _Columns(reader.num_rows, world)
+        offset = 0
+        for table in reader.iter_rank_chunks(_COLUMNS):
+            columns.fill(table, offset)
+            offset += table.num_rows
+            del table
+    a = columns.arrays
+    rank = a.pop(gf.RANK)
+    rank_ptr = np.searchsorted(rank, np.arange(world + 1)).astype(np.int64)
+    kind = a.pop(gf.KIND)
+    slot, slot_size = _slots(kind, a.pop(gf.COLL_ID), rank, a.pop(gf.PEER), a.pop(gf.P2P_SEQ), world)
+    del rank
+    comm_rows = np.flatnonzero(slot >= 0)  # a few % of the rows: sort only those
+    slot_nodes = comm_rows[np.argsort(slot[comm_rows], kind="stable")].astype(np.int64)
+    slot_nodes_ptr = np.concatenate([[0], np.cumsum(slot_size)]).astype(np.int64)
+    deps_ptr = np.cumsum(columns.deps_count)
+    deps = np.concatenate(columns.deps_chunks) if columns.deps_chunks else np.zeros(0, np.int64)
+    return SimGraph(
+        config=config, rank_ptr=rank_ptr, stage=a[gf.STAGE], kind=kind, dur=a[gf.DUR_NS], gap=a[gf.GAP_NS],
+        skew=_skew_or_none(a[gf.SKEW_NS]), is_async=a[gf.IS_ASYNC], slot=slot, slot_size=slot_size,
+        slot_nodes_ptr=slot_nodes_ptr, slot_nodes=slot_nodes, deps_ptr=deps_ptr, deps=deps,
+        alloc=a[gf.ALLOC_BYTES], free=a[gf.FREE_BYTES],
+    )  # fmt: skip
+
+
+def _skew_or_none(skew: np.ndarray) -> np.ndarray | None:
+    return skew if skew.any() else None  # a quiet capture: no second duration array
+
+
+def static_bytes(config: GPTConfig, stage: int) -> int:
+    """Bytes a rank of ``stage`` holds across iterations: weights, grads, Adam state, DP buckets."""
+    numels = stage_parameter_numels(config, stage)
+    params = sum(numels) * config.itemsize
+    adam_steps = 4 * len(numels)  # one float32 step counter per parameter
+    buckets = sum(b.numel for b in stage_buckets(config, stage, config.itemsize)) * config.itemsize
+    return 4 * params + adam_steps + (buckets if config.dp > 1 else 0)
+
+
+def peak_bytes(graph: SimGraph) -> np.ndarray:
+    """Static bytes plus the highest running total of each rank's allocations, in program order."""
+    delta = graph.alloc - graph.free
+    running = np.cumsum(delta)
+    before = running - delta  # total before each node
+    rank_of = graph.node_rank()
+    base = np.concatenate([[0], running])[graph.rank_ptr[:-1]]  # running total at each rank's start
+    high = np.full(graph.ranks, 0, np.int64)
+    np.maximum.at(high, rank_of, before - base[rank_of] + graph.alloc)
+    stages = graph.stage[graph.rank_ptr[:-1]]
+    static = np.array([static_bytes(graph.config, s) for s in range(graph.config.pp)])[stages]
+    return static + high
+
+
+def simulate(graph: SimGraph, *, iterations: int = 2) -> SimResult:
+    """Run ``iterations`` back-to-back passes; the last one gives the steady state.
+
+    Identical dp replicas are simulated once (``prism.graph.sim.fold``: exact, every rank's times
+    are its representative's)."""
+    folding = fold_replicas(graph)
+    g = folding.graph
+    clock = np.zeros(g.ranks, np.int64)
+    previous = clock
+    for _ in range(iterations):
+        engine = Engine(g, clock)
+        engine.advance()
+        start, end, pc = engine.start, engine.end, engine.pc
+        stuck = np.flatnonzero(pc < g.rank_ptr[1:])
+        if len(stuck):
+            stuck = np.flatnonzero(np.isin(folding.rank_of, stuck))  # as ranks of the full graph
+            raise SimulationError(f"deadlock: {len(stuck)} rank(s) cannot finish, first rank {stuck[0]}")
+        previous, clock = clock, np.maximum.reduceat(end, g.rank_ptr[:-1])
+    return SimResult(
+        start_ns=folding.per_node(start),
+        end_ns=folding.per_node(end),
+        rank_start_ns=folding.per_rank(previous),
+        iteration_ns=folding.per_rank(clock - previous),
+        peak_bytes=folding.per_rank(peak_bytes(g)),  # folded replicas allocate alike too
+    )
+
+
+def graph_column(path: str | Path, column: str) -> np.ndarray:
+    """One more column of a graph as numpy (dictionary columns as their strings' codes)."""
+    with GraphReader(path) as reader:
+        values = reader.read_column(column).combine_chunks()
+    if pa.types.is_dictionary(values.type):
+        return np.asarray(values.dictionary.to_pylist(), dtype=object)[values.indices.to_numpy()]
+    return values.to_numpy()

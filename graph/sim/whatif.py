@@ -1,0 +1,164 @@
+"""What-ifs: change a built graph's timings before simulating it, without rebuilding.
+
+- a slow rank: its compute nodes take ``factor`` times as long (``123:+20%``);
+- a delay on a block: every instance of a block (phase, optionally layer) starts later by a
+  fixed time, on every rank or one (``bwd,layer=3:+1ms`` or ``fwd:+200us@123``);
+- another cluster: every collective and transfer is re-costed with another cluster spec.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from prism.graph.comm.model import CommModel
+from prism.graph.comm.placement import LayoutTables
+from prism.graph.sim.engine import COMPUTE, RECV, SEND
+from prism.graph.sim.noise import work_between
+from prism.graph.sim.simulate import SimGraph, graph_column
+from prism.schemas import graph_format as gf
+from prism.schemas.cluster import ClusterSpec
+
+_UNITS_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+
+
+class WhatIfError(ValueError):
+    """A what-if that cannot be read or applied."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlowRank:
+    """A rank whose compute is slower."""
+
+    rank: int
+    """Global rank."""
+    factor: float
+    """Multiplier of its compute durations (1.2 = 20% slower)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockDelay:
+    """Extra time before every instance of a block."""
+
+    phase: str
+    """Block phase, e.g. fwd, bwd, grad_sync, optim."""
+    layer: int | None
+    """Global layer, or None for every node of the phase."""
+    delay_ns: int
+    """Added before the block's first node."""
+    rank: int | None = None
+    """Only this rank, or None for all."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class WhatIf:
+    """Changes to simulate."""
+
+    slow_ranks: tuple[SlowRank, ...] = ()
+    delays: tuple[BlockDelay, ...] = ()
+    cluster: ClusterSpec | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "slow_ranks": [asdict(s) for s in self.slow_ranks],
+            "delays": [asdict(d) for d in self.delays],
+            "cluster": None if self.cluster is None else self.cluster.name,
+        }
+
+    @property
+    def empty(self) -> bool:
+        return not (self.slow_ranks or self.delays or self.cluster)
+
+
+def parse_duration(text: str) -> int:
+    match = re.fullmatch(r"\+?([0-9.]+)\s*(ns|us|µs|ms|s)", text.strip())
+    if not match:
+        raise WhatIfError(f"bad duration {text!r}: write e.g. +200us, 1ms, 0.5s")
+    return round(float(match[1]) * _UNITS_NS[match[2]])
+
+
+def parse_slow_rank(text: str) -> SlowRank:
+    """'123:+20%' or '123:x1.5'."""
+    match = re.fullmatch(r"(\d+):(?:\+([0-9.]+)%|x([0-9.]+))", text.strip())
+    if not match:
+        raise WhatIfError(f"bad slow rank {text!r}: write RANK:+20% or RANK:x1.5")
+    factor = 1 + float(match[2]) / 100 if match[2] else float(match[3])
+    return SlowRank(rank=int(match[1]), factor=factor)
+
+
+def parse_delay(text: str) -> BlockDelay:
+    """'bwd,layer=3:+1ms' or 'fwd:+200us@123'."""
+    match = re.fullmatch(r"(\w+)(?:,layer=(\d+))?:([^@]+)(?:@(\d+))?", text.strip())
+    if not match:
+        raise WhatIfError(f"bad delay {text!r}: write PHASE[,layer=L]:+DURATION[@RANK]")
+    layer = int(match[2]) if match[2] else None
+    rank = int(match[4]) if match[4] else None
+    return BlockDelay(phase=match[1], layer=layer, delay_ns=parse_duration(match[3]), rank=rank)
+
+
+def _slow(graph: SimGraph, slow: tuple[SlowRank, ...]) -> np.ndarray:
+    dur = graph.dur.copy()
+    for s in slow:
+        if not 0 <= s.rank < graph.ranks:
+            raise WhatIfError(f"slow rank {s.rank} is not in the graph (0..{graph.ranks - 1})")
+        lo, hi = graph.rank_ptr[s.rank], graph.rank_ptr[s.rank + 1]
+        compute = graph.kind[lo:hi] == COMPUTE
+        dur[lo:hi][compute] = np.round(dur[lo:hi][compute] * s.factor).astype(np.int64)
+    return dur
+
+
+def _delays(graph: SimGraph, path: Path, delays: tuple[BlockDelay, ...]) -> np.ndarray:
+    gap = graph.gap.copy()
+    phase, layer, mb = (graph_column(path, c) for c in (gf.PHASE, gf.LAYER, gf.MB))
+    rank = graph.node_rank()
+    for d in delays:
+        mask = phase == d.phase
+        if d.layer is not None:
+            mask &= layer == d.layer
+        if d.rank is not None:
+            mask &= rank == d.rank
+        if not mask.any():
+            raise WhatIfError(
+                f"no block matches the delay {d.phase}{'' if d.layer is None else f',layer={d.layer}'}"
+            )
+        # The first node of each instance: where the match begins or the microbatch changes.
+        first = mask & ~np.r_[False, mask[:-1] & (mb[1:] == mb[:-1]) & (rank[1:] == rank[:-1])]
+        gap[first] += d.delay_ns
+    return gap
+
+
+def _recost(graph: SimGraph, path: Path, spec: ClusterSpec) -> np.ndarray:
+    comm = graph.kind != COMPUTE
+    rank = graph.node_rank()[comm]
+    op = graph_column(path, gf.NAME)[comm].astype(str)
+    kind = graph_column(path, gf.GROUP_KIND)[comm].astype(str)
+    nbytes = graph_column(path, gf.BYTES)[comm]
+    size = graph_column(path, gf.GROUP_SIZE)[comm]
+    peer = graph_column(path, gf.PEER)[comm]
+    tables = LayoutTables.build(graph.config.layout, spec.gpus_per_node)
+    spanned = np.ones(len(rank), np.int32)
+    for axis, table in tables.nodes_spanned.items():
+        on = kind == axis
+        spanned[on] = table[rank[on]]
+    p2p = np.isin(graph.kind[comm], (SEND, RECV))
+    spanned[p2p] = 1 + (tables.node_of_rank[rank[p2p]] != tables.node_of_rank[peer[p2p]])
+    own = np.where(comm, 0, graph.dur)
+    idle = np.round(work_between(own + graph.gap, own, np.flatnonzero(comm), graph.rank_ptr)).astype(np.int64)
+    dur = graph.dur.copy()
+    dur[comm] = CommModel(spec).durations_ns(op, nbytes, size, spanned, idle_ns=idle)
+    return dur
+
+
+def apply_what_if(graph: SimGraph, path: str | Path, what_if: WhatIf) -> SimGraph:
+    """``graph`` with the changes of ``what_if`` (the original is not modified)."""
+    path = Path(path)
+    if what_if.cluster is not None:
+        graph = replace(graph, dur=_recost(graph, path, what_if.cluster))
+    if what_if.slow_ranks:
+        graph = replace(graph, dur=_slow(graph, what_if.slow_ranks))
+    if what_if.delays:
+        graph = replace(graph, gap=_delays(graph, path, what_if.delays))
+    return graph

@@ -1,0 +1,1 @@
+"""Read the captured traces: Kineto Chrome traces, Execution Traces, the allocator's memory events."""

@@ -1,0 +1,243 @@
+"""Read a Kineto Chrome trace into arrays and pick out the units of the training thread(s).
+
+Read directly with ``json`` rather than through HTA's loader, which cannot serve here: HTA
+0.5.0 drops ``[memory]`` events and ``args["Record function id"]`` (the ET join key), rounds
+times to whole µs, keeps only the first ProfilerStep (iteration) of a trace by default, names
+ops by symbol ids, and is slower: ``TraceAnalysis(trace_files={r: path})`` took 1.6-1.8 s per
+rank of the default capture where ``read_kineto`` takes 0.4-0.5 s (medians, 2-core dev VM).
+
+Times: Kineto writes ``ts``/``dur`` in µs as floats with ns decimals; the absolute wall time
+is ``baseTimeNanoseconds + ts * 1000``. Integer and fraction are split before scaling so that
+the ns stay exact whatever the magnitude of ``ts``.
+"""
+
+from __future__ import annotations
+
+import gc
+import gzip
+import json
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from prism.schemas.annotations import PREFIX, Mark, Phase, try_parse_mark
+
+
+class NormalizeError(ValueError):
+    """A capture file that cannot be turned into an op table; the message names the file."""
+
+
+CPU_OP = "cpu_op"
+USER_ANNOTATION = "user_annotation"
+MEMORY_EVENT = "[memory]"
+# Backward ops run through the autograd engine; on CUDA they run on a device thread of their own.
+AUTOGRAD_OP_PREFIX = "autograd::engine::evaluate_function"
+
+
+@dataclass(frozen=True)
+class KinetoTrace:
+    """The events of one trace that the op table needs."""
+
+    path: Path
+    """The trace file."""
+    spans: pd.DataFrame
+    """Complete events of cat cpu_op / user_annotation: name, cat, tid, start_ns, end_ns, rf_id."""
+    memory: pd.DataFrame
+    """``[memory]`` instants: tid, ts_ns, bytes, total, device_type, device_id (time order)."""
+
+
+def read_json_file(path: Path) -> dict:
+    """Parse a JSON file (gzipped when its name ends in .gz); one-line NormalizeError on failure."""
+    if not path.is_file():
+        raise NormalizeError(f"{path}: file is missing")
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        # The collector is pure overhead while building millions of small containers that all
+        # survive: turning it off makes json.loads of a 30 MiB ET 2-4x faster.
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            data = json.loads(raw)
+        finally:
+            if enabled:
+                gc.enable()
+    except (OSError, EOFError, zlib.error) as e:
+        raise NormalizeError(f"{path}: cannot read ({type(e).__name__}: {e})") from e
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise NormalizeError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise NormalizeError(f"{path}: expected a JSON object at the top level")
+    return data
+
+
+def _ns(ts: list[float], base: int) -> np.ndarray:
+    t = np.asarray(ts, dtype=np.float64)
+    whole = np.floor(t)
+    return base + whole.astype(np.int64) * 1000 + np.rint((t - whole) * 1000).astype(np.int64)
+
+
+def read_kineto(path: Path) -> KinetoTrace:
+    """The spans and memory events of a Kineto trace."""
+    data = read_json_file(path)
+    events = data.get("traceEvents")
+    if not isinstance(events, list):
+        raise NormalizeError(f"{path}: no traceEvents list: not a Kineto trace")
+    base = int(data.get("baseTimeNanoseconds", 0))
+    name, cat, tid, ts, dur, rf = [], [], [], [], [], []
+    mtid, mts, mbytes, mtotal, mtype, mid = [], [], [], [], [], []
+    try:
+        for e in events:
+            ph = e.get("ph")
+            if ph == "X":
+                c = e.get("cat")
+                if c == CPU_OP or c == USER_ANNOTATION:
+                    name.append(e["name"])
+                    cat.append(c)
+                    tid.append(int(e["tid"]))
+                    ts.append(e["ts"])
+                    dur.append(e.get("dur", 0.0))
+                    rf.append(e.get("args", {}).get("Record function id", -1))
+            elif ph == "i" and e.get("name") == MEMORY_EVENT:
+                a = e["args"]
+                mtid.append(int(e["tid"]))
+                mts.append(e["ts"])
+                mbytes.append(a["Bytes"])
+                mtotal.append(a["Total Allocated"])
+                mtype.append(a.get("Device Type", 0))
+                mid.append(a.get("Device Id", -1))
+    except (KeyError, TypeError, ValueError) as e:
+        raise NormalizeError(f"{path}: malformed trace event ({type(e).__name__}: {e})") from e
+    start = _ns(ts, base)
+    spans = pd.DataFrame(
+        {
+            "name": name,
+            "cat": cat,
+            "tid": np.asarray(tid, dtype=np.int64),
+            "start_ns": start,
+            "end_ns": start + np.rint(np.asarray(dur, dtype=np.float64) * 1000).astype(np.int64),
+            "rf_id": np.asarray(rf, dtype=np.int64),
+        }
+    )
+    memory = pd.DataFrame(
+        {
+            "tid": np.asarray(mtid, dtype=np.int64),
+            "ts_ns": _ns(mts, base),
+            "bytes": np.asarray(mbytes, dtype=np.int64),
+            "total": np.asarray(mtotal, dtype=np.int64),
+            "device_type": np.asarray(mtype, dtype=np.int64),
+            "device_id": np.asarray(mid, dtype=np.int64),
+        }
+    )
+    # Stable: events of one timestamp keep the allocator's order, so 'total' stays a running sum.
+    memory = memory.sort_values("ts_ns", kind="stable", ignore_index=True)
+    return KinetoTrace(path=path, spans=spans, memory=memory)
+
+
+@dataclass(frozen=True)
+class Marks:
+    """The prism marks of a trace, parsed."""
+
+    iterations: pd.DataFrame
+    """iteration, start_ns, end_ns, tid of every prism:iter mark, in time order."""
+    blocks: list[tuple[int, int, Mark]]
+    """(start_ns, end_ns, mark) of every other non-comm mark, in time order."""
+
+
+def find_marks(trace: KinetoTrace) -> Marks:
+    """Parse every ``prism:`` annotation; at least one iteration mark is required."""
+    spans = trace.spans
+    ann = spans[(spans["cat"] == USER_ANNOTATION) & spans["name"].str.startswith(PREFIX)]
+    parsed = [try_parse_mark(n) for n in ann["name"]]
+    rows, blocks = [], []
+    for m, s, e, t in zip(parsed, ann["start_ns"], ann["end_ns"], ann["tid"], strict=True):
+        if m is None or m.phase is Phase.COMM:
+            continue
+        if m.phase is Phase.ITERATION:
+            rows.append((m.iter, s, e, t))
+        else:
+            blocks.append((int(s), int(e), m))
+    if not rows:
+        raise NormalizeError(f"{trace.path}: no prism:iter marks: nothing to normalize")
+    its = pd.DataFrame(rows, columns=["iteration", "start_ns", "end_ns", "tid"]).sort_values("start_ns")
+    if its["iteration"].duplicated().any():
+        raise NormalizeError(f"{trace.path}: an iteration is marked twice")
+    if (its["start_ns"].to_numpy()[1:] < its["end_ns"].to_numpy()[:-1]).any():
+        raise NormalizeError(f"{trace.path}: prism:iter marks overlap")
+    blocks.sort(key=lambda b: (b[0], -b[1]))
+    return Marks(iterations=its.reset_index(drop=True), blocks=blocks)
+
+
+def window_index(times: np.ndarray, iterations: pd.DataFrame) -> np.ndarray:
+    """Row of ``iterations`` whose [start, end) holds each time, or -1."""
+    starts = iterations["start_ns"].to_numpy()
+    ends = iterations["end_ns"].to_numpy()
+    i = np.searchsorted(starts, times, side="right") - 1
+    inside = (i >= 0) & (times < ends[np.maximum(i, 0)])
+    return np.where(inside, i, -1)
+
+
+def training_spans(trace: KinetoTrace, iterations: pd.DataFrame) -> pd.DataFrame:
+    """cpu_ops and prism:comm marks of the training thread(s), lying wholly inside an iteration.
+
+    The training threads are the thread of the iteration marks plus any thread running autograd
+    ops inside the iterations (CUDA runs backward on a device thread; on CPU it is the caller's).
+    """
+    spans = trace.spans
+    main = set(iterations["tid"])
+    is_comm = (spans["cat"] == USER_ANNOTATION) & spans["name"].str.startswith(
+        PREFIX + Phase.COMM.value + "|"
+    )
+    keep = is_comm | (spans["cat"] == CPU_OP)
+    spans = spans[keep].assign(is_comm=is_comm[keep])
+    win = window_index(spans["start_ns"].to_numpy(), iterations)
+    ends = iterations["end_ns"].to_numpy()
+    inside = (win >= 0) & (spans["end_ns"].to_numpy() <= ends[np.maximum(win, 0)])
+    spans = spans[inside].assign(window=win[inside])
+    autograd = spans["name"].str.startswith(AUTOGRAD_OP_PREFIX)
+    threads = main | set(spans.loc[autograd, "tid"])
+    return spans[spans["tid"].isin(threads)]
+
+
+def select_units(spans: pd.DataFrame) -> pd.DataFrame:
+    """The units among ``spans`` (see ``training_spans``), in start order.
+
+    A unit is a comm mark, or a cpu_op that is inside no comm mark, contains none, and is
+    contained in no other such cpu_op. A cpu_op that *contains* a comm mark (the autograd
+    Function wrapping a tensor-parallel all-reduce, or its backward) is opened up: its children
+    become candidates, so that the call stands as a unit of its own.
+    """
+    parts = [_thread_units(g) for _, g in spans.groupby("tid", sort=False)]
+    if not parts:
+        return spans.iloc[:0]
+    return pd.concat(parts).sort_values(["start_ns", "end_ns"], kind="stable")
+
+
+def _thread_units(g: pd.DataFrame) -> pd.DataFrame:
+    comm = g[g["is_comm"]].sort_values(["start_ns", "end_ns"], ascending=[True, False])
+    cs, ce = comm["start_ns"].to_numpy(), comm["end_ns"].to_numpy()
+    # A comm mark inside another is part of that call (none are in the GPT workload).
+    comm = comm[~_contained(cs, ce)]
+    cs, ce = comm["start_ns"].to_numpy(), comm["end_ns"].to_numpy()
+    ops = g[~g["is_comm"]]
+    s, e = ops["start_ns"].to_numpy(), ops["end_ns"].to_numpy()
+    if len(cs):
+        j = np.maximum(np.searchsorted(cs, s, side="right") - 1, 0)
+        inside = (cs[j] <= s) & (e <= ce[j])
+        k = np.minimum(np.searchsorted(cs, s, side="left"), len(cs) - 1)
+        opened = (cs[k] >= s) & (ce[k] <= e) & ~inside
+        ops = ops[~inside & ~opened]
+    cand = pd.concat([ops, comm])
+    cand = cand.iloc[np.lexsort((-cand["end_ns"].to_numpy(), cand["start_ns"].to_numpy()))]
+    return cand[~_contained(cand["start_ns"].to_numpy(), cand["end_ns"].to_numpy())]
+
+
+def _contained(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """For spans sorted by (start, -end) on one thread: True where an earlier span holds it."""
+    if len(starts) == 0:
+        return np.zeros(0, dtype=bool)
+    reach = np.maximum.accumulate(ends)
+    before = np.concatenate(([np.iinfo(np.int64).min], reach[:-1]))
+    return starts < before

@@ -1,0 +1,124 @@
+"""Attribute the allocator's ``[memory]`` events of a trace to the units of the op table.
+
+Kineto writes one instant event per allocation or free, with ``Bytes`` (negative on free) and
+the allocator's running ``Total Allocated`` for that device. On CPU captures every one of them
+carries the main thread's tid (backward runs on the caller's thread there); on CUDA a device
+thread allocates during backward. Either way the units of a rank never overlap in time, so
+events are attributed *by time*, whatever their tid: an event inside a unit's [start, end]
+belongs to that unit, one between two units of an iteration to the gap before the next unit
+(``gap_alloc_bytes`` / ``gap_free_bytes``: Python frees tensors between ops), and one after
+the last unit of an iteration or outside every iteration to nothing. So, within an iteration,
+``alloc_total_at_start`` of unit i+1 equals that of unit i plus its alloc - free plus unit
+i+1's gap_alloc - gap_free.
+
+One device only: the accelerator when the trace has its events (Total Allocated is per
+device), else the CPU. On CPU the profiler only knows blocks allocated while it records, so
+totals count from the start of the profiled window: parameters and optimizer state made
+before it are not in them.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from prism.graph.traces.kineto import find_marks, read_kineto
+
+CPU_DEVICE_TYPE = 0
+
+
+@dataclass(frozen=True)
+class UnitMemory:
+    """Per-unit memory columns, aligned with the units passed in."""
+
+    alloc_bytes: np.ndarray
+    free_bytes: np.ndarray
+    gap_alloc_bytes: np.ndarray
+    gap_free_bytes: np.ndarray
+    total_at_start: np.ndarray
+    device: tuple[int, int]
+    """(Device Type, Device Id) of the events used; (0, -1) is the CPU."""
+
+
+def pick_device(memory: pd.DataFrame) -> tuple[int, int]:
+    """The accelerator with the most events, else the CPU."""
+    acc = memory[memory["device_type"] != CPU_DEVICE_TYPE]
+    if acc.empty:
+        return (CPU_DEVICE_TYPE, -1)
+    top = acc.groupby(["device_type", "device_id"]).size().idxmax()
+    return (int(top[0]), int(top[1]))
+
+
+def attribute_memory(
+    memory: pd.DataFrame, start: np.ndarray, end: np.ndarray, window_start: np.ndarray
+) -> UnitMemory:
+    """Memory columns of units given by ``start``/``end`` (sorted, non-overlapping).
+
+    ``window_start[i]`` is the start of unit i's iteration: gap events before it are dropped.
+    """
+    device = pick_device(memory)
+    mem = memory[(memory["device_type"] == device[0]) & (memory["device_id"] == device[1])]
+    t = mem["ts_ns"].to_numpy()
+    b = mem["bytes"].to_numpy()
+    n = len(start)
+    u = np.searchsorted(start, t, side="right") - 1
+    in_unit = (u >= 0) & (t <= end[np.maximum(u, 0)])
+    nxt = u + 1
+    in_gap = ~in_unit & (nxt < n) & (t >= window_start[np.minimum(nxt, n - 1)]) if n else in_unit
+    alloc, free = np.maximum(b, 0), np.maximum(-b, 0)
+    return UnitMemory(
+        alloc_bytes=_sum_by(u[in_unit], alloc[in_unit], n),
+        free_bytes=_sum_by(u[in_unit], free[in_unit], n),
+        gap_alloc_bytes=_sum_by(nxt[in_gap], alloc[in_gap], n),
+        gap_free_bytes=_sum_by(nxt[in_gap], free[in_gap], n),
+        total_at_start=total_before(mem, start),
+        device=device,
+    )
+
+
+def _sum_by(index: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    # np.add.at rather than bincount: bincount sums in float64.
+    out = np.zeros(n, dtype=np.int64)
+    np.add.at(out, index, values)
+    return out
+
+
+def total_before(mem: pd.DataFrame, times: np.ndarray) -> np.ndarray:
+    """Total Allocated just before each time (events at that very time not yet applied)."""
+    t = mem["ts_ns"].to_numpy()
+    total = mem["total"].to_numpy()
+    if len(t) == 0:
+        return np.zeros(len(times), dtype=np.int64)
+    # Before the first event the total is that event's total minus its own bytes.
+    running = np.concatenate(([total[0] - mem["bytes"].to_numpy()[0]], total))
+    return running[np.searchsorted(t, times, side="left")].astype(np.int64)
+
+
+@dataclass(frozen=True, kw_only=True)
+class IterationMemory:
+    """A rank's allocator totals over the profiled iterations of its trace."""
+
+    peak_delta_bytes: int
+    """Median over iterations of the highest Total Allocated minus its value at the start."""
+    drift_bytes: int
+    """Median growth of Total Allocated from one iteration start to the next (0 in a steady state)."""
+
+
+def iteration_memory(kineto_path: Path) -> IterationMemory:
+    """Peak and drift of a trace's ``[memory]`` events, iteration by iteration (``prism:iter`` marks)."""
+    trace = read_kineto(kineto_path)
+    its = find_marks(trace).iterations
+    device = pick_device(trace.memory)
+    mem = trace.memory[(trace.memory["device_type"] == device[0]) & (trace.memory["device_id"] == device[1])]
+    ts, total = mem["ts_ns"].to_numpy(), mem["total"].to_numpy()
+    base = total_before(mem, its["start_ns"].to_numpy())
+    deltas = []
+    for start, end, before in zip(its["start_ns"], its["end_ns"], base, strict=True):
+        inside = total[(ts >= start) & (ts < end)]
+        deltas.append(max(int(inside.max()) - int(before), 0) if len(inside) else 0)
+    drift = np.diff(base) if len(base) > 1 else np.zeros(1)
+    return IterationMemory(peak_delta_bytes=int(statistics.median(deltas)), drift_bytes=int(np.median(drift)))

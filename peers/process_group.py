@@ -1,0 +1,295 @@
+"""ProcessGroupPrism: a torch.distributed process group whose peers may be virtual.
+
+One process is one real rank of a world of N. For each group it joins, the group is
+
+- *virtual* when no other member is a real process: every call completes on its own, with
+  shape-correct stand-in data, at the time the active clock names;
+- *delegated* when every member is real: calls run on a real gloo (CPU) or NCCL (CUDA) backend
+  over the same members, so a fully real run goes through prism with real data;
+- *mixed* otherwise (virtual members and several real ones, as when prism-replay runs several
+  ranks): a collective is served as on a virtual group (shape-correct stand-in data, completed
+  at the clock's time); a send or recv between two real members runs on a real gloo backend of
+  just those two (made when the group is, as both must make it), so real data flows between
+  real ranks, and the clock is told of it.
+
+Every call is logged (``prism.peers.recorder``) and runs inside a ``prism:comm`` mark so that it
+shows in Kineto traces: a Python process group bypasses the c10d dispatcher, so no ``c10d::*`` op
+would appear otherwise. The entry points are in ``prism.peers.collectives`` and ``.p2p``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from functools import partial
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+
+from prism.peers.clock import CommClock, PendingCall
+from prism.peers.collectives import CollectivesMixin
+from prism.peers.delegate import CallerReleasesWork, combine, make_backend, track_completion
+from prism.peers.p2p import PointToPointMixin
+from prism.peers.recorder import CallRecord, CommOp, CommRecorder, describe_payload
+from prism.peers.virtual_work import VirtualCompletion, VirtualWork, arm_timeout
+from prism.schemas.annotations import Mark, Phase, format_mark
+from prism.schemas.comm_log import CallSite, CommGroup
+
+BACKEND_NAME = "prism"
+_CPU = torch.device("cpu")
+
+
+class GroupMode(enum.StrEnum):
+    """How a group serves its calls."""
+
+    VIRTUAL = "virtual"
+    DELEGATED = "delegated"
+    MIXED = "mixed"
+
+
+def mode_of(group: CommGroup) -> GroupMode:
+    if group.delegated:
+        return GroupMode.DELEGATED
+    return GroupMode.MIXED if len(group.real_ranks) > 1 else GroupMode.VIRTUAL
+
+
+class OpaqueBackend:
+    """What torch's helpers see through ``_get_backend``: nothing to split, coalesce or connect.
+
+    torch would otherwise split new NCCL groups from the default group's communicator (a
+    collective over ranks that prism never runs), or fail to find a backend at all.
+    """
+
+    supports_splitting = False
+    supports_coalescing = False
+    supports_time_estimate = False
+
+
+_OPAQUE = OpaqueBackend()
+
+
+class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
+    """A process group over ``group.ranks`` as seen by the real rank of group rank ``rank``."""
+
+    def __init__(
+        self,
+        *,
+        store: dist.Store,
+        rank: int,
+        group: CommGroup,
+        clock: CommClock,
+        recorder: CommRecorder,
+        timeout: timedelta,
+    ) -> None:
+        super().__init__(rank, len(group.ranks))
+        self._rank, self._size = rank, len(group.ranks)  # plain attributes: cheaper than the C++ calls
+        self._store = store
+        self._group = group
+        self._name = group.name
+        self._desc = "undefined"
+        self._clock = clock
+        self._recorder = recorder
+        self._timeout = timeout
+        self._mode = mode_of(group)
+        self._all_real = self._mode is GroupMode.DELEGATED
+        self._gseq = itertools.count()
+        self._delegates: dict[str, dist.Backend] = {}
+        self._coalesced: list[dist.Work] | None = None  # Works issued inside _start/_end_coalescing
+        self._pairs: dict[int, dist.Backend] = {}  # mixed groups: real peer -> 2-member gloo backend
+        if self._mode is GroupMode.DELEGATED:
+            self._delegate(_CPU)  # gloo connects now, as new_group with the gloo backend would
+        elif self._mode is GroupMode.MIXED:
+            self._connect_pairs()
+
+    # -- identity ----------------------------------------------------------------------------
+    @property
+    def group_name(self) -> str:
+        return self._name
+
+    @property
+    def group_desc(self) -> str:
+        return self._desc
+
+    def _set_group_name(self, name: str) -> None:
+        self._name = name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._desc = desc
+
+    def getBackendName(self) -> str:  # noqa: N802 (C++ virtual of ProcessGroup)
+        return BACKEND_NAME
+
+    def name(self) -> str:
+        return BACKEND_NAME
+
+    def _get_backend(self, device: torch.device | str) -> OpaqueBackend:
+        return _OPAQUE
+
+    @property
+    def label(self) -> str:
+        """Layout label of the group, e.g. 'tp.3'."""
+        return self._group.label
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """Global ranks of the members in group-rank order."""
+        return self._group.ranks
+
+    @property
+    def mode(self) -> GroupMode:
+        return self._mode
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupPrism({self._group.label}, rank {self._rank}/{self._size}, {self._mode})"
+
+    def shutdown(self) -> None:
+        for backend in (*self._delegates.values(), *self._pairs.values()):
+            backend.shutdown()
+        self._delegates.clear()
+        self._pairs.clear()
+
+    def abort(self) -> None:
+        for backend in (*self._delegates.values(), *self._pairs.values()):
+            backend.abort()
+
+    # -- the one path every call takes ---------------------------------------------------------
+    def _issue(
+        self,
+        op: CommOp,
+        payload: Sequence[torch.Tensor],
+        virtual: Callable[[], object],
+        real: Callable[[dist.Backend], dist.Work],
+        *,
+        async_op: bool,
+        peer: int | None = None,
+        tag: int | None = None,
+        reduce_op: str | None = None,
+        device: torch.device | None = None,
+    ) -> dist.Work:
+        """Log the call, mark it, and serve it virtually or on the real backend."""
+        pair = self._pairs.get(peer) if op in (CommOp.SEND, CommOp.RECV) and peer is not None else None
+        on_real = self._all_real or pair is not None
+        nbytes, dtype, shape = describe_payload(payload)
+        gseq = next(self._gseq)
+        record = self._recorder.begin(
+            op=op.value,
+            group=self._name,
+            label=self._group.label,
+            group_size=self._size,
+            gseq=gseq,
+            bytes=nbytes,
+            dtype=dtype,
+            shape=shape,
+            peer=peer,
+            tag=tag,
+            reduce_op=reduce_op,
+            async_op=async_op,
+            delegated=on_real,
+        )
+        mark = format_mark(
+            Mark(phase=Phase.COMM, op=op.value, group=self._group.label, gseq=gseq, bytes=nbytes)
+        )
+        with torch.profiler.record_function(mark):
+            if not on_real:
+                work = self._virtual_work(record, virtual())
+            else:
+                target = device or (payload[0].device if payload else _CPU)
+                if pair is None:
+                    issue = partial(real, self._delegate(target))
+                else:  # the peer's rank in the pair backend: 0 for the lower global rank
+                    issue = partial(real, pair, to=int(self._global(self._rank) < peer))
+                finished = self._clock.real_call(_pending(record))
+                on_done = record.finish if finished is None else partial(_finish_and_tell, record, finished)
+                if target.type == "cpu":  # gloo: the program's thread makes the last free
+                    work = CallerReleasesWork.issue(list(payload), issue, on_done)
+                else:
+                    work = track_completion(issue(), on_done)
+        record.exit_ns = time.time_ns()
+        self._recorder.commit(record)
+        if self._coalesced is not None and work is not None:
+            self._coalesced.append(work)
+        return work
+
+    def _virtual_work(self, record: CallRecord, result: object) -> dist.Work:
+        future = torch.futures.Future()
+        pending = _pending(record)
+        completion = VirtualCompletion(record, future, result)
+        began = time.time_ns()
+        self._clock.submit(pending, completion.at)
+        if self._clock.holds:
+            record.clock_ns = time.time_ns() - began
+        if not completion.settled:  # no wait may hang: fail the call if no time is named in time
+            arm_timeout(completion, pending, self._timeout)
+        return VirtualWork(future, completion)
+
+    def _delegate(self, device: torch.device) -> dist.Backend:
+        backend = self._delegates.get(device.type)
+        if backend is None:
+            # NCCL is made on first use: its communicator is lazy anyway, and a CPU-only program
+            # never needs one.
+            backend = self._delegates[device.type] = make_backend(
+                device.type,
+                store=self._store,
+                rank=self._rank,
+                size=self._size,
+                global_ranks=self._group.ranks,
+                group_name=self._name,
+                timeout=self._timeout,
+            )
+        return backend
+
+    def _connect_pairs(self) -> None:
+        """A gloo backend with every other real member, for real transfers between the two."""
+        me = self._global(self._rank)
+        for peer in sorted(self._group.real_ranks):
+            if peer == me:
+                continue
+            lo, hi = sorted((me, peer))
+            self._pairs[peer] = make_backend(
+                "cpu",
+                store=dist.PrefixStore(f"pair/{lo}-{hi}/", self._store),
+                rank=int(me == hi),
+                size=2,
+                global_ranks=(lo, hi),
+                group_name=f"{self._name}:{lo}-{hi}",
+                timeout=self._timeout,
+            )
+
+    def _global(self, group_rank: int) -> int:
+        return self._group.ranks[group_rank]
+
+    # -- coalescing (torch's _coalescing_manager with a device) ---------------------------------
+    def _start_coalescing(self, device: torch.device) -> None:
+        if self._native_coalescing(device):
+            self._delegate(device)._start_coalescing(device)
+        else:
+            self._coalesced = []
+
+    def _end_coalescing(self, device: torch.device) -> dist.Work:
+        if self._native_coalescing(device):
+            return self._delegate(device)._end_coalescing(device)
+        works, self._coalesced = self._coalesced or [], None
+        if works:
+            return combine(works)
+        done = torch.futures.Future()
+        done.set_result([])
+        return _create_work_from_future(done)
+
+    def _native_coalescing(self, device: torch.device) -> bool:
+        # NCCL groups the calls itself; its Works must not be merged through CPU futures, which
+        # complete at enqueue time and would drop the stream ordering.
+        return self._mode is GroupMode.DELEGATED and torch.device(device).type == "cuda"
+
+
+def _pending(record: CallRecord) -> PendingCall:
+    return PendingCall(**{f.name: getattr(record, f.name) for f in dataclasses.fields(CallSite)})
+
+
+def _finish_and_tell(record: CallRecord, finished: Callable[[int], None]) -> None:
+    record.finish()
+    finished(record.done_ns)

@@ -1,0 +1,72 @@
+"""What a collective leaves in its buffers when every peer is virtual.
+
+Data that this rank sent to itself is real; data that would come from a virtual peer is either a
+copy of this rank's own contribution (all-gather: peers of one role hold alike data) or stand-in
+values (receives, broadcasts from another root, foreign all-to-all chunks).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from prism.peers.standin import fill_standin
+
+__all__ = ["all_to_all_into", "fill_standin", "own_chunk_into", "own_slot_else_standin", "replicate_into"]
+
+
+def replicate_into(output: torch.Tensor, input: torch.Tensor, group_size: int) -> None:
+    """All-gather into one tensor: every member's slot gets a copy of ``input`` (one copy kernel)."""
+    _check_numel(output, input.numel() * group_size, "all_gather output")
+    output.view(group_size, -1).copy_(input.reshape(1, -1))
+
+
+def own_chunk_into(output: torch.Tensor, input: torch.Tensor, rank: int, group_size: int) -> None:
+    """Reduce-scatter from one tensor: ``output`` gets this rank's own chunk of ``input``."""
+    _check_numel(input, output.numel() * group_size, "reduce_scatter input")
+    output.copy_(input.reshape(group_size, -1)[rank].view(output.shape))
+
+
+def own_slot_else_standin(outputs: list[torch.Tensor], own: torch.Tensor, rank: int) -> None:
+    """List form of all-to-all / gather: slot ``rank`` gets ``own``, every other slot stand-ins."""
+    for slot, out in enumerate(outputs):
+        if slot == rank:
+            out.copy_(own)
+        else:
+            fill_standin(out)
+
+
+def all_to_all_into(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    output_splits: list[int],
+    input_splits: list[int],
+    rank: int,
+    group_size: int,
+) -> None:
+    """all_to_all_single: stand-ins from the virtual peers, this rank's own chunk sent to itself."""
+    out_start, out_len = _split(output, output_splits, rank, group_size)
+    in_start, in_len = _split(input, input_splits, rank, group_size)
+    if out_len != in_len:
+        raise ValueError(f"all_to_all: rank {rank} sends itself {in_len} rows but expects {out_len}")
+    fill_standin(output)
+    if out_len:
+        output.narrow(0, out_start, out_len).copy_(input.narrow(0, in_start, in_len))
+
+
+def _split(tensor: torch.Tensor, splits: list[int], rank: int, group_size: int) -> tuple[int, int]:
+    """(first row, rows) of ``rank``'s chunk along dim 0; no splits means equal chunks."""
+    if splits:
+        if len(splits) != group_size:
+            raise ValueError(f"all_to_all: {len(splits)} split sizes for a group of {group_size}")
+        return sum(splits[:rank]), splits[rank]
+    if tensor.shape[0] % group_size:
+        raise ValueError(
+            f"all_to_all: dim 0 ({tensor.shape[0]}) is not divisible by the group size {group_size}"
+        )
+    rows = tensor.shape[0] // group_size
+    return rank * rows, rows
+
+
+def _check_numel(tensor: torch.Tensor, expected: int, what: str) -> None:
+    if tensor.numel() != expected:
+        raise ValueError(f"{what} has {tensor.numel()} elements, expected {expected}")

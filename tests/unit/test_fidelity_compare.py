@@ -1,0 +1,39 @@
+"""How the fidelity benchmark pairs real runs with predictions: medians, standard errors, paired errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from prism.fidelity.compare import _median_sem_pct, paired_records
+from prism.fidelity.measure import RankRun, bracketed
+
+
+def test_real_median_standard_error() -> None:
+    assert _median_sem_pct([120.0]) is None
+    assert _median_sem_pct([100.0, 100.0, 100.0]) == 0.0
+    # sd 14.14 of two values around 100: 1.2533 · 14.14 / √2 = 12.5 % of the median.
+    assert _median_sem_pct([90.0, 110.0]) == pytest.approx(12.53, abs=0.01)
+
+
+def test_paired_errors_compare_each_repeat_with_the_real_runs_beside_it() -> None:
+    def run(ms: float, bracket: tuple[float, float] | None = None) -> dict[int, RankRun]:
+        return {0: RankRun(iter_ns=ms * 1e6, peak_bytes=1, parts_ms={}, dynamic_bytes=0, bracket_ns=bracket)}
+
+    # The machine drifts 100 -> 200 -> 300 ms between repeats; each replay is +10, -10, +10 %
+    # of the real runs beside it. The medians' error (180 vs 200) says -10 %, the paired one +10 %.
+    real = [
+        bracketed(run(90), run(110)),
+        bracketed(run(210), run(190)),
+        bracketed(run(300), run(300)),
+    ]
+    assert [r[0].iter_ns / 1e6 for r in real] == [100, 200, 300]
+    assert real[0][0].bracket_ns == (90e6, 110e6)
+    (record,) = paired_records("c", real, [run(110), run(180), run(330)], "replay")
+    assert record["iter_err_pct"] == pytest.approx(-10.0)
+    assert record["paired_err_pct"] == pytest.approx(10.0)
+    assert record["paired_se_pct"] == pytest.approx(1.2533 * 11.547 / 3**0.5, abs=0.01)
+    # How far the real side moved across the replay: |+22.2 %|, |-9.5 %|, 0 -> median 9.52 %.
+    assert record["real_bracket_drift_pct"] == pytest.approx(9.52, abs=0.01)
+    # Without brackets there is no drift to report.
+    (plain,) = paired_records("c", [run(100)], [run(110)], "replay")
+    assert plain["real_bracket_drift_pct"] is None and plain["paired_se_pct"] is None
