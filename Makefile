@@ -6,7 +6,7 @@ OUT    ?= capture-out
 GRAPH  ?= graph.parquet
 REPLAY ?= replay-out
 
-.PHONY: install demo test test-fast lint clean
+.PHONY: install demo test test-fast lint results clean
 
 install: $(VENV)/.installed
 
@@ -28,6 +28,21 @@ test: install   ## the whole suite, as CI runs it
 
 test-fast: install   ## unit tests only
 	$(BIN)/python -m pytest -q tests/unit
+
+# Every figure the README and docs quote, measured again into benchmarks/results/ (about 70 min on
+# a 2-core CPU). Run it on a quiet machine: the benchmarks time real work.
+RECORD = $(BIN)/python benchmarks/record.py
+results: install
+	$(RECORD) demo -- $(MAKE) --no-print-directory demo
+	$(RECORD) replay_overhead -- $(BIN)/python benchmarks/replay_overhead.py $(GRAPH) --rank 123 --repeats 3
+	$(RECORD) cosim_cost -- $(BIN)/python benchmarks/cosim_cost.py $(GRAPH) --rank 123
+	$(RECORD) simulate_speed -- $(BIN)/python benchmarks/simulate_speed.py --dp 8 64 --repeats 3
+	$(RECORD) build_graph -- $(BIN)/python benchmarks/build_graph.py --dp 64 --repeats 3
+	$(RECORD) graph_io -- $(BIN)/python benchmarks/graph_io.py
+	$(RECORD) capture_cost -- $(BIN)/python benchmarks/capture_cost.py --repeats 3
+	$(RECORD) fidelity -- $(BIN)/python benchmarks/fidelity.py --repeats 5 --warmup 16 --paced --recalibrate \
+	    --calibrate-into benchmarks/results/fidelity-spec.toml --calibrate-reps 100 --calibrate-cold-gaps-ms 0.5,1,2,4 \
+	    --json benchmarks/results/fidelity.json --work-dir $$(mktemp -d)/fidelity
 
 lint: install
 	$(BIN)/ruff check .
