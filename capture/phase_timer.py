@@ -2,8 +2,8 @@
 per-phase profiler correction (``prism.graph.build.profiler_overhead``).
 
 Kineto sees only the profiled iterations. The profiler's cost is closer to a constant per op
-than to a share of each op's time, so it weighs on phases of many tiny ops (Adam's step, ~1,400
-ops an iteration: 30-42 ms profiled, 4.7 ms not) far more than on a few big matmuls, and one
+than to a share of each op's time, so it weighs on phases of many tiny ops (Adam's step, thousands of
+ops an iteration) far more than on a few big matmuls, and one
 unprofiled/profiled factor per role leaves the first several times too long and the second
 short. Every ``annotate.mark`` opens through this timer, so each top-level block (forward and
 backward of a microbatch, a posted transfer, a p2p wait, the gradient sync, the optimizer step)

@@ -22,7 +22,7 @@ For one case (a GPTConfig whose whole world fits this machine), each repeat:
     and the real median's own standard error (``real_sem_pct``): on a shared machine the real
     runs move between repeats, and an error below that noise is not resolved by the run.
 
-The profiled iterations (1.4-2.6x as long as unprofiled ones on CPU: shapes, memory events and
+The profiled iterations (several times as long as unprofiled ones on CPU: shapes, memory events and
 an Execution Trace are recorded for every op) serve for memory and for the explanations; the
 time compared is the one the job takes without a profiler, which is what a user runs.
 """

@@ -1,7 +1,7 @@
 """Load-matched slice captures: the rest of the small world keeps the machine as busy as it was.
 
 On the test machine every rank of a case's real run shares the CPU with the others, while a
-slice capture runs one role's rank alone. The real ranks therefore compute 5-35 % more slowly
+slice capture runs one role's rank alone. The real ranks therefore compute more slowly
 than the slice (docs/fidelity.md): a difference of the test bed, not of prism, since on the
 target every rank has its own device. To compare like with like, ``MatchedLoad`` is a capture
 hook that, while a batch of the slice runs, starts every *other* rank of the world as a lone

@@ -10,8 +10,8 @@ call's tensors *before* it hands them to the future, so that the program's threa
 the Work, drops the last reference: the profiler records allocator frees on the thread that
 makes them, and frees on a helper thread would be missing from the trace (a rank would seem to
 hold memory it had freed). A helper thread completing a call the program waits on would hold
-the tensors in its frame while the woken program drops its own references: with several real
-ranks at 8192, 5 frees of 64 KiB per iteration went missing that way (peak +1 %).
+the tensors in its frame while the woken program drops its own references, and those frees
+would go missing too.
 """
 
 from __future__ import annotations

@@ -2,8 +2,7 @@
 
 A free-running capture completes every virtual call at once, so its slice runs its compute back
 to back. In the full job a rank computes after waiting on its peers, and the same compute then
-runs longer: on the fidelity machine's CPUs 1.03-1.29x after a 0.3-5 ms pause and 1.15-1.23x
-after a real gloo all-reduce (``benchmarks/compute_after_wait.py``), so a graph built from a
+runs longer than back to back on the CPUs measured so far, so a graph built from a
 free-running slice predicts short. A paced capture runs each role's rank as a replay of a graph
 built from a first capture (``prism.replay.runtime``, one rank at a time, each alone), so the
 templates it gives are of compute as it runs between the full job's waits.

@@ -13,8 +13,8 @@ its children are the units, so every call stands alone; the wrapper's own time g
 
 Enclosing marks are those that hold each unit's *last ns* (``max(start, end - 1)``). Backward
 marks come from gradient hooks, which run as pre-hooks of the first autograd node of the
-block that begins: the hook closes the previous block's range and opens the next one 10-30 µs
-into that node's ``evaluate_function`` op. So the op that straddles a boundary is the first
+block that begins: the hook closes the previous block's range and opens the next one a little
+way into that node's ``evaluate_function`` op. So the op that straddles a boundary is the first
 op of the block whose mark holds its end. Forward marks nest properly, where any point of
 the unit gives the same answer.
 

@@ -1,7 +1,7 @@
 """Take the profiler's own cost out of the templates: predict the iteration the job runs unprofiled.
 
 Templates are measured in profiled iterations, and on CPU the profiler (shapes, memory events,
-Execution Trace, one callback per op) makes an iteration 1.4-3.5x as long as without it. The
+Execution Trace, one callback per op) makes an iteration several times as long as without it. The
 capture also times the unprofiled warm-up iterations of the same rank, so each captured rank
 gives its own ratio ``unprofiled / profiled`` of its steady own time, and the build multiplies
 the rank's compute durations and gaps by it (communication durations come from the comm model
@@ -9,12 +9,12 @@ and are left alone).
 
 The profiler's cost is closer to a constant per op than to a share of each op's time, so one
 factor per role leaves a phase of many tiny ops too long and one of a few big ops too short:
-Adam's step (~1,400 ops an iteration) kept 2-3x its real time under the role's factor, and in a
-replay the real rank then waited for its virtual peers' long step every iteration. Captures
+Adam's step (thousands of tiny ops an iteration) keeps several times its real time under the
+role's factor, and in a replay the real rank then waits for its virtual peers' long step. Captures
 record each top-level block's own time in every iteration (``RankResult.phase_ns``,
 ``prism.capture.phase_timer``), so on CPU every unit is scaled by its own *phase's* ratio —
 forward, backward, each kind of transfer, p2p wait, gradient sync, optimizer step, and the glue
-between blocks — and only a phase too short to measure (or an older capture) falls back to the
+between blocks — and only a phase too short to measure (or a capture without phase times) falls back to the
 role's factor. On CUDA the phase spans are host time while the device runs ahead of it, so the
 role's factor (whole iterations, synchronised) stays.
 

@@ -8,8 +8,7 @@ outside every block (Python glue between steps) belong to the next segment.
 Instances of one kind (every microbatch of every profiled iteration) must run the same op
 sequence; the most common sequence is kept. Each unit's duration and gap are the *mean* over
 the instances that ran it: op durations are skewed to the right, and a sum of per-unit medians
-falls short of the time the iterations really took (by 1-11 % of a role's compute in the
-fidelity cases), while a sum of means reproduces it. Memory is kept per *ordinal*, the
+falls short of the time the iterations really took, while a sum of means reproduces it. Memory is kept per *ordinal*, the
 instance's position among its kind in the iteration (median over iterations): the first
 forwards of a pipeline stage allocate receive buffers that later ones reuse and the last
 backwards free them, so one steady value per unit would miss a stage's peak.

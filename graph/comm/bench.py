@@ -209,8 +209,8 @@ def _busy(seconds: float) -> None:
 def _make_call(op: str, p: int, numel: int, rank: int, group):
     """A no-argument callable running ``op`` once with ``numel`` float32 elements per rank, as
     prism's runtime makes it: the Work is waited on through ``CallerReleasesWork``, whose wait
-    lasts until gloo's worker thread has let go of the tensors (0.1-0.2 ms per call on a busy
-    2-core VM), a cost every delegated call of a capture or a fully real run pays."""
+    lasts until gloo's worker thread has let go of the tensors, a cost every delegated call of a
+    capture or a fully real run pays."""
     import torch
     import torch.distributed as dist
 

@@ -13,7 +13,7 @@ With ``measured_table`` (``prism-calibrate --table``) the microbenchmark's point
 written as they are into the spec's ``measured`` table: calls within one node are then priced
 by interpolating them, the line serving only to extend them (past the largest size) and for
 groups across nodes. Calibrated at the job's own sizes (``--sizes``), that prices its calls as
-measured, where no line fits (512 B gloo all-reduces cost more than 64 KiB ones here).
+measured, where no line fits (a tiny gloo all-reduce can cost more than a larger one).
 
 Samples come from a microbenchmark (``run_benchmark``) and optionally from the comm logs of a
 ``--real all`` capture (``samples_from_comm_logs``), whose delegated calls ran on real gloo groups:

@@ -97,8 +97,7 @@ def capture_logs(capture_dir: Path, clean_only: bool = True) -> list[LoggedCalls
     """Every rank's comm log of a capture (``comm/rank*.comm.json``), each with the mask of its
     calls in the clean unprofiled iterations when ``clean_only`` and the capture's manifest says
     which (else None: every call). The first iteration is cold, and under the profiler a call
-    takes longer (tp all-reduces of one fidelity run: 1.46 ms mean after the last arrival in
-    clean iterations, 1.79 ms in profiled ones)."""
+    takes longer."""
     capture_dir = Path(capture_dir)
     manifest = capture_dir / MANIFEST_FILE
     job = read_manifest(capture_dir).job if clean_only and manifest.exists() else None

@@ -12,14 +12,14 @@ previous collective of the same group and this one (compute durations and gaps o
 program; the program repeats, so the first collective of an iteration looks back to the last
 one of the previous iteration), ``cv`` the coefficient of variation of the captured rank's
 clean unprofiled iteration times. This assumes the noise is correlated over an interval (a slow
-spell slows a whole stretch of work), which is what the fidelity runs show: two data-parallel
-ranks doing identical work reach their gradient all-reduce 10-70 ms apart in 200-500 ms
-iterations, far more than independent per-op noise would give. On a quiet cluster ``cv`` is
+spell slows a whole stretch of work), which is what real runs on a shared machine show: two
+data-parallel ranks doing identical work reach their gradient all-reduce far further apart than
+independent per-op noise would give. On a quiet cluster ``cv`` is
 small and so is the skew; on a noisy one it is where the time goes.
 
 Short intervals have a noise floor of their own: a rank that calls a collective every
-millisecond (tp) reaches each call 0.2-0.5 ms early or late on a shared machine (scheduling,
-the previous call's wake-up), independently of ``cv`` times a millisecond. ``call_jitter_ns``
+millisecond (tp) reaches each call early or late by a fraction of a millisecond on a shared
+machine (scheduling, the previous call's wake-up), independently of ``cv`` times a millisecond. ``call_jitter_ns``
 measures it from the captured rank's own calls: the spread, across clean unprofiled
 iterations, of the time between one call's return and the next call. The two add as
 independent noises: ``sigma = sqrt((cv * interval)**2 + jitter**2)``.

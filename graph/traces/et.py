@@ -4,11 +4,11 @@ The key is the ET node attribute ``rf_id``, equal to Kineto's ``args["Record fun
 of the same op (``External id`` is a different counter). ET nodes carry no timestamps, so this
 is the only join there is.
 
-Speed: an ET of the default capture is 26-32 MiB of JSON with ~34k nodes; ``json.loads`` of
-it, then freeing the millions of objects, takes 0.6-1.5 s on the 2-core dev machine. torch's
-writer puts each node's ``inputs`` on one line and its ``attrs`` (rf_id first) two lines
-below, so one regular expression finds (inputs, rf_id) of every node in ~0.05 s and only the
-wanted nodes' inputs are parsed. The fast path is taken only when it matched every node
+Speed: an ET of the default capture is tens of MiB of JSON, and ``json.loads`` of it, then
+freeing the millions of objects, costs seconds. torch's writer puts each node's ``inputs`` on
+one line and its ``attrs`` (rf_id first) two lines below, so one regular expression finds
+(inputs, rf_id) of every node an order of magnitude faster and only the wanted nodes' inputs
+are parsed. The fast path is taken only when it matched every node
 (one per ``"attrs":`` key) of a file that ends like a complete ET; anything else falls back
 to a full ``json`` parse, which also reports corrupt files.
 """

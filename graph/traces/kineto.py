@@ -3,8 +3,7 @@
 Read directly with ``json`` rather than through HTA's loader, which cannot serve here: HTA
 0.5.0 drops ``[memory]`` events and ``args["Record function id"]`` (the ET join key), rounds
 times to whole µs, keeps only the first ProfilerStep (iteration) of a trace by default, names
-ops by symbol ids, and is slower: ``TraceAnalysis(trace_files={r: path})`` took 1.6-1.8 s per
-rank of the default capture where ``read_kineto`` takes 0.4-0.5 s (medians, 2-core dev VM).
+ops by symbol ids, and is several times slower per rank than ``read_kineto``.
 
 Times: Kineto writes ``ts``/``dur`` in µs as floats with ns decimals; the absolute wall time
 is ``baseTimeNanoseconds + ts * 1000``. Integer and fraction are split before scaling so that
@@ -56,7 +55,7 @@ def read_json_file(path: Path) -> dict:
     try:
         raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
         # The collector is pure overhead while building millions of small containers that all
-        # survive: turning it off makes json.loads of a 30 MiB ET 2-4x faster.
+        # survive: turning it off makes json.loads of a large ET several times faster.
         enabled = gc.isenabled()
         gc.disable()
         try:
