@@ -18,6 +18,7 @@ import resource
 import statistics
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -88,6 +89,7 @@ def rank_table(rank: int, layout: ParallelLayout, prog: dict) -> dict[str, np.nd
     return {
         gf.RANK: np.full(n, rank), gf.STREAM: np.zeros(n), gf.INDEX: np.arange(n), gf.STAGE: np.full(n, stage),
         gf.MB: prog["mb"], gf.LAYER: prog["layer"], gf.DUR_NS: prog["dur"], gf.GAP_NS: np.zeros(n),
+        gf.SKEW_NS: np.zeros(n),
         gf.COLL_ID: np.where(prog["coll_j"] >= 0, coll_id, -1),
         gf.GROUP_INDEX: np.select([comm == "tp", comm == "dp", p2p], [tp_g, dp_g, pp_g], -1),
         gf.GROUP_SIZE: np.select([comm == "tp", comm == "dp", p2p], [layout.tp, layout.dp, 2], 0),
@@ -146,7 +148,7 @@ def phase_write(path: Path, layout: ParallelLayout, nodes: int, per_group: int) 
 
 def phase_read(path: Path, world: int, samples: int = 20) -> dict:
     """Median time to read one rank, three ways, interleaved so that none gets a warmer cache."""
-    ranks = random.Random(0).sample(range(world), samples)
+    ranks = random.Random(0).sample(range(world), min(samples, world))
     with GraphReader(path) as reader:
         ways = {
             "read_rank(path, r)": lambda r: read_rank(path, r),
@@ -164,7 +166,11 @@ def phase_read(path: Path, world: int, samples: int = 20) -> dict:
                 start = time.perf_counter()
                 assert ways[label](r).num_rows > 0
                 times[label].append(time.perf_counter() - start)
-    return {"reads": {k: statistics.median(v) for k, v in times.items()}, "rss": peak_rss_mib()}
+    return {
+        "reads": {k: statistics.median(v) for k, v in times.items()},
+        "samples": len(ranks),
+        "rss": peak_rss_mib(),
+    }
 
 
 def phase_validate(path: Path) -> dict:
@@ -174,18 +180,10 @@ def phase_validate(path: Path) -> dict:
             "nodes": report.nodes, "collectives": report.collectives, "rss": peak_rss_mib()}  # fmt: skip
 
 
-def _child(queue: multiprocessing.Queue, fn, args: tuple) -> None:  # noqa: ANN001
-    queue.put(fn(*args))
-
-
 def in_process(fn, *args: object) -> dict:  # noqa: ANN001
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=_child, args=(queue, fn, args))
-    proc.start()
-    result = queue.get()
-    proc.join()
-    return result
+    """``fn(*args)`` in a fresh process, so that its peak RSS is its own; its errors raise here."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
 
 
 def main() -> None:
@@ -212,7 +210,7 @@ def main() -> None:
     table.add_row("file size", f"{size / 2**20:.0f} MiB ({size / md.num_rows:.2f} B/row)", "")
     table.add_row("footer", f"{md.serialized_size / 2**10:.0f} KiB", "")
     for label, seconds in r["reads"].items():
-        table.add_row(f"{label}, median of 20", f"{seconds * 1e3:.1f} ms", f"{r['rss']:.0f} MiB")
+        table.add_row(f"{label}, median of {r['samples']}", f"{seconds * 1e3:.1f} ms", f"{r['rss']:.0f} MiB")
     status = "valid" if v["ok"] else f"INVALID: {v['problems']}"
     table.add_row(f"validate_graph ({status}, {v['collectives']:,} collectives)", f"{v['validate_s']:.1f} s", f"{v['rss']:.0f} MiB")  # fmt: skip
     Console().print(table)
