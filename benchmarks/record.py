@@ -4,7 +4,7 @@
 
 Runs COMMAND (output shown as it runs) and writes ``benchmarks/results/NAME.txt`` (or ``--dir``): a header
 with the command, the commit it ran at, the date and the machine, then everything the command
-printed. The file is written only if the command succeeds (exit 0), and atomically. Prints the
+printed, then its wall time. The file is written only if the command succeeds (exit 0), and atomically. Prints the
 path written; exits with the command's code.
 """
 
@@ -16,6 +16,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from prism.fidelity.report import machine
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     args.dir.mkdir(parents=True, exist_ok=True)
     text = header(command)
     env = {**os.environ, "COLUMNS": os.environ.get("COLUMNS", "160")}
+    started = time.perf_counter()
     with subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     ) as proc:
@@ -69,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     if proc.returncode != 0:
         print(f"record: {shlex.join(command)} exited {proc.returncode}; nothing written", file=sys.stderr)
         return proc.returncode
+    text += f"\n# elapsed: {time.perf_counter() - started:.1f} s\n"
     out = args.dir / f"{args.name}.txt"
     with tempfile.NamedTemporaryFile("w", dir=args.dir, delete=False, suffix=".tmp") as tmp:
         tmp.write(text)

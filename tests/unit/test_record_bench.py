@@ -28,7 +28,7 @@ def test_the_result_file_holds_the_command_and_what_it_printed(tmp_path: Path) -
         "# date",
         "# machine",
     }
-    assert body == "table row 1\ntable row 2\n"
+    assert body.startswith("table row 1\ntable row 2\n\n# elapsed: ")
     assert "table row 1" in done.stdout  # shown as it runs too
 
 
