@@ -50,7 +50,7 @@ class RunSettings:
     """Beside a paced capture or a replay, the load ranks are replays of the same graph, so they
     wait where the real run's ranks wait (``MatchedLoad(paced_by=...)``); False: free-running."""
     paced: bool = False
-    """Also capture each role again paced by the slice's graph (``prism-capture --paced-by``),
+    """Also capture each role again paced by the slice's graph (``prism-capture-paced``),
     build that graph and simulate it: records of source 'paced'. The replay then runs against
     the paced graph."""
     bracket: bool = True

@@ -180,7 +180,7 @@ class HeldTime(Spans):
     """When prism held the program: blocked in a virtual call's wait (``wait_ns`` to ``done_ns``)
     or inside its clock (``clock_ns`` before ``exit_ns``).
 
-    A paced capture (``prism-capture --paced-by``) holds the program as the full-scale job would
+    A paced capture (``prism-capture-paced``) holds the program as the full-scale job would
     (its emulated waits) and runs the co-simulation in it; the build takes that time out of gaps
     and iteration times, which are to hold the program's own time only."""
 
