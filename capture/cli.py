@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,8 +18,9 @@ from prism.capture.progress import RankProgress
 from prism.capture.runner import CaptureHooks, CaptureOptions, RealMode, run_capture
 from prism.schemas import cli_help
 from prism.schemas.comm_log import read_comm_log
-from prism.schemas.layout import LayoutError, Role
+from prism.schemas.layout import DEFAULT_ORDER, LayoutError, ParallelLayout, Role
 from prism.schemas.manifest import CaptureFiles, CaptureManifest
+from prism.schemas.program import ProgramError, ProgramSpec
 from prism.schemas.workload import ConfigError, GPTConfig
 
 app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=False)
@@ -114,9 +116,47 @@ def capture(
     threads: Annotated[int, typer.Option(help=cli_help.THREADS)] = 1,
     overwrite: Annotated[bool, typer.Option(help=cli_help.OVERWRITE)] = False,
     rank_timeout: Annotated[float, typer.Option(help=cli_help.RANK_TIMEOUT)] = 1800.0,
+    order: Annotated[str, typer.Option(help="Rank order of the layout, fastest axis first.")] = DEFAULT_ORDER,
+    ranks: Annotated[
+        str | None,
+        typer.Option(help="Capture these ranks, each alone, e.g. 0,7,8191 [default: one per role]."),
+    ] = None,
+    nproc_per_node: Annotated[
+        int, typer.Option(help="Program: processes per node of the target (LOCAL_WORLD_SIZE, GROUP_RANK).")
+    ] = 8,
+    run_to_end: Annotated[
+        bool,
+        typer.Option(
+            help="Program: let it finish by itself instead of ending it after the captured iterations."
+        ),
+    ] = False,
+    program: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="-- train.py ARGS, or -- -m package.module ARGS: your own torch.distributed program, launched "
+            "as torchrun would launch it (the model options are then not used)."
+        ),
+    ] = None,
 ) -> None:
-    """Capture a slice of the built-in GPT job at its target layout (default: tiny model, tp=8 pp=16 dp=64)."""
+    """Capture a slice of a job at its target layout: your own program (`-- train.py ARGS`), or the
+    built-in GPT (default: tiny model, tp=8 pp=16 dp=64)."""
     hooks = ConsoleHooks()
+    if program:
+        with reported(hooks, CaptureError, ProgramError, LayoutError):
+            spec = ProgramSpec(
+                argv=tuple(program), cwd=os.getcwd(), layout=ParallelLayout(tp=tp, pp=pp, dp=dp, order=order),
+                device=device, nproc_per_node=nproc_per_node, run_to_end=run_to_end,
+            )  # fmt: skip
+            options = CaptureOptions(
+                program=spec, ranks=parse_ranks(ranks), out_dir=out, real=real, warmup=warmup,
+                iterations=iterations, threads=threads, overwrite=overwrite, rank_timeout_s=rank_timeout,
+            )  # fmt: skip
+            console.print(
+                f"[bold]prism-capture[/] {spec.layout}, real={real.value}, program {spec.describe()}"
+            )
+            manifest = run_capture(options, hooks)
+        console.print(capture_table(manifest, out))
+        return
     with reported(hooks, CaptureError, ConfigError, LayoutError):
         config = GPTConfig(
             layers=layers, hidden=hidden, heads=heads, ffn_hidden=ffn_hidden, seq_len=seq_len, vocab=vocab,
@@ -124,14 +164,24 @@ def capture(
             device=device, seed=seed, grad_bucket_mb=grad_bucket_mb,
         )  # fmt: skip
         options = CaptureOptions(
-            config=config, out_dir=out, real=real, warmup=warmup, iterations=iterations, threads=threads,
-            overwrite=overwrite, rank_timeout_s=rank_timeout,
+            config=config, ranks=parse_ranks(ranks), out_dir=out, real=real, warmup=warmup,
+            iterations=iterations, threads=threads, overwrite=overwrite, rank_timeout_s=rank_timeout,
         )  # fmt: skip
         console.print(
             f"[bold]prism-capture[/] {config.layout}, real={real.value}, model {model_line(config)}"
         )
         manifest = run_capture(options, hooks)
     console.print(capture_table(manifest, out))
+
+
+def parse_ranks(text: str | None) -> tuple[int, ...] | None:
+    """'0,7,8191' as ranks; None stays None."""
+    if text is None:
+        return None
+    try:
+        return tuple(int(r) for r in text.split(",") if r.strip())
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not a comma-separated list of ranks") from None
 
 
 @contextmanager

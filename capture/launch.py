@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import queue
@@ -43,11 +44,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def rank_command(job_path: Path, rank: int | str, out_dir: Path) -> tuple[str, ...]:
+def rank_command(
+    job_path: Path, rank: int | str, out_dir: Path, main: str = "prism.capture.rank_main"
+) -> tuple[str, ...]:
+    """argv of one rank process: ``main`` (the built-in GPT's or a program's) with its job."""
     return (
         sys.executable,
         "-m",
-        "prism.capture.rank_main",
+        main,
         "--job",
         str(job_path),
         "--rank",
@@ -55,6 +59,15 @@ def rank_command(job_path: Path, rank: int | str, out_dir: Path) -> tuple[str, .
         "--out",
         str(out_dir),
     )
+
+
+def parse_rank_args(main: str, doc: str, argv: list[str] | None) -> argparse.Namespace:
+    """The arguments ``rank_command`` gives a rank process: ``--job``, ``--rank``, ``--out``."""
+    parser = argparse.ArgumentParser(prog=f"python -m {main}", description=doc.splitlines()[0])
+    parser.add_argument("--job", type=Path, required=True, help="job.json of the run")
+    parser.add_argument("--rank", type=int, required=True, help="global rank to run for real")
+    parser.add_argument("--out", type=Path, required=True, help="directory to write into")
+    return parser.parse_args(argv)
 
 
 def _pump(proc: subprocess.Popen, rank: int, log_path: Path, events: queue.Queue) -> None:

@@ -10,6 +10,8 @@ import psutil
 import torch
 
 from prism.schemas.gpt_params import stage_parameter_numels
+from prism.schemas.layout import ParallelLayout
+from prism.schemas.program import ProgramSpec
 from prism.schemas.workload import GPTConfig
 
 # A CPU rank process (torch + gloo + profiler) costs this much beyond its tensors.
@@ -24,8 +26,8 @@ class CaptureError(RuntimeError):
     """A capture that cannot be run or did not complete; its message is one line for the user."""
 
 
-def check_device(config: GPTConfig) -> None:
-    if config.device == "cuda" and not torch.cuda.is_available():
+def check_device(device: str) -> None:
+    if device == "cuda" and not torch.cuda.is_available():
         raise CaptureError("--device cuda was asked for but CUDA is not available on this machine")
 
 
@@ -50,10 +52,28 @@ def rank_bytes_estimate(config: GPTConfig) -> int:
     return params * itemsize * COPIES_PER_PARAMETER + activation_bytes(config)
 
 
-def check_full_run_fits(config: GPTConfig) -> None:
-    """``--real all`` runs world_size processes at once: refuse what the machine cannot hold."""
-    world = config.layout.world_size
-    if config.device == "cuda":
+def check_program(program: ProgramSpec) -> None:
+    """The script must exist (a module is found only when it runs)."""
+    if program.script is not None and not (Path(program.cwd) / program.script).is_file():
+        raise CaptureError(f"program not found: {program.script} (from {program.cwd})")
+
+
+def check_ranks(ranks: tuple[int, ...], layout: ParallelLayout) -> None:
+    """``--ranks`` must name distinct ranks of the target world."""
+    if not ranks:
+        raise CaptureError("--ranks names no rank")
+    bad = [r for r in ranks if not 0 <= r < layout.world_size]
+    if bad:
+        raise CaptureError(f"--ranks: {bad[0]} is not a rank of {layout} (0..{layout.world_size - 1})")
+    if len(set(ranks)) != len(ranks):
+        raise CaptureError("--ranks names a rank twice")
+
+
+def check_full_run_fits(layout: ParallelLayout, device: str, config: GPTConfig | None = None) -> None:
+    """``--real all`` runs world_size processes at once: refuse what the machine cannot hold (the
+    built-in GPT's memory is estimated from ``config``; a program's is not known beforehand)."""
+    world = layout.world_size
+    if device == "cuda":
         devices = torch.cuda.device_count()
         if world > devices:
             raise CaptureError(f"--real all needs one GPU per rank: {world} ranks but {devices} GPU(s) here")
@@ -64,6 +84,8 @@ def check_full_run_fits(config: GPTConfig) -> None:
             f"--real all would start {world} rank processes on {cores} CPU core(s) "
             f"(at most {MAX_PROCESSES_PER_CORE * cores}); use a smaller layout or --real roles"
         )
+    if config is None:
+        return
     needed = world * (rank_bytes_estimate(config) + PROCESS_OVERHEAD_BYTES)
     available = psutil.virtual_memory().available
     if needed > 0.8 * available:

@@ -10,7 +10,6 @@ environment, as under torchrun.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -23,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from prism.capture import annotate
+from prism.capture.launch import parse_rank_args
 from prism.capture.phase_timer import BlockSpan, PhaseTimer, own_phase_ns
 from prism.capture.profiling import ProfileSpec, profiled
 from prism.capture.progress import report
@@ -141,13 +141,7 @@ def run_rank(job: RankJob, rank: int, out_dir: Path, *, clock: CommClock | None 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m prism.capture.rank_main", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("--job", type=Path, required=True, help="job.json of the capture")
-    parser.add_argument("--rank", type=int, required=True, help="global rank to run")
-    parser.add_argument("--out", type=Path, required=True, help="capture directory to write into")
-    args = parser.parse_args(argv)
+    args = parse_rank_args("prism.capture.rank_main", __doc__, argv)
     job = RankJob.from_dict(json.loads(args.job.read_text()))
     run_rank(job, args.rank, args.out)
     return 0

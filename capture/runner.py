@@ -22,11 +22,20 @@ from pathlib import Path
 import torch
 
 from prism.capture.launch import LaunchError, RankLaunch, rank_command, run_processes
-from prism.capture.preflight import CaptureError, check_device, check_full_run_fits, check_output
+from prism.capture.preflight import (
+    CaptureError,
+    check_device,
+    check_full_run_fits,
+    check_output,
+    check_program,
+    check_ranks,
+)
 from prism.schemas import PRISM_VERSION
 from prism.schemas.files import write_json_atomic
 from prism.schemas.layout import ParallelLayout, Role
 from prism.schemas.manifest import (
+    GPT,
+    PROGRAM,
     CapturedRank,
     CaptureFiles,
     CaptureManifest,
@@ -34,6 +43,7 @@ from prism.schemas.manifest import (
     RankResult,
     write_manifest,
 )
+from prism.schemas.program import ProgramSpec
 from prism.schemas.workload import GPTConfig
 
 
@@ -48,8 +58,12 @@ class RealMode(enum.StrEnum):
 class CaptureOptions:
     """A capture to run."""
 
-    config: GPTConfig
-    """Model and target layout."""
+    config: GPTConfig | None = None
+    """The built-in GPT's model and target layout; None when ``program`` is given."""
+    program: ProgramSpec | None = None
+    """The user's program and its target layout, instead of the built-in GPT."""
+    ranks: tuple[int, ...] | None = None
+    """Ranks to capture, each alone with every peer virtual (``--ranks``); None: one per role."""
     out_dir: Path
     """Capture directory to create."""
     real: RealMode = RealMode.ROLES
@@ -64,6 +78,14 @@ class CaptureOptions:
     """Replace a non-empty output directory."""
     rank_timeout_s: float = 1800.0
     """A batch of rank processes still running after this long is killed."""
+
+    @property
+    def layout(self) -> ParallelLayout:
+        return self.program.layout if self.program is not None else self.config.layout
+
+    @property
+    def device(self) -> str:
+        return self.program.device if self.program is not None else self.config.device
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,11 +109,18 @@ class CaptureHooks:
 
 def plan_batches(options: CaptureOptions) -> list[RankBatch]:
     """The batches of real ranks to run, in order."""
-    layout = options.config.layout
+    layout = options.layout
     if options.real == RealMode.ALL:
         return [RankBatch(ranks=tuple(range(layout.world_size)))]
-    # Roles run one after another, each alone with all its peers virtual: one device is enough.
-    return [RankBatch(ranks=(rank,)) for rank in layout.roles().values()]
+    # Each captured rank runs alone with all its peers virtual: one device is enough.
+    if options.ranks is not None:
+        ranks = options.ranks
+    elif options.program is not None:
+        # A program prism knows nothing about: one rank per pipeline position.
+        ranks = tuple(layout.rank(tp=0, dp=0, pp=s) for s in range(layout.pp))
+    else:
+        ranks = tuple(layout.roles().values())
+    return [RankBatch(ranks=(rank,)) for rank in ranks]
 
 
 def check_options(options: CaptureOptions) -> None:
@@ -101,17 +130,24 @@ def check_options(options: CaptureOptions) -> None:
         raise CaptureError(f"--warmup must be 0 or more, got {options.warmup}")
     if options.threads < 1:
         raise CaptureError(f"--threads must be at least 1, got {options.threads}")
-    check_device(options.config)
+    if (options.config is None) == (options.program is None):
+        raise CaptureError("a capture runs either the built-in GPT or a program, not both")
+    check_device(options.device)
+    if options.program is not None:
+        check_program(options.program)
+    if options.ranks is not None:
+        check_ranks(options.ranks, options.layout)
     if options.real == RealMode.ALL:
-        check_full_run_fits(options.config)
+        check_full_run_fits(options.layout, options.device, options.config)
     check_output(options.out_dir, overwrite=options.overwrite)
 
 
 def _job(options: CaptureOptions) -> RankJob:
     # Roles run alone (empty tuple: only the rank itself is real); --real all runs every rank.
     return RankJob(
-        workload="gpt",
+        workload=GPT if options.program is None else PROGRAM,
         config=options.config,
+        program=options.program,
         real_ranks=None if options.real == RealMode.ALL else (),
         warmup=options.warmup,
         iterations=options.iterations,
@@ -121,9 +157,10 @@ def _job(options: CaptureOptions) -> RankJob:
 
 def _run_batch(options: CaptureOptions, tmp: Path, batch: RankBatch, hooks: CaptureHooks) -> None:
     files = CaptureFiles(tmp)
-    layout = options.config.layout
+    layout = options.layout
+    main = "prism.capture.rank_main" if options.program is None else "prism.capture.program_main"
     launches = [
-        RankLaunch(rank=r, argv=rank_command(files.job, r, tmp), log_path=files.log(r), local_rank=i)
+        RankLaunch(rank=r, argv=rank_command(files.job, r, tmp, main), log_path=files.log(r), local_rank=i)
         for i, r in enumerate(batch.ranks)
     ]
     on_event = hooks.batch_starting(batch.ranks, {r: layout.role(r) for r in batch.ranks})
@@ -159,8 +196,8 @@ def captured_rank(tmp: Path, rank: int, layout: ParallelLayout) -> CapturedRank:
     )
 
 
-def device_name(config: GPTConfig) -> str:
-    return torch.cuda.get_device_name() if config.device == "cuda" else "cpu"
+def device_name(device: str) -> str:
+    return torch.cuda.get_device_name() if device == "cuda" else "cpu"
 
 
 def machine_notes() -> dict:
@@ -182,15 +219,15 @@ def run_capture(options: CaptureOptions, hooks: CaptureHooks | None = None) -> C
         batches = plan_batches(options)
         for batch in batches:
             _run_batch(options, tmp, batch, hooks)
-        ranks = tuple(captured_rank(tmp, r, options.config.layout) for b in batches for r in b.ranks)
+        ranks = tuple(captured_rank(tmp, r, options.layout) for b in batches for r in b.ranks)
         manifest = CaptureManifest(
-            layout=options.config.layout,
+            layout=options.layout,
             mode=options.real.value,
             job=job,
             ranks=ranks,
             rerun_command=rerun_command_template(),
             torch_version=torch.__version__,
-            device=device_name(options.config),
+            device=device_name(options.device),
             host=socket.gethostname(),
             started_at=started_at,
             wall_s=round(time.perf_counter() - t0, 3),

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from prism.capture.cli import parse_ranks
 from prism.capture.progress import RankProgress
 from prism.graph.sim.whatif import WhatIfError, parse_delay
 from prism.replay.runtime import ReplayDiverged, ReplayInputError, ReplayOptions, run_replay
@@ -17,13 +18,6 @@ from prism.schemas.replay import RankReport, ReplayReport
 
 app = typer.Typer(add_completion=False, help=__doc__)
 console = Console(stderr=True)
-
-
-def _ranks(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(r) for r in text.split(",") if r.strip())
-    except ValueError:
-        raise typer.BadParameter(f"{text!r} is not a comma-separated list of ranks") from None
 
 
 @app.command()
@@ -63,7 +57,7 @@ def replay(
         raise typer.Exit(2) from None
     options = ReplayOptions(
         graph=graph, ranks=tuple(rank), out_dir=out, warmup=warmup, iterations=iterations, device=device,
-        threads=threads, trace_peers=_ranks(trace_peers), delays=delays, separately=separately, overwrite=overwrite, timeout_s=rank_timeout,
+        threads=threads, trace_peers=parse_ranks(trace_peers), delays=delays, separately=separately, overwrite=overwrite, timeout_s=rank_timeout,
     )  # fmt: skip
     console.print(
         f"[bold]prism-replay[/] {graph}: rank(s) {', '.join(map(str, rank))} real, every other virtual"

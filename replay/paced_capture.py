@@ -106,7 +106,7 @@ def run_paced_capture(
             ranks=tuple(captured_rank(run, r, config.layout) for r in ranks),
             rerun_command=rerun_command_template(),
             torch_version=torch.__version__,
-            device=device_name(config),
+            device=device_name(config.device),
             host=socket.gethostname(),
             started_at=started_at,
             wall_s=round(time.perf_counter() - t0, 3),

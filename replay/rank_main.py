@@ -9,7 +9,6 @@ engine cannot finish is reported as one ``error`` progress event and exit code 3
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from prism.capture.launch import parse_rank_args
 from prism.capture.progress import report
 from prism.capture.rank_main import run_rank
 from prism.graph.sim.simulate import SimulationError, load_sim_graph, simulate
@@ -110,13 +110,7 @@ def replay_rank(job: ReplayJob, rank: int, out_dir: Path) -> ReplayRankStats:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m prism.replay.rank_main", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("--job", type=Path, required=True, help="job.json of the replay")
-    parser.add_argument("--rank", type=int, required=True, help="global rank to run for real")
-    parser.add_argument("--out", type=Path, required=True, help="replay directory to write into")
-    args = parser.parse_args(argv)
+    args = parse_rank_args("prism.replay.rank_main", __doc__, argv)
     job = ReplayJob.from_dict(json.loads(args.job.read_text()))
     try:
         replay_rank(job, args.rank, args.out)

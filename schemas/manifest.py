@@ -21,10 +21,16 @@ from pathlib import Path
 
 from prism.schemas.files import write_json_atomic
 from prism.schemas.layout import ParallelLayout, Role
+from prism.schemas.program import ProgramSpec
 from prism.schemas.workload import GPTConfig
 
 SCHEMA = "prism.capture_manifest"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
+"""Version 2 adds program captures (``RankJob.program``); version 1 files read unchanged."""
+
+GPT = "gpt"
+PROGRAM = "program"
 
 MANIFEST_FILE = "manifest.json"
 JOB_FILE = "job.json"
@@ -82,12 +88,33 @@ class RankJob:
     """What one rank process of a capture runs (``job.json``); replay re-runs it."""
 
     workload: str
-    """Name of the workload; 'gpt' is the built-in one."""
-    config: GPTConfig
-    """Model and target layout: every real rank gets the per-rank shapes of this job."""
+    """'gpt' (the built-in workload, ``config``) or 'program' (the user's own, ``program``)."""
+    config: GPTConfig | None = None
+    """The built-in GPT's model and target layout: every real rank gets the per-rank shapes of
+    this job. None for a program."""
+    program: ProgramSpec | None = None
+    """The user's program and its target layout; None for the built-in GPT."""
     real_ranks: tuple[int, ...] | None
     """Ranks that run as real processes at the same time; None means all of them, and an
     empty tuple means the rank being run alone (every peer virtual, as in a roles capture)."""
+
+    def __post_init__(self) -> None:
+        if (self.workload == PROGRAM) != (self.program is not None) or (self.config is None) == (
+            self.program is None
+        ):
+            raise ManifestError(
+                f"a {self.workload!r} job needs exactly its own settings (GPT config or program)"
+            )
+
+    @property
+    def layout(self) -> ParallelLayout:
+        """The target layout."""
+        return self.program.layout if self.program is not None else self.config.layout
+
+    @property
+    def device(self) -> str:
+        """'cpu' or 'cuda'."""
+        return self.program.device if self.program is not None else self.config.device
 
     def real_ranks_for(self, rank: int) -> frozenset[int] | None:
         """The real ranks seen by the process that runs ``rank``."""
@@ -104,15 +131,18 @@ class RankJob:
 
     def to_dict(self) -> dict:
         data = asdict(self)
-        data["config"] = self.config.to_dict()
+        data["config"] = None if self.config is None else self.config.to_dict()
+        data["program"] = None if self.program is None else self.program.to_dict()
         return data
 
     @classmethod
     def from_dict(cls, data: dict) -> RankJob:
         real = data["real_ranks"]
+        config, program = data.get("config"), data.get("program")
         return cls(
             workload=data["workload"],
-            config=GPTConfig.from_dict(data["config"]),
+            config=None if config is None else GPTConfig.from_dict(config),
+            program=None if program is None else ProgramSpec.from_dict(program),
             real_ranks=None if real is None else tuple(real),
             warmup=int(data["warmup"]),
             iterations=int(data["iterations"]),
@@ -240,9 +270,10 @@ class CaptureManifest:
     def from_dict(cls, data: dict) -> CaptureManifest:
         if data.get("schema") != SCHEMA:
             raise ManifestError(f"not a prism capture manifest (schema={data.get('schema')!r})")
-        if data.get("version") != VERSION:
+        if data.get("version") not in READABLE_VERSIONS:
             raise ManifestError(
-                f"capture manifest version {data.get('version')!r} is not supported by this prism (expects {VERSION})"
+                f"capture manifest version {data.get('version')!r} is not supported by this prism "
+                f"(reads {', '.join(map(str, READABLE_VERSIONS))})"
             )
         try:
             ranks = tuple(

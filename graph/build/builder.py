@@ -169,6 +169,11 @@ def build_graph(options: BuildOptions, progress: ProgressCallback | None = None)
         manifest = read_manifest(options.capture_dir)
     except ManifestError as e:
         raise BuildError(str(e)) from e
+    if manifest.job.program is not None:
+        raise BuildError(
+            f"{options.capture_dir} is a capture of your own program ({manifest.job.program.describe()}); "
+            "prism-build-graph builds graphs of the built-in GPT's captures only so far"
+        )
     cfg = target_config(manifest.job.config, options)
     layout = cfg.layout
     try:

@@ -45,4 +45,5 @@ def test_full_run_beyond_memory_is_refused(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setattr(preflight.psutil, "virtual_memory", lambda: Tiny)
     with pytest.raises(CaptureError, match="GiB is available"):
-        check_full_run_fits(GPTConfig(layers=2, hidden=64, heads=2, tp=1, pp=1, dp=2, microbatches=1))
+        config = GPTConfig(layers=2, hidden=64, heads=2, tp=1, pp=1, dp=2, microbatches=1)
+        check_full_run_fits(config.layout, config.device, config)

@@ -1,0 +1,106 @@
+"""Iterations of a program that does not mark them: each ``Optimizer.step`` ends one.
+
+A global optimizer post-hook (``torch.optim.optimizer.register_optimizer_step_post_hook``) sees
+every optimizer step of the program. Iteration k runs from the end of step k-1 (iteration 0:
+from the start of the program) to the end of step k; the hook closes its ``prism:iter`` mark,
+tells the completion clock, steps the profiler's schedule, and opens the next. After the last
+iteration of the capture it raises ``ProgramStop`` out of ``optimizer.step()``, which unwinds
+the program like an exception that no ``except Exception`` catches, unless the program is to
+run to its end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from prism.capture import annotate
+from prism.capture.profiling import Profiler
+from prism.capture.progress import report
+from prism.peers.clock import CommClock
+
+
+class ProgramStop(BaseException):
+    """Raised from the optimizer step that ends the capture's last iteration."""
+
+
+@dataclass(kw_only=True)
+class StepTimings:
+    """What the hook measured, one entry per finished iteration."""
+
+    iteration_ns: list[int] = field(default_factory=list)
+    """Wall time of each iteration (``perf_counter_ns``)."""
+    windows: list[tuple[int, int]] = field(default_factory=list)
+    """Each iteration's span on the comm log's clock (``time.time_ns``)."""
+    parameters: int = 0
+    """Parameters the program's optimizers step (counted once, at the first step)."""
+
+
+class StepIterations:
+    """The global optimizer post-hook that cuts a program into iterations."""
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        total: int,
+        stop_after_last: bool,
+        profiler: Profiler,
+        clock: CommClock,
+        cuda: bool,
+    ) -> None:
+        self.timings = StepTimings()
+        self._rank, self._total, self._stop = rank, total, stop_after_last
+        self._profiler, self._clock, self._cuda = profiler, clock, cuda
+        self._mark: contextlib.AbstractContextManager[None] | None = None
+        self._began_ns = self._t0 = 0
+
+    @property
+    def done(self) -> int:
+        """Iterations finished so far."""
+        return len(self.timings.iteration_ns)
+
+    def start(self) -> None:
+        """Open iteration 0; call right before the program runs."""
+        report(rank=self._rank, event="start", total=self._total)
+        self._open()
+
+    def __call__(self, optimizer: torch.optim.Optimizer, args: object, kwargs: object) -> None:
+        if self._mark is None:  # past the captured iterations (run to the end): nothing to record
+            return
+        if not self.timings.parameters:
+            self.timings.parameters = sum(p.numel() for g in optimizer.param_groups for p in g["params"])
+        self._close()
+        if self.done < self._total:
+            self._open()
+        elif self._stop:
+            raise ProgramStop
+
+    def finish(self) -> None:
+        """The program ended: an iteration it left unfinished is not one (its mark is closed)."""
+        if self._mark is not None:
+            self._mark.__exit__(None, None, None)
+            self._mark = None
+
+    def _open(self) -> None:
+        self._began_ns = time.time_ns()
+        self._clock.iteration_started(self._began_ns)
+        self._mark = annotate.iteration(self.done)
+        self._mark.__enter__()
+        self._t0 = time.perf_counter_ns()
+
+    def _close(self) -> None:
+        if self._cuda:
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter_ns() - self._t0
+        self._mark.__exit__(None, None, None)
+        self._mark = None
+        ended = time.time_ns()
+        self.timings.iteration_ns.append(elapsed)
+        self.timings.windows.append((self._began_ns, ended))
+        self._clock.iteration_done(ended)
+        self._profiler.step()
+        report(rank=self._rank, event="iteration", done=self.done, total=self._total, ms=elapsed / 1e6)

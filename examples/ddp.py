@@ -1,0 +1,64 @@
+"""Data-parallel training with DistributedDataParallel, as a user writes it.
+
+    torchrun --nproc-per-node 2 examples/ddp.py [--steps 20] [--hidden 256] [--layers 4] [--batch 8]
+
+A small MLP language-model stand-in trained on random tokens; every rank runs the same model on
+its own batch and DDP all-reduces the gradients in buckets during backward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+def build_model(vocab: int, hidden: int, layers: int) -> nn.Module:
+    blocks = [nn.Embedding(vocab, hidden)]
+    for _ in range(layers):
+        blocks += [
+            nn.LayerNorm(hidden),
+            nn.Linear(hidden, 4 * hidden),
+            nn.GELU(),
+            nn.Linear(4 * hidden, hidden),
+        ]
+    blocks.append(nn.Linear(hidden, vocab))
+    return nn.Sequential(*blocks)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=64)
+    args = parser.parse_args()
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = DistributedDataParallel(build_model(args.vocab, args.hidden, args.layers))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(rank)
+    for step in range(args.steps):
+        tokens = torch.randint(args.vocab, (args.batch, args.seq + 1), generator=generator)
+        logits = model(tokens[:, :-1])
+        loss = nn.functional.cross_entropy(logits.reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if rank == 0 and step % 10 == 0:
+            print(
+                f"step {step} loss {loss.item():.3f} (world {world}, local rank {os.environ.get('LOCAL_RANK')})"
+            )
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

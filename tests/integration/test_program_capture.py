@@ -1,0 +1,86 @@
+"""prism-capture -- train.py: an unmodified torch.distributed program captured at a large world."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from prism.capture.cli import app
+from prism.schemas.comm_log import read_comm_log
+from prism.schemas.manifest import CaptureFiles, read_manifest
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+runner = CliRunner()
+TINY_DDP = ("--hidden", "32", "--layers", "1", "--vocab", "64", "--batch", "2", "--seq", "8")
+
+
+def capture(tmp_path: Path, *options: str, program: tuple[str, ...]):
+    out = tmp_path / "cap"
+    result = runner.invoke(app, [*options, "-o", str(out), "--", *program])
+    return result, out
+
+
+def error_line(output: str) -> str:
+    return next(line for line in output.splitlines() if line.startswith("error:"))
+
+
+@pytest.mark.slow
+def test_ddp_at_1024_ranks_is_captured_from_its_optimizer_steps(tmp_path: Path) -> None:
+    layout = ("--tp", "1", "--pp", "1", "--dp", "1024")
+    program = (str(EXAMPLES / "ddp.py"), "--steps", "50", *TINY_DDP)
+    result, out = capture(tmp_path, *layout, "--warmup", "3", "--iterations", "2", program=program)
+    assert result.exit_code == 0, result.output
+    manifest = read_manifest(out)
+    assert manifest.job.workload == "program" and manifest.layout.world_size == 1024
+    (rank,) = manifest.ranks
+    assert rank.rank == 0
+    # Five optimizer steps were five iterations, then prism ended the program (50 asked for).
+    assert len(rank.result.iteration_ns) == 5
+    assert rank.result.parameter_count > 0
+    files = CaptureFiles(out)
+    log = read_comm_log(files.comm(0))
+    assert log.world_size == 1024
+    # DDP's gradient all-reduces went through prism's backend over all 1024 ranks, every
+    # iteration; its set-up (parameter verification and broadcast) came first.
+    reductions = [c for c in log.calls if c.op == "all_reduce" and c.group_size == 1024]
+    assert len(reductions) >= 5
+    assert {c.op for c in log.calls[:3]} & {"all_gather", "broadcast"}
+    assert files.kineto(0).is_file() and files.et(0).is_file()
+
+
+def test_a_missing_program_is_one_error_line(tmp_path: Path) -> None:
+    result, out = capture(tmp_path, "--tp", "1", "--pp", "1", "--dp", "4", program=("no_such_train.py",))
+    assert result.exit_code == 2
+    assert "program not found: no_such_train.py" in error_line(result.output)
+    assert not out.exists()
+
+
+def test_a_program_that_raises_shows_its_traceback_and_leaves_nothing(tmp_path: Path) -> None:
+    script = tmp_path / "boom.py"
+    script.write_text(
+        "import torch.distributed as dist\ndist.init_process_group('gloo')\nraise ValueError('bad batch size 7')\n"
+    )
+    result, out = capture(tmp_path, "--tp", "1", "--pp", "1", "--dp", "4", program=(str(script),))
+    assert result.exit_code == 2
+    assert "rank 0 exited with code 1" in error_line(result.output)
+    assert "ValueError: bad batch size 7" in result.output
+    assert not out.exists()
+
+
+def test_a_program_that_never_initialises_torch_distributed_is_an_error(tmp_path: Path) -> None:
+    script = tmp_path / "local.py"
+    script.write_text("print('training alone')\n")
+    result, out = capture(tmp_path, "--tp", "1", "--pp", "1", "--dp", "4", program=(str(script),))
+    assert result.exit_code == 2
+    assert "never initialised torch.distributed" in result.output
+    assert not out.exists()
+
+
+def test_a_program_with_too_few_steps_says_how_many_it_made(tmp_path: Path) -> None:
+    program = (str(EXAMPLES / "ddp.py"), "--steps", "2", *TINY_DDP)
+    result, out = capture(tmp_path, "--tp", "1", "--pp", "1", "--dp", "4", "--warmup", "3", program=program)
+    assert result.exit_code == 2
+    assert "ended after 2 optimizer step(s); the capture needs 5" in result.output
+    assert not out.exists()
