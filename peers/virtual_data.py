@@ -17,13 +17,21 @@ __all__ = ["all_to_all_into", "fill_standin", "own_chunk_into", "own_slot_else_s
 def replicate_into(output: torch.Tensor, input: torch.Tensor, group_size: int) -> None:
     """All-gather into one tensor: every member's slot gets a copy of ``input`` (one copy kernel)."""
     _check_numel(output, input.numel() * group_size, "all_gather output")
-    output.view(group_size, -1).copy_(input.reshape(1, -1))
+    source = input.reshape(1, -1)
+    if _shares_memory(source, output):  # in-place all-gather (FSDP2): the input is the rank's own slot
+        source = source.clone()
+    output.view(group_size, -1).copy_(source)
+
+
+def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 def own_chunk_into(output: torch.Tensor, input: torch.Tensor, rank: int, group_size: int) -> None:
     """Reduce-scatter from one tensor: ``output`` gets this rank's own chunk of ``input``."""
     _check_numel(input, output.numel() * group_size, "reduce_scatter input")
-    output.copy_(input.reshape(group_size, -1)[rank].view(output.shape))
+    chunk = input.reshape(group_size, -1)[rank].view(output.shape)
+    output.copy_(chunk.clone() if _shares_memory(chunk, output) else chunk)
 
 
 def own_slot_else_standin(outputs: list[torch.Tensor], own: torch.Tensor, rank: int) -> None:

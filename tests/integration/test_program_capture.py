@@ -50,6 +50,57 @@ def test_ddp_at_1024_ranks_is_captured_from_its_optimizer_steps(tmp_path: Path) 
     assert files.kineto(0).is_file() and files.et(0).is_file()
 
 
+TINY_MODEL = (
+    "--steps",
+    "50",
+    "--hidden",
+    "32",
+    "--layers",
+    "2",
+    "--vocab",
+    "64",
+    "--batch",
+    "2",
+    "--seq",
+    "8",
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("example", "layout", "expected"),
+    [
+        # FSDP2: per-block all-gathers (in place: the input is the rank's own slot of the output)
+        # and reduce-scatters over all dp ranks.
+        ("fsdp2.py", (1, 1024), {("all_gather", "dp.0"), ("reduce_scatter", "dp.0")}),
+        # DTensor tp inside FSDP2 on a 2-D mesh: init_device_mesh makes every tp and dp group
+        # (the rank belongs to one of each), the tp all-reduces and the dp all-gathers land on them.
+        (
+            "tp_fsdp.py",
+            (2, 512),
+            {("all_reduce", "tp.0"), ("all_gather", "dp.0"), ("reduce_scatter", "dp.0")},
+        ),
+    ],
+)
+def test_sharded_programs_are_captured_at_1024_ranks(
+    tmp_path: Path, example: str, layout: tuple[int, int], expected: set[tuple[str, str]]
+) -> None:
+    tp, dp = layout
+    extra = ("--tp", str(tp)) if example == "tp_fsdp.py" else ()
+    program = (str(EXAMPLES / example), *extra, *TINY_MODEL)
+    options = ("--tp", str(tp), "--pp", "1", "--dp", str(dp), "--warmup", "3", "--iterations", "1")
+    result, out = capture(tmp_path, *options, program=program)
+    assert result.exit_code == 0, result.output
+    (rank,) = read_manifest(out).ranks
+    assert len(rank.result.iteration_ns) == 4
+    log = read_comm_log(CaptureFiles(out).comm(0))
+    calls = {(c.op, c.label) for c in log.calls}
+    assert expected <= calls, calls
+    assert all(
+        c.group_size == {"tp": tp, "dp": dp}[c.label[:2]] for c in log.calls if c.label[:2] in ("tp", "dp")
+    )
+
+
 def test_a_missing_program_is_one_error_line(tmp_path: Path) -> None:
     result, out = capture(tmp_path, "--tp", "1", "--pp", "1", "--dp", "4", program=("no_such_train.py",))
     assert result.exit_code == 2
