@@ -101,6 +101,21 @@ def test_sharded_programs_are_captured_at_1024_ranks(
     )
 
 
+def test_the_calls_programs_make_work_with_one_real_rank_among_1024(tmp_path: Path) -> None:
+    tour = Path(__file__).resolve().parents[1] / "data" / "programs" / "api_tour.py"
+    options = ("--tp", "2", "--pp", "1", "--dp", "512", "--warmup", "3", "--iterations", "1")
+    result, out = capture(tmp_path, *options, program=(str(tour),))
+    assert result.exit_code == 0, result.output
+    log = read_comm_log(CaptureFiles(out).comm(0))
+    labels = {g.label for g in log.groups}
+    assert {"world", "tp.0", "dp.0"} <= labels
+    ops = {c.op for c in log.calls}
+    assert {"all_reduce", "barrier", "all_gather", "broadcast", "send", "recv"} <= ops
+    # The training loop's gradient all-reduce on the dp group, once per captured iteration.
+    grads = [c for c in log.calls if c.op == "all_reduce" and c.label == "dp.0"]
+    assert len(grads) == 4
+
+
 def test_a_missing_program_is_one_error_line(tmp_path: Path) -> None:
     result, out = capture(tmp_path, "--tp", "1", "--pp", "1", "--dp", "4", program=("no_such_train.py",))
     assert result.exit_code == 2
