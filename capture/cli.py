@@ -141,35 +141,30 @@ def capture(
     """Capture a slice of a job at its target layout: your own program (`-- train.py ARGS`), or the
     built-in GPT (default: tiny model, tp=8 pp=16 dp=64)."""
     hooks = ConsoleHooks()
-    if program:
-        with reported(hooks, CaptureError, ProgramError, LayoutError):
+    with reported(hooks, CaptureError, ConfigError, ProgramError, LayoutError):
+        layout = ParallelLayout(tp=tp, pp=pp, dp=dp, order=order)
+        if program:
             spec = ProgramSpec(
-                argv=tuple(program), cwd=os.getcwd(), layout=ParallelLayout(tp=tp, pp=pp, dp=dp, order=order),
-                device=device, nproc_per_node=nproc_per_node, run_to_end=run_to_end,
+                argv=tuple(program), cwd=os.getcwd(), layout=layout, device=device,
+                nproc_per_node=nproc_per_node, run_to_end=run_to_end,
             )  # fmt: skip
-            options = CaptureOptions(
-                program=spec, ranks=parse_ranks(ranks), out_dir=out, real=real, warmup=warmup,
-                iterations=iterations, threads=threads, overwrite=overwrite, rank_timeout_s=rank_timeout,
+            job, what = {"program": spec}, f"program {spec.describe()}"
+        else:
+            if order != DEFAULT_ORDER:
+                raise LayoutError(
+                    f"the built-in GPT lays ranks out as {DEFAULT_ORDER}; --order is for programs"
+                )
+            config = GPTConfig(
+                layers=layers, hidden=hidden, heads=heads, ffn_hidden=ffn_hidden, seq_len=seq_len, vocab=vocab,
+                micro_batch_size=micro_batch_size, microbatches=microbatches, tp=tp, pp=pp, dp=dp, dtype=dtype,
+                device=device, seed=seed, grad_bucket_mb=grad_bucket_mb,
             )  # fmt: skip
-            console.print(
-                f"[bold]prism-capture[/] {spec.layout}, real={real.value}, program {spec.describe()}"
-            )
-            manifest = run_capture(options, hooks)
-        console.print(capture_table(manifest, out))
-        return
-    with reported(hooks, CaptureError, ConfigError, LayoutError):
-        config = GPTConfig(
-            layers=layers, hidden=hidden, heads=heads, ffn_hidden=ffn_hidden, seq_len=seq_len, vocab=vocab,
-            micro_batch_size=micro_batch_size, microbatches=microbatches, tp=tp, pp=pp, dp=dp, dtype=dtype,
-            device=device, seed=seed, grad_bucket_mb=grad_bucket_mb,
-        )  # fmt: skip
+            job, what = {"config": config}, f"model {model_line(config)}"
         options = CaptureOptions(
-            config=config, ranks=parse_ranks(ranks), out_dir=out, real=real, warmup=warmup,
-            iterations=iterations, threads=threads, overwrite=overwrite, rank_timeout_s=rank_timeout,
+            **job, ranks=parse_ranks(ranks), out_dir=out, real=real, warmup=warmup, iterations=iterations,
+            threads=threads, overwrite=overwrite, rank_timeout_s=rank_timeout,
         )  # fmt: skip
-        console.print(
-            f"[bold]prism-capture[/] {config.layout}, real={real.value}, model {model_line(config)}"
-        )
+        console.print(f"[bold]prism-capture[/] {layout}, real={real.value}, {what}")
         manifest = run_capture(options, hooks)
     console.print(capture_table(manifest, out))
 

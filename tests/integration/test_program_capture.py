@@ -154,9 +154,10 @@ def test_a_program_with_too_few_steps_says_how_many_it_made(tmp_path: Path) -> N
 
 def test_a_call_prism_cannot_emulate_names_itself_and_the_programs_line(tmp_path: Path) -> None:
     script = tmp_path / "watchdog.py"
-    script.write_text("import torch.distributed as dist\ndist.init_process_group('gloo')\ndist.monitored_barrier()\n")
+    script.write_text(
+        "import torch.distributed as dist\ndist.init_process_group('gloo')\ndist.monitored_barrier()\n"
+    )
     result, out = capture(tmp_path, "--tp", "1", "--pp", "1", "--dp", "4", program=(str(script),))
     assert result.exit_code == 2
     assert f"UnsupportedCall: torch.distributed.monitored_barrier at {script}:3" in result.output
     assert not out.exists()
-
