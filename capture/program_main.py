@@ -74,7 +74,8 @@ def run_program_rank(job: RankJob, rank: int, out_dir: Path, *, clock: CommClock
     total = job.warmup + job.iterations
     with profiled(spec) as prof:
         steps = StepIterations(
-            rank=rank, total=total, stop_after_last=not program.run_to_end, profiler=prof, clock=clock,
+            rank=rank, total=total, profiled_from=job.warmup, stop_after_last=not program.run_to_end,
+            profiler=prof, clock=clock,
             cuda=program.device == "cuda",
         )  # fmt: skip
         hook = register_optimizer_step_post_hook(steps)
@@ -113,6 +114,7 @@ def run_program_rank(job: RankJob, rank: int, out_dir: Path, *, clock: CommClock
         peak_device_bytes=torch.cuda.max_memory_allocated() if program.device == "cuda" else None,
         wall_s=time.perf_counter() - started,
         held_ns=tuple(held.within(s, e) for s, e in timings.windows),
+        static_bytes=timings.static_bytes,
     )
     write_json_atomic(files.result(rank), asdict(result))
     report(rank=rank, event="done")

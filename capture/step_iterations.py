@@ -12,6 +12,7 @@ run to its end.
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 from dataclasses import dataclass, field
 
@@ -37,6 +38,8 @@ class StepTimings:
     """Each iteration's span on the comm log's clock (``time.time_ns``)."""
     parameters: int = 0
     """Parameters the program's optimizers step (counted once, at the first step)."""
+    static_bytes: int | None = None
+    """Live tensor bytes when the first profiled iteration began (``live_tensor_bytes``)."""
 
 
 class StepIterations:
@@ -47,13 +50,14 @@ class StepIterations:
         *,
         rank: int,
         total: int,
+        profiled_from: int,
         stop_after_last: bool,
         profiler: Profiler,
         clock: CommClock,
         cuda: bool,
     ) -> None:
         self.timings = StepTimings()
-        self._rank, self._total, self._stop = rank, total, stop_after_last
+        self._rank, self._total, self._stop, self._profiled_from = rank, total, stop_after_last, profiled_from
         self._profiler, self._clock, self._cuda = profiler, clock, cuda
         self._mark: contextlib.AbstractContextManager[None] | None = None
         self._began_ns = self._t0 = 0
@@ -86,6 +90,8 @@ class StepIterations:
             self._mark = None
 
     def _open(self) -> None:
+        if self.done == self._profiled_from:
+            self.timings.static_bytes = live_tensor_bytes(self._cuda)
         self._began_ns = time.time_ns()
         self._clock.iteration_started(self._began_ns)
         self._mark = annotate.iteration(self.done)
@@ -104,3 +110,23 @@ class StepIterations:
         self._clock.iteration_done(ended)
         self._profiler.step()
         report(rank=self._rank, event="iteration", done=self.done, total=self._total, ms=elapsed / 1e6)
+
+
+def live_tensor_bytes(cuda: bool) -> int:
+    """Bytes the program's tensors hold now: on CUDA the allocator's count; on CPU, which keeps
+    none, the distinct storages of every tensor the garbage collector tracks (memory only C++
+    holds, such as DDP's gradient buckets, is not seen)."""
+    if cuda:
+        return torch.cuda.memory_allocated()
+    storages: dict[int, int] = {}
+    for obj in gc.get_objects():
+        if not torch.is_tensor(obj) or obj.is_sparse or obj.device.type != "cpu":
+            continue
+        try:
+            storage = obj.untyped_storage()
+            pointer, nbytes = storage.data_ptr(), storage.nbytes()
+        except (RuntimeError, NotImplementedError):  # no storage (meta, wrappers) or one freed (FSDP2)
+            continue
+        storages[pointer] = max(storages.get(pointer, 0), nbytes)
+    storages.pop(0, None)
+    return sum(storages.values())

@@ -37,6 +37,7 @@ from prism.capture.runner import (
 from prism.graph.io.parquet import GraphFormatError, read_metadata
 from prism.replay.runtime import Progress, ReplayOptions, run_replay
 from prism.schemas import PRISM_VERSION
+from prism.schemas import graph_format as gf
 from prism.schemas.files import write_json_atomic
 from prism.schemas.manifest import (
     CaptureFiles,
@@ -53,9 +54,14 @@ PACED_MODE = "paced"
 def paced_config(graph: Path) -> GPTConfig:
     """The job of ``graph`` (the model and layout a paced capture of it runs)."""
     try:
-        return GPTConfig.from_dict(read_metadata(graph).model)
+        model = read_metadata(graph).model
     except (GraphFormatError, ValueError, OSError) as e:
         raise CaptureError(f"{graph}: {str(e).splitlines()[0]}") from None
+    if gf.PROGRAM_KEY in model:
+        raise CaptureError(
+            f"{graph} is the graph of your own program; paced captures are of the built-in GPT only so far"
+        )
+    return GPTConfig.from_dict(model)
 
 
 def run_paced_capture(

@@ -33,6 +33,7 @@ from prism.graph.sim.simulate import static_bytes
 from prism.graph.sim.whatif import BlockDelay
 from prism.graph.traces.memory import iteration_memory
 from prism.replay.coordinator import Coordinator
+from prism.schemas import graph_format as gf
 from prism.schemas.files import write_json_atomic
 from prism.schemas.iterations import MIN_WARMUP, clean_unprofiled
 from prism.schemas.manifest import RankJob, RankResult
@@ -97,6 +98,10 @@ def check_inputs(options: ReplayOptions) -> GPTConfig:
         metadata = read_metadata(options.graph)
     except (GraphFormatError, ValueError, OSError) as e:
         raise ReplayInputError(f"{options.graph}: {str(e).splitlines()[0]}") from None
+    if gf.PROGRAM_KEY in metadata.model:
+        raise ReplayInputError(
+            f"{options.graph} is the graph of your own program; prism-replay replays the built-in GPT's graphs only so far"
+        )
     config = GPTConfig.from_dict(metadata.model)
     if options.device is not None:
         config = replace(config, device=options.device)

@@ -18,8 +18,17 @@ from dataclasses import asdict, dataclass, field
 import pyarrow as pa
 
 SCHEMA_NAME = "prism.graph"
-VERSION = 2
+VERSION = 3
+READABLE_VERSIONS = (2, 3)
+"""Version 3 adds graphs of the user's own programs (``PROGRAM_KEY``, ``STATIC_BYTES_KEY``); version 2 files read unchanged."""
 METADATA_KEY = b"prism"
+PROGRAM_KEY = "program"
+"""Key of ``GraphMetadata.model`` for a graph of the user's own program (its ``ProgramSpec``)."""
+TIME_SCALE_KEY = "time_scale"
+"""Key of ``GraphMetadata.extra``: the profiler correction applied to each captured rank, or None."""
+STATIC_BYTES_KEY = "stage_static_bytes"
+"""Key of ``GraphMetadata.extra`` for a program's graph: bytes a rank of each stage holds across
+iterations, measured at capture (the built-in GPT's are computed from its model)."""
 
 
 class NodeKind(enum.StrEnum):
@@ -109,7 +118,7 @@ class GraphMetadata:
     layout: dict
     """Target layout: tp, pp, dp, order."""
     model: dict
-    """Workload config of the target job (GPTConfig fields)."""
+    """Workload of the target job: the built-in GPT's GPTConfig fields, or ``{"program": ProgramSpec}``."""
     cluster: dict
     """Cluster spec the comm durations were computed with."""
     capture_digest: str
@@ -133,9 +142,10 @@ class GraphMetadata:
         values = json.loads(data)
         if values.get("schema") != SCHEMA_NAME:
             raise ValueError(f"not a prism graph (schema={values.get('schema')!r})")
-        if values.get("version") != VERSION:
+        if values.get("version") not in READABLE_VERSIONS:
             raise ValueError(
-                f"graph format version {values.get('version')!r} is not supported (expects {VERSION})"
+                f"graph format version {values.get('version')!r} is not supported "
+                f"(reads {', '.join(map(str, READABLE_VERSIONS))})"
             )
         return cls(**values)
 

@@ -171,6 +171,10 @@ class RankResult:
     held_ns: tuple[int, ...] = ()
     """Time of every iteration prism held the program (``prism.schemas.comm_log.HeldTime``): zero
     in a free-running capture; the emulated waits and the engine's work in a paced one."""
+    static_bytes: int | None = None
+    """A program's capture: bytes of the distinct tensor storages the program held when its profiled
+    iterations began (weights, gradients, optimizer state; ``torch.cuda.memory_allocated`` on
+    CUDA). None for the built-in GPT, whose static bytes are computed from its model."""
     phase_ns: tuple[dict[str, int], ...] = ()
     """Own time of every iteration by kind of top-level block (``annotations.block_kind``, and
     ``annotations.GLUE`` for the rest): the blocks' wall time less process-group calls and held

@@ -14,12 +14,11 @@ import pandas as pd
 import pyarrow as pa
 
 from prism.graph.build import op_table as ot
-from prism.graph.comm.model import CommModel
-from prism.graph.comm.placement import LayoutTables
 from prism.graph.build.compose import DEPS, GSEQ, IDLE, LAYER, MB, P2P_DIR, P2P_SEQ, SKEW, StageProgram
 from prism.graph.build.templates import GROUP_AXIS
+from prism.graph.comm.model import CommModel
+from prism.graph.comm.placement import LayoutTables
 from prism.schemas import graph_format as gf
-from prism.schemas.layout import ParallelLayout
 
 # Collective ids: axis code in the top bits, then the group index, then the per-group sequence.
 AXIS_CODES = {"tp": 1, "dp": 2, "pp": 3, "world": 4}

@@ -10,21 +10,23 @@ from pathlib import Path
 import numpy as np
 
 from prism.graph.build import op_table as T
-from prism.graph.comm.placement import LayoutTables
 from prism.graph.build.bind import bind_ranks, encode_program
-from prism.graph.comm.model import CommModel
 from prism.graph.build.compose import compose_stage
-from prism.graph.io.parquet import GraphWriter
-from prism.graph.sim.noise import call_jitter_ns, iteration_cv
 from prism.graph.build.normalize import normalize_rank
 from prism.graph.build.profiler_overhead import Correction, scale_template, time_scale
+from prism.graph.build.program_graph import program_stages
 from prism.graph.build.templates import RoleTemplate, TemplateError, build_role_template
+from prism.graph.comm.model import CommModel
+from prism.graph.comm.placement import LayoutTables
+from prism.graph.io.parquet import GraphWriter
 from prism.graph.io.validate import ValidationReport, validate_graph
+from prism.graph.sim.noise import call_jitter_ns, iteration_cv
 from prism.schemas import PRISM_VERSION
+from prism.schemas import graph_format as gf
 from prism.schemas.cluster import ClusterSpec
 from prism.schemas.comm_log import HeldTime, read_comm_log
 from prism.schemas.graph_format import GraphMetadata
-from prism.schemas.layout import Role
+from prism.schemas.layout import ParallelLayout, Role
 from prism.schemas.manifest import CaptureFiles, CaptureManifest, ManifestError, read_manifest
 from prism.schemas.workload import ConfigError, GPTConfig
 
@@ -66,17 +68,21 @@ class BuildOptions:
 class BuildResult:
     """What was built."""
 
-    config: GPTConfig
-    """Target job."""
+    config: GPTConfig | None
+    """Target job of the built-in GPT; None for a program's graph."""
     metadata: GraphMetadata
     """File metadata written."""
     report: ValidationReport
     """The validator's verdict and counts."""
 
     @property
+    def layout(self) -> ParallelLayout:
+        return ParallelLayout.from_dict(self.metadata.layout)
+
+    @property
     def time_scales(self) -> dict | None:
         """Profiler correction applied, per captured rank; None if none was."""
-        return self.metadata.extra.get(TIME_SCALE_KEY)
+        return self.metadata.extra.get(gf.TIME_SCALE_KEY)
 
 
 def target_config(captured: GPTConfig, options: BuildOptions) -> GPTConfig:
@@ -97,7 +103,6 @@ def target_config(captured: GPTConfig, options: BuildOptions) -> GPTConfig:
         raise BuildError(f"target is inconsistent with the model: {e}") from e
 
 
-TIME_SCALE_KEY = "time_scale"
 """``GraphMetadata.extra`` key: the profiler correction of each captured rank, or None."""
 
 
@@ -170,10 +175,7 @@ def build_graph(options: BuildOptions, progress: ProgressCallback | None = None)
     except ManifestError as e:
         raise BuildError(str(e)) from e
     if manifest.job.program is not None:
-        raise BuildError(
-            f"{options.capture_dir} is a capture of your own program ({manifest.job.program.describe()}); "
-            "prism-build-graph builds graphs of the built-in GPT's captures only so far"
-        )
+        return _build_program_graph(options, manifest, progress)
     cfg = target_config(manifest.job.config, options)
     layout = cfg.layout
     try:
@@ -200,14 +202,46 @@ def build_graph(options: BuildOptions, progress: ProgressCallback | None = None)
         capture_digest=_digest(options.capture_dir),
         build_options={"microbatches": cfg.microbatches, "layers": cfg.layers, "ranks_per_row_group": options.ranks_per_row_group},
         prism_version=PRISM_VERSION,
-        extra={TIME_SCALE_KEY: scales},
+        extra={gf.TIME_SCALE_KEY: scales},
     )  # fmt: skip
     _write(options, metadata, stages, LayoutTables.build(layout, options.cluster.gpus_per_node), progress)
-    report = validate_graph(options.out)
+    return BuildResult(config=cfg, metadata=metadata, report=_validated(options.out))
+
+
+def _build_program_graph(options: BuildOptions, manifest: CaptureManifest, progress) -> BuildResult:
+    layout = manifest.job.program.layout
+    if (options.tp, options.pp, options.dp) != (layout.tp, layout.pp, layout.dp):
+        raise BuildError(
+            f"the capture is of your program at {layout}; a program's graph keeps the captured layout: "
+            f"build with --tp {layout.tp} --pp {layout.pp} --dp {layout.dp} (or capture at the target layout)"
+        )
+    if options.microbatches is not None or options.layers is not None:
+        raise BuildError(
+            "--microbatches and --layers change the built-in GPT; a program's graph keeps its own"
+        )
+    try:
+        built = program_stages(
+            options.capture_dir, manifest, cluster=options.cluster.to_dict(), digest=_digest(options.capture_dir),
+            options={"ranks_per_row_group": options.ranks_per_row_group}, correction=options.profiler_correction,
+        )  # fmt: skip
+    except TemplateError as e:
+        raise BuildError(str(e)) from e
+    _write(
+        options,
+        built.metadata,
+        built.stages,
+        LayoutTables.build(layout, options.cluster.gpus_per_node),
+        progress,
+    )
+    return BuildResult(config=None, metadata=built.metadata, report=_validated(options.out))
+
+
+def _validated(out: Path) -> ValidationReport:
+    report = validate_graph(out)
     if not report.ok:
-        options.out.unlink(missing_ok=True)
+        out.unlink(missing_ok=True)
         raise BuildError(f"the built graph is invalid (a prism bug): {report.problems[0]}")
-    return BuildResult(config=cfg, metadata=metadata, report=report)
+    return report
 
 
 def _write(

@@ -11,13 +11,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from prism.graph.build.builder import BuildError, BuildOptions, BuildResult, build_graph
-from prism.graph.io.parquet import GraphFormatError
-from prism.graph.traces.kineto import NormalizeError
-from prism.graph.sim.predict import predict, stage_table
 from prism.graph.build.profiler_overhead import Correction
+from prism.graph.io.parquet import GraphFormatError
+from prism.graph.sim.predict import predict, stage_table
+from prism.graph.traces.kineto import NormalizeError
 from prism.schemas import cli_help
-from prism.schemas.iterations import MIN_WARMUP
 from prism.schemas.cluster import load_cluster
+from prism.schemas.iterations import MIN_WARMUP
 from prism.schemas.summary import write_summary
 
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -25,8 +25,8 @@ console = Console(stderr=True)
 
 
 def _summary(result: BuildResult, out: Path) -> Table:
-    report, cfg = result.report, result.config
-    table = Table(title=f"graph of {cfg.layout} — {out} ({out.stat().st_size / 2**20:.1f} MiB)")
+    report = result.report
+    table = Table(title=f"graph of {result.layout} — {out} ({out.stat().st_size / 2**20:.1f} MiB)")
     table.add_column("what")
     table.add_column("value", justify="right")
     table.add_row("ranks", f"{report.ranks:,}")
@@ -104,7 +104,7 @@ def build(
         summary_path = out.with_name("summary.json")
         write_summary(summary, summary_path)
         console.print(
-            stage_table(summary, f"predicted iteration of {result.config.layout} on {options.cluster.name}")
+            stage_table(summary, f"predicted iteration of {result.layout} on {options.cluster.name}")
         )
         console.print(f"wrote {summary_path}")
 

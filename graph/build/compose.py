@@ -16,7 +16,6 @@ import numpy as np
 import pandas as pd
 
 from prism.graph.build import op_table as ot
-from prism.graph.sim.noise import collective_skew_ns, work_between
 from prism.graph.build.templates import (
     BWD,
     FWD,
@@ -30,6 +29,7 @@ from prism.graph.build.templates import (
     RoleTemplate,
     TemplateError,
 )
+from prism.graph.sim.noise import collective_skew_ns, work_between
 from prism.schemas.annotations import Direction, Phase, block_kind
 from prism.schemas.gpt_params import stage_buckets
 from prism.schemas.pipeline_schedule import Action, one_f_one_b
@@ -248,7 +248,7 @@ def compose_stage(template: RoleTemplate, *, cfg: GPTConfig, captured: GPTConfig
     program.add(sync.iloc[split:])
     program.add(_segment(template, OPTIM))
     program.add(_segment(template, POST))
-    nodes = _finish(program.pieces)
+    nodes = finish_nodes(program.pieces)
     # What the rank does by itself: a compute node's duration after its arrival, plus every gap.
     is_comm = nodes[ot.IS_COMM].to_numpy(dtype=bool)
     own = np.where(is_comm, 0, nodes[ot.DUR_NS].to_numpy(dtype=np.int64))
@@ -284,7 +284,8 @@ def _finish_columns(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def _finish(pieces: list[pd.DataFrame]) -> pd.DataFrame:
+def finish_nodes(pieces: list[pd.DataFrame]) -> pd.DataFrame:
+    """The pieces of a stage program as one frame: every column filled, sequence numbers of its calls."""
     nodes = pd.concat(pieces, ignore_index=True)
     for column, default in _DEFAULTS.items():
         if column not in nodes:

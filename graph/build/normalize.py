@@ -36,9 +36,16 @@ import pandas as pd
 
 from prism.graph.build import op_table as T
 from prism.graph.traces.et import read_et_inputs
-from prism.graph.traces.kineto import Marks, find_marks, read_json_file, read_kineto, select_units, training_spans
+from prism.graph.traces.kineto import (
+    Marks,
+    NormalizeError,
+    find_marks,
+    read_json_file,
+    read_kineto,
+    select_units,
+    training_spans,
+)
 from prism.graph.traces.memory import attribute_memory
-from prism.graph.traces.kineto import NormalizeError
 from prism.schemas.annotations import Mark, MarkError, parse_mark
 from prism.schemas.comm_log import CommCall, CommLog, HeldTime, trace_offset_ns
 from prism.schemas.manifest import CaptureFiles, ManifestError, read_manifest

@@ -14,7 +14,6 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-
 # -- identity and timing -----------------------------------------------------------------------
 RANK = "rank"  # captured global rank
 ITERATION = "iteration"  # training iteration, from the enclosing prism:iter mark

@@ -73,7 +73,7 @@ def no_folding(graph: SimGraph) -> Folding:
 
 def fold_replicas(graph: SimGraph, keep: Iterable[int] = ()) -> Folding:
     """Fold the graph's identical dp replicas; the replicas of ``keep`` ranks stay, each on its own."""
-    layout = graph.config.layout
+    layout = graph.layout
     if layout.dp == 1 or graph.ranks != layout.world_size:
         return no_folding(graph)
     ranks = np.arange(graph.ranks, dtype=np.int64)

@@ -5,8 +5,9 @@ the simulation runs ``iterations`` passes, each starting every rank at its previ
 steady iteration time of a rank is the length of its last pass. The engine's semantics are in
 ``prism.graph.sim.engine``.
 
-Peak memory of a rank = its static bytes (parameters, gradients, Adam moments and step
-counters, DP bucket buffers: ``prism.schemas.gpt_params``) + the highest running total of the
+Peak memory of a rank = its static bytes (the built-in GPT's parameters, gradients, Adam moments
+and step counters, DP bucket buffers, from ``prism.schemas.gpt_params``; a program's, measured at
+capture) + the highest running total of the
 bytes its nodes allocate and free, in program order (a node's allocations count before its
 frees).
 """
@@ -25,6 +26,7 @@ from prism.graph.sim.engine import COLLECTIVE, COMPUTE, RECV, SEND, Engine
 from prism.graph.sim.fold import fold_replicas
 from prism.schemas import graph_format as gf
 from prism.schemas.gpt_params import stage_buckets, stage_parameter_numels
+from prism.schemas.layout import ParallelLayout
 from prism.schemas.workload import GPTConfig
 
 _KIND_CODES = {
@@ -46,7 +48,10 @@ class SimulationError(RuntimeError):
 class SimGraph:
     """A graph as the engine's arrays (all ranks, rows in (rank, index) order)."""
 
-    config: GPTConfig
+    layout: ParallelLayout
+    """The graph's layout (every rank of it)."""
+    stage_static_bytes: np.ndarray
+    """Bytes a rank of each stage holds across iterations (``static_bytes_of``)."""
     rank_ptr: np.ndarray
     stage: np.ndarray
     kind: np.ndarray
@@ -176,8 +181,8 @@ def load_sim_graph(path: str | Path) -> SimGraph:
     """
     with GraphReader(path) as reader:
         metadata = reader.metadata
-        config = GPTConfig.from_dict(metadata.model)
-        world = config.layout.world_size
+        layout = ParallelLayout.from_dict(metadata.layout)
+        world = layout.world_size
         columns = _Columns(reader.num_rows, world)
         offset = 0
         for table in reader.iter_rank_chunks(_COLUMNS):
@@ -196,7 +201,7 @@ def load_sim_graph(path: str | Path) -> SimGraph:
     deps_ptr = np.cumsum(columns.deps_count)
     deps = np.concatenate(columns.deps_chunks) if columns.deps_chunks else np.zeros(0, np.int64)
     return SimGraph(
-        config=config, rank_ptr=rank_ptr, stage=a[gf.STAGE], kind=kind, dur=a[gf.DUR_NS], gap=a[gf.GAP_NS],
+        layout=layout, stage_static_bytes=static_bytes_of(metadata, layout), rank_ptr=rank_ptr, stage=a[gf.STAGE], kind=kind, dur=a[gf.DUR_NS], gap=a[gf.GAP_NS],
         skew=_skew_or_none(a[gf.SKEW_NS]), is_async=a[gf.IS_ASYNC], slot=slot, slot_size=slot_size,
         slot_nodes_ptr=slot_nodes_ptr, slot_nodes=slot_nodes, deps_ptr=deps_ptr, deps=deps,
         alloc=a[gf.ALLOC_BYTES], free=a[gf.FREE_BYTES],
@@ -205,6 +210,15 @@ def load_sim_graph(path: str | Path) -> SimGraph:
 
 def _skew_or_none(skew: np.ndarray) -> np.ndarray | None:
     return skew if skew.any() else None  # a quiet capture: no second duration array
+
+
+def static_bytes_of(metadata: gf.GraphMetadata, layout: ParallelLayout) -> np.ndarray:
+    """Static bytes of a rank of each stage: measured at capture for a program's graph
+    (``gf.STATIC_BYTES_KEY``), computed from the model for the built-in GPT's."""
+    if gf.PROGRAM_KEY in metadata.model:
+        return np.asarray(metadata.extra[gf.STATIC_BYTES_KEY], np.int64)
+    config = GPTConfig.from_dict(metadata.model)
+    return np.array([static_bytes(config, s) for s in range(layout.pp)], np.int64)
 
 
 def static_bytes(config: GPTConfig, stage: int) -> int:
@@ -226,7 +240,7 @@ def peak_bytes(graph: SimGraph) -> np.ndarray:
     high = np.full(graph.ranks, 0, np.int64)
     np.maximum.at(high, rank_of, before - base[rank_of] + graph.alloc)
     stages = graph.stage[graph.rank_ptr[:-1]]
-    static = np.array([static_bytes(graph.config, s) for s in range(graph.config.pp)])[stages]
+    static = graph.stage_static_bytes[stages]
     return static + high
 
 

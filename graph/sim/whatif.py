@@ -138,7 +138,7 @@ def _recost(graph: SimGraph, path: Path, spec: ClusterSpec) -> np.ndarray:
     nbytes = graph_column(path, gf.BYTES)[comm]
     size = graph_column(path, gf.GROUP_SIZE)[comm]
     peer = graph_column(path, gf.PEER)[comm]
-    tables = LayoutTables.build(graph.config.layout, spec.gpus_per_node)
+    tables = LayoutTables.build(graph.layout, spec.gpus_per_node)
     spanned = np.ones(len(rank), np.int32)
     for axis, table in tables.nodes_spanned.items():
         on = kind == axis

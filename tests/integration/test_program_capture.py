@@ -8,6 +8,9 @@ import pytest
 from typer.testing import CliRunner
 
 from prism.capture.cli import app
+from prism.graph.build.cli import app as build_app
+from prism.graph.io.validate import validate_graph
+from prism.graph.sim.simulate import load_sim_graph, simulate
 from prism.schemas.comm_log import read_comm_log
 from prism.schemas.manifest import CaptureFiles, read_manifest
 
@@ -99,6 +102,14 @@ def test_sharded_programs_are_captured_at_1024_ranks(
     assert all(
         c.group_size == {"tp": tp, "dp": dp}[c.label[:2]] for c in log.calls if c.label[:2] in ("tp", "dp")
     )
+    # ... and its graph is built from the traces alone, valid, and simulates.
+    graph = tmp_path / "graph.parquet"
+    built = runner.invoke(
+        build_app, [str(out), "--tp", str(tp), "--pp", "1", "--dp", str(dp), "-o", str(graph)]
+    )
+    assert built.exit_code == 0, built.output
+    assert validate_graph(graph).ok
+    assert simulate(load_sim_graph(graph), iterations=2).iteration_ns.min() > 0
 
 
 def test_the_calls_programs_make_work_with_one_real_rank_among_1024(tmp_path: Path) -> None:

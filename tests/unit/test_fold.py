@@ -112,7 +112,7 @@ def test_identical_replicas_fold_into_one_and_simulate_exactly(tmp_path: Path) -
 
 def test_a_replica_that_differs_keeps_its_own_times(tmp_path: Path) -> None:
     graph, path = replicated(tmp_path)
-    layout = graph.config.layout
+    layout = graph.layout
     slow = layout.rank(tp=1, dp=2, pp=1)
     slowed = apply_what_if(graph, path, WhatIf(slow_ranks=(SlowRank(rank=slow, factor=1.5),)))
     folding = fold_replicas(slowed)
@@ -125,7 +125,7 @@ def test_a_replica_that_differs_keeps_its_own_times(tmp_path: Path) -> None:
 
 def test_kept_ranks_keep_their_replica(tmp_path: Path) -> None:
     graph, _ = replicated(tmp_path)
-    layout = graph.config.layout
+    layout = graph.layout
     keep = layout.rank(tp=1, dp=3, pp=0)
     folding = fold_replicas(graph, keep=(keep,))
     assert folding.graph.ranks == 2 * TP * PP
@@ -155,7 +155,7 @@ def test_replicas_that_are_all_different_are_not_folded(tmp_path: Path) -> None:
 @pytest.mark.parametrize("slowdown", [1.0, 1.3])
 def test_co_simulation_on_folded_replicas_is_exact(tmp_path: Path, monkeypatch, slowdown: float) -> None:
     graph, path = replicated(tmp_path)
-    layout = graph.config.layout
+    layout = graph.layout
     real, peers = layout.rank(tp=1, dp=1, pp=1), (0, layout.rank(tp=1, dp=3, pp=1))
 
     def replay(fold) -> GraphClock:
@@ -181,7 +181,7 @@ def test_co_simulation_on_folded_replicas_is_exact(tmp_path: Path, monkeypatch, 
 
 def test_a_replica_waiting_on_other_calls_is_not_folded_with_the_rest(tmp_path: Path) -> None:
     graph, _ = replicated(tmp_path)
-    layout = graph.config.layout
+    layout = graph.layout
     rank = layout.rank(tp=0, dp=2, pp=0)
     rows = np.arange(graph.rank_ptr[rank], graph.rank_ptr[rank + 1])
     waits = rows[np.diff(graph.deps_ptr)[rows] > 0]

@@ -1,0 +1,172 @@
+"""The program of one pipeline stage of a user's program, from its captured rank's traces alone.
+
+A program prism knows nothing about has no block marks and no schedule to rebuild, so the
+stage program is what its captured rank did in one profiled iteration, unit by unit, in program
+order (the op table of ``prism.graph.build.normalize``): its compute, the gaps between, and its
+process-group calls, each collective on the layout group its label names (``tp.3`` is the tp
+group of whichever rank runs the program) and each send or recv with the next or the previous
+pipeline stage. Every profiled iteration must run the same units; each unit's duration and gap
+are their means over the iterations, its memory the median.
+
+An asynchronous call completes at a wait node. A call made during a backward pass (DDP's
+bucket all-reduces, issued from autograd hooks: the unit before it is one of ``BACKWARD_OPS``)
+is waited for where that backward pass ends, as DDP's reducer does before ``backward()``
+returns; any other asynchronous call is waited for right after it is made (a functional
+collective's result is used by the next op).
+
+Graphs of programs keep the captured layout: changing tp, pp or dp would need to know which
+units belong to which layer and microbatch (the block marks the built-in workload has).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pandas as pd
+
+from prism.graph.build import op_table as ot
+from prism.graph.build.compose import (
+    DEPS,
+    GSEQ,
+    IDLE,
+    IS_WAIT,
+    LAYER,
+    MB,
+    P2P_DIR,
+    P2P_SEQ,
+    SKEW,
+    WAIT_NAME,
+    StageProgram,
+    finish_nodes,
+)
+from prism.graph.build.templates import GROUP_AXIS, TemplateError
+from prism.graph.sim.noise import collective_skew_ns, work_between
+from prism.schemas.layout import ParallelLayout
+
+AXES = ("tp", "dp", "pp", "world")
+BACKWARD_OPS = ("autograd::engine::evaluate_function", "torch::autograd::", "torch::distributed::reducer::")
+"""Top-level units of a backward pass: the autograd engine's functions, gradient accumulation, and
+DDP's reducer hooks that run between them."""
+
+_KEY = (ot.NAME, ot.IS_COMM, ot.COMM_OP, ot.GROUP_LABEL, ot.BYTES, ot.PEER)
+
+
+def _iterations(ops: pd.DataFrame) -> list[pd.DataFrame]:
+    """The profiled iterations that ran the most common unit sequence."""
+    iterations = [it.reset_index(drop=True) for _, it in ops.groupby(ot.ITERATION, sort=True)]
+    if not iterations:
+        raise TemplateError("the captured rank has no profiled iteration")
+    signatures = [tuple(map(tuple, it[list(_KEY)].astype(str).to_numpy())) for it in iterations]
+    common, _ = Counter(signatures).most_common(1)[0]
+    return [it for it, sig in zip(iterations, signatures, strict=True) if sig == common]
+
+
+def _axis(label: str) -> str:
+    axis = label.split(".")[0]
+    if axis not in AXES:
+        raise TemplateError(
+            f"a collective on group {label!r}, which is not a group of the layout (tp, dp, pp or world); "
+            "capture at a layout whose groups the program builds"
+        )
+    return axis
+
+
+def _p2p_dir(peer: int, rank: int, layout: ParallelLayout) -> int:
+    for direction, neighbour in ((1, layout.pipeline_next(rank)), (-1, layout.pipeline_prev(rank))):
+        if neighbour is not None and peer == neighbour:
+            return direction
+    raise TemplateError(
+        f"rank {rank} sends to or receives from rank {peer}, which is not its pipeline neighbour; "
+        "graphs of programs carry point-to-point transfers between pipeline stages only"
+    )
+
+
+def _units(iterations: list[pd.DataFrame], rank: int, layout: ParallelLayout, factor: float) -> pd.DataFrame:
+    """One iteration's units with mean durations and gaps (compute scaled by ``factor``)."""
+    units = iterations[0].copy()
+    is_comm = units[ot.IS_COMM].to_numpy(dtype=bool)
+    for column in (ot.DUR_NS, ot.GAP_NS):
+        mean = np.mean([it[column].to_numpy(dtype=np.float64) for it in iterations], axis=0)
+        scaled = mean * factor if column == ot.GAP_NS else np.where(is_comm, mean, mean * factor)
+        units[column] = np.round(scaled).astype(np.int64)
+    for column in (ot.ALLOC_BYTES, ot.FREE_BYTES):
+        units[column] = np.median([it[column].to_numpy() for it in iterations], axis=0).astype(np.int64)
+    labels = units[ot.GROUP_LABEL].astype(str).to_numpy()
+    ops = units[ot.COMM_OP].astype(str).to_numpy()
+    is_p2p = is_comm & np.isin(ops, ("send", "recv"))
+    units[GROUP_AXIS] = [
+        _axis(lab) if c and not p else "" for lab, c, p in zip(labels, is_comm, is_p2p, strict=True)
+    ]
+    peers = units[ot.PEER].to_numpy()
+    units[P2P_DIR] = [
+        _p2p_dir(int(peer), rank, layout) if p else 0 for peer, p in zip(peers, is_p2p, strict=True)
+    ]
+    units[MB], units[LAYER] = -1, -1
+    units[ot.PART] = ""
+    return units
+
+
+def _wait_positions(units: pd.DataFrame) -> dict[int, list[int]]:
+    """For each asynchronous call, the unit after which it is waited for: {position: [calls]}."""
+    is_comm = units[ot.IS_COMM].to_numpy(dtype=bool)
+    backward = np.array([name.startswith(BACKWARD_OPS) for name in units[ot.NAME].astype(str)], dtype=bool)
+    is_async = is_comm & units[ot.IS_ASYNC].to_numpy(dtype=bool)
+    waits: dict[int, list[int]] = {}
+    for call in np.flatnonzero(is_async):
+        at = int(call)
+        before = np.flatnonzero(~is_comm[:call])
+        if len(before) and backward[before[-1]]:  # issued during a backward pass: waited where it ends
+            while at + 1 < len(units) and (backward[at + 1] or is_comm[at + 1]):
+                at += 1
+        waits.setdefault(at, []).append(int(call))
+    return waits
+
+
+def program_stage(
+    ops: pd.DataFrame,
+    *,
+    rank: int,
+    stage: int,
+    layout: ParallelLayout,
+    factor: float = 1.0,
+    noise_cv: float = 0.0,
+    call_jitter_ns: float = 0.0,
+) -> StageProgram:
+    """The nodes every rank of ``stage`` runs, from the op table ``ops`` of captured ``rank``.
+
+    ``factor`` scales compute and gaps to the unprofiled iteration (the role's profiler
+    correction); ``noise_cv`` and ``call_jitter_ns`` give collectives their arrival skew."""
+    units = _units(_iterations(ops), rank, layout, factor)
+    waits = _wait_positions(units)
+    pieces, index = [], 0
+    for position in range(len(units)):
+        pieces.append(units.iloc[[position]])
+        index += 1
+        if position in waits:
+            deps = [call + sum(1 for p in waits if p < call) for call in waits[position]]
+            pieces.append(
+                pd.DataFrame(
+                    {
+                        ot.NAME: [WAIT_NAME],
+                        ot.PHASE: [units[ot.PHASE].iloc[position]],
+                        IS_WAIT: [True],
+                        DEPS: [deps],
+                    }
+                )
+            )
+            index += 1
+    nodes = finish_nodes(pieces)
+    is_comm = nodes[ot.IS_COMM].to_numpy(dtype=bool)
+    own = np.where(is_comm, 0, nodes[ot.DUR_NS].to_numpy(dtype=np.int64))
+    work = own + nodes[ot.GAP_NS].to_numpy(dtype=np.int64)
+    is_coll = is_comm & (nodes[P2P_DIR].to_numpy() == 0)
+    axis = np.where(is_coll, nodes[GROUP_AXIS].to_numpy(dtype=object), "").astype(str)
+    sizes = {"tp": layout.tp, "dp": layout.dp, "pp": layout.pp, "world": layout.world_size}
+    nodes[SKEW] = collective_skew_ns(work, own, axis, sizes, noise_cv, call_jitter_ns)
+    rows = np.flatnonzero(is_comm)
+    idle = np.zeros(len(nodes), np.int64)
+    idle[rows] = np.round(work_between(work, own, rows)).astype(np.int64)
+    nodes[IDLE] = idle
+    assert GSEQ in nodes and P2P_SEQ in nodes
+    return StageProgram(stage=stage, src_rank=rank, nodes=nodes)

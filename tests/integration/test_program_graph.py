@@ -1,0 +1,110 @@
+"""prism-build-graph on a capture of the user's own program: the graph from its traces alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from prism.capture.cli import app as capture_app
+from prism.graph.build.cli import app as build_app
+from prism.graph.io.parquet import read_metadata, read_rank
+from prism.graph.io.validate import validate_graph
+from prism.graph.sim.simulate import load_sim_graph, simulate
+from prism.schemas import graph_format as gf
+from prism.schemas.iterations import clean_unprofiled
+from prism.schemas.manifest import read_manifest
+
+ROOT = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+TINY = ("--steps", "50", "--hidden", "32", "--layers", "2", "--vocab", "64", "--batch", "2", "--seq", "8")
+
+
+def _capture(out: Path, layout: tuple[int, int, int], *program: str) -> Path:
+    tp, pp, dp = layout
+    args = ["--tp", str(tp), "--pp", str(pp), "--dp", str(dp), "--warmup", "4", "--iterations", "2"]
+    result = runner.invoke(capture_app, [*args, "-o", str(out), "--", *program])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def _build(capture: Path, out: Path, layout: tuple[int, int, int]):
+    tp, pp, dp = layout
+    return runner.invoke(
+        build_app, [str(capture), "--tp", str(tp), "--pp", str(pp), "--dp", str(dp), "-o", str(out)]
+    )
+
+
+@pytest.fixture(scope="module")
+def ddp_capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("ddp") / "cap"
+    return _capture(out, (1, 1, 1024), str(ROOT / "examples" / "ddp.py"), *TINY)
+
+
+@pytest.mark.slow
+def test_a_ddp_program_becomes_a_valid_1024_rank_graph_that_simulates(
+    ddp_capture: Path, tmp_path: Path
+) -> None:
+    graph = tmp_path / "graph.parquet"
+    result = _build(ddp_capture, graph, (1, 1, 1024))
+    assert result.exit_code == 0, result.output
+    assert validate_graph(graph).ok
+    meta = read_metadata(graph)
+    assert meta.version == gf.VERSION and gf.PROGRAM_KEY in meta.model
+    # Every rank runs rank 0's captured iteration; DDP's bucket all-reduce spans all 1024 ranks
+    # and is waited for by a wait node that depends on it.
+    nodes = read_rank(graph, 777).to_pandas()
+    reduce = nodes.index[nodes[gf.NAME] == "all_reduce"]
+    assert len(reduce) >= 1 and (nodes.loc[reduce, gf.GROUP_SIZE] == 1024).all()
+    waits = nodes[nodes[gf.NAME] == "prism:wait"]
+    assert sorted(d for deps in waits[gf.DEPS] for d in deps) == sorted(reduce.tolist())
+    # The simulated iteration is the captured rank's own unprofiled one, plus what the job adds.
+    manifest = read_manifest(ddp_capture)
+    (rank,) = manifest.ranks
+    unprofiled = np.median(clean_unprofiled(rank.result.iteration_ns, manifest.job.warmup))
+    sim = simulate(load_sim_graph(graph), iterations=2)
+    assert 0.5 * unprofiled < sim.iteration_ns[0] < 2 * unprofiled
+    # Peak memory: the tensors held when the profiled iterations began, plus the iteration's peak.
+    assert sim.peak_bytes[0] > rank.result.static_bytes > 0
+
+
+def test_replaying_a_programs_graph_is_refused_with_one_line(ddp_capture: Path, tmp_path: Path) -> None:
+    from prism.replay.cli import app as replay_app
+
+    graph = tmp_path / "graph.parquet"
+    assert _build(ddp_capture, graph, (1, 1, 1024)).exit_code == 0
+    result = runner.invoke(replay_app, [str(graph), "--rank", "5", "-o", str(tmp_path / "replay")])
+    assert result.exit_code == 2
+    assert "is the graph of your own program" in result.output
+
+
+def test_a_programs_graph_keeps_its_captured_layout(ddp_capture: Path, tmp_path: Path) -> None:
+    result = _build(ddp_capture, tmp_path / "g.parquet", (1, 1, 2048))
+    assert result.exit_code == 2
+    assert "keeps the captured layout: build with --tp 1 --pp 1 --dp 1024" in result.output
+    assert not (tmp_path / "g.parquet").exists()
+
+
+SUBGROUP_PROGRAM = """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+eights, _ = dist.new_subgroups(group_size=8)
+model = torch.nn.Linear(4, 4)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(50):
+    model(torch.ones(2, 4)).sum().backward()
+    dist.all_reduce(model.weight.grad, group=eights)
+    optimizer.step()
+"""
+
+
+def test_a_collective_on_a_group_the_layout_does_not_have_is_one_error_line(tmp_path: Path) -> None:
+    script = tmp_path / "eights.py"
+    script.write_text(SUBGROUP_PROGRAM)
+    capture = _capture(tmp_path / "cap", (1, 1, 1024), str(script))
+    result = _build(capture, tmp_path / "g.parquet", (1, 1, 1024))
+    assert result.exit_code == 2
+    assert "which is not a group of the layout" in result.output
+    assert not (tmp_path / "g.parquet").exists()
