@@ -124,7 +124,7 @@ def _expand_layers(units: pd.DataFrame, first_layer: int, layers: int) -> pd.Dat
     return pd.concat(pieces, ignore_index=True)
 
 
-def _wait_node(deps: list[int], phase: str, mb: int = -1) -> pd.DataFrame:
+def wait_node(deps: list[int], phase: str, mb: int = -1) -> pd.DataFrame:
     """A zero-cost node that completes when the asynchronous nodes ``deps`` have."""
     return pd.DataFrame(
         {ot.NAME: [WAIT_NAME], ot.PHASE: [phase], MB: [mb], IS_WAIT: [True], DEPS: [list(deps)]}
@@ -199,7 +199,7 @@ class _ProgramBuilder:
         self.size += len(frame)
 
     def wait(self, phase: str) -> None:
-        self.add(_wait_node(self.pending, phase))
+        self.add(wait_node(self.pending, phase))
         self.pending = []
 
 
@@ -249,31 +249,27 @@ def compose_stage(template: RoleTemplate, *, cfg: GPTConfig, captured: GPTConfig
     program.add(_segment(template, OPTIM))
     program.add(_segment(template, POST))
     nodes = finish_nodes(program.pieces)
-    # What the rank does by itself: a compute node's duration after its arrival, plus every gap.
-    is_comm = nodes[ot.IS_COMM].to_numpy(dtype=bool)
-    own = np.where(is_comm, 0, nodes[ot.DUR_NS].to_numpy(dtype=np.int64))
-    work = own + nodes[ot.GAP_NS].to_numpy(dtype=np.int64)
-    nodes[SKEW] = _skew(nodes, cfg, template, own, work)
-    nodes[IDLE] = _idle(is_comm, own, work)
+    sizes = {"tp": cfg.tp, "dp": cfg.dp, "world": cfg.layout.world_size}
+    nodes[SKEW], nodes[IDLE] = waiting_columns(nodes, sizes, template.noise_cv, template.call_jitter_ns)
     return StageProgram(stage=stage, src_rank=template.rank, nodes=nodes)
 
 
-def _idle(is_comm: np.ndarray, own: np.ndarray, work: np.ndarray) -> np.ndarray:
-    """Compute and gaps since the rank's previous comm call, for every comm node (else 0)."""
+def waiting_columns(
+    nodes: pd.DataFrame, sizes: dict[str, int], noise_cv: float, call_jitter_ns: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(SKEW, IDLE) of a stage program: each collective's expected arrival skew over groups of
+    ``sizes`` (``prism.graph.sim.noise``), and each call's compute and gaps since the previous call.
+    What a rank does by itself: a compute node's duration after its arrival, plus every gap."""
+    is_comm = nodes[ot.IS_COMM].to_numpy(dtype=bool)
+    own = np.where(is_comm, 0, nodes[ot.DUR_NS].to_numpy(dtype=np.int64))
+    work = own + nodes[ot.GAP_NS].to_numpy(dtype=np.int64)
+    is_coll = is_comm & (nodes[P2P_DIR].to_numpy() == 0)
+    axis = np.where(is_coll, nodes[GROUP_AXIS].to_numpy(dtype=object), "").astype(str)
+    skew = collective_skew_ns(work, own, axis, sizes, noise_cv, call_jitter_ns)
     rows = np.flatnonzero(is_comm)
     idle = np.zeros(len(is_comm), np.int64)
     idle[rows] = np.round(work_between(work, own, rows)).astype(np.int64)
-    return idle
-
-
-def _skew(
-    nodes: pd.DataFrame, cfg: GPTConfig, template: RoleTemplate, own: np.ndarray, work: np.ndarray
-) -> np.ndarray:
-    """Expected arrival skew of each collective (``prism.graph.sim.noise``)."""
-    is_coll = nodes[ot.IS_COMM].to_numpy(dtype=bool) & (nodes[P2P_DIR].to_numpy() == 0)
-    axis = np.where(is_coll, nodes[GROUP_AXIS].to_numpy(dtype=object), "").astype(str)
-    sizes = {"tp": cfg.tp, "dp": cfg.dp, "world": cfg.layout.world_size}
-    return collective_skew_ns(work, own, axis, sizes, template.noise_cv, template.call_jitter_ns)
+    return skew, idle
 
 
 def _finish_columns(frame: pd.DataFrame) -> pd.DataFrame:

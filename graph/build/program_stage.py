@@ -27,21 +27,17 @@ import pandas as pd
 
 from prism.graph.build import op_table as ot
 from prism.graph.build.compose import (
-    DEPS,
-    GSEQ,
     IDLE,
-    IS_WAIT,
     LAYER,
     MB,
     P2P_DIR,
-    P2P_SEQ,
     SKEW,
-    WAIT_NAME,
     StageProgram,
     finish_nodes,
+    wait_node,
+    waiting_columns,
 )
 from prism.graph.build.templates import GROUP_AXIS, TemplateError
-from prism.graph.sim.noise import collective_skew_ns, work_between
 from prism.schemas.layout import ParallelLayout
 
 AXES = ("tp", "dp", "pp", "world")
@@ -139,34 +135,15 @@ def program_stage(
     correction); ``noise_cv`` and ``call_jitter_ns`` give collectives their arrival skew."""
     units = _units(_iterations(ops), rank, layout, factor)
     waits = _wait_positions(units)
-    pieces, index = [], 0
-    for position in range(len(units)):
-        pieces.append(units.iloc[[position]])
-        index += 1
-        if position in waits:
-            deps = [call + sum(1 for p in waits if p < call) for call in waits[position]]
-            pieces.append(
-                pd.DataFrame(
-                    {
-                        ot.NAME: [WAIT_NAME],
-                        ot.PHASE: [units[ot.PHASE].iloc[position]],
-                        IS_WAIT: [True],
-                        DEPS: [deps],
-                    }
-                )
-            )
-            index += 1
+    pieces, start = [], 0
+    for position in sorted(waits):  # a wait node after each unit that ends some calls' flight
+        pieces.append(units.iloc[start : position + 1])
+        # Node indices count the wait nodes inserted before them.
+        deps = [call + sum(1 for p in waits if p < call) for call in waits[position]]
+        pieces.append(wait_node(deps, units[ot.PHASE].iloc[position]))
+        start = position + 1
+    pieces.append(units.iloc[start:])
     nodes = finish_nodes(pieces)
-    is_comm = nodes[ot.IS_COMM].to_numpy(dtype=bool)
-    own = np.where(is_comm, 0, nodes[ot.DUR_NS].to_numpy(dtype=np.int64))
-    work = own + nodes[ot.GAP_NS].to_numpy(dtype=np.int64)
-    is_coll = is_comm & (nodes[P2P_DIR].to_numpy() == 0)
-    axis = np.where(is_coll, nodes[GROUP_AXIS].to_numpy(dtype=object), "").astype(str)
     sizes = {"tp": layout.tp, "dp": layout.dp, "pp": layout.pp, "world": layout.world_size}
-    nodes[SKEW] = collective_skew_ns(work, own, axis, sizes, noise_cv, call_jitter_ns)
-    rows = np.flatnonzero(is_comm)
-    idle = np.zeros(len(nodes), np.int64)
-    idle[rows] = np.round(work_between(work, own, rows)).astype(np.int64)
-    nodes[IDLE] = idle
-    assert GSEQ in nodes and P2P_SEQ in nodes
+    nodes[SKEW], nodes[IDLE] = waiting_columns(nodes, sizes, noise_cv, call_jitter_ns)
     return StageProgram(stage=stage, src_rank=rank, nodes=nodes)
