@@ -172,3 +172,18 @@ def test_a_call_prism_cannot_emulate_names_itself_and_the_programs_line(tmp_path
     assert result.exit_code == 2
     assert f"UnsupportedCall: torch.distributed.monitored_barrier at {script}:3" in result.output
     assert not out.exists()
+
+
+def test_objects_from_a_virtual_rank_are_refused_naming_the_call_and_line(tmp_path: Path) -> None:
+    script = tmp_path / "objects.py"
+    script.write_text(
+        "import torch.distributed as dist\ndist.init_process_group('gloo')\n"
+        "got = [None]\ndist.broadcast_object_list(got, src=0)\ndist.recv_object_list(got, src=3)\n"
+    )
+    result, out = capture(tmp_path, "--tp", "1", "--pp", "1", "--dp", "4", program=(str(script),))
+    assert result.exit_code == 2
+    # Rank 0's own broadcast passes; the receive from virtual rank 3 stops the run.
+    assert f"recv_object_list at {script}:5: the objects come from rank 3, a virtual rank" in " ".join(
+        result.output.split()
+    )
+    assert not out.exists()
