@@ -60,13 +60,13 @@ def _unsupported(name: str, why: str) -> Callable:
     return call
 
 
-def _object_from_virtual_peer(name: str, original: Callable, world: VirtualWorld, src_arg: str) -> Callable:
+def _object_from_virtual_peer(name: str, original: Callable, world: VirtualWorld) -> Callable:
     """``original`` (an object collective), refused when the objects come from a virtual rank:
     their pickled bytes would be stand-in data, and unpickling them fails or, worse, succeeds."""
 
     @functools.wraps(original)
     def call(*args: object, **kwargs: object) -> object:
-        src = kwargs.get(src_arg, args[1] if len(args) > 1 else None)  # a global rank (None: any)
+        src = kwargs.get("src", args[1] if len(args) > 1 else None)  # a global rank (None: any)
         if world.real_ranks is not None and (src is None or src not in world.real_ranks):
             raise UnsupportedCall(
                 f"torch.distributed.{name} at {program_line()}: the objects come from rank {src}, a virtual "
@@ -131,9 +131,9 @@ def install(world: VirtualWorld, *, rank: int, world_size: int) -> None:
     expected_rank, expected_world = rank, world_size
     _replace_everywhere(original_init, init_process_group)
     _replace_everywhere(original_new_group, new_group)
-    for name, src_arg in (("recv_object_list", "src"), ("broadcast_object_list", "src")):
+    for name in ("recv_object_list", "broadcast_object_list"):
         original = getattr(c10d, name)
-        _replace_everywhere(original, _object_from_virtual_peer(name, original, world, src_arg))
+        _replace_everywhere(original, _object_from_virtual_peer(name, original, world))
     _replace_everywhere(
         c10d.monitored_barrier,
         _unsupported(

@@ -12,27 +12,21 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import runpy
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from prism.capture.interpose import install
 from prism.capture.launch import parse_rank_args
 from prism.capture.profiling import ProfileSpec, profiled
-from prism.capture.progress import report
-from prism.capture.rank_main import layout_labeler
+from prism.capture.rank_main import layout_labeler, record_rank
 from prism.capture.step_iterations import ProgramStop, StepIterations
-from prism.peers.backend import VirtualWorld, active_world, current_comm_log
+from prism.peers.backend import VirtualWorld, current_comm_log
 from prism.peers.clock import CommClock, FreeRunningClock
-from prism.schemas.comm_log import HeldTime, write_comm_log
-from prism.schemas.files import write_json_atomic
 from prism.schemas.manifest import CaptureFiles, RankJob, RankResult
 from prism.schemas.program import ProgramSpec
 
@@ -90,7 +84,7 @@ def run_program_rank(job: RankJob, rank: int, out_dir: Path, *, clock: CommClock
         finally:
             hook.remove()
             steps.finish()
-    if active_world() is None or not _initialized():
+    if not _initialized():
         raise ProgramRunError(
             "the program never initialised torch.distributed (init_process_group or init_device_mesh)"
         )
@@ -99,26 +93,12 @@ def run_program_rank(job: RankJob, rank: int, out_dir: Path, *, clock: CommClock
             f"the program ended after {steps.done} optimizer step(s); the capture needs {total} "
             f"(--warmup {job.warmup} + --iterations {job.iterations})"
         )
-    log = current_comm_log()
-    write_comm_log(log, files.comm(rank))
-    held = HeldTime(log)
-    if dist.is_initialized():
-        dist.destroy_process_group()
     timings = steps.timings
-    result = RankResult(
-        rank=rank,
-        iteration_ns=tuple(timings.iteration_ns),
-        losses=(None,) * len(timings.iteration_ns),
-        parameter_count=timings.parameters,
-        peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        peak_device_bytes=torch.cuda.max_memory_allocated() if program.device == "cuda" else None,
-        wall_s=time.perf_counter() - started,
-        held_ns=tuple(held.within(s, e) for s, e in timings.windows),
-        static_bytes=timings.static_bytes,
-    )
-    write_json_atomic(files.result(rank), asdict(result))
-    report(rank=rank, event="done")
-    return result
+    return record_rank(
+        files, rank, started=started, device=program.device, windows=timings.windows,
+        iteration_ns=tuple(timings.iteration_ns), losses=(None,) * len(timings.iteration_ns),
+        parameter_count=timings.parameters, static_bytes=timings.static_bytes,
+    )  # fmt: skip
 
 
 def _initialized() -> bool:

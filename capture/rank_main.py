@@ -55,8 +55,38 @@ def _init_distributed(job: RankJob, rank: int, clock: CommClock) -> None:
     dist.init_process_group(BACKEND_NAME, rank=rank, world_size=layout.world_size, store=store)
 
 
-def _peak_device_bytes(job: RankJob) -> int | None:
-    return torch.cuda.max_memory_allocated() if job.config.device == "cuda" else None
+def record_rank(
+    files: CaptureFiles,
+    rank: int,
+    *,
+    started: float,
+    device: str,
+    windows: list[tuple[int, int]],
+    blocks: list[list[BlockSpan]] | None = None,
+    **fields: object,
+) -> RankResult:
+    """End the rank's run: write its comm log, end its process group, and write ``result.json``
+    with what the run measured (``fields``: RankResult's iteration times, losses, parameters,
+    ...), the time prism held it in each iteration ``windows``, and per-phase own time from its
+    top-level ``blocks`` when it marked them."""
+    log = current_comm_log()
+    write_comm_log(log, files.comm(rank))
+    held = HeldTime(log)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    result = RankResult(
+        rank=rank,
+        peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        peak_device_bytes=torch.cuda.max_memory_allocated() if device == "cuda" else None,
+        wall_s=time.perf_counter() - started,
+        held_ns=tuple(held.within(s, e) for s, e in windows),
+        **fields,
+    )
+    if blocks is not None:
+        result = replace(result, phase_ns=own_phase_ns(blocks, log, result.own_iteration_ns))
+    write_json_atomic(files.result(rank), asdict(result))
+    report(rank=rank, event="done")
+    return result
 
 
 @dataclass(kw_only=True)
@@ -120,24 +150,11 @@ def run_rank(job: RankJob, rank: int, out_dir: Path, *, clock: CommClock | None 
         cuda=job.config.device == "cuda",
     )
     timings = _train(workload, job, rank, spec, clock)
-    log = current_comm_log()
-    write_comm_log(log, files.comm(rank))
-    held = HeldTime(log)
-    dist.destroy_process_group()
-    result = RankResult(
-        rank=rank,
-        iteration_ns=tuple(timings.iteration_ns),
-        losses=tuple(timings.losses),
+    return record_rank(
+        files, rank, started=started, device=job.device, windows=timings.windows, blocks=timings.blocks,
+        iteration_ns=tuple(timings.iteration_ns), losses=tuple(timings.losses),
         parameter_count=workload.parameter_count,
-        peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        peak_device_bytes=_peak_device_bytes(job),
-        wall_s=time.perf_counter() - started,
-        held_ns=tuple(held.within(s, e) for s, e in timings.windows),
-    )
-    result = replace(result, phase_ns=own_phase_ns(timings.blocks, log, result.own_iteration_ns))
-    write_json_atomic(files.result(rank), asdict(result))
-    report(rank=rank, event="done")
-    return result
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from prism.graph.build import op_table as ot
+from prism.graph.build.bind import AXIS_CODES
 from prism.graph.build.compose import (
     IDLE,
     LAYER,
@@ -40,7 +41,6 @@ from prism.graph.build.compose import (
 from prism.graph.build.templates import GROUP_AXIS, TemplateError
 from prism.schemas.layout import ParallelLayout
 
-AXES = ("tp", "dp", "pp", "world")
 BACKWARD_OPS = ("autograd::engine::evaluate_function", "torch::autograd::", "torch::distributed::reducer::")
 """Top-level units of a backward pass: the autograd engine's functions, gradient accumulation, and
 DDP's reducer hooks that run between them."""
@@ -60,7 +60,7 @@ def _iterations(ops: pd.DataFrame) -> list[pd.DataFrame]:
 
 def _axis(label: str) -> str:
     axis = label.split(".")[0]
-    if axis not in AXES:
+    if axis not in AXIS_CODES:  # the groups a graph can bind collectives to
         raise TemplateError(
             f"a collective on group {label!r}, which is not a group of the layout (tp, dp, pp or world); "
             "capture at a layout whose groups the program builds"
