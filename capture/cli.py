@@ -34,8 +34,11 @@ class ConsoleHooks(CaptureHooks):
     def __init__(self) -> None:
         self._progress: RankProgress | None = None
 
-    def batch_starting(self, ranks: tuple[int, ...], roles: dict[int, Role]) -> Callable[[dict], None]:
-        labels = {r: f"rank {r} ({roles[r].value})" for r in ranks}
+    def batch_starting(
+        self, ranks: tuple[int, ...], roles: dict[int, Role], *, value_pass: bool = False
+    ) -> Callable[[dict], None]:
+        what = "values sent between stages" if value_pass else None
+        labels = {r: f"rank {r} ({what or roles[r].value})" for r in ranks}
         self._progress = RankProgress(console, labels).__enter__()
         for rank in ranks:
             self._progress.starting(rank)

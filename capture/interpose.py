@@ -62,12 +62,22 @@ def _unsupported(name: str, why: str) -> Callable:
 
 def _object_from_virtual_peer(name: str, original: Callable, world: VirtualWorld) -> Callable:
     """``original`` (an object collective), refused when the objects come from a virtual rank:
-    their pickled bytes would be stand-in data, and unpickling them fails or, worse, succeeds."""
+    their pickled bytes would be stand-in data, and unpickling them fails or, worse, succeeds. A
+    receive whose values the capture's value pass recorded (``world.received``) is served with them."""
+
+    def _known(src: int | None) -> bool:
+        received = world.received
+        return (
+            name == "recv_object_list"
+            and src is not None
+            and received is not None
+            and received.knows_next(src)
+        )
 
     @functools.wraps(original)
     def call(*args: object, **kwargs: object) -> object:
         src = kwargs.get("src", args[1] if len(args) > 1 else None)  # a global rank (None: any)
-        if world.real_ranks is not None and (src is None or src not in world.real_ranks):
+        if world.real_ranks is not None and (src is None or src not in world.real_ranks) and not _known(src):
             raise UnsupportedCall(
                 f"torch.distributed.{name} at {program_line()}: the objects come from rank {src}, a virtual "
                 "rank, whose values prism does not know"

@@ -5,7 +5,9 @@ environment of R; any backend the program asks for is prism's, ``prism.capture.i
 runs the user's program as ``__main__``, cuts it into iterations at its optimizer steps
 (``prism.capture.step_iterations``), profiles the last ``job.iterations`` of the first
 ``warmup + iterations``, then ends the program and writes its Kineto trace, Execution Trace,
-comm log and result into the capture directory ``DIR``.
+comm log and result into the capture directory ``DIR``. A job's value pass
+(``prism.capture.value_pass``) runs the program through its first optimizer step only and
+writes what the rank received from its real peers.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from prism.capture.launch import parse_rank_args
 from prism.capture.profiling import ProfileSpec, profiled
 from prism.capture.rank_main import layout_labeler, record_rank
 from prism.capture.step_iterations import ProgramStop, StepIterations
+from prism.capture.value_pass import known_values, write_values
 from prism.peers.backend import VirtualWorld, current_comm_log
 from prism.peers.clock import CommClock, FreeRunningClock
+from prism.peers.received_values import ReceivedValues
 from prism.schemas.manifest import CaptureFiles, RankJob, RankResult
 from prism.schemas.program import ProgramSpec
 
@@ -58,9 +62,12 @@ def run_program_rank(job: RankJob, rank: int, out_dir: Path, *, clock: CommClock
     layout = program.layout
     os.environ.update(program.torchrun_env(rank))
     torch.set_num_threads(job.threads)
-    world = VirtualWorld(real_ranks=job.real_ranks_for(rank), clock=clock, labeler=layout_labeler(layout))
-    install(world, rank=rank, world_size=layout.world_size)
     files = CaptureFiles(out_dir)
+    world = VirtualWorld(
+        real_ranks=job.real_ranks_for(rank), clock=clock, labeler=layout_labeler(layout),
+        received=known_values(files, layout, rank),
+    )  # fmt: skip
+    install(world, rank=rank, world_size=layout.world_size)
     spec = ProfileSpec(
         warmup=job.warmup, iterations=job.iterations, kineto_path=files.kineto(rank), et_path=files.et(rank),
         cuda=program.device == "cuda",
@@ -75,30 +82,67 @@ def run_program_rank(job: RankJob, rank: int, out_dir: Path, *, clock: CommClock
         hook = register_optimizer_step_post_hook(steps)
         try:
             steps.start()
-            run_program(program)
-        except ProgramStop:
-            pass
-        except SystemExit as e:  # the program's own sys.exit(): an error only with a failing code
-            if e.code not in (None, 0):
-                raise
+            _run_until_stopped(program)
         finally:
             hook.remove()
             steps.finish()
-    if not _initialized():
-        raise ProgramRunError(
-            "the program never initialised torch.distributed (init_process_group or init_device_mesh)"
-        )
-    if steps.done < total:
-        raise ProgramRunError(
-            f"the program ended after {steps.done} optimizer step(s); the capture needs {total} "
-            f"(--warmup {job.warmup} + --iterations {job.iterations})"
-        )
+    _check_ran(steps.done, total, job)
     timings = steps.timings
     return record_rank(
         files, rank, started=started, device=program.device, windows=timings.windows,
         iteration_ns=tuple(timings.iteration_ns), losses=(None,) * len(timings.iteration_ns),
         parameter_count=timings.parameters, static_bytes=timings.static_bytes,
     )  # fmt: skip
+
+
+def run_value_pass(job: RankJob, rank: int, out_dir: Path) -> Path:
+    """Run ``rank`` with the job's other real ranks through the first optimizer step; write
+    what it received from them."""
+    program = job.program
+    os.environ.update(program.torchrun_env(rank))
+    torch.set_num_threads(job.threads)
+    received = ReceivedValues(record=True)
+    world = VirtualWorld(
+        real_ranks=job.real_ranks_for(rank), clock=FreeRunningClock(), labeler=layout_labeler(program.layout),
+        received=received,
+    )  # fmt: skip
+    install(world, rank=rank, world_size=program.layout.world_size)
+    steps = 0
+
+    def stop_after_first_step(*_: object) -> None:
+        nonlocal steps
+        steps += 1
+        raise ProgramStop
+
+    hook = register_optimizer_step_post_hook(stop_after_first_step)
+    try:
+        _run_until_stopped(program)
+    finally:
+        hook.remove()
+    _check_ran(steps, 1, job)
+    return write_values(CaptureFiles(out_dir), rank, received)
+
+
+def _run_until_stopped(program: ProgramSpec) -> None:
+    try:
+        run_program(program)
+    except ProgramStop:
+        pass
+    except SystemExit as e:  # the program's own sys.exit(): an error only with a failing code
+        if e.code not in (None, 0):
+            raise
+
+
+def _check_ran(done: int, needed: int, job: RankJob) -> None:
+    if not _initialized():
+        raise ProgramRunError(
+            "the program never initialised torch.distributed (init_process_group or init_device_mesh)"
+        )
+    if done < needed:
+        raise ProgramRunError(
+            f"the program ended after {done} optimizer step(s); the capture needs {needed} "
+            f"(--warmup {job.warmup} + --iterations {job.iterations})"
+        )
 
 
 def _initialized() -> bool:
@@ -113,7 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_rank_args("prism.capture.program_main", __doc__, argv)
     job = RankJob.from_dict(json.loads(args.job.read_text()))
     try:
-        run_program_rank(job, args.rank, args.out.resolve())
+        if job.value_pass:
+            run_value_pass(job, args.rank, args.out.resolve())
+        else:
+            run_program_rank(job, args.rank, args.out.resolve())
     except ProgramRunError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2

@@ -6,6 +6,7 @@ the end, so a failed capture leaves nothing half-written behind.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import enum
 import json
@@ -30,6 +31,7 @@ from prism.capture.preflight import (
     check_program,
     check_ranks,
 )
+from prism.capture.value_pass import needs_value_pass, value_pass_ranks
 from prism.schemas import PRISM_VERSION
 from prism.schemas.files import write_json_atomic
 from prism.schemas.layout import ParallelLayout, Role
@@ -94,12 +96,17 @@ class RankBatch:
 
     ranks: tuple[int, ...]
     """Global ranks of the batch."""
+    value_pass: bool = False
+    """The ranks run together, unprofiled, to record the values they send each other
+    (``prism.capture.value_pass``); they are captured afterwards, each alone."""
 
 
 class CaptureHooks:
     """Callbacks the console front end uses to show progress; the defaults do nothing."""
 
-    def batch_starting(self, ranks: tuple[int, ...], roles: dict[int, Role]) -> Callable[[dict], None] | None:
+    def batch_starting(
+        self, ranks: tuple[int, ...], roles: dict[int, Role], *, value_pass: bool = False
+    ) -> Callable[[dict], None] | None:
         """Called before a batch starts; may return a callback for its progress events."""
         return None
 
@@ -120,7 +127,10 @@ def plan_batches(options: CaptureOptions) -> list[RankBatch]:
         ranks = tuple(layout.rank(tp=0, dp=0, pp=s) for s in range(layout.pp))
     else:
         ranks = tuple(layout.roles().values())
-    return [RankBatch(ranks=(rank,)) for rank in ranks]
+    alone = [RankBatch(ranks=(rank,)) for rank in ranks]
+    if options.program is not None and needs_value_pass(layout):
+        return [RankBatch(ranks=value_pass_ranks(layout), value_pass=True), *alone]
+    return alone
 
 
 def check_options(options: CaptureOptions) -> None:
@@ -159,11 +169,15 @@ def _run_batch(options: CaptureOptions, tmp: Path, batch: RankBatch, hooks: Capt
     files = CaptureFiles(tmp)
     layout = options.layout
     main = "prism.capture.rank_main" if options.program is None else "prism.capture.program_main"
+    job = files.values_job if batch.value_pass else files.job
+    log = (lambda r: files.values(r).with_suffix(".log")) if batch.value_pass else files.log
     launches = [
-        RankLaunch(rank=r, argv=rank_command(files.job, r, tmp, main), log_path=files.log(r), local_rank=i)
+        RankLaunch(rank=r, argv=rank_command(job, r, tmp, main), log_path=log(r), local_rank=i)
         for i, r in enumerate(batch.ranks)
     ]
-    on_event = hooks.batch_starting(batch.ranks, {r: layout.role(r) for r in batch.ranks})
+    on_event = hooks.batch_starting(
+        batch.ranks, {r: layout.role(r) for r in batch.ranks}, value_pass=batch.value_pass
+    )
     # Rank processes pin their own thread count; keep OpenMP from oversubscribing before that.
     env = {"OMP_NUM_THREADS": str(options.threads)}
     try:
@@ -218,8 +232,12 @@ def run_capture(options: CaptureOptions, hooks: CaptureHooks | None = None) -> C
         write_json_atomic(CaptureFiles(tmp).job, job.to_dict())
         batches = plan_batches(options)
         for batch in batches:
+            if batch.value_pass:
+                values_job = dataclasses.replace(job, real_ranks=batch.ranks, value_pass=True)
+                write_json_atomic(CaptureFiles(tmp).values_job, values_job.to_dict())
             _run_batch(options, tmp, batch, hooks)
-        ranks = tuple(captured_rank(tmp, r, options.layout) for b in batches for r in b.ranks)
+        captured = [b for b in batches if not b.value_pass]
+        ranks = tuple(captured_rank(tmp, r, options.layout) for b in captured for r in b.ranks)
         manifest = CaptureManifest(
             layout=options.layout,
             mode=options.real.value,

@@ -79,7 +79,9 @@ class MatchedLoad(CaptureHooks):
         self.started: list[tuple[int, ...]] = []
         """The load ranks started for each batch, in order (for the report and the tests)."""
 
-    def batch_starting(self, ranks: tuple[int, ...], roles: dict[int, Role]) -> Callable[[dict], None] | None:
+    def batch_starting(
+        self, ranks: tuple[int, ...], roles: dict[int, Role], *, value_pass: bool = False
+    ) -> Callable[[dict], None] | None:
         others = tuple(r for r in range(self._world) if r not in ranks)
         env = os.environ | {"OMP_NUM_THREADS": str(self._threads)}
         root = Path(self._dir.name)

@@ -23,6 +23,7 @@ from torch._C._distributed_c10d import _DistributedBackendOptions
 
 from prism.peers.clock import CommClock, FreeRunningClock
 from prism.peers.process_group import BACKEND_NAME, ProcessGroupPrism
+from prism.peers.received_values import ReceivedValues
 from prism.peers.recorder import CommRecorder
 from prism.schemas.annotations import Mark, Phase, format_mark
 from prism.schemas.comm_log import CommGroup, CommLog
@@ -51,6 +52,8 @@ class VirtualWorld:
     """Completion time of calls on groups whose peers are virtual."""
     labeler: Labeler | None = None
     """Label of a group from its global ranks; None (or a None result) labels it 'g<group name>'."""
+    received: ReceivedValues | None = None
+    """Values to record from real peers' sends, or to give receives from virtual peers."""
 
     def __post_init__(self) -> None:
         if self.real_ranks is not None:
@@ -143,6 +146,7 @@ def _create_group(opts: _DistributedBackendOptions, pg_options: object) -> Proce
         clock=world.clock,
         recorder=_recorder,
         timeout=opts.timeout,
+        received=world.received,
     )
     _recorder.add_group(group)
     return pg

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from prism.peers import virtual_data as vd
+from prism.peers.received_values import ReceivedValues
 from prism.peers.recorder import CommOp
 
 
@@ -35,6 +36,7 @@ class PointToPointMixin:
     _issue: Callable[..., dist.Work]
     _global: Callable[[int], int]
     _all_real: bool
+    _received: ReceivedValues | None
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> dist.Work:
         return self._issue(
@@ -48,10 +50,17 @@ class PointToPointMixin:
         )
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> dist.Work:
+        peer, received = self._global(src), self._received
+        slot = None if received is None else received.next_slot(peer)
+
         def virtual() -> object:
-            for t in tensors:
-                vd.fill_standin(t)
+            if received is None or not received.fill(peer, slot, tensors):
+                for t in tensors:
+                    vd.fill_standin(t)
             return tensors
+
+        def recorded() -> None:
+            received.record(peer, slot, tensors)
 
         return self._issue(
             CommOp.RECV,
@@ -59,8 +68,9 @@ class PointToPointMixin:
             virtual,
             lambda b, to=src: b.recv(tensors, to, tag),
             async_op=not _blocking_p2p(),
-            peer=self._global(src),
+            peer=peer,
             tag=tag,
+            after_real=recorded if received is not None and received.recording else None,
         )
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> dist.Work:

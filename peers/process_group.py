@@ -35,6 +35,7 @@ from prism.peers.clock import CommClock, PendingCall
 from prism.peers.collectives import CollectivesMixin
 from prism.peers.delegate import CallerReleasesWork, combine, make_backend, track_completion
 from prism.peers.p2p import PointToPointMixin
+from prism.peers.received_values import ReceivedValues
 from prism.peers.recorder import CallRecord, CommOp, CommRecorder, describe_payload
 from prism.peers.virtual_work import VirtualCompletion, VirtualWork, arm_timeout
 from prism.schemas.annotations import Mark, Phase, format_mark
@@ -85,6 +86,7 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
         clock: CommClock,
         recorder: CommRecorder,
         timeout: timedelta,
+        received: ReceivedValues | None = None,
     ) -> None:
         super().__init__(rank, len(group.ranks))
         self._rank, self._size = rank, len(group.ranks)  # plain attributes: cheaper than the C++ calls
@@ -95,6 +97,7 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
         self._clock = clock
         self._recorder = recorder
         self._timeout = timeout
+        self._received = received
         self._mode = mode_of(group)
         self._all_real = self._mode is GroupMode.DELEGATED
         self._gseq = itertools.count()
@@ -170,8 +173,10 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
         tag: int | None = None,
         reduce_op: str | None = None,
         device: torch.device | None = None,
+        after_real: Callable[[], None] | None = None,
     ) -> dist.Work:
-        """Log the call, mark it, and serve it virtually or on the real backend."""
+        """Log the call, mark it, and serve it virtually or on the real backend (then ``after_real``
+        runs when it has completed)."""
         pair = self._pairs.get(peer) if op in (CommOp.SEND, CommOp.RECV) and peer is not None else None
         on_real = self._all_real or pair is not None
         nbytes, dtype, shape = describe_payload(payload)
@@ -205,6 +210,8 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
                     issue = partial(real, pair, to=int(self._global(self._rank) < peer))
                 finished = self._clock.real_call(_pending(record))
                 on_done = record.finish if finished is None else partial(_finish_and_tell, record, finished)
+                if after_real is not None:
+                    on_done = partial(_both, after_real, on_done)
                 if target.type == "cpu":  # gloo: the program's thread makes the last free
                     work = CallerReleasesWork.issue(list(payload), issue, on_done)
                 else:
@@ -288,6 +295,11 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
 
 def _pending(record: CallRecord) -> PendingCall:
     return PendingCall(**{f.name: getattr(record, f.name) for f in dataclasses.fields(CallSite)})
+
+
+def _both(first: Callable[[], None], then: Callable[[], None]) -> None:
+    first()
+    then()
 
 
 def _finish_and_tell(record: CallRecord, finished: Callable[[int], None]) -> None:

@@ -29,11 +29,12 @@ def fill_standin(dst: torch.Tensor) -> None:
     if dst.numel() == 0:
         return
     if not (dst.is_floating_point() or dst.is_complex()):
-        dst.zero_()
+        dst.zero_()  # integer tensors cannot require grad
         return
     pinned = dst.device.type == "cuda"
     src = _source(dst.numel(), dst.dtype, "pinned" if pinned else str(dst.device), dst.device)
-    dst.copy_(src[: dst.numel()].view(dst.shape), non_blocking=pinned)
+    with torch.no_grad():  # a receive buffer may be a leaf that requires grad (pipelining's are)
+        dst.copy_(src[: dst.numel()].view(dst.shape), non_blocking=pinned)
 
 
 def standin_values(numel: int, dtype: torch.dtype) -> torch.Tensor:

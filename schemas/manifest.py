@@ -8,6 +8,9 @@
       comm/rank{r}.comm.json      comm log (prism.schemas.comm_log)
       logs/rank{r}.log            the rank process's stdout/stderr
       logs/rank{r}.result.json    RankResult of the rank process
+      values/job.json             RankJob of the value pass (pipelined programs only)
+      values/rank{r}.pt           what rank r received from real peers in the value pass
+                                  (prism.schemas.received_values)
 
 ET files live apart from Kineto files because HTA loads every JSON file of its directory.
 """
@@ -38,6 +41,7 @@ KINETO_DIR = "kineto"
 ET_DIR = "et"
 COMM_DIR = "comm"
 LOG_DIR = "logs"
+VALUES_DIR = "values"
 
 
 class ManifestError(ValueError):
@@ -77,6 +81,13 @@ class CaptureFiles:
 
     def result(self, rank: int) -> Path:
         return self.root / LOG_DIR / f"rank{rank}.result.json"
+
+    @property
+    def values_job(self) -> Path:
+        return self.root / VALUES_DIR / JOB_FILE
+
+    def values(self, rank: int) -> Path:
+        return self.root / VALUES_DIR / f"rank{rank}.pt"
 
     def rank_files(self, rank: int) -> tuple[Path, ...]:
         """The files every captured rank must leave behind."""
@@ -128,6 +139,9 @@ class RankJob:
     """Iterations profiled."""
     threads: int
     """torch intra-op threads per rank process."""
+    value_pass: bool = False
+    """A program's value pass: the real ranks run together through the first optimizer step
+    and write what they received from each other (``values/rank{r}.pt``); nothing is profiled."""
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -147,6 +161,7 @@ class RankJob:
             warmup=int(data["warmup"]),
             iterations=int(data["iterations"]),
             threads=int(data["threads"]),
+            value_pass=bool(data.get("value_pass", False)),
         )
 
 

@@ -4,8 +4,8 @@ A program prism knows nothing about has no block marks and no schedule to rebuil
 stage program is what its captured rank did in one profiled iteration, unit by unit, in program
 order (the op table of ``prism.graph.build.normalize``): its compute, the gaps between, and its
 process-group calls, each collective on the layout group its label names (``tp.3`` is the tp
-group of whichever rank runs the program) and each send or recv with the next or the previous
-pipeline stage. Every profiled iteration must run the same units; each unit's duration and gap
+group of whichever rank runs the program) and each send or recv with the same stage of the
+running rank's own pipeline (the next, the previous, or the first from the last). Every profiled iteration must run the same units; each unit's duration and gap
 are their means over the iterations, its memory the median.
 
 An asynchronous call completes at a wait node. A call made during a backward pass (DDP's
@@ -69,13 +69,15 @@ def _axis(label: str) -> str:
 
 
 def _p2p_dir(peer: int, rank: int, layout: ParallelLayout) -> int:
-    for direction, neighbour in ((1, layout.pipeline_next(rank)), (-1, layout.pipeline_prev(rank))):
-        if neighbour is not None and peer == neighbour:
-            return direction
-    raise TemplateError(
-        f"rank {rank} sends to or receives from rank {peer}, which is not its pipeline neighbour; "
-        "graphs of programs carry point-to-point transfers between pipeline stages only"
-    )
+    """The stage offset of ``peer`` from ``rank`` in their pipeline: +1 the next stage, -1 the
+    previous, -(pp - 1) from the last stage to the first (interleaved schedules wrap around)."""
+    me, there = layout.coords(rank), layout.coords(peer)
+    if (there.tp, there.dp) != (me.tp, me.dp) or peer == rank:
+        raise TemplateError(
+            f"rank {rank} sends to or receives from rank {peer}, which is not in its pipeline; "
+            "graphs of programs carry point-to-point transfers between pipeline stages only"
+        )
+    return there.pp - me.pp
 
 
 def _units(iterations: list[pd.DataFrame], rank: int, layout: ParallelLayout, factor: float) -> pd.DataFrame:

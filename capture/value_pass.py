@@ -1,0 +1,56 @@
+"""The value pass of a pipelined program: values its stages send each other, recorded once.
+
+Pipeline stages look at some of what they receive (torch.distributed.pipelining votes on static
+or dynamic shapes, then sends the shapes themselves as pickled objects). A rank captured alone
+would receive stand-in data from its virtual neighbours instead. So before the captured ranks
+run alone, the ranks of one pipeline (tp 0, dp 0, every stage) run together, unprofiled, through
+the first optimizer step, and each writes what it received from its neighbours
+(``prism.peers.received_values``). A rank captured alone then gets those values for the same
+receives, its pipeline's ranks mapped to the recorded pipeline's by stage.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prism.peers.received_values import ReceivedValues
+from prism.schemas.layout import ParallelLayout
+from prism.schemas.manifest import CaptureFiles
+from prism.schemas.received_values import Received, read_received_values, write_received_values
+
+
+def value_pass_ranks(layout: ParallelLayout) -> tuple[int, ...]:
+    """The ranks that run together in the value pass: one pipeline, every stage."""
+    return tuple(layout.rank(tp=0, dp=0, pp=stage) for stage in range(layout.pp))
+
+
+def needs_value_pass(layout: ParallelLayout) -> bool:
+    """Whether stages exist that receive from one another."""
+    return layout.pp > 1
+
+
+def write_values(files: CaptureFiles, rank: int, received: ReceivedValues) -> Path:
+    path = files.values(rank)
+    write_received_values(path, rank, received.recorded())
+    return path
+
+
+def known_values(files: CaptureFiles, layout: ParallelLayout, rank: int) -> ReceivedValues | None:
+    """What ``rank`` receives from its pipeline neighbours, from the value pass; None without one."""
+    recorded_rank = layout.rank(tp=0, dp=0, pp=layout.stage(rank))
+    path = files.values(recorded_rank)
+    if not path.is_file():
+        return None
+    _, received = read_received_values(path)
+    return ReceivedValues(_onto_pipeline_of(layout, received, rank))
+
+
+def _onto_pipeline_of(layout: ParallelLayout, received: Received, rank: int) -> Received:
+    """Receives recorded from the value pass's pipeline, keyed by the same stages of ``rank``'s."""
+    me = layout.coords(rank)
+    mapped: Received = {}
+    for peer, receives in received.items():
+        there = layout.coords(peer)
+        if there.tp == 0 and there.dp == 0:
+            mapped[layout.rank(tp=me.tp, dp=me.dp, pp=there.pp)] = receives
+    return mapped
