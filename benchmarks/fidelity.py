@@ -2,10 +2,13 @@
 
     .venv/bin/python benchmarks/fidelity.py [--case "tp=1 pp=2 dp=1 layers=4 hidden=128 heads=4 seq=64 mbs=2 microbatches=8"]...
         [--repeats 3] [--json out.json] [--cluster-spec spec.toml | --recalibrate] [--work-dir DIR]
+    .venv/bin/python benchmarks/fidelity.py --program "examples/pp.py --pp 2 --schedule 1F1B" --tp 1 --pp 2 --dp 1
 
 For each case: run every rank for real, capture the slice, build and simulate the graph of the
 same layout, and compare (``prism.fidelity``). Without ``--case`` the default cases run: tp=2,
-pp=2 and dp=2 (world size 2) at two model sizes. See docs/fidelity.md.
+pp=2 and dp=2 (world size 2) at two model sizes. With ``--program`` (repeatable) the case is
+your own program at ``--tp/--pp/--dp``: its real run is the program itself under torchrun
+(``prism.fidelity.program_case``). See docs/fidelity.md.
 """
 
 from __future__ import annotations
@@ -25,16 +28,19 @@ from prism.fidelity import (
     CaseError,
     CaseResult,
     RunSettings,
+    SpecChoice,
     mean_abs,
     parse_case,
     resolve_spec,
     run_case_detailed,
 )
 from prism.fidelity.explain import concurrency_probe
+from prism.fidelity.program_case import ProgramCase, ProgramRunFailed, run_program_case
 from prism.fidelity.report import (
     breakdown_table,
     case_ids,
     collectives_table,
+    hook_table,
     legend_table,
     machine,
     memory_table,
@@ -44,6 +50,7 @@ from prism.fidelity.report import (
 from prism.graph.comm.calibrate import parse_size
 from prism.schemas.files import write_json_atomic
 from prism.schemas.iterations import MIN_WARMUP
+from prism.schemas.layout import LayoutError, ParallelLayout
 
 console = Console(width=max(120, Console().width))
 
@@ -51,6 +58,12 @@ console = Console(width=max(120, Console().width))
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", action="append", default=None, help="key=value ... (repeatable)")
+    parser.add_argument(
+        "--program", action="append", default=None,
+        help="a program and its arguments, as after `torchrun ... --` (repeatable; with --tp/--pp/--dp)",
+    )  # fmt: skip
+    for axis in ("tp", "pp", "dp"):
+        parser.add_argument(f"--{axis}", type=int, default=1, help=f"{axis} degree of --program cases")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each side per case (medians kept)")
     parser.add_argument("--json", type=Path, default=None, help="also write the records here")
     parser.add_argument(
@@ -110,6 +123,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="capture each slice rank alone instead of beside the world's other ranks (load-matched)",
     )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.program and args.case:
+        parser.error("--program and --case are separate runs")
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     if args.warmup < MIN_WARMUP:
@@ -139,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         sizes=sizes, measured_table=args.calibrate_table,
     )  # fmt: skip
     console.print(f"cluster spec: {choice.source}", highlight=False)
+    if args.program:
+        return program_main(args, choice, started, argv)
     probes = {} if args.no_probe else {"before": round(concurrency_probe(), 3)}
     settings = RunSettings(
         warmup=args.warmup,
@@ -212,6 +229,56 @@ def main(argv: list[str] | None = None) -> int:
                     "paced_load": settings.paced_load,
                     "bracket": settings.bracket,
                     "concurrency_probe": probes,
+                    "elapsed_s": round(elapsed, 1),
+                    "machine": machine(),
+                },
+            },
+        )
+        console.print(f"wrote {args.json}")
+    return 0
+
+
+def program_main(args: argparse.Namespace, choice: SpecChoice, started: float, argv: list[str] | None) -> int:
+    """Each --program against its own run under torchrun."""
+    try:
+        layout = ParallelLayout(tp=args.tp, pp=args.pp, dp=args.dp)
+    except LayoutError as e:
+        console.print(f"[bold red]error:[/] {e}", highlight=False)
+        return 2
+    settings = RunSettings(warmup=args.warmup, iterations=args.iterations, work_dir=args.work_dir)
+    records, hooks = [], []
+    for text in args.program:
+        case = ProgramCase(argv=tuple(shlex.split(text)), layout=layout)
+        try:
+            result = run_program_case(case, args.repeats, choice.spec, settings, progress=_log)
+        except ProgramRunFailed as e:
+            console.print(f"[bold red]error:[/] {e}", highlight=False)
+            return 2
+        records += result.records
+        hooks += result.hook
+    ids = case_ids(records)
+    for table in (legend_table(ids), records_table(records, ids), hook_table(hooks, ids)):
+        console.print(table)
+    elapsed = time.perf_counter() - started
+    console.print(f"took {elapsed:.0f} s", highlight=False)
+    if args.json:
+        write_json_atomic(
+            args.json,
+            {
+                "records": records,
+                "hook": hooks,
+                "mean_abs_iter_err_pct": round(mean_abs(records, "iter_err_pct"), 2),
+                "mean_abs_paired_err_pct": round(mean_abs(records, "paired_err_pct"), 2),
+                "mean_abs_mem_err_pct": round(mean_abs(records, "mem_err_pct"), 3),
+                "meta": {
+                    "command": shlex.join(
+                        ["python", "benchmarks/fidelity.py", *(sys.argv[1:] if argv is None else argv)]
+                    ),
+                    "cluster_spec": choice.source,
+                    "repeats": args.repeats,
+                    "warmup": settings.warmup,
+                    "iterations": settings.iterations,
+                    "sim_iterations": settings.sim_iterations,
                     "elapsed_s": round(elapsed, 1),
                     "machine": machine(),
                 },

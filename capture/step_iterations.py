@@ -21,7 +21,9 @@ import torch
 from prism.capture import annotate
 from prism.capture.profiling import Profiler
 from prism.capture.progress import report
+from prism.peers.backend import active_world
 from prism.peers.clock import CommClock
+from prism.peers.standin import cached_pointers
 
 
 class ProgramStop(BaseException):
@@ -115,7 +117,8 @@ class StepIterations:
 def live_tensor_bytes(cuda: bool) -> int:
     """Bytes the program's tensors hold now: on CUDA the allocator's count; on CPU, which keeps
     none, the distinct storages of every tensor the garbage collector tracks (memory only C++
-    holds, such as DDP's gradient buckets, is not seen)."""
+    holds, such as DDP's gradient buckets, is not seen), less what prism holds (stand-in sources,
+    values recorded for receives from virtual peers)."""
     if cuda:
         return torch.cuda.memory_allocated()
     storages: dict[int, int] = {}
@@ -128,5 +131,8 @@ def live_tensor_bytes(cuda: bool) -> int:
         except (RuntimeError, NotImplementedError):  # no storage (meta, wrappers) or one freed (FSDP2)
             continue
         storages[pointer] = max(storages.get(pointer, 0), nbytes)
-    storages.pop(0, None)
+    world = active_world()
+    held = world.received.pointers() if world is not None and world.received is not None else set()
+    for pointer in (0, *cached_pointers(), *held):
+        storages.pop(pointer, None)
     return sum(storages.values())

@@ -154,3 +154,13 @@ def collectives_table(rows: list[dict], ids: dict[str, str]) -> Table:
             f"{r['model_us']:.0f}",
         )  # fmt: skip
     return table
+
+
+def hook_table(rows: list[dict], ids: dict[str, str]) -> Table:
+    """The real run's timing hook: its own cost at each optimizer step."""
+    table = Table(title="the real run's iteration-timing hook (its cost at each optimizer step, median)")
+    for column in ("case", "rank", "hook µs", "% of the iteration"):
+        table.add_column(column, justify="left" if column == "case" else "right")
+    for r in rows:
+        table.add_row(ids[r["case"]], str(r["rank"]), f"{r['hook_us']:.1f}", f"{r['hook_pct_of_iter']:.3f}%")
+    return table

@@ -70,6 +70,8 @@ class ReceivedValues:
         """Write the known value of receive ``slot`` from ``peer`` into ``tensors``; False if none fits."""
         with self._lock:
             known = self._value(peer, slot)
+            if known is not None:  # each receive happens once: let its copy go
+                self._known[peer][slot] = None
         if known is None or len(known) != len(tensors):
             return False
         if any(k.shape != t.shape or k.dtype != t.dtype for k, t in zip(known, tensors, strict=True)):
@@ -78,6 +80,11 @@ class ReceivedValues:
             for k, t in zip(known, tensors, strict=True):
                 t.copy_(k)
         return True
+
+    def pointers(self) -> set[int]:
+        """Data pointers of the values held: host memory prism holds, not the program."""
+        with self._lock:
+            return {t.untyped_storage().data_ptr() for vs in self._known.values() for v in vs if v for t in v}
 
     def recorded(self) -> Received:
         """Everything recorded so far."""

@@ -42,6 +42,12 @@ def standin_values(numel: int, dtype: torch.dtype) -> torch.Tensor:
     return _source(numel, dtype, "cpu", torch.device("cpu"))[:numel].clone()
 
 
+def cached_pointers() -> set[int]:
+    """Data pointers of the cached sources: host memory prism holds, not the program."""
+    with _lock:
+        return {src.untyped_storage().data_ptr() for src in _cache.values()}
+
+
 def clear_cache() -> None:
     """Drop every cached source (frees host memory)."""
     with _lock:

@@ -6,7 +6,8 @@ order (the op table of ``prism.graph.build.normalize``): its compute, the gaps b
 process-group calls, each collective on the layout group its label names (``tp.3`` is the tp
 group of whichever rank runs the program) and each send or recv with the same stage of the
 running rank's own pipeline (the next, the previous, or the first from the last). Every profiled iteration must run the same units; each unit's duration and gap
-are their means over the iterations, its memory the median.
+are their means over the iterations, its memory (with what the Python between ops allocates and frees) the median over
+the profiled iterations after the first.
 
 An asynchronous call completes at a wait node. A call made during a backward pass (DDP's
 bucket all-reduces, issued from autograd hooks: the unit before it is one of ``BACKWARD_OPS``)
@@ -88,8 +89,14 @@ def _units(iterations: list[pd.DataFrame], rank: int, layout: ParallelLayout, fa
         mean = np.mean([it[column].to_numpy(dtype=np.float64) for it in iterations], axis=0)
         scaled = mean * factor if column == ot.GAP_NS else np.where(is_comm, mean, mean * factor)
         units[column] = np.round(scaled).astype(np.int64)
-    for column in (ot.ALLOC_BYTES, ot.FREE_BYTES):
-        units[column] = np.median([it[column].to_numpy() for it in iterations], axis=0).astype(np.int64)
+    # The profiler records no free of a block allocated before it started: the first profiled
+    # iteration frees what the one before allocated unseen, so memory comes from the later ones.
+    steady = iterations[1:] or iterations
+    for column, gap in ((ot.ALLOC_BYTES, ot.GAP_ALLOC_BYTES), (ot.FREE_BYTES, ot.GAP_FREE_BYTES)):
+        # Memory allocated or freed between two ops (the program's Python: dropped references,
+        # zero_grad) is charged to the op after it, as for the built-in workload.
+        held = [it[column].to_numpy(dtype=np.int64) + it[gap].to_numpy(dtype=np.int64) for it in steady]
+        units[column] = np.median(held, axis=0).astype(np.int64)
     labels = units[ot.GROUP_LABEL].astype(str).to_numpy()
     ops = units[ot.COMM_OP].astype(str).to_numpy()
     is_p2p = is_comm & np.isin(ops, ("send", "recv"))

@@ -108,10 +108,16 @@ class IterationMemory:
     """Median growth of Total Allocated from one iteration start to the next (0 in a steady state)."""
 
 
-def iteration_memory(kineto_path: Path) -> IterationMemory:
-    """Peak and drift of a trace's ``[memory]`` events, iteration by iteration (``prism:iter`` marks)."""
+def iteration_memory(kineto_path: Path, *, after_first: bool = False) -> IterationMemory:
+    """Peak and drift of a trace's ``[memory]`` events, iteration by iteration (``prism:iter`` marks).
+
+    ``after_first`` leaves out the first profiled iteration where there are more: the profiler
+    records no free of a block allocated before it started, so that iteration's totals run high
+    by what it frees of the iteration before (a program's gradients, dropped by ``zero_grad``)."""
     trace = read_kineto(kineto_path)
     its = find_marks(trace).iterations
+    if after_first and len(its) > 1:
+        its = its.iloc[1:]
     device = pick_device(trace.memory)
     mem = trace.memory[(trace.memory["device_type"] == device[0]) & (trace.memory["device_id"] == device[1])]
     ts, total = mem["ts_ns"].to_numpy(), mem["total"].to_numpy()

@@ -1,0 +1,166 @@
+"""Fidelity of a user's program: its simulated graph against the program itself under torchrun.
+
+Each repeat, in turn:
+
+(a) the real run: ``torchrun --nproc-per-node WORLD -m prism.fidelity.timed_run -- PROGRAM``,
+    every rank real on plain gloo (``prism.fidelity.timed_run``): per rank its steady iteration
+    time (median of the clean unprofiled warm-up iterations) and its peak memory = the live
+    tensor bytes when the memory-profiled iterations began + the median of their peak
+    ``Total Allocated`` above the level they began at, the first of them left out (the profiler
+    sees no free of what was allocated before it started);
+(b) the prediction: ``prism-capture`` of the program at the same layout (one rank per pipeline
+    position, each alone), ``prism-build-graph`` at that layout, and the simulation of every
+    rank's iteration and peak memory.
+
+The records pair them rank by rank (``prism.fidelity.compare.paired_records``); the timing
+hook's own cost per iteration is reported beside them.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from prism.capture.runner import CaptureOptions, RealMode, run_capture
+from prism.fidelity.compare import paired_records
+from prism.fidelity.explain import sim_breakdown
+from prism.fidelity.measure import RankRun, RunSettings
+from prism.fidelity.timed_run import TimedRun, result_path, trace_path
+from prism.graph.build.builder import BuildOptions, build_graph
+from prism.graph.sim.simulate import load_sim_graph, simulate
+from prism.graph.traces.memory import iteration_memory
+from prism.schemas.cluster import ClusterSpec
+from prism.schemas.iterations import clean_unprofiled
+from prism.schemas.layout import ParallelLayout
+from prism.schemas.program import ProgramSpec
+
+Progress = Callable[[str], None]
+
+
+class ProgramRunFailed(RuntimeError):
+    """The program's real run under torchrun failed."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProgramCase:
+    """A program and the layout it runs at, whole, on this machine."""
+
+    argv: tuple[str, ...]
+    """``("train.py", *args)`` or ``("-m", "package.module", *args)``."""
+    layout: ParallelLayout
+
+    @property
+    def label(self) -> str:
+        return f"{shlex.join(self.argv)} (tp={self.layout.tp} pp={self.layout.pp} dp={self.layout.dp})"
+
+
+@dataclass(kw_only=True)
+class ProgramCaseResult:
+    records: list[dict]
+    """One per rank: real vs predicted iteration time and peak memory."""
+    hook: list[dict]
+    """One per rank: the timing hook's cost per iteration in the real runs."""
+
+
+def measure_real_program(
+    case: ProgramCase, settings: RunSettings, out: Path
+) -> tuple[dict[int, RankRun], dict]:
+    """Run every rank of ``case`` under torchrun; per rank its run, and the hook's cost."""
+    world = case.layout.world_size
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+        "-m", "prism.fidelity.timed_run", "--out", str(out),
+        "--warmup", str(settings.warmup), "--iterations", str(settings.iterations), "--", *case.argv,
+    ]  # fmt: skip
+    env = os.environ | {"OMP_NUM_THREADS": "1"}  # what torchrun sets for several processes per node
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        tail = "\n".join((done.stdout + done.stderr).splitlines()[-20:])
+        raise ProgramRunFailed(f"the real run of {case.label} failed (exit {done.returncode}):\n{tail}")
+    runs, hooks = {}, {}
+    for rank in range(world):
+        timed = TimedRun.read(result_path(out, rank))
+        steady = statistics.median(clean_unprofiled(timed.iteration_ns, settings.warmup))
+        memory = iteration_memory(trace_path(out, rank), after_first=True)
+        runs[rank] = RankRun(
+            iter_ns=float(steady),
+            peak_bytes=timed.static_bytes + memory.peak_delta_bytes,
+            parts_ms={},
+            dynamic_bytes=memory.peak_delta_bytes,
+            drift_bytes=memory.drift_bytes,
+        )
+        hooks[rank] = statistics.median(timed.hook_ns[: settings.warmup])
+    return runs, hooks
+
+
+def predict_program(
+    case: ProgramCase, spec: ClusterSpec, settings: RunSettings, out: Path
+) -> dict[int, RankRun]:
+    """Capture the program at its layout, build its graph at that layout, simulate every rank."""
+    program = ProgramSpec(argv=case.argv, cwd=os.getcwd(), layout=case.layout)
+    capture = out / "capture"
+    run_capture(
+        CaptureOptions(
+            program=program, real=RealMode.ROLES, warmup=settings.warmup, iterations=settings.iterations,
+            out_dir=capture,
+        )
+    )  # fmt: skip
+    graph_path = out / "graph.parquet"
+    layout = case.layout
+    build_graph(
+        BuildOptions(
+            capture_dir=capture, out=graph_path, tp=layout.tp, pp=layout.pp, dp=layout.dp, cluster=spec
+        )
+    )
+    graph = load_sim_graph(graph_path)
+    result = simulate(graph, iterations=settings.sim_iterations)
+    parts = sim_breakdown(graph, result)
+    static = graph.stage_static_bytes
+    return {
+        rank: RankRun(
+            iter_ns=float(result.iteration_ns[rank]),
+            peak_bytes=int(result.peak_bytes[rank]),
+            parts_ms=parts[rank],
+            dynamic_bytes=int(result.peak_bytes[rank]) - int(static[layout.stage(rank)]),
+        )
+        for rank in range(graph.ranks)
+    }
+
+
+def run_program_case(
+    case: ProgramCase,
+    repeats: int,
+    spec: ClusterSpec,
+    settings: RunSettings | None = None,
+    progress: Progress | None = None,
+) -> ProgramCaseResult:
+    """Run ``case`` for real and predict it, ``repeats`` times interleaved, and pair them."""
+    settings = settings or RunSettings()
+    say = progress or (lambda _: None)
+    real, pred, hooks = [], [], []
+    for repeat in range(repeats):
+        with tempfile.TemporaryDirectory(prefix="prism-fidelity-program-") as tmp:
+            root = Path(tmp) if settings.work_dir is None else settings.work_dir / f"repeat{repeat}"
+            step = f"[{case.label}] repeat {repeat + 1}/{repeats}:"
+            say(f"{step} every rank real under torchrun")
+            runs, hook = measure_real_program(case, settings, root / "real")
+            real.append(runs)
+            hooks.append(hook)
+            say(f"{step} capture, build, simulate")
+            pred.append(predict_program(case, spec, settings, root))
+    hook_rows = []
+    for rank in sorted(real[0]):
+        hook_ns = statistics.median(h[rank] for h in hooks)
+        iter_ns = statistics.median(r[rank].iter_ns for r in real)
+        hook_rows.append(
+            {"case": case.label, "rank": rank, "hook_us": round(hook_ns / 1e3, 1),
+             "hook_pct_of_iter": round(100 * hook_ns / iter_ns, 3)}
+        )  # fmt: skip
+    return ProgramCaseResult(records=paired_records(case.label, real, pred), hook=hook_rows)

@@ -1,0 +1,129 @@
+"""One rank of a program's real run: ``torchrun ... -m prism.fidelity.timed_run --out DIR ... -- train.py ARGS``.
+
+The ground truth for a program's fidelity: the unmodified program under plain torchrun, every
+rank real, its own backend (gloo), no prism backend. A global optimizer post-hook times each
+iteration (from one optimizer step's end to the next) and measures its own cost. After the
+warm-up it records the live tensor bytes and profiles memory only (no shapes, stacks or
+Execution Trace) for the remaining iterations; then it ends the program and writes
+``DIR/rank{r}.json`` (``TimedRun``) and ``DIR/rank{r}.trace.json.gz`` (the memory trace).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from prism.capture import annotate
+from prism.capture.program_main import run_program
+from prism.capture.step_iterations import ProgramStop, live_tensor_bytes
+from prism.schemas.layout import ParallelLayout
+from prism.schemas.program import ProgramSpec
+
+
+@dataclass(kw_only=True)
+class TimedRun:
+    """What one rank of the real run measured (``rank{r}.json``)."""
+
+    rank: int
+    iteration_ns: list[int] = field(default_factory=list)
+    """Wall time of every iteration, warm-up ones first."""
+    hook_ns: list[int] = field(default_factory=list)
+    """The timing hook's own wall time at each optimizer step (it runs inside the iteration)."""
+    static_bytes: int = 0
+    """Live tensor bytes when the first memory-profiled iteration began."""
+
+    @classmethod
+    def read(cls, path: Path) -> TimedRun:
+        data = json.loads(path.read_text())
+        return cls(**{k: data[k] for k in ("rank", "iteration_ns", "hook_ns", "static_bytes")})
+
+
+def trace_path(out: Path, rank: int) -> Path:
+    return out / f"rank{rank}.trace.json.gz"
+
+
+def result_path(out: Path, rank: int) -> Path:
+    return out / f"rank{rank}.json"
+
+
+class IterationTimer:
+    """The optimizer post-hook: times iterations, then profiles memory for the last ones."""
+
+    def __init__(self, run: TimedRun, *, warmup: int, total: int, out: Path) -> None:
+        self.run, self._warmup, self._total, self._out = run, warmup, total, out
+        self._profiler: torch.profiler.profile | None = None
+        self._mark = None
+        self._t0 = time.perf_counter_ns()
+
+    def __call__(self, *_: object) -> None:
+        entered = time.perf_counter_ns()
+        self.run.iteration_ns.append(entered - self._t0)
+        done = len(self.run.iteration_ns)
+        if self._mark is not None:
+            self._mark.__exit__(None, None, None)
+            self._mark = None
+        if done == self._warmup:
+            self.run.static_bytes = live_tensor_bytes(cuda=False)
+            self._profiler = torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+            )
+            self._profiler.__enter__()
+        if done == self._total:
+            self._stop_profiler()
+            raise ProgramStop
+        if self._profiler is not None:
+            self._mark = annotate.iteration(done)
+            self._mark.__enter__()
+        left = time.perf_counter_ns()
+        self.run.hook_ns.append(left - entered)
+        self._t0 = left
+
+    def _stop_profiler(self) -> None:
+        if self._profiler is not None:
+            self._profiler.__exit__(None, None, None)
+            self._profiler.export_chrome_trace(str(trace_path(self._out, self.run.rank)))
+            self._profiler = None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--warmup", type=int, required=True)
+    parser.add_argument("--iterations", type=int, required=True)
+    parser.add_argument("program", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    argv_program = args.program[1:] if args.program[:1] == ["--"] else args.program
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    program = ProgramSpec(
+        argv=tuple(argv_program), cwd=os.getcwd(), layout=ParallelLayout(tp=1, pp=1, dp=world)
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    run = TimedRun(rank=rank)
+    timer = IterationTimer(run, warmup=args.warmup, total=args.warmup + args.iterations, out=args.out)
+    hook = register_optimizer_step_post_hook(timer)
+    try:
+        run_program(program)
+    except ProgramStop:
+        pass
+    finally:
+        hook.remove()
+    if len(run.iteration_ns) < args.warmup + args.iterations:
+        print(f"error: the program made only {len(run.iteration_ns)} optimizer steps", file=sys.stderr)
+        return 2
+    result_path(args.out, rank).write_text(json.dumps(asdict(run)))
+    # The program stopped mid-run: leave without its teardown (peers stop at the same step).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""benchmarks/fidelity.py --program: a program's graph against the program itself under torchrun."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from prism.schemas.cluster import preset
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_a_pipelined_program_is_compared_with_its_own_torchrun_run(tmp_path: Path) -> None:
+    spec = preset("h100-ib").save(tmp_path / "spec.toml")  # any valid spec: keeps the test from calibrating
+    program = "examples/pp.py --pp 2 --schedule 1F1B --steps 60 --hidden 64 --seq 16"
+    out = tmp_path / "fidelity.json"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "fidelity.py"), "--program", program,
+         "--tp", "1", "--pp", "2", "--dp", "1", "--repeats", "1", "--warmup", "5", "--iterations", "2",
+         "--cluster-spec", str(spec), "--json", str(out)],
+        capture_output=True, text=True, timeout=900, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    assert [r["rank"] for r in result["records"]] == [0, 1]
+    for record in result["records"]:
+        assert record["real_iter_ms"] > 0 and record["pred_iter_ms"] > 0
+        # Both sides measure memory the same way: what the program's tensors held when the
+        # iteration began plus what the iteration allocates at its peak.
+        assert abs(record["mem_err_pct"]) < 1.0, record
+    assert [h["rank"] for h in result["hook"]] == [0, 1]
+    assert all(0 < h["hook_us"] < 10_000 for h in result["hook"])
+    assert "the real run's iteration-timing hook" in done.stdout
+
+
+def test_a_program_that_fails_under_torchrun_is_one_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("raise SystemExit('no such model')\n")
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "fidelity.py"), "--program", str(bad), "--dp", "2",
+         "--repeats", "1", "--cluster-spec", str(preset("h100-ib").save(tmp_path / "s.toml"))],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "the real run of" in done.stdout and "failed" in done.stdout
