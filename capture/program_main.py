@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from prism.capture.interpose import install
+from prism.capture.interpose import UnsupportedCall, install
 from prism.capture.launch import parse_rank_args
 from prism.capture.profiling import ProfileSpec, profiled
 from prism.capture.rank_main import layout_labeler, record_rank
@@ -31,6 +31,7 @@ from prism.capture.value_pass import known_values, write_values
 from prism.peers.backend import VirtualWorld, current_comm_log
 from prism.peers.clock import CommClock, FreeRunningClock
 from prism.peers.received_values import ReceivedValues
+from prism.schemas.layout import ParallelLayout
 from prism.schemas.manifest import CaptureFiles, RankJob, RankResult
 from prism.schemas.program import ProgramSpec
 
@@ -128,6 +129,11 @@ def _run_until_stopped(program: ProgramSpec) -> None:
         run_program(program)
     except ProgramStop:
         pass
+    except UnsupportedCall:
+        # A program whose pipeline is not the layout's asks virtual ranks for values: say why.
+        if _initialized():
+            _check_pipeline(program.layout)
+        raise
     except SystemExit as e:  # the program's own sys.exit(): an error only with a failing code
         if e.code not in (None, 0):
             raise
@@ -138,11 +144,29 @@ def _check_ran(done: int, needed: int, job: RankJob) -> None:
         raise ProgramRunError(
             "the program never initialised torch.distributed (init_process_group or init_device_mesh)"
         )
+    _check_pipeline(job.program.layout)
     if done < needed:
         raise ProgramRunError(
             f"the program ended after {done} optimizer step(s); the capture needs {needed} "
             f"(--warmup {job.warmup} + --iterations {job.iterations})"
         )
+
+
+def _check_pipeline(layout: ParallelLayout) -> None:
+    """Point-to-point transfers stay inside the rank's pipeline, or the layout is not the program's."""
+    log = current_comm_log()
+    me = layout.coords(log.rank)
+    for call in log.calls:
+        if call.peer is None or call.op not in ("send", "recv"):
+            continue
+        there = layout.coords(call.peer)
+        if (there.tp, there.dp) != (me.tp, me.dp):
+            raise ProgramRunError(
+                f"rank {log.rank} (tp {me.tp}, dp {me.dp}, stage {me.pp}) {call.op}s "
+                f"{'to' if call.op == 'send' else 'from'} rank {call.peer} (tp {there.tp}, dp {there.dp}, "
+                f"stage {there.pp}), outside its pipeline in {layout}: the program lays out its pipeline "
+                "otherwise; capture with the --pp (and --order) it builds"
+            )
 
 
 def _initialized() -> bool:

@@ -76,3 +76,31 @@ def test_an_interleaved_schedule_at_8192_ranks_wraps_from_the_last_stage_to_the_
     last_stage = read_rank(graph, 3 * 2048 + 5).to_pandas()  # holds stages 3 and 7 of 8
     sends = last_stage[last_stage[gf.KIND] == gf.NodeKind.SEND.value]
     assert 5 in set(sends[gf.PEER])  # stage 3 feeds stage 4, held by the first rank of its pipeline
+
+
+def test_a_pipeline_of_another_length_than_pp_is_one_error(tmp_path: Path) -> None:
+    out = tmp_path / "cap"
+    program = [str(PP), "--pp", "4", *TINY]  # four stages, captured as if there were two
+    result = runner.invoke(
+        capture_app,
+        [
+            "--tp",
+            "1",
+            "--pp",
+            "2",
+            "--dp",
+            "2",
+            "--warmup",
+            "3",
+            "--iterations",
+            "1",
+            "-o",
+            str(out),
+            "--",
+            *program,
+        ],
+    )
+    assert result.exit_code == 2
+    assert "outside its pipeline in tp=1 pp=2 dp=2" in result.output
+    assert "capture with the --pp (and --order) it builds" in result.output
+    assert not out.exists()
