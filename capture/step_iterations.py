@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from prism.capture import annotate
 from prism.capture.profiling import Profiler
@@ -116,13 +117,18 @@ class StepIterations:
 
 def live_tensor_bytes(cuda: bool) -> int:
     """Bytes the program's tensors hold now: on CUDA the allocator's count; on CPU, which keeps
-    none, the distinct storages of every tensor the garbage collector tracks (memory only C++
-    holds, such as DDP's gradient buckets, is not seen), less what prism holds (stand-in sources,
-    values recorded for receives from virtual peers)."""
+    none, the distinct storages of every tensor the garbage collector tracks, plus the gradient
+    buckets of every DistributedDataParallel module (held by its C++ reducer, where the garbage
+    collector does not look), less what prism holds (stand-in sources, values recorded for
+    receives from virtual peers)."""
     if cuda:
         return torch.cuda.memory_allocated()
     storages: dict[int, int] = {}
+    buckets = 0
     for obj in gc.get_objects():
+        if isinstance(obj, DistributedDataParallel):
+            buckets += ddp_bucket_bytes(obj)
+            continue
         if not torch.is_tensor(obj) or obj.is_sparse or obj.device.type != "cpu":
             continue
         try:
@@ -135,4 +141,14 @@ def live_tensor_bytes(cuda: bool) -> int:
     held = world.received.pointers() if world is not None and world.received is not None else set()
     for pointer in (0, *cached_pointers(), *held):
         storages.pop(pointer, None)
-    return sum(storages.values())
+    return sum(storages.values()) + buckets
+
+
+def ddp_bucket_bytes(module: DistributedDataParallel) -> int:
+    """Bytes of a DDP module's gradient buckets that no Python tensor shares: all of them, unless
+    gradients are views into the buckets (then the gradients' storages are the buckets)."""
+    data = module._get_ddp_logging_data()
+    if data.get("gradient_as_bucket_view"):
+        return 0
+    sizes = str(data.get("bucket_sizes", ""))
+    return sum(int(size) for size in sizes.split(",") if size.strip())
