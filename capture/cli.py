@@ -15,7 +15,7 @@ from rich.table import Table
 
 from prism.capture.preflight import CaptureError
 from prism.capture.progress import RankProgress
-from prism.capture.runner import CaptureHooks, CaptureOptions, RealMode, run_capture
+from prism.capture.runner import CaptureHooks, CaptureOptions, ProgramRoles, RealMode, run_capture
 from prism.schemas import cli_help
 from prism.schemas.comm_log import read_comm_log
 from prism.schemas.layout import DEFAULT_ORDER, LayoutError, ParallelLayout, Role
@@ -124,6 +124,13 @@ def capture(
         str | None,
         typer.Option(help="Capture these ranks, each alone, e.g. 0,7,8191 [default: one per role]."),
     ] = None,
+    roles: Annotated[
+        ProgramRoles,
+        typer.Option(
+            help="Program: capture every pipeline stage, or the first, two middle and the last (the "
+            "build checks the middles made the same calls, then uses them for every middle stage)."
+        ),
+    ] = ProgramRoles.PIPELINE,
     nproc_per_node: Annotated[
         int, typer.Option(help="Program: processes per node of the target (LOCAL_WORLD_SIZE, GROUP_RANK).")
     ] = 8,
@@ -164,7 +171,7 @@ def capture(
             )  # fmt: skip
             job, what = {"config": config}, f"model {model_line(config)}"
         options = CaptureOptions(
-            **job, ranks=parse_ranks(ranks), out_dir=out, real=real, warmup=warmup, iterations=iterations,
+            **job, ranks=parse_ranks(ranks), roles=roles, out_dir=out, real=real, warmup=warmup, iterations=iterations,
             threads=threads, overwrite=overwrite, rank_timeout_s=rank_timeout,
         )  # fmt: skip
         console.print(f"[bold]prism-capture[/] {layout}, real={real.value}, {what}")

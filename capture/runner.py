@@ -56,6 +56,20 @@ class RealMode(enum.StrEnum):
     ALL = "all"  # every rank of the layout at once (ground truth for small layouts)
 
 
+class ProgramRoles(enum.StrEnum):
+    """Which pipeline positions of a program are captured (each alone, tp and dp index 0)."""
+
+    PIPELINE = "pipeline"  # every stage
+    FIRST_MIDDLE_LAST = "first-middle-last"  # stage 0, two middle stages, the last; middles stand for all
+
+
+def program_stages(layout: ParallelLayout, roles: ProgramRoles) -> tuple[int, ...]:
+    """The stages captured for ``roles``: with first-middle-last, 0, 1, pp-2 and pp-1."""
+    if roles == ProgramRoles.FIRST_MIDDLE_LAST:
+        return tuple(sorted({0, min(1, layout.pp - 1), max(layout.pp - 2, 0), layout.pp - 1}))
+    return tuple(range(layout.pp))
+
+
 @dataclass(frozen=True, kw_only=True)
 class CaptureOptions:
     """A capture to run."""
@@ -70,6 +84,8 @@ class CaptureOptions:
     """Capture directory to create."""
     real: RealMode = RealMode.ROLES
     """Which ranks run for real."""
+    roles: ProgramRoles = ProgramRoles.PIPELINE
+    """A program's captured pipeline positions (without ``ranks``)."""
     warmup: int = 5
     """Iterations before profiling."""
     iterations: int = 2
@@ -123,8 +139,8 @@ def plan_batches(options: CaptureOptions) -> list[RankBatch]:
     if options.ranks is not None:
         ranks = options.ranks
     elif options.program is not None:
-        # A program prism knows nothing about: one rank per pipeline position.
-        ranks = tuple(layout.rank(tp=0, dp=0, pp=s) for s in range(layout.pp))
+        # A program prism knows nothing about: one rank per pipeline position (or per kind).
+        ranks = tuple(layout.rank(tp=0, dp=0, pp=s) for s in program_stages(layout, options.roles))
     else:
         ranks = tuple(layout.roles().values())
     alone = [RankBatch(ranks=(rank,)) for rank in ranks]
@@ -142,6 +158,8 @@ def check_options(options: CaptureOptions) -> None:
         raise CaptureError(f"--threads must be at least 1, got {options.threads}")
     if (options.config is None) == (options.program is None):
         raise CaptureError("a capture runs either the built-in GPT or a program, not both")
+    if options.config is not None and options.roles != ProgramRoles.PIPELINE:
+        raise CaptureError("--roles is for programs: the built-in GPT's roles are known")
     check_device(options.device)
     if options.program is not None:
         check_program(options.program)

@@ -4,8 +4,10 @@ every rank of the captured layout."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
+from prism.graph.build.alike import call_sequence, check_alike
 from prism.graph.build.bind import encode_program
 from prism.graph.build.normalize import normalize_rank
 from prism.graph.build.profiler_overhead import Correction, time_scale
@@ -28,17 +30,51 @@ class ProgramStages:
     """The graph's file metadata."""
 
 
-def _captured_stage(manifest: CaptureManifest, stage: int) -> CapturedRank:
-    found = next((r for r in manifest.ranks if r.stage == stage), None)
-    if found is None:
-        captured = sorted({r.stage for r in manifest.ranks})
-        raise TemplateError(
-            f"pipeline stage {stage} was not captured (stages {captured} were); a program's graph needs "
-            "one captured rank per pipeline position, prism-capture's default"
-        )
-    if found.result.static_bytes is None:
-        raise TemplateError(f"rank {found.rank}'s result has no static_bytes: re-capture it with this prism")
-    return found
+def _stage_sources(manifest: CaptureManifest, pp: int) -> dict[int, CapturedRank]:
+    """The captured rank whose calls each stage runs: its own, or for a middle stage that was not
+    captured (``--roles first-middle-last``), the nearest captured middle one."""
+    captured: dict[int, list[CapturedRank]] = {}
+    for rank in sorted(manifest.ranks, key=lambda r: r.rank):
+        if rank.result.static_bytes is None:
+            raise TemplateError(
+                f"rank {rank.rank}'s result has no static_bytes: re-capture it with this prism"
+            )
+        captured.setdefault(rank.stage, []).append(rank)
+    middles = [stage for stage in captured if 0 < stage < pp - 1]
+    sources = {}
+    for stage in range(pp):
+        if stage in captured:
+            sources[stage] = captured[stage][0]
+        elif 0 < stage < pp - 1 and middles:
+            sources[stage] = captured[min(middles, key=lambda m: (abs(m - stage), m))][0]
+        else:
+            raise TemplateError(
+                f"pipeline stage {stage} was not captured (stages {sorted(captured)} were); a program's graph "
+                "needs its first and last stage and, for the middle ones, every middle stage or two of "
+                "them (prism-capture --roles pipeline or first-middle-last)"
+            )
+    return sources
+
+
+def _check_alike(manifest: CaptureManifest, sources: dict[int, CapturedRank], layout, ops) -> None:
+    """Captured ranks that stand for the same ranks made the same calls."""
+
+    def sequences(ranks: list[int]) -> dict[int, list]:
+        return {rank: call_sequence(ops(rank), rank, layout) for rank in ranks}
+
+    by_stage: dict[int, list[int]] = {}
+    for captured in sorted(manifest.ranks, key=lambda r: r.rank):
+        by_stage.setdefault(captured.stage, []).append(captured.rank)
+    for stage, ranks in sorted(by_stage.items()):
+        if len(ranks) > 1:
+            check_alike(sequences(ranks), f"both run pipeline stage {stage}")
+    if any(source.stage != stage for stage, source in sources.items()):
+        middles = [ranks[0] for stage, ranks in sorted(by_stage.items()) if 0 < stage < layout.pp - 1]
+        if len(middles) > 1:
+            check_alike(
+                sequences(middles),
+                "both stand for every middle stage (capture every stage with --roles pipeline)",
+            )
 
 
 def program_stages(
@@ -53,17 +89,20 @@ def program_stages(
     """Every stage's program and the graph metadata of a program capture at its own layout."""
     program = manifest.job.program
     layout = program.layout
+    sources = _stage_sources(manifest, layout.pp)
+    ops = functools.cache(lambda rank: normalize_rank(capture_dir, rank))
+    _check_alike(manifest, sources, layout, ops)
     stages, scales, static = [], {}, []
     for stage in range(layout.pp):
-        captured = _captured_stage(manifest, stage)
-        ops = normalize_rank(capture_dir, captured.rank)
+        captured = sources[stage]
+        ops_of_stage = ops(captured.rank)
         scale = None
         if correction != Correction.NONE:
             # No block marks, no phase times: one ratio for the whole iteration.
             scale = time_scale(captured.result, manifest.job.warmup, by_phase=False)
         cv = iteration_cv(captured.result.own_iteration_ns, manifest.job.warmup)
         stage_program = program_stage(
-            ops, rank=captured.rank, stage=stage, layout=layout, factor=scale.factor if scale else 1.0,
+            ops_of_stage, rank=captured.rank, stage=stage, layout=layout, factor=scale.factor if scale else 1.0,
             noise_cv=cv,
         )  # fmt: skip
         stages.append(encode_program(stage_program))

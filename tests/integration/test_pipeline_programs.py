@@ -104,3 +104,49 @@ def test_a_pipeline_of_another_length_than_pp_is_one_error(tmp_path: Path) -> No
     assert "outside its pipeline in tp=1 pp=2 dp=2" in result.output
     assert "capture with the --pp (and --order) it builds" in result.output
     assert not out.exists()
+
+
+def _capture_middles(tmp_path: Path, schedule: str) -> tuple[Path, list[str]]:
+    layout = ["--tp", "1", "--pp", "6", "--dp", "192"]  # 1,152 ranks
+    out = tmp_path / "cap"
+    program = [str(PP), "--pp", "6", "--schedule", schedule, "--microbatches", "6", *TINY, "--batch", "6"]
+    result = runner.invoke(
+        capture_app,
+        [
+            *layout,
+            "--roles",
+            "first-middle-last",
+            "--warmup",
+            "3",
+            "--iterations",
+            "2",
+            "-o",
+            str(out),
+            "--",
+            *program,
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert sorted(r.stage for r in read_manifest(out).ranks) == [0, 1, 4, 5]
+    return out, layout
+
+
+def test_first_middle_last_stands_middle_stages_in_for_the_rest_when_they_agree(tmp_path: Path) -> None:
+    capture, layout = _capture_middles(tmp_path, "GPipe")
+    graph = tmp_path / "graph.parquet"
+    result = runner.invoke(build_app, [str(capture), *layout, "-o", str(graph)])
+    assert result.exit_code == 0, result.output
+    assert validate_graph(graph).ok
+    # Stage 2 was not captured: its ranks run stage 1's calls, with their own pipeline neighbours.
+    nodes = read_rank(graph, 2 * 192 + 7).to_pandas()
+    assert (nodes[gf.SRC_RANK] == 192).all()
+    sends = nodes[nodes[gf.KIND] == gf.NodeKind.SEND.value]
+    assert set(sends[gf.PEER]) == {1 * 192 + 7, 3 * 192 + 7}  # gradients back, activations on
+
+
+def test_middle_stages_that_made_other_calls_are_refused_with_the_first_difference(tmp_path: Path) -> None:
+    capture, layout = _capture_middles(tmp_path, "1F1B")  # warm-up forwards differ by stage
+    result = runner.invoke(build_app, [str(capture), *layout, "-o", str(tmp_path / "g.parquet")])
+    assert result.exit_code == 2
+    assert "ranks 192 and 768 both stand for every middle stage" in result.output
+    assert "differ at call" in result.output and "--roles pipeline" in result.output
