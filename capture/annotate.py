@@ -69,8 +69,28 @@ def mark(m: Mark) -> Iterator[None]:
                 timer.closed(m, started)
 
 
-def iteration(index: int) -> contextlib.AbstractContextManager[None]:
-    return mark(Mark(phase=Phase.ITERATION, iter=index))
+IterationHook = Callable[[bool], None]
+"""Told ``True`` as a program's own iteration mark opens and ``False`` as it closes."""
+_iteration_hook: IterationHook | None = None
+
+
+def set_iteration_hook(hook: IterationHook | None) -> None:
+    """Tell ``hook`` where the program's own ``iteration`` marks open and close (a program capture
+    then cuts iterations at them instead of at optimizer steps); None: no hook."""
+    global _iteration_hook
+    _iteration_hook = hook
+
+
+@contextlib.contextmanager
+def iteration(index: int) -> Iterator[None]:
+    """One training iteration of the program (a program capture cuts its iterations here)."""
+    hook = _iteration_hook
+    if hook is not None:
+        hook(True)
+    with mark(Mark(phase=Phase.ITERATION, iter=index)):
+        yield
+    if hook is not None:
+        hook(False)  # outside the mark: the hook may end the program here
 
 
 def forward(

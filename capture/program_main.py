@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from prism.capture import annotate, program_profiler
 from prism.capture.interpose import UnsupportedCall, install
 from prism.capture.launch import parse_rank_args
 from prism.capture.profiling import ProfileSpec, profiled
@@ -81,11 +82,14 @@ def run_program_rank(job: RankJob, rank: int, out_dir: Path, *, clock: CommClock
             cuda=program.device == "cuda",
         )  # fmt: skip
         hook = register_optimizer_step_post_hook(steps)
+        program_profiler.install(steps)  # after prism's own profiler took the original
+        annotate.set_iteration_hook(steps.program_mark)
         try:
             steps.start()
             _run_until_stopped(program)
         finally:
             hook.remove()
+            annotate.set_iteration_hook(None)
             steps.finish()
     _check_ran(steps.done, total, job)
     timings = steps.timings
@@ -144,7 +148,6 @@ def _check_ran(done: int, needed: int, job: RankJob) -> None:
         raise ProgramRunError(
             "the program never initialised torch.distributed (init_process_group or init_device_mesh)"
         )
-    _check_pipeline(job.program.layout)
     if done < needed:
         raise ProgramRunError(
             f"the program ended after {done} optimizer step(s); the capture needs {needed} "

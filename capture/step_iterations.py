@@ -1,4 +1,4 @@
-"""Iterations of a program that does not mark them: each ``Optimizer.step`` ends one.
+"""Iterations of a program: each ``Optimizer.step`` ends one, unless the program says otherwise.
 
 A global optimizer post-hook (``torch.optim.optimizer.register_optimizer_step_post_hook``) sees
 every optimizer step of the program. Iteration k runs from the end of step k-1 (iteration 0:
@@ -7,11 +7,16 @@ tells the completion clock, steps the profiler's schedule, and opens the next. A
 iteration of the capture it raises ``ProgramStop`` out of ``optimizer.step()``, which unwinds
 the program like an exception that no ``except Exception`` catches, unless the program is to
 run to its end.
+
+A program that steps a ``torch.profiler`` of its own (``prism.capture.program_profiler``) has its
+iterations end at those steps instead, and one that marks its iterations with
+``prism.capture.annotate.iteration`` has them be its marks.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import gc
 import time
 from dataclasses import dataclass, field
@@ -25,6 +30,7 @@ from prism.capture.progress import report
 from prism.peers.backend import active_world
 from prism.peers.clock import CommClock
 from prism.peers.standin import cached_pointers
+from prism.schemas.annotations import Mark, Phase
 
 
 class ProgramStop(BaseException):
@@ -45,8 +51,18 @@ class StepTimings:
     """Live tensor bytes when the first profiled iteration began (``live_tensor_bytes``)."""
 
 
+class Driver(enum.StrEnum):
+    """What ends a program's iterations."""
+
+    OPTIMIZER = "optimizer"  # each Optimizer.step (the default)
+    PROFILER = "profiler"  # each step() of the program's own torch.profiler, once it started one
+    MARKS = "marks"  # the program's own prism.capture.annotate.iteration marks, once it opened one
+
+
 class StepIterations:
-    """The global optimizer post-hook that cuts a program into iterations."""
+    """Cuts a program into iterations: the global optimizer post-hook, unless the program steps a
+    profiler of its own (``profiler_started`` / ``profiler_step``) or marks its iterations
+    (``program_mark``), which then win."""
 
     def __init__(
         self,
@@ -60,9 +76,11 @@ class StepIterations:
         cuda: bool,
     ) -> None:
         self.timings = StepTimings()
+        self.driver = Driver.OPTIMIZER
         self._rank, self._total, self._stop, self._profiled_from = rank, total, stop_after_last, profiled_from
         self._profiler, self._clock, self._cuda = profiler, clock, cuda
         self._mark: contextlib.AbstractContextManager[None] | None = None
+        self._running = False
         self._began_ns = self._t0 = 0
 
     @property
@@ -73,40 +91,75 @@ class StepIterations:
     def start(self) -> None:
         """Open iteration 0; call right before the program runs."""
         report(rank=self._rank, event="start", total=self._total)
-        self._open()
+        self._begin(own_mark=True)
 
     def __call__(self, optimizer: torch.optim.Optimizer, args: object, kwargs: object) -> None:
-        if self._mark is None:  # past the captured iterations (run to the end): nothing to record
-            return
         if not self.timings.parameters:
             self.timings.parameters = sum(p.numel() for g in optimizer.param_groups for p in g["params"])
-        self._close()
-        if self.done < self._total:
-            self._open()
-        elif self._stop:
-            raise ProgramStop
+        if self.driver is Driver.OPTIMIZER:
+            self._boundary()
+
+    def profiler_started(self) -> None:
+        """The program started a torch.profiler of its own: its steps end iterations from now on."""
+        if self.driver is Driver.OPTIMIZER:
+            self.driver = Driver.PROFILER
+
+    def profiler_step(self) -> None:
+        if self.driver is Driver.PROFILER:
+            self._boundary()
+
+    def program_mark(self, opening: bool) -> None:
+        """The program's own iteration mark opens or closes: its marks are the iterations."""
+        if self.driver is not Driver.MARKS:
+            # What ran before the program's first mark (its set-up) is no iteration.
+            self.driver = Driver.MARKS
+            if self._mark is not None:
+                self._mark.__exit__(None, None, None)
+                self._mark = None
+            self._running = False
+        if opening:
+            if self.done < self._total:
+                self._begin(own_mark=False)
+        elif self._running:
+            self._end()
+            if self.done >= self._total and self._stop:
+                raise ProgramStop
 
     def finish(self) -> None:
         """The program ended: an iteration it left unfinished is not one (its mark is closed)."""
         if self._mark is not None:
             self._mark.__exit__(None, None, None)
             self._mark = None
+        self._running = False
 
-    def _open(self) -> None:
+    def _boundary(self) -> None:
+        if not self._running:  # past the captured iterations (run to the end): nothing to record
+            return
+        self._end()
+        if self.done < self._total:
+            self._begin(own_mark=True)
+        elif self._stop:
+            raise ProgramStop
+
+    def _begin(self, *, own_mark: bool) -> None:
         if self.done == self._profiled_from:
             self.timings.static_bytes = live_tensor_bytes(self._cuda)
         self._began_ns = time.time_ns()
         self._clock.iteration_started(self._began_ns)
-        self._mark = annotate.iteration(self.done)
-        self._mark.__enter__()
+        if own_mark:
+            self._mark = annotate.mark(Mark(phase=Phase.ITERATION, iter=self.done))
+            self._mark.__enter__()
+        self._running = True
         self._t0 = time.perf_counter_ns()
 
-    def _close(self) -> None:
+    def _end(self) -> None:
         if self._cuda:
             torch.cuda.synchronize()
         elapsed = time.perf_counter_ns() - self._t0
-        self._mark.__exit__(None, None, None)
-        self._mark = None
+        if self._mark is not None:
+            self._mark.__exit__(None, None, None)
+            self._mark = None
+        self._running = False
         ended = time.time_ns()
         self.timings.iteration_ns.append(elapsed)
         self.timings.windows.append((self._began_ns, ended))

@@ -75,8 +75,9 @@ def _p2p_dir(peer: int, rank: int, layout: ParallelLayout) -> int:
     me, there = layout.coords(rank), layout.coords(peer)
     if (there.tp, there.dp) != (me.tp, me.dp) or peer == rank:
         raise TemplateError(
-            f"rank {rank} sends to or receives from rank {peer}, which is not in its pipeline; "
-            "graphs of programs carry point-to-point transfers between pipeline stages only"
+            f"rank {rank} sends to or receives from rank {peer}, which is not in its pipeline in {layout}; "
+            "graphs of programs carry point-to-point transfers between pipeline stages only (if the "
+            "program builds a pipeline of another length or order, capture with its --pp and --order)"
         )
     return there.pp - me.pp
 

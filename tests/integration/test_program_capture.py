@@ -187,3 +187,60 @@ def test_objects_from_a_virtual_rank_are_refused_naming_the_call_and_line(tmp_pa
         result.output.split()
     )
     assert not out.exists()
+
+
+TWO_OPTIMIZERS = """
+import sys
+import torch, torch.distributed as dist
+{prelude}
+dist.init_process_group("gloo")
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+first = torch.optim.SGD(model[0].parameters(), lr=0.01)
+second = torch.optim.SGD(model[1].parameters(), lr=0.01)
+def train_step():
+    model(torch.ones(4, 8)).sum().backward()
+    dist.all_reduce(model[0].weight.grad)  # one call per training step
+    first.step()
+    second.step()  # two optimizer steps per training step
+{loop}
+"""
+PROFILED_LOOP = """
+def written(prof):
+    open(sys.argv[1], "w").write("the program's own trace")
+schedule = torch.profiler.schedule(wait=1, warmup=1, active=2)
+with torch.profiler.profile(schedule=schedule, on_trace_ready=written) as prof:
+    for _ in range(6):
+        train_step()
+        prof.step()
+"""
+MARKED_LOOP = """
+for i in range(6):
+    with annotate.iteration(i):
+        train_step()
+"""
+
+
+@pytest.mark.parametrize(
+    ("prelude", "loop"),
+    [("", PROFILED_LOOP), ("from prism.capture import annotate", MARKED_LOOP)],
+    ids=["own-profiler", "own-marks"],
+)
+def test_a_programs_own_profiler_steps_or_iteration_marks_end_its_iterations(
+    tmp_path: Path, prelude: str, loop: str
+) -> None:
+    script = tmp_path / "two_optimizers.py"
+    script.write_text(TWO_OPTIMIZERS.format(prelude=prelude, loop=loop))
+    trace = tmp_path / "own_trace.txt"
+    result, out = capture(
+        tmp_path, "--tp", "1", "--pp", "1", "--dp", "64", "--warmup", "3", "--iterations", "2",
+        program=(str(script), str(trace)),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (rank,) = read_manifest(out).ranks
+    assert len(rank.result.iteration_ns) == 5
+    # Each iteration was a whole training step (one all-reduce), not one of its optimizer steps:
+    # prism ended the program after five training steps, not after two and a half.
+    log = read_comm_log(CaptureFiles(out).comm(0))
+    reductions = [c for c in log.calls if c.op == "all_reduce"]
+    assert len(reductions) == 5
+    assert not trace.exists()  # prism recorded; the program's own profiler recorded nothing
