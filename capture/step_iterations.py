@@ -168,19 +168,23 @@ class StepIterations:
         report(rank=self._rank, event="iteration", done=self.done, total=self._total, ms=elapsed / 1e6)
 
 
-def live_tensor_bytes(cuda: bool) -> int:
+def live_tensor_bytes(cuda: bool, *, buckets_in_python: bool = True) -> int:
     """Bytes the program's tensors hold now: on CUDA the allocator's count; on CPU, which keeps
-    none, the distinct storages of every tensor the garbage collector tracks, plus the gradient
-    buckets of every DistributedDataParallel module (held by its C++ reducer, where the garbage
-    collector does not look), less what prism holds (stand-in sources, values recorded for
-    receives from virtual peers)."""
+    none, the distinct storages of every tensor the garbage collector tracks, less what prism
+    holds (stand-in sources, values recorded for receives from virtual peers).
+
+    DDP's gradient buckets are held by its C++ reducer, where the garbage collector does not look,
+    unless its all-reduces went through a Python process group (prism's), which gives each bucket
+    a Python tensor that lives as long as the bucket. Without that (``buckets_in_python=False``:
+    a program on its own C++ backend) the buckets of every DistributedDataParallel module are
+    added from DDP's own logging data."""
     if cuda:
         return torch.cuda.memory_allocated()
     storages: dict[int, int] = {}
     buckets = 0
     for obj in gc.get_objects():
         if isinstance(obj, DistributedDataParallel):
-            buckets += ddp_bucket_bytes(obj)
+            buckets += 0 if buckets_in_python else ddp_bucket_bytes(obj)
             continue
         if not torch.is_tensor(obj) or obj.is_sparse or obj.device.type != "cpu":
             continue

@@ -71,7 +71,7 @@ class IterationTimer:
             self._mark.__exit__(None, None, None)
             self._mark = None
         if done == self._warmup:
-            self.run.static_bytes = live_tensor_bytes(cuda=False)
+            self.run.static_bytes = live_tensor_bytes(cuda=False, buckets_in_python=False)
             self._profiler = torch.profiler.profile(
                 activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
             )

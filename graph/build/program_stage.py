@@ -6,8 +6,8 @@ order (the op table of ``prism.graph.build.normalize``): its compute, the gaps b
 process-group calls, each collective on the layout group its label names (``tp.3`` is the tp
 group of whichever rank runs the program) and each send or recv with the same stage of the
 running rank's own pipeline (the next, the previous, or the first from the last). Every profiled iteration must run the same units; each unit's duration and gap
-are their means over the iterations, its memory (with what the Python between ops allocates and frees) the median over
-the profiled iterations after the first.
+are their means over the iterations, its memory (with what the Python between ops allocates and
+frees, ``_memory``) the median over the profiled iterations after the first.
 
 An asynchronous call completes at a wait node. A call made during a backward pass (DDP's
 bucket all-reduces, issued from autograd hooks: the unit before it is one of ``BACKWARD_OPS``)
@@ -82,6 +82,25 @@ def _p2p_dir(peer: int, rank: int, layout: ParallelLayout) -> int:
     return there.pp - me.pp
 
 
+def _memory(iteration: pd.DataFrame) -> np.ndarray:
+    """(alloc, free) per unit, with what the Python between two ops allocates and frees (dropped
+    references, zero_grad, FSDP's resharding hooks): a gap that frees more than it allocates is
+    freed at the end of the unit before it, one that allocates more at the start of the unit
+    after it, so that neither raises the peak by memory that was gone before the next op began."""
+    alloc = iteration[ot.ALLOC_BYTES].to_numpy(dtype=np.int64).copy()
+    free = iteration[ot.FREE_BYTES].to_numpy(dtype=np.int64).copy()
+    net = iteration[ot.GAP_ALLOC_BYTES].to_numpy(dtype=np.int64) - iteration[ot.GAP_FREE_BYTES].to_numpy(
+        dtype=np.int64
+    )
+    if len(net):
+        first = net[0]  # nothing before the first unit in the iteration: it takes its own gap
+        alloc[0] += max(first, 0)
+        free[0] += max(-first, 0)
+        alloc[1:] += np.maximum(net[1:], 0)
+        free[:-1] += np.maximum(-net[1:], 0)
+    return np.stack([alloc, free])
+
+
 def _units(iterations: list[pd.DataFrame], rank: int, layout: ParallelLayout, factor: float) -> pd.DataFrame:
     """One iteration's units with mean durations and gaps (compute scaled by ``factor``)."""
     units = iterations[0].copy()
@@ -93,11 +112,8 @@ def _units(iterations: list[pd.DataFrame], rank: int, layout: ParallelLayout, fa
     # The profiler records no free of a block allocated before it started: the first profiled
     # iteration frees what the one before allocated unseen, so memory comes from the later ones.
     steady = iterations[1:] or iterations
-    for column, gap in ((ot.ALLOC_BYTES, ot.GAP_ALLOC_BYTES), (ot.FREE_BYTES, ot.GAP_FREE_BYTES)):
-        # Memory allocated or freed between two ops (the program's Python: dropped references,
-        # zero_grad) is charged to the op after it, as for the built-in workload.
-        held = [it[column].to_numpy(dtype=np.int64) + it[gap].to_numpy(dtype=np.int64) for it in steady]
-        units[column] = np.median(held, axis=0).astype(np.int64)
+    held = np.median([_memory(it) for it in steady], axis=0).astype(np.int64)
+    units[ot.ALLOC_BYTES], units[ot.FREE_BYTES] = held[0], held[1]
     labels = units[ot.GROUP_LABEL].astype(str).to_numpy()
     ops = units[ot.COMM_OP].astype(str).to_numpy()
     is_p2p = is_comm & np.isin(ops, ("send", "recv"))
