@@ -245,7 +245,12 @@ def program_main(args: argparse.Namespace, choice: SpecChoice, started: float, a
     except LayoutError as e:
         console.print(f"[bold red]error:[/] {e}", highlight=False)
         return 2
-    settings = RunSettings(warmup=args.warmup, iterations=args.iterations, work_dir=args.work_dir)
+    settings = RunSettings(
+        warmup=args.warmup,
+        iterations=args.iterations,
+        work_dir=args.work_dir,
+        matched_load=not args.slice_alone,
+    )
     records, hooks = [], []
     for text in args.program:
         case = ProgramCase(argv=tuple(shlex.split(text)), layout=layout)

@@ -35,7 +35,12 @@ class ConsoleHooks(CaptureHooks):
         self._progress: RankProgress | None = None
 
     def batch_starting(
-        self, ranks: tuple[int, ...], roles: dict[int, Role], *, value_pass: bool = False
+        self,
+        ranks: tuple[int, ...],
+        roles: dict[int, Role],
+        *,
+        value_pass: bool = False,
+        capture_dir: Path | None = None,
     ) -> Callable[[dict], None]:
         what = "values sent between stages" if value_pass else None
         labels = {r: f"rank {r} ({what or roles[r].value})" for r in ranks}

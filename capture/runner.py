@@ -121,9 +121,15 @@ class CaptureHooks:
     """Callbacks the console front end uses to show progress; the defaults do nothing."""
 
     def batch_starting(
-        self, ranks: tuple[int, ...], roles: dict[int, Role], *, value_pass: bool = False
+        self,
+        ranks: tuple[int, ...],
+        roles: dict[int, Role],
+        *,
+        value_pass: bool = False,
+        capture_dir: Path | None = None,
     ) -> Callable[[dict], None] | None:
-        """Called before a batch starts; may return a callback for its progress events."""
+        """Called before a batch starts (``capture_dir``: the capture being written); may return a
+        callback for its progress events."""
         return None
 
     def batch_done(self, ranks: tuple[int, ...]) -> None:
@@ -194,7 +200,7 @@ def _run_batch(options: CaptureOptions, tmp: Path, batch: RankBatch, hooks: Capt
         for i, r in enumerate(batch.ranks)
     ]
     on_event = hooks.batch_starting(
-        batch.ranks, {r: layout.role(r) for r in batch.ranks}, value_pass=batch.value_pass
+        batch.ranks, {r: layout.role(r) for r in batch.ranks}, value_pass=batch.value_pass, capture_dir=tmp
     )
     # Rank processes pin their own thread count; keep OpenMP from oversubscribing before that.
     env = {"OMP_NUM_THREADS": str(options.threads)}

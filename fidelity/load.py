@@ -19,8 +19,10 @@ wait for each other for a tenth to a third of an iteration in the default cases)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,7 +34,8 @@ from pathlib import Path
 from prism.capture.launch import rank_command
 from prism.capture.runner import CaptureHooks
 from prism.schemas.layout import Role
-from prism.schemas.manifest import RankJob
+from prism.schemas.manifest import GPT, PROGRAM, CaptureFiles, RankJob
+from prism.schemas.program import ProgramSpec
 from prism.schemas.replay import ReplayJob
 from prism.schemas.workload import GPTConfig
 
@@ -45,8 +48,9 @@ class MatchedLoad(CaptureHooks):
 
     def __init__(
         self,
-        config: GPTConfig,
+        config: GPTConfig | None = None,
         *,
+        program: ProgramSpec | None = None,
         warmup: int,
         iterations: int,
         threads: int = 1,
@@ -55,39 +59,61 @@ class MatchedLoad(CaptureHooks):
         self._dir = tempfile.TemporaryDirectory(prefix="prism-load-")
         root = Path(self._dir.name)
         self._job = root / "job.json"
-        job = RankJob(
-            workload="gpt",
-            config=config,
-            real_ranks=(),
-            warmup=warmup,
-            # Outlast the batch (it is killed when the batch ends): a load rank that is faster
-            # than the captured one would otherwise finish first and leave the captured rank
-            # alone on the machine for its last iterations, which the real run never is.
-            iterations=iterations * _OUTLAST,
-            threads=threads,
-        )
-        if paced_by is None:
+        self._program = program
+        if program is not None:
+            # A program's load ranks run it to its end after the same warm-up and profiled
+            # iterations (its own step count, which must outlast the captured rank's).
+            job = RankJob(
+                workload=PROGRAM, program=dataclasses.replace(program, run_to_end=True), real_ranks=(),
+                warmup=warmup, iterations=iterations, threads=threads,
+            )  # fmt: skip
+        else:
+            job = RankJob(
+                workload=GPT,
+                config=config,
+                real_ranks=(),
+                warmup=warmup,
+                # Outlast the batch (it is killed when the batch ends): a load rank that is faster
+                # than the captured one would otherwise finish first and leave the captured rank
+                # alone on the machine for its last iterations, which the real run never is.
+                iterations=iterations * _OUTLAST,
+                threads=threads,
+            )
+        if program is not None:
+            self._job.write_text(json.dumps(job.to_dict()))
+            self._command = partial(rank_command, self._job, main="prism.capture.program_main")
+        elif paced_by is None:
             self._job.write_text(json.dumps(job.to_dict()))
             self._command = partial(rank_command, self._job)
         else:
             replay = ReplayJob(program=job, graph=str(paced_by.resolve()))
             self._job.write_text(json.dumps(replay.to_dict()))
             self._command = partial(_replay_command, self._job)
-        self._world = config.layout.world_size
+        self._world = job.layout.world_size
         self._threads = threads
         self._procs: list[tuple[int, subprocess.Popen]] = []
         self.started: list[tuple[int, ...]] = []
         """The load ranks started for each batch, in order (for the report and the tests)."""
 
     def batch_starting(
-        self, ranks: tuple[int, ...], roles: dict[int, Role], *, value_pass: bool = False
+        self,
+        ranks: tuple[int, ...],
+        roles: dict[int, Role],
+        *,
+        value_pass: bool = False,
+        capture_dir: Path | None = None,
     ) -> Callable[[dict], None] | None:
+        if value_pass:  # the value pass is not timed: nothing to load
+            self.started.append(())
+            return None
         others = tuple(r for r in range(self._world) if r not in ranks)
         env = os.environ | {"OMP_NUM_THREADS": str(self._threads)}
         root = Path(self._dir.name)
         for rank in others:
             out = root / f"rank{rank}"
             out.mkdir(exist_ok=True)
+            if self._program is not None and capture_dir is not None:
+                _copy_values(CaptureFiles(capture_dir), CaptureFiles(out))
             self._procs.append(
                 (
                     rank,
@@ -127,6 +153,13 @@ class MatchedLoad(CaptureHooks):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _copy_values(source: CaptureFiles, target: CaptureFiles) -> None:
+    """A pipelined program's values from the capture's value pass, for a load rank alone."""
+    for path in sorted(source.values(0).parent.glob("rank*.pt")):
+        target.values(0).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, target.values(0).parent / path.name)
 
 
 def _replay_command(job: Path, rank: int, out: Path) -> tuple[str, ...]:

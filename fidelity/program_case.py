@@ -9,8 +9,10 @@ Each repeat, in turn:
     ``Total Allocated`` above the level they began at, the first of them left out (the profiler
     sees no free of what was allocated before it started);
 (b) the prediction: ``prism-capture`` of the program at the same layout (one rank per pipeline
-    position, each alone), ``prism-build-graph`` at that layout, and the simulation of every
-    rank's iteration and peak memory.
+    position, each alone with its peers virtual; by default beside the world's other ranks run
+    as lone captures of their own, ``prism.fidelity.load``, since in the real run they share this
+    machine), ``prism-build-graph`` at that layout, and the simulation of every rank's iteration
+    and peak memory.
 
 The records pair them rank by rank (``prism.fidelity.compare.paired_records``); the timing
 hook's own cost per iteration is reported beside them.
@@ -31,6 +33,7 @@ from pathlib import Path
 from prism.capture.runner import CaptureOptions, RealMode, run_capture
 from prism.fidelity.compare import paired_records
 from prism.fidelity.explain import sim_breakdown
+from prism.fidelity.load import MatchedLoad
 from prism.fidelity.measure import RankRun, RunSettings
 from prism.fidelity.timed_run import TimedRun, result_path, trace_path
 from prism.graph.build.builder import BuildOptions, build_graph
@@ -106,12 +109,15 @@ def predict_program(
     """Capture the program at its layout, build its graph at that layout, simulate every rank."""
     program = ProgramSpec(argv=case.argv, cwd=os.getcwd(), layout=case.layout)
     capture = out / "capture"
-    run_capture(
-        CaptureOptions(
-            program=program, real=RealMode.ROLES, warmup=settings.warmup, iterations=settings.iterations,
-            out_dir=capture,
-        )
+    options = CaptureOptions(
+        program=program, real=RealMode.ROLES, warmup=settings.warmup, iterations=settings.iterations,
+        out_dir=capture,
     )  # fmt: skip
+    if settings.matched_load:  # the world's other ranks share the machine, as in the real run
+        with MatchedLoad(program=program, warmup=settings.warmup, iterations=settings.iterations) as load:
+            run_capture(options, load)
+    else:
+        run_capture(options)
     graph_path = out / "graph.parquet"
     layout = case.layout
     build_graph(

@@ -263,7 +263,7 @@ class CollectivesMixin:
         def virtual() -> object:
             if self._rank != opts.rootRank:
                 for t in tensors:  # the data would come from a virtual root
-                    vd.fill_standin(t)
+                    vd.keep_own_else_standin(t)
             return tensors
 
         return self._issue(

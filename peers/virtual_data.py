@@ -1,8 +1,10 @@
 """What a collective leaves in its buffers when every peer is virtual.
 
 Data that this rank sent to itself is real; data that would come from a virtual peer is either a
-copy of this rank's own contribution (all-gather: peers of one role hold alike data) or stand-in
-values (receives, broadcasts from another root, foreign all-to-all chunks).
+copy of this rank's own contribution (all-gather: peers of one role hold alike data), this rank's
+own values left in place (a broadcast from another root: programs broadcast what every rank
+already holds alike, rank 0's parameters, DDP's shape check, a seed), or stand-in values
+(receives, foreign all-to-all chunks, a broadcast into a buffer that holds no finite values).
 """
 
 from __future__ import annotations
@@ -11,7 +13,14 @@ import torch
 
 from prism.peers.standin import fill_standin
 
-__all__ = ["all_to_all_into", "fill_standin", "own_chunk_into", "own_slot_else_standin", "replicate_into"]
+__all__ = [
+    "all_to_all_into",
+    "fill_standin",
+    "keep_own_else_standin",
+    "own_chunk_into",
+    "own_slot_else_standin",
+    "replicate_into",
+]
 
 
 def replicate_into(output: torch.Tensor, input: torch.Tensor, group_size: int) -> None:
@@ -25,6 +34,14 @@ def replicate_into(output: torch.Tensor, input: torch.Tensor, group_size: int) -
 
 def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def keep_own_else_standin(buffer: torch.Tensor) -> None:
+    """A broadcast from a virtual root: by the layout's symmetry the root holds what this rank
+    holds, so the buffer keeps its own values, unless some are not finite (an uninitialised
+    receive buffer, ``torch.empty``), which would send the program down another path."""
+    if (buffer.is_floating_point() or buffer.is_complex()) and not bool(torch.isfinite(buffer).all()):
+        fill_standin(buffer)
 
 
 def own_chunk_into(output: torch.Tensor, input: torch.Tensor, rank: int, group_size: int) -> None:

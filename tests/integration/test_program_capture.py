@@ -244,3 +244,15 @@ def test_a_programs_own_profiler_steps_or_iteration_marks_end_its_iterations(
     reductions = [c for c in log.calls if c.op == "all_reduce"]
     assert len(reductions) == 5
     assert not trace.exists()  # prism recorded; the program's own profiler recorded nothing
+
+
+def test_ddp_captured_at_a_rank_other_than_the_root_passes_ddps_shape_check(tmp_path: Path) -> None:
+    # DDP checks its parameters' shapes against rank 0's, broadcast from rank 0 (virtual here):
+    # by the layout's symmetry rank 0 holds what rank 7 holds.
+    program = (str(EXAMPLES / "ddp.py"), "--steps", "50", *TINY_DDP)
+    result, out = capture(
+        tmp_path, "--tp", "1", "--pp", "1", "--dp", "1024", "--ranks", "7", "--warmup", "3", "--iterations", "1",
+        program=program,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert [r.rank for r in read_manifest(out).ranks] == [7]

@@ -191,14 +191,22 @@ def test_reduce_scatter_writes_this_ranks_own_chunk(world: None, entry: Callable
     assert (second.bytes, second.shape, second.label) == (24, (2, 3), pp.label)
 
 
-def test_broadcast_from_a_virtual_root_gives_stand_in_values(world: None) -> None:
+def test_broadcast_from_a_virtual_root_keeps_the_ranks_own_finite_values(world: None) -> None:
+    # The root holds what this rank holds (DDP's shape check and parameter sync, a seed) ...
+    shapes = torch.tensor([1024, 256], dtype=torch.int64)
+    dist.broadcast(shapes, src=2)
+    assert shapes.tolist() == [1024, 256]
+    weights = torch.arange(5.0)
+    dist.broadcast(weights, src=2)
+    assert torch.equal(weights, torch.arange(5.0))
+    # ... but an uninitialised receive buffer must not hand the program NaNs.
     t = torch.full((5,), float("nan"))
     dist.broadcast(t, src=2)
     assert torch.equal(t, standin_values(5, torch.float32)) and torch.isfinite(t).all()
     own = torch.arange(5.0)
     dist.broadcast(own, src=RANK)
     assert torch.equal(own, torch.arange(5.0))
-    assert [c.peer for c in calls()] == [2, RANK]
+    assert [c.peer for c in calls()] == [2, 2, 2, RANK]
 
 
 def test_stand_ins_are_finite_deterministic_copies_and_zero_for_integers(world: None) -> None:
