@@ -47,6 +47,7 @@ from prism.fidelity.report import (
     profiler_table,
     records_table,
 )
+from prism.fidelity.spec import CALIBRATION_OPS, PROGRAM_CALIBRATION_OPS
 from prism.graph.comm.calibrate import parse_size
 from prism.schemas.files import write_json_atomic
 from prism.schemas.iterations import MIN_WARMUP
@@ -152,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         compute_between_ms=args.calibrate_between_ms, reps=args.calibrate_reps,
         cold_gaps_ms=tuple(float(g) for g in args.calibrate_cold_gaps_ms.split(",") if g.strip()),
         sizes=sizes, measured_table=args.calibrate_table,
+        ops=PROGRAM_CALIBRATION_OPS if args.program else CALIBRATION_OPS,
     )  # fmt: skip
     console.print(f"cluster spec: {choice.source}", highlight=False)
     if args.program:

@@ -11,6 +11,8 @@ from prism.schemas.cluster import ClusterSpec, ClusterSpecError, local_path, pre
 
 CALIBRATION_OPS = ("all_reduce", "send")
 """The GPT workload's process-group calls: all_reduce (TP, DP, loss) and send/recv (PP)."""
+PROGRAM_CALIBRATION_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send")
+"""What the example programs call besides: FSDP2's all-gathers and reduce-scatters, DTensor's."""
 KiB, MiB = 2**10, 2**20
 CALIBRATION_SIZES = (512, 4 * KiB, 64 * KiB, 128 * KiB, 1 * MiB, 8 * MiB, 16 * MiB, 32 * MiB)
 """Bytes a fresh calibration times: the default cases' own calls (512 B loss and 64/128 KiB
@@ -32,10 +34,11 @@ def resolve_spec(
     path: Path | None, calibrate_into: Path, *, recalibrate: bool = False, compute_between_ms: float = 0.0,
     reps: int = CalibrationConfig.reps, cold_gaps_ms: tuple[float, ...] = (),
     sizes: tuple[int, ...] = CALIBRATION_SIZES, measured_table: bool = False,
+    ops: tuple[str, ...] = CALIBRATION_OPS,
 ) -> SpecChoice:  # fmt: skip
     """``path`` if given; else the calibrated 'local' preset; else (or if ``recalibrate``) calibrate now.
 
-    A fresh calibration times gloo all_reduce and send/recv of ``sizes`` between 2 processes
+    A fresh calibration times gloo ``ops`` (all_reduce and send/recv) of ``sizes`` between 2 processes
     (fitted, and written into the spec's measured table too if ``measured_table``; cold calls
     after ``compute_between_ms`` of compute when > 0; a ``cold_call`` table for
     ``cold_gaps_ms``) and is written to ``calibrate_into``, never to the shared 'local' path.
@@ -50,7 +53,7 @@ def resolve_spec(
     result = calibrate(
         CalibrationConfig(
             max_procs=2,
-            ops=CALIBRATION_OPS,
+            ops=ops,
             out=calibrate_into,
             compute_between_ms=compute_between_ms,
             reps=reps,
