@@ -183,10 +183,11 @@ def live_tensor_bytes(cuda: bool, *, buckets_in_python: bool = True) -> int:
     storages: dict[int, int] = {}
     buckets = 0
     for obj in gc.get_objects():
-        if isinstance(obj, DistributedDataParallel):
+        kind = type(obj)  # not isinstance: a dead weakref.proxy raises on it (torch.compile keeps some)
+        if issubclass(kind, DistributedDataParallel):
             buckets += 0 if buckets_in_python else ddp_bucket_bytes(obj)
             continue
-        if not torch.is_tensor(obj) or obj.is_sparse or obj.device.type != "cpu":
+        if not issubclass(kind, torch.Tensor) or obj.is_sparse or obj.device.type != "cpu":
             continue
         try:
             storage = obj.untyped_storage()

@@ -20,13 +20,15 @@ from prism.peers.recorder import CommOp
 def _blocking_p2p() -> bool:
     # dist.send / dist.recv are isend / irecv followed by wait(): the group only ever sees the
     # i-variant, so look at the caller of isend / irecv to log async_op as the program meant it.
-    try:
-        frame = sys._getframe(3)  # _blocking_p2p <- send/recv method <- isend/irecv <- caller
-    except ValueError:
-        return False
+    c10d = dist.distributed_c10d.__name__
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__") != c10d:  # up to torch's isend / irecv
+        frame = frame.f_back
+    caller = frame.f_back if frame is not None else None
     return (
-        frame.f_code.co_name in ("send", "recv")
-        and frame.f_globals.get("__name__") == dist.distributed_c10d.__name__
+        caller is not None
+        and caller.f_code.co_name in ("send", "recv")
+        and caller.f_globals.get("__name__") == c10d
     )
 
 

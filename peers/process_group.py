@@ -293,6 +293,19 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
         return self._mode is GroupMode.DELEGATED and torch.device(device).type == "cuda"
 
 
+def _run_eagerly(cls: type) -> type:
+    """DDP's reducer calls the group from inside a torch.compile'd forward: dynamo must not trace
+    into the group's entry points (it cannot), and each call runs as it would eagerly."""
+    for mixin in (CollectivesMixin, PointToPointMixin):
+        for name, method in vars(mixin).items():
+            if callable(method) and not name.startswith("_"):
+                setattr(cls, name, torch._dynamo.disable(method))
+    return cls
+
+
+ProcessGroupPrism = _run_eagerly(ProcessGroupPrism)
+
+
 def _pending(record: CallRecord) -> PendingCall:
     return PendingCall(**{f.name: getattr(record, f.name) for f in dataclasses.fields(CallSite)})
 

@@ -1,0 +1,59 @@
+"""A Hugging Face GPT-2 and torch.compile'd models under DDP, captured at 1,024 ranks, built, validated, simulated."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from prism.capture.cli import app as capture_app
+from prism.graph.build.cli import app as build_app
+from prism.graph.io.parquet import read_rank
+from prism.graph.io.validate import validate_graph
+from prism.graph.sim.simulate import load_sim_graph, simulate
+from prism.schemas import graph_format as gf
+from prism.schemas.iterations import clean_unprofiled
+from prism.schemas.manifest import read_manifest
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+LAYOUT = ("--tp", "1", "--pp", "1", "--dp", "1024")
+TINY = ("--steps", "50", "--hidden", "32", "--vocab", "64", "--seq", "8", "--batch", "2")
+runner = CliRunner()
+
+pytestmark = pytest.mark.slow
+
+
+def check_ddp_program(tmp_path: Path, *program: str) -> None:
+    capture, graph = tmp_path / "cap", tmp_path / "graph.parquet"
+    result = runner.invoke(
+        capture_app, [*LAYOUT, "--warmup", "4", "--iterations", "2", "-o", str(capture), "--", *program]
+    )
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(build_app, [str(capture), *LAYOUT, "-o", str(graph)])
+    assert result.exit_code == 0, result.output
+    assert validate_graph(graph).ok
+    # DDP's bucket all-reduces span the 1,024 ranks and a wait node waits for each of them.
+    nodes = read_rank(graph, 513).to_pandas()
+    reduce = nodes.index[nodes[gf.NAME] == "all_reduce"]
+    assert len(reduce) >= 1 and (nodes.loc[reduce, gf.GROUP_SIZE] == 1024).all()
+    waits = nodes[nodes[gf.NAME] == "prism:wait"]
+    assert sorted(d for deps in waits[gf.DEPS] for d in deps) == sorted(reduce.tolist())
+    manifest = read_manifest(capture)
+    (rank,) = manifest.ranks
+    unprofiled = np.median(clean_unprofiled(rank.result.iteration_ns, manifest.job.warmup))
+    sim = simulate(load_sim_graph(graph), iterations=2)
+    assert 0.5 * unprofiled < sim.iteration_ns[513] < 2 * unprofiled
+    assert sim.peak_bytes[513] > rank.result.static_bytes > 0
+
+
+def test_a_hugging_face_gpt2_under_ddp(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    check_ddp_program(tmp_path, str(EXAMPLES / "hf_gpt2_ddp.py"), *TINY, "--layers", "2", "--heads", "2")
+
+
+@pytest.mark.parametrize("where", ["outside", "inside"])
+def test_a_compiled_model_under_ddp(tmp_path: Path, where: str) -> None:
+    flags = ("--compile-inside",) if where == "inside" else ()
+    check_ddp_program(tmp_path, str(EXAMPLES / "compile_ddp.py"), *TINY, *flags)
