@@ -45,6 +45,11 @@ class CallRecord:
         if not self.done_ns:
             self.done_ns = time.time_ns()
 
+    def asked(self) -> None:
+        """Note that the program called wait() on the call now (first time only)."""
+        if not self.first_wait_ns:
+            self.first_wait_ns = time.time_ns()
+
     def waiting(self) -> None:
         """Note that the program began to wait on the call, still in flight, now (first time only)."""
         if not self.wait_ns and not self.done_ns:
@@ -91,6 +96,7 @@ class CommRecorder:
             exit_ns=0,
             done_ns=0,
             wait_ns=0,
+            first_wait_ns=0,
             clock_ns=0,
             **fields,
         )

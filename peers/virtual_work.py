@@ -75,6 +75,10 @@ class VirtualCompletion:
         else:
             SCHEDULER.schedule(due_ns, self._complete_unless_waited)
 
+    def asked(self) -> None:
+        """The program calls wait() on the call's Work now: where it waits for it."""
+        self._record.asked()
+
     def sleep_until_due(self) -> None:
         """In the waiting thread: wait until the named time and complete the call here.
 
@@ -149,6 +153,7 @@ class VirtualWork(dist.Work):
         self._completion = completion  # alive while the Work is: its timeout stays armed
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        self._completion.asked()
         if not self._future.done():
             self._completion.sleep_until_due()
         self._future.wait()  # raises the call's error

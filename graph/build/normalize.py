@@ -227,6 +227,7 @@ _COMM_DEFAULTS: dict[str, object] = {
     T.DTYPE: "",
     T.PEER: -1,
     T.IS_ASYNC: False,
+    T.FIRST_WAIT_NS: 0,
 }
 
 
@@ -241,6 +242,7 @@ def _comm_values(call: CommCall) -> dict[str, object]:
         T.DTYPE: call.dtype,
         T.PEER: -1 if call.peer is None else call.peer,
         T.IS_ASYNC: call.async_op,
+        T.FIRST_WAIT_NS: call.first_wait_ns,
     }
 
 

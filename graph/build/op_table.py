@@ -44,6 +44,7 @@ BYTES = "bytes"  # payload bytes this rank contributes (recv: receives)
 DTYPE = "dtype"
 PEER = "peer"  # global rank of the other side of send/recv/broadcast
 IS_ASYNC = "is_async"  # CommCall.async_op
+FIRST_WAIT_NS = "first_wait_ns"  # CommCall.first_wait_ns: where the program waited for it (0: unseen)
 
 # -- memory (one device: the accelerator when the trace has its events, else the CPU) ---------
 ALLOC_BYTES = "alloc_bytes"  # bytes allocated inside the unit's span
@@ -84,6 +85,7 @@ DTYPES: dict[str, str] = {
     DTYPE: "object",
     PEER: "int64",
     IS_ASYNC: "bool",
+    FIRST_WAIT_NS: "int64",
     ALLOC_BYTES: "int64",
     FREE_BYTES: "int64",
     GAP_ALLOC_BYTES: "int64",

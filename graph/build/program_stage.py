@@ -9,10 +9,12 @@ running rank's own pipeline (the next, the previous, or the first from the last)
 are their means over the iterations, its memory (with what the Python between ops allocates and
 frees, ``_memory``) the median over the profiled iterations after the first.
 
-An asynchronous call completes at a wait node. A call made during a backward pass (DDP's
-bucket all-reduces, issued from autograd hooks: the unit before it is one of ``BACKWARD_OPS``)
-is waited for where that backward pass ends, as DDP's reducer does before ``backward()``
-returns; any other asynchronous call is waited for right after it is made (a functional
+An asynchronous call completes at a wait node: where the program called ``wait()`` on its
+Work in the capture (the comm log's ``first_wait_ns``: a pipeline schedule posts its receives
+early and waits for them later). Calls whose waits the log does not see: one made during a
+backward pass (DDP's bucket all-reduces, issued from autograd hooks: the unit before it is one
+of ``BACKWARD_OPS``) is waited for where that backward pass ends, as DDP's reducer does before
+``backward()`` returns; any other is waited for right after it is made (a functional
 collective's result is used by the next op).
 
 Graphs of programs keep the captured layout: changing tp, pp or dp would need to know which
@@ -130,15 +132,27 @@ def _units(iterations: list[pd.DataFrame], rank: int, layout: ParallelLayout, fa
 
 
 def _wait_positions(units: pd.DataFrame) -> dict[int, list[int]]:
-    """For each asynchronous call, the unit after which it is waited for: {position: [calls]}."""
+    """For each asynchronous call, the unit after which it is waited for: {position: [calls]}.
+
+    Where the program called ``wait()`` on the call's Work (``first_wait_ns``), after the last
+    unit that began before then; else, for a call made during a backward pass (DDP's reducer,
+    which waits from C++), where that backward pass ends; else right after the call."""
     is_comm = units[ot.IS_COMM].to_numpy(dtype=bool)
     backward = np.array([name.startswith(BACKWARD_OPS) for name in units[ot.NAME].astype(str)], dtype=bool)
     is_async = is_comm & units[ot.IS_ASYNC].to_numpy(dtype=bool)
+    starts = units[ot.START_NS].to_numpy(dtype=np.int64)
+    waited = (
+        units[ot.FIRST_WAIT_NS].to_numpy(dtype=np.int64)
+        if ot.FIRST_WAIT_NS in units
+        else np.zeros(len(units))
+    )
     waits: dict[int, list[int]] = {}
     for call in np.flatnonzero(is_async):
         at = int(call)
         before = np.flatnonzero(~is_comm[:call])
-        if len(before) and backward[before[-1]]:  # issued during a backward pass: waited where it ends
+        if waited[call] > 0:
+            at = max(at, int(np.searchsorted(starts, waited[call], side="right")) - 1)
+        elif len(before) and backward[before[-1]]:  # issued during a backward pass: waited where it ends
             while at + 1 < len(units) and (backward[at + 1] or is_comm[at + 1]):
                 at += 1
         waits.setdefault(at, []).append(int(call))

@@ -20,7 +20,9 @@ def virtual_call() -> tuple[VirtualCompletion, VirtualWork, list[threading.Threa
     future = torch.futures.Future()
     completed_on: list[threading.Thread] = []
     future.add_done_callback(lambda _: completed_on.append(threading.current_thread()))
-    completion = VirtualCompletion(CallRecord(done_ns=0, wait_ns=0), future, [torch.zeros(4)])
+    completion = VirtualCompletion(
+        CallRecord(done_ns=0, wait_ns=0, first_wait_ns=0), future, [torch.zeros(4)]
+    )
     return completion, VirtualWork(future, completion), completed_on
 
 
@@ -55,3 +57,14 @@ def test_a_call_nobody_waits_on_completes_at_its_time_on_the_scheduler() -> None
     while not (work.is_completed() and completed_on) and time.time_ns() < deadline:
         time.sleep(0.001)
     assert work.is_completed() and completed_on and completed_on[0] is not threading.main_thread()
+
+
+def test_the_first_wait_on_a_call_is_noted_even_when_it_is_complete() -> None:
+    completion, work, _ = virtual_call()
+    completion.at(None)  # completed at once, as a free-running capture's calls are
+    record = completion._record
+    assert work.is_completed() and record.first_wait_ns == 0
+    before = time.time_ns()
+    work.wait()
+    work.wait()
+    assert before <= record.first_wait_ns <= time.time_ns()
