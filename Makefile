@@ -6,7 +6,7 @@ OUT    ?= capture-out
 GRAPH  ?= graph.parquet
 REPLAY ?= replay-out
 
-.PHONY: install demo test test-fast lint results clean
+.PHONY: install demo test test-fast lint results results-programs clean
 
 install: $(VENV)/.installed
 
@@ -43,6 +43,23 @@ results: install
 	$(RECORD) fidelity -- $(BIN)/python benchmarks/fidelity.py --repeats 5 --warmup 16 --paced --recalibrate \
 	    --calibrate-into benchmarks/results/fidelity-spec.toml --calibrate-reps 100 --calibrate-cold-gaps-ms 0.5,1,2,4 \
 	    --json benchmarks/results/fidelity.json --work-dir $$(mktemp -d)/fidelity
+	$(MAKE) --no-print-directory results-programs
+
+# Each example program against its own torchrun run (world 2), one layout per command.
+FIDELITY_PROGRAMS = $(BIN)/python benchmarks/fidelity.py --repeats 5 --warmup 12
+PROGRAM_SPEC = benchmarks/results/fidelity-programs-spec.toml
+results-programs: install
+	$(RECORD) fidelity_programs_dp -- $(FIDELITY_PROGRAMS) --dp 2 --recalibrate --calibrate-into $(PROGRAM_SPEC) \
+	    --calibrate-reps 30 --calibrate-cold-gaps-ms 0.5,1,2,4 --json benchmarks/results/fidelity_programs_dp.json \
+	    --program "examples/ddp.py --steps 40" --program "examples/fsdp2.py --steps 40" \
+	    --program "examples/hf_gpt2_ddp.py --steps 40" --program "examples/compile_ddp.py --steps 40"
+	$(RECORD) fidelity_programs_pp -- $(FIDELITY_PROGRAMS) --pp 2 --cluster-spec $(PROGRAM_SPEC) \
+	    --json benchmarks/results/fidelity_programs_pp.json \
+	    --program "examples/pp.py --pp 2 --schedule GPipe --steps 40" --program "examples/pp.py --pp 2 --schedule 1F1B --steps 40" \
+	    --program "examples/pp.py --pp 2 --schedule Interleaved1F1B --steps 40" \
+	    --program "examples/pp.py --pp 2 --schedule ZBVZeroBubble --steps 40"
+	$(RECORD) fidelity_programs_tp -- $(FIDELITY_PROGRAMS) --tp 2 --cluster-spec $(PROGRAM_SPEC) \
+	    --json benchmarks/results/fidelity_programs_tp.json --program "examples/tp_fsdp.py --tp 2 --steps 40"
 
 lint: install
 	$(BIN)/ruff check .
