@@ -29,7 +29,7 @@ test: install   ## the whole suite, as CI runs it
 test-fast: install   ## unit tests only
 	$(BIN)/python -m pytest -q tests/unit
 
-# Every figure the README and docs quote, measured again into benchmarks/results/ (about 70 min on
+# Every figure the README and docs quote, measured again into benchmarks/results/ (about 85 min on
 # a 2-core CPU). Run it on a quiet machine: the benchmarks time real work.
 RECORD = $(BIN)/python benchmarks/record.py
 results: install
