@@ -15,14 +15,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-def test_a_pipelined_program_is_compared_with_its_own_torchrun_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("program", "axis"),
+    [
+        ("examples/pp.py --pp 2 --schedule 1F1B --steps 60 --hidden 64 --seq 16", "--pp"),
+        ("examples/ddp.py --steps 60 --hidden 64 --seq 16", "--dp"),  # DDP's buckets: C++ vs prism's group
+    ],
+    ids=["pipeline", "ddp"],
+)
+def test_a_program_is_compared_with_its_own_torchrun_run(tmp_path: Path, program: str, axis: str) -> None:
     spec = preset("h100-ib").save(tmp_path / "spec.toml")  # any valid spec: keeps the test from calibrating
-    program = "examples/pp.py --pp 2 --schedule 1F1B --steps 60 --hidden 64 --seq 16"
     out = tmp_path / "fidelity.json"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "fidelity.py"), "--program", program,
-         "--tp", "1", "--pp", "2", "--dp", "1", "--repeats", "1", "--warmup", "5", "--iterations", "2",
-         "--cluster-spec", str(spec), "--json", str(out)],
+        [sys.executable, str(ROOT / "benchmarks" / "fidelity.py"), "--program", program, axis, "2",
+         "--repeats", "1", "--warmup", "5", "--iterations", "2", "--cluster-spec", str(spec), "--json", str(out)],
         capture_output=True, text=True, timeout=900, cwd=ROOT,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
@@ -31,8 +37,8 @@ def test_a_pipelined_program_is_compared_with_its_own_torchrun_run(tmp_path: Pat
     for record in result["records"]:
         assert record["real_iter_ms"] > 0 and record["pred_iter_ms"] > 0
         # Both sides measure memory the same way: what the program's tensors held when the
-        # iteration began plus what the iteration allocates at its peak.
-        assert abs(record["mem_err_pct"]) < 1.0, record
+        # iteration began plus what the iteration allocates at its peak (to the byte, so far).
+        assert abs(record["mem_err_pct"]) < 0.1, record
     assert [h["rank"] for h in result["hook"]] == [0, 1]
     assert all(0 < h["hook_us"] < 10_000 for h in result["hook"])
     assert "the real run's iteration-timing hook" in done.stdout
