@@ -53,6 +53,10 @@ results-programs: install
 	    --calibrate-reps 30 --calibrate-cold-gaps-ms 0.5,1,2,4 --json benchmarks/results/fidelity_programs_dp.json \
 	    --program "examples/ddp.py --steps 40" --program "examples/fsdp2.py --steps 40" \
 	    --program "examples/hf_gpt2_ddp.py --steps 40" --program "examples/compile_ddp.py --steps 40"
+	$(RECORD) fidelity_programs_dp_larger -- $(FIDELITY_PROGRAMS) --dp 2 --cluster-spec $(PROGRAM_SPEC) \
+	    --json benchmarks/results/fidelity_programs_dp_larger.json \
+	    --program "examples/compile_ddp.py --steps 40 --hidden 256 --layers 4 --vocab 1024 --seq 64" \
+	    --program "examples/hf_gpt2_ddp.py --steps 40 --layers 4 --hidden 256 --heads 8"
 	$(RECORD) fidelity_programs_pp -- $(FIDELITY_PROGRAMS) --pp 2 --cluster-spec $(PROGRAM_SPEC) \
 	    --json benchmarks/results/fidelity_programs_pp.json \
 	    --program "examples/pp.py --pp 2 --schedule GPipe --steps 40" --program "examples/pp.py --pp 2 --schedule 1F1B --steps 40" \
