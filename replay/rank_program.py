@@ -14,7 +14,8 @@ from prism.graph.sim.engine import COLLECTIVE, COMPUTE, RECV, SEND
 from prism.graph.sim.simulate import kind_codes
 from prism.peers.clock import PendingCall
 from prism.schemas import graph_format as gf
-from prism.schemas.workload import GPTConfig
+from prism.schemas.annotations import group_label
+from prism.schemas.layout import ParallelLayout
 
 _OPS = {COLLECTIVE: None, SEND: "send", RECV: "recv"}
 
@@ -48,7 +49,7 @@ class RankProgram:
     def read(cls, path: str | Path, rank: int) -> RankProgram:
         """The rank's rows of the graph file at ``path`` (other row groups are skipped)."""
         with GraphReader(path) as reader:
-            world = GPTConfig.from_dict(reader.metadata.model).layout.world_size
+            world = ParallelLayout.from_dict(reader.metadata.layout).world_size
             if not 0 <= rank < world:
                 raise ValueError(f"rank {rank} is not in the graph (0..{world - 1})")
             columns = [gf.KIND, gf.NAME, gf.GROUP_KIND, gf.GROUP_INDEX, gf.BYTES, gf.PEER, gf.PHASE]
@@ -57,7 +58,7 @@ class RankProgram:
         group_kind = table[gf.GROUP_KIND].cast("string").to_numpy(zero_copy_only=False)
         group_index = table[gf.GROUP_INDEX].to_numpy()
         label = np.array(
-            [f"{k}.{i}" if k and i >= 0 else (k or "") for k, i in zip(group_kind, group_index, strict=True)],
+            [group_label(k, i) if k and i >= 0 else (k or "") for k, i in zip(group_kind, group_index, strict=True)],
             dtype=object,
         )
         phase = pc.cast(table[gf.PHASE], "string").to_numpy(zero_copy_only=False)
