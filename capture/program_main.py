@@ -32,6 +32,7 @@ from prism.capture.value_pass import known_values, write_values
 from prism.peers.backend import VirtualWorld, current_comm_log
 from prism.peers.clock import CommClock, FreeRunningClock
 from prism.peers.received_values import ReceivedValues
+from prism.schemas.iterations import steady_from
 from prism.schemas.layout import ParallelLayout
 from prism.schemas.manifest import CaptureFiles, RankJob, RankResult
 from prism.schemas.program import ProgramSpec
@@ -57,8 +58,13 @@ def run_program(program: ProgramSpec) -> None:
     runpy.run_path(str(script), run_name="__main__")
 
 
-def run_program_rank(job: RankJob, rank: int, out_dir: Path, *, clock: CommClock | None = None) -> RankResult:
-    """Run ``rank`` of the program ``job`` and write its files under ``out_dir``."""
+def run_program_rank(
+    job: RankJob, rank: int, out_dir: Path, *, clock: CommClock | None = None, clock_from: int = 0
+) -> RankResult:
+    """Run ``rank`` of the program ``job`` and write its files under ``out_dir``.
+
+    Iterations before ``clock_from`` are not told to the clock (a replay's first iteration holds
+    the program's set-up, whose calls the graph does not have)."""
     started = time.perf_counter()
     program, clock = job.program, clock or FreeRunningClock()
     layout = program.layout
@@ -79,7 +85,7 @@ def run_program_rank(job: RankJob, rank: int, out_dir: Path, *, clock: CommClock
         steps = StepIterations(
             rank=rank, total=total, profiled_from=job.warmup, stop_after_last=not program.run_to_end,
             profiler=prof, clock=clock,
-            cuda=program.device == "cuda",
+            cuda=program.device == "cuda", clock_from=clock_from,
         )  # fmt: skip
         hook = register_optimizer_step_post_hook(steps)
         program_profiler.install(steps)  # after prism's own profiler took the original
@@ -97,6 +103,7 @@ def run_program_rank(job: RankJob, rank: int, out_dir: Path, *, clock: CommClock
         files, rank, started=started, device=program.device, windows=timings.windows,
         iteration_ns=tuple(timings.iteration_ns), losses=(None,) * len(timings.iteration_ns),
         parameter_count=timings.parameters, static_bytes=timings.static_bytes,
+        steady_from=steady_from(timings.windows, current_comm_log().calls),
     )  # fmt: skip
 
 

@@ -74,8 +74,10 @@ class StepIterations:
         profiler: Profiler,
         clock: CommClock,
         cuda: bool,
+        clock_from: int = 0,
     ) -> None:
         self.timings = StepTimings()
+        self._clock_from = clock_from  # iterations before it are not told to the clock
         self.driver = Driver.OPTIMIZER
         self._rank, self._total, self._stop, self._profiled_from = rank, total, stop_after_last, profiled_from
         self._profiler, self._clock, self._cuda = profiler, clock, cuda
@@ -145,7 +147,8 @@ class StepIterations:
         if self.done == self._profiled_from:
             self.timings.static_bytes = live_tensor_bytes(self._cuda)
         self._began_ns = time.time_ns()
-        self._clock.iteration_started(self._began_ns)
+        if self.done >= self._clock_from:
+            self._clock.iteration_started(self._began_ns)
         if own_mark:
             self._mark = annotate.mark(Mark(phase=Phase.ITERATION, iter=self.done))
             self._mark.__enter__()
@@ -163,7 +166,8 @@ class StepIterations:
         ended = time.time_ns()
         self.timings.iteration_ns.append(elapsed)
         self.timings.windows.append((self._began_ns, ended))
-        self._clock.iteration_done(ended)
+        if self.done > self._clock_from:  # the iteration just ended was told to the clock
+            self._clock.iteration_done(ended)
         self._profiler.step()
         report(rank=self._rank, event="iteration", done=self.done, total=self._total, ms=elapsed / 1e6)
 

@@ -48,6 +48,13 @@ def replay(
     ] = False,
     overwrite: Annotated[bool, typer.Option(help=cli_help.OVERWRITE)] = False,
     rank_timeout: Annotated[float, typer.Option(help=cli_help.RANK_TIMEOUT)] = 1800.0,
+    program: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="-- train.py ARGS (or -- -m module ARGS): for a graph of your own program, the program "
+            "to run [default: the one the graph was captured from]."
+        ),
+    ] = None,
 ) -> None:
     """Run RANK(s) of GRAPH's job for real, every other rank virtual, timed by the graph."""
     try:
@@ -58,6 +65,7 @@ def replay(
     options = ReplayOptions(
         graph=graph, ranks=tuple(rank), out_dir=out, warmup=warmup, iterations=iterations, device=device,
         threads=threads, trace_peers=parse_ranks(trace_peers), delays=delays, separately=separately, overwrite=overwrite, timeout_s=rank_timeout,
+        program=tuple(program or ()),
     )  # fmt: skip
     console.print(
         f"[bold]prism-replay[/] {graph}: rank(s) {', '.join(map(str, rank))} real, every other virtual"

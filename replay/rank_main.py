@@ -1,6 +1,8 @@
 """One replayed rank: ``python -m prism.replay.rank_main --job job.json --rank R --out DIR``.
 
-Runs the original program (``prism.capture.rank_main.run_rank``) as rank R of the full world,
+Runs the original program (the built-in GPT's ``prism.capture.rank_main.run_rank``, or the
+user's program's ``prism.capture.program_main.run_program_rank`` from the graph's first steady
+iteration on, ``ReplayJob.clock_from``) as rank R of the full world,
 every peer virtual and timed by the co-simulation of the graph (``GraphClock``), then writes
 the co-simulation's side (``ReplayRankStats``) and, with ``trace_peers``, Chrome traces of
 chosen virtual ranks. A divergence from the graph, a wait that can never end or a graph the
@@ -20,6 +22,7 @@ import numpy as np
 import psutil
 
 from prism.capture.launch import parse_rank_args
+from prism.capture.program_main import run_program_rank
 from prism.capture.progress import report
 from prism.capture.rank_main import run_rank
 from prism.graph.sim.simulate import SimulationError, load_sim_graph, simulate
@@ -33,6 +36,7 @@ from prism.replay.wait_spans import add_emulated_waits
 from prism.schemas.comm_log import read_comm_log
 from prism.schemas.files import write_json_atomic
 from prism.schemas.iterations import clean_unprofiled
+from prism.schemas.manifest import PROGRAM
 from prism.schemas.replay import ReplayFiles, ReplayIteration, ReplayJob, ReplayRankStats
 
 EXIT_DIVERGED = 3
@@ -46,6 +50,10 @@ def _iteration(stats: IterationStats, record: RankPass, engine_ns: int) -> Repla
         emulated_ns=record.rank_end_ns - record.rank_start_ns,
         phase_ns=dict(record.phase_ns),
     )
+
+
+def _not_simulated(wall_ns: int) -> ReplayIteration:
+    return ReplayIteration(calls=0, engine_ns=0, stall_ns=0, emulated_ns=int(wall_ns), phase_ns={})
 
 
 def _clean_median(summary: RankSummary, warmup: int) -> tuple[int, ...]:
@@ -84,7 +92,11 @@ def replay_rank(job: ReplayJob, rank: int, out_dir: Path) -> ReplayRankStats:
     load_s = time.perf_counter() - began
     replay_rss = psutil.Process().memory_info().rss - rss_before
     install_delays((BlockDelay(**d) for d in job.delays), rank)
-    run_rank(job.program, rank, out_dir, clock=clock)
+    is_program = job.program.workload == PROGRAM
+    if is_program:  # its first iterations hold its set-up, whose calls the graph does not have
+        result = run_program_rank(job.program, rank, out_dir, clock=clock, clock_from=job.clock_from)
+    else:
+        run_rank(job.program, rank, out_dir, clock=clock)
     summary = summary_of_run()
     files = ReplayFiles(out_dir)
     trace = add_emulated_waits(files.kineto(rank), read_comm_log(files.comm(rank)))
@@ -92,18 +104,22 @@ def replay_rank(job: ReplayJob, rank: int, out_dir: Path) -> ReplayRankStats:
         for peer in job.trace_peers:
             program = RankProgram.read(job.graph, peer)
             write_peer_trace(summary.traced, clock.wall_offsets, program, files.peer_trace(peer), trace)
+    iterations = tuple(
+        _iteration(s, p, e)
+        for s, p, e in zip(clock.iterations, summary.passes, summary.engine_ns, strict=True)
+    )
+    if is_program:  # the set-up iterations, run but not co-simulated
+        iterations = (*(_not_simulated(ns) for ns in result.iteration_ns[: job.clock_from]), *iterations)
     stats = ReplayRankStats(
         rank=rank,
-        iterations=tuple(
-            _iteration(s, p, e)
-            for s, p, e in zip(clock.iterations, summary.passes, summary.engine_ns, strict=True)
-        ),
+        iterations=iterations,
         predicted_iteration_ns=summary.predicted_iteration_ns,
         predicted_peak_bytes=summary.predicted_peak_bytes,
         predicted_phase_ns=summary.predicted_phase_ns,
         graph_load_s=load_s,
         replay_rss_bytes=int(replay_rss),
-        virtual_iteration_ns=_clean_median(summary, job.program.warmup),
+        virtual_iteration_ns=_clean_median(summary, job.program.warmup - job.clock_from),
+        simulated_from=job.clock_from,
     )
     write_json_atomic(files.replay_stats(rank), stats.to_dict())
     return stats

@@ -58,7 +58,10 @@ class RankProgram:
         group_kind = table[gf.GROUP_KIND].cast("string").to_numpy(zero_copy_only=False)
         group_index = table[gf.GROUP_INDEX].to_numpy()
         label = np.array(
-            [group_label(k, i) if k and i >= 0 else (k or "") for k, i in zip(group_kind, group_index, strict=True)],
+            [
+                group_label(k, i) if k and i >= 0 else (k or "")
+                for k, i in zip(group_kind, group_index, strict=True)
+            ],
             dtype=object,
         )
         phase = pc.cast(table[gf.PHASE], "string").to_numpy(zero_copy_only=False)

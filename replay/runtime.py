@@ -1,8 +1,9 @@
 """The replay runtime: run real ranks of the graph's job against its virtual participants.
 
 For each ``--rank``, one process runs the original program (the built-in GPT workload with the
-target job's shapes, as recorded in the graph's metadata) as that rank of the full world, its
-peers virtual and timed by the co-simulation (``prism.replay.rank_main``).
+target job's shapes, as recorded in the graph's metadata, or the user's own program the graph
+was captured from, or another one given) as that rank of the full world, its peers virtual and
+timed by the co-simulation (``prism.replay.rank_main``).
 
 Several ranks run at once, spawned like torchrun: one co-simulation (``prism.replay.coordinator``,
 a thread of this process) takes all of their arrivals; a group whose members are all real runs
@@ -12,11 +13,13 @@ group that mixes real and virtual members completes at the co-simulated time. Wi
 
 Inputs are checked before anything starts (``ReplayInputError``: one line, the CLI's exit 2):
 a file that is not a graph of this version, a rank outside the world, a program that cannot
-start here (unknown workload, CUDA without a device, too few warm-up iterations).
+start here (unknown workload, CUDA without a device, too few warm-up iterations after a
+program's set-up iterations).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import statistics
@@ -29,14 +32,16 @@ from pathlib import Path
 from prism.capture.launch import LaunchError, RankLaunch, run_processes
 from prism.capture.runner import CaptureHooks
 from prism.graph.io.parquet import GraphFormatError, read_metadata
-from prism.graph.sim.simulate import static_bytes
+from prism.graph.sim.simulate import static_bytes_of
 from prism.graph.sim.whatif import BlockDelay
 from prism.graph.traces.memory import iteration_memory
 from prism.replay.coordinator import Coordinator
 from prism.schemas import graph_format as gf
 from prism.schemas.files import write_json_atomic
 from prism.schemas.iterations import MIN_WARMUP, clean_unprofiled
-from prism.schemas.manifest import RankJob, RankResult
+from prism.schemas.layout import ParallelLayout
+from prism.schemas.manifest import GPT, PROGRAM, CaptureFiles, RankJob, RankResult
+from prism.schemas.program import ProgramSpec
 from prism.schemas.replay import (
     PhaseComparison,
     RankReport,
@@ -90,22 +95,60 @@ class ReplayOptions:
     """Seconds before a rank process is killed."""
     background_engine: bool | None = None
     """Where a lone rank's deferred engine work runs (``ReplayJob.background_engine``); None: by graph size."""
+    program: tuple[str, ...] = ()
+    """A program graph's program to run (``train.py ARGS`` or ``-m module ARGS``); empty: the one
+    the graph was captured from, as it was started."""
 
 
-def check_inputs(options: ReplayOptions) -> GPTConfig:
-    """The job's config to replay, or a ReplayInputError saying what is wrong."""
+@dataclass(frozen=True, kw_only=True)
+class ReplayTarget:
+    """What the replayed ranks run, as the graph says."""
+
+    job: RankJob
+    """The rank job (the built-in GPT's config or the user's program), for every real rank."""
+    stage_static_bytes: tuple[int, ...]
+    """Bytes a rank of each stage holds across iterations (the measured peak's base on CPU)."""
+    received_values: dict[str, str]
+    """A pipelined program's value-pass files per stage, base64 (``gf.RECEIVED_VALUES_KEY``)."""
+    clock_from: int = 0
+    """The first iteration run against the graph (a program's ``gf.STEADY_FROM_KEY``)."""
+
+    @property
+    def layout(self):
+        return self.job.layout
+
+
+def check_inputs(options: ReplayOptions) -> ReplayTarget:
+    """What to replay, or a ReplayInputError saying what is wrong."""
     try:
         metadata = read_metadata(options.graph)
     except (GraphFormatError, ValueError, OSError) as e:
         raise ReplayInputError(f"{options.graph}: {str(e).splitlines()[0]}") from None
+    layout = ParallelLayout.from_dict(metadata.layout)
     if gf.PROGRAM_KEY in metadata.model:
-        raise ReplayInputError(
-            f"{options.graph} is the graph of your own program; prism-replay replays the built-in GPT's graphs only so far"
-        )
-    config = GPTConfig.from_dict(metadata.model)
-    if options.device is not None:
-        config = replace(config, device=options.device)
-    world = config.layout.world_size
+        spec = ProgramSpec.from_dict(metadata.model[gf.PROGRAM_KEY])
+        if options.program:
+            spec = replace(spec, argv=tuple(options.program), cwd=str(Path.cwd()))
+        if options.device is not None:
+            spec = replace(spec, device=options.device)
+        job = RankJob(workload=PROGRAM, program=replace(spec, run_to_end=False), real_ranks=(),
+                      warmup=options.warmup, iterations=options.iterations, threads=options.threads)  # fmt: skip
+    else:
+        if options.program:
+            raise ReplayInputError(
+                "this graph is of the built-in GPT: it runs its own program (give no -- PROGRAM)"
+            )
+        workload = metadata.build_options.get("workload", "gpt")
+        if workload != "gpt":
+            raise ReplayInputError(
+                f"the graph's program is the {workload!r} workload; prism-replay runs 'gpt'"
+            )
+        config = GPTConfig.from_dict(metadata.model)
+        if options.device is not None:
+            config = replace(config, device=options.device)
+        job = RankJob(workload=GPT, config=config, real_ranks=(), warmup=options.warmup,
+                      iterations=options.iterations, threads=options.threads)  # fmt: skip
+    world = layout.world_size
     for rank in (*options.ranks, *options.trace_peers):
         if not 0 <= rank < world:
             raise ReplayInputError(f"rank {rank} is out of range: the graph's job has ranks 0..{world - 1}")
@@ -113,10 +156,7 @@ def check_inputs(options: ReplayOptions) -> GPTConfig:
         raise ReplayInputError("name at least one --rank to run for real")
     if len(set(options.ranks)) != len(options.ranks):
         raise ReplayInputError("a --rank is named twice")
-    workload = metadata.build_options.get("workload", "gpt")
-    if workload != "gpt":
-        raise ReplayInputError(f"the graph's program is the {workload!r} workload; prism-replay runs 'gpt'")
-    if config.device == "cuda" and not _cuda_available():
+    if job.device == "cuda" and not _cuda_available():
         raise ReplayInputError("the program runs on cuda, but no CUDA device is available (use --device cpu)")
     if options.warmup < MIN_WARMUP:
         raise ReplayInputError(
@@ -128,7 +168,18 @@ def check_inputs(options: ReplayOptions) -> GPTConfig:
         )
     if options.out_dir.exists() and any(options.out_dir.iterdir()) and not options.overwrite:
         raise ReplayInputError(f"{options.out_dir} is not empty (use --overwrite)")
-    return config
+    clock_from = int(metadata.extra.get(gf.STEADY_FROM_KEY, 1)) if job.workload == PROGRAM else 0
+    if options.warmup < max(1, clock_from) + 2:
+        raise ReplayInputError(
+            f"--warmup must be at least {max(1, clock_from) + 2}: the program's calls are the graph's from "
+            f"iteration {clock_from} on, and the steady time needs clean iterations after it"
+        )
+    return ReplayTarget(
+        job=job,
+        stage_static_bytes=tuple(int(b) for b in static_bytes_of(metadata, layout)),
+        received_values=dict(metadata.extra.get(gf.RECEIVED_VALUES_KEY) or {}),
+        clock_from=clock_from,
+    )
 
 
 def _cuda_available() -> bool:
@@ -144,27 +195,28 @@ def run_replay(
 
     ``hooks`` are told before and after each rank's run (``batch_starting`` / ``batch_done``),
     as a capture tells them of its batches."""
-    config = check_inputs(options)
+    target = check_inputs(options)
     options.out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{options.out_dir.name}.", dir=options.out_dir.parent))
     try:
         files = ReplayFiles(tmp)
+        _write_received_values(target, CaptureFiles(tmp))
         hooks = hooks or CaptureHooks()
         if options.separately or len(options.ranks) == 1:
-            job = _job(options, config, real_ranks=())
+            job = _job(options, target, real_ranks=())
             write_json_atomic(files.job, job.to_dict())
             for rank in options.ranks:
-                _run_batch(files, (rank,), options, config, on_event, hooks)
+                _run_batch(files, (rank,), options, target, on_event, hooks)
         else:
             with Coordinator(options.graph, options.ranks, trace_ranks=options.trace_peers) as coordinator:
                 job = replace(
-                    _job(options, config, real_ranks=options.ranks), coordinator=coordinator.address
+                    _job(options, target, real_ranks=options.ranks), coordinator=coordinator.address
                 )
                 write_json_atomic(files.job, job.to_dict())
-                _run_batch(files, options.ranks, options, config, on_event, hooks, coordinator)
-        reports = [rank_report(files, rank, config, warmup=options.warmup) for rank in options.ranks]
+                _run_batch(files, options.ranks, options, target, on_event, hooks, coordinator)
+        reports = [rank_report(files, rank, target, warmup=options.warmup) for rank in options.ranks]
         report = ReplayReport(
-            graph=str(options.graph), layout=str(config.layout), device=config.device,
+            graph=str(options.graph), layout=str(target.layout), device=target.job.device,
             warmup=options.warmup, iterations=options.iterations, ranks=tuple(reports),
         )  # fmt: skip
         write_json_atomic(files.report, report.to_dict())
@@ -176,19 +228,24 @@ def run_replay(
     return report
 
 
-def _job(options: ReplayOptions, config: GPTConfig, *, real_ranks: tuple[int, ...]) -> ReplayJob:
-    program = RankJob(
-        workload="gpt", config=config, real_ranks=real_ranks, warmup=options.warmup,
-        iterations=options.iterations, threads=options.threads,
-    )  # fmt: skip
+def _job(options: ReplayOptions, target: ReplayTarget, *, real_ranks: tuple[int, ...]) -> ReplayJob:
     return ReplayJob(
-        program=program, graph=str(options.graph.resolve()), trace_peers=options.trace_peers,
-        delays=tuple(asdict(d) for d in options.delays), background_engine=options.background_engine,
+        program=replace(target.job, real_ranks=real_ranks), graph=str(options.graph.resolve()),
+        trace_peers=options.trace_peers, delays=tuple(asdict(d) for d in options.delays),
+        background_engine=options.background_engine, clock_from=target.clock_from,
     )  # fmt: skip
+
+
+def _write_received_values(target: ReplayTarget, files: CaptureFiles) -> None:
+    """A pipelined program's value-pass files, where its rank processes look for them."""
+    for stage, encoded in target.received_values.items():
+        path = files.values(target.layout.rank(tp=0, dp=0, pp=int(stage)))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(base64.b64decode(encoded))
 
 
 def _run_batch(
-    files: ReplayFiles, ranks: tuple[int, ...], options: ReplayOptions, config: GPTConfig,
+    files: ReplayFiles, ranks: tuple[int, ...], options: ReplayOptions, target: ReplayTarget,
     on_event: Progress | None, hooks: CaptureHooks, coordinator: Coordinator | None = None,
 ) -> None:  # fmt: skip
     """Run the processes of ``ranks`` at once (a ``coordinator`` serves them when there are several)."""
@@ -219,9 +276,9 @@ def _run_batch(
         )  # fmt: skip
         for i, rank in enumerate(ranks)
     ]
-    hooks.batch_starting(ranks, {rank: config.layout.role(rank) for rank in ranks})
+    hooks.batch_starting(ranks, {rank: target.layout.role(rank) for rank in ranks})
     try:
-        run_processes(launches, world_size=config.layout.world_size, timeout_s=options.timeout_s, on_event=events,
+        run_processes(launches, world_size=target.layout.world_size, timeout_s=options.timeout_s, on_event=events,
                       env={"OMP_NUM_THREADS": str(options.threads)})  # fmt: skip
     except LaunchError as e:
         first = (coordinator.error if coordinator else None) or (errors[0] if errors else None)
@@ -236,26 +293,27 @@ def _pct(pred: float, real: float) -> float:
     return (pred - real) / real * 100 if real else float("nan")
 
 
-def rank_report(files: ReplayFiles, rank: int, config: GPTConfig, *, warmup: int) -> RankReport:
+def rank_report(files: ReplayFiles, rank: int, target: ReplayTarget, *, warmup: int) -> RankReport:
     """Measured vs predicted for one replayed rank, from the files its process wrote."""
     result = RankResult.from_dict(json.loads(files.result(rank).read_text()))
     stats = read_replay_stats(files.replay_stats(rank))
     # The clean unprofiled iterations, the window the build's profiler correction predicts; the
     # emulated time is the program's wall time with the engine's stalls taken out.
-    clean = clean_unprofiled(stats.iterations, warmup)
+    clean = clean_unprofiled(stats.iterations, warmup)[max(0, stats.simulated_from - 1) :]
     measured = statistics.median(it.emulated_ns for it in clean)
-    stage = config.layout.stage(rank)
-    memory = iteration_memory(files.kineto(rank)) if config.device == "cpu" else None
-    measured_peak = (
-        static_bytes(config, stage) + memory.peak_delta_bytes
-        if memory is not None
-        else result.peak_device_bytes
-    )
+    layout = target.layout
+    stage = layout.stage(rank)
+    # A program's graph takes memory from the profiled iterations after the first (the profiler
+    # sees no free of a block allocated before it started): measure the same iterations.
+    program = target.job.workload == PROGRAM
+    memory = iteration_memory(files.kineto(rank), after_first=program) if target.job.device == "cpu" else None
+    static = result.static_bytes if result.static_bytes is not None else target.stage_static_bytes[stage]
+    measured_peak = static + memory.peak_delta_bytes if memory is not None else result.peak_device_bytes
     phases = _phases(stats, clean)
     return RankReport(
         rank=rank,
         stage=stage,
-        role=config.layout.role_of_stage(stage).value,
+        role=layout.role_of_stage(stage).value,
         measured_iter_ms=measured / 1e6,
         predicted_iter_ms=stats.predicted_iteration_ns / 1e6,
         iter_err_pct=_pct(stats.predicted_iteration_ns, measured),

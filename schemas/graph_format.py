@@ -29,6 +29,14 @@ TIME_SCALE_KEY = "time_scale"
 STATIC_BYTES_KEY = "stage_static_bytes"
 """Key of ``GraphMetadata.extra`` for a program's graph: bytes a rank of each stage holds across
 iterations, measured at capture (the built-in GPT's are computed from its model)."""
+STEADY_FROM_KEY = "steady_from"
+"""Key of ``GraphMetadata.extra`` for a program's graph: the first iteration from which the
+program's calls are the graph's (the latest over its captured ranks; before it, set-up and
+one-time calls). A replay co-simulates from there."""
+RECEIVED_VALUES_KEY = "received_values"
+"""Key of ``GraphMetadata.extra`` for a pipelined program's graph: per stage (a string key), the
+base64 of its value-pass file (``prism.schemas.received_values``), so that a replay of the
+graph gives the program the values its neighbours send without the capture directory."""
 
 
 class NodeKind(enum.StrEnum):

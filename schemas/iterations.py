@@ -20,3 +20,19 @@ def clean_unprofiled(iterations: Sequence[T], warmup: int) -> tuple[T, ...]:
     """The entries (wall times, or anything kept per iteration) of the warm-up iterations that
     ran neither cold nor under the profiler."""
     return tuple(iterations[1 : max(warmup - 1, 1)])
+
+
+def steady_from(windows: Sequence[tuple[int, int]], calls: Sequence) -> int:
+    """The first iteration from which every iteration made the same process-group calls as the
+    last one (op, group, bytes, peer of the calls that began in its ``(start, end)`` window):
+    before it, a program's set-up and one-time calls (DDP rebuilds its buckets in iteration 1)."""
+    signatures = [
+        tuple((c.op, c.label, c.bytes, c.peer) for c in calls if start <= c.enter_ns < end)
+        for start, end in windows
+    ]
+    if not signatures:
+        return 0
+    first = len(signatures) - 1
+    while first > 0 and signatures[first - 1] == signatures[-1]:
+        first -= 1
+    return first

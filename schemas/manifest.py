@@ -190,6 +190,10 @@ class RankResult:
     """A program's capture: bytes of the distinct tensor storages the program held when its profiled
     iterations began (weights, gradients, optimizer state; ``torch.cuda.memory_allocated`` on
     CUDA). None for the built-in GPT, whose static bytes are computed from its model."""
+    steady_from: int | None = None
+    """A program's capture: the first iteration from which every iteration made the same calls as
+    the last (``prism.schemas.iterations.steady_from``); a replay co-simulates from there. None
+    for the built-in GPT."""
     phase_ns: tuple[dict[str, int], ...] = ()
     """Own time of every iteration by kind of top-level block (``annotations.block_kind``, and
     ``annotations.GLUE`` for the rest): the blocks' wall time less process-group calls and held

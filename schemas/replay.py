@@ -44,9 +44,13 @@ class ReplayJob:
     """A lone rank's engine work that the program does not wait for runs in a worker thread
     (True), in the program's thread (False), or in a worker from ``BACKGROUND_MIN_NODES`` engine
     nodes on (None, ``prism.replay.graph_clock``)."""
+    clock_from: int = 0
+    """A program's first co-simulated iteration (``gf.STEADY_FROM_KEY``): the ones before it run
+    against no graph (set-up and one-time calls); 0 for the built-in GPT."""
 
     def to_dict(self) -> dict:
         return {
+            "clock_from": self.clock_from,
             "program": self.program.to_dict(),
             "graph": self.graph,
             "trace_peers": list(self.trace_peers),
@@ -64,6 +68,7 @@ class ReplayJob:
             delays=tuple(data.get("delays", ())),
             coordinator=data.get("coordinator"),
             background_engine=data.get("background_engine"),
+            clock_from=int(data.get("clock_from", 0)),
         )
 
 
@@ -105,6 +110,9 @@ class ReplayRankStats:
     """Resident memory the graph and the engine added to the process (beyond the program's own)."""
     virtual_iteration_ns: tuple[int, ...] = ()
     """Every rank's co-simulated iteration time, median over the clean unprofiled iterations."""
+    simulated_from: int = 0
+    """The first iteration run against the graph (``ReplayJob.clock_from``); the ones before it
+    are in ``iterations`` with their wall time and no co-simulation."""
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -4,8 +4,10 @@ every rank of the captured layout."""
 
 from __future__ import annotations
 
+import base64
 import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 from prism.graph.build.alike import call_sequence, check_alike
 from prism.graph.build.bind import encode_program
@@ -17,7 +19,7 @@ from prism.graph.sim.noise import iteration_cv
 from prism.schemas import PRISM_VERSION
 from prism.schemas import graph_format as gf
 from prism.schemas.graph_format import GraphMetadata
-from prism.schemas.manifest import CapturedRank, CaptureManifest
+from prism.schemas.manifest import CapturedRank, CaptureFiles, CaptureManifest
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +79,17 @@ def _check_alike(manifest: CaptureManifest, sources: dict[int, CapturedRank], la
             )
 
 
+def _received_values(capture_dir, layout) -> dict[str, str]:
+    """Each stage's value-pass file, base64, for replays (none without a value pass)."""
+    files = CaptureFiles(Path(capture_dir))
+    found = {}
+    for stage in range(layout.pp):
+        path = files.values(layout.rank(tp=0, dp=0, pp=stage))
+        if path.is_file():
+            found[str(stage)] = base64.b64encode(path.read_bytes()).decode("ascii")
+    return found
+
+
 def program_stages(
     capture_dir,
     manifest: CaptureManifest,
@@ -116,6 +129,11 @@ def program_stages(
         capture_digest=digest,
         build_options=options,
         prism_version=PRISM_VERSION,
-        extra={gf.TIME_SCALE_KEY: scales or None, gf.STATIC_BYTES_KEY: static},
+        extra={
+            gf.TIME_SCALE_KEY: scales or None,
+            gf.STATIC_BYTES_KEY: static,
+            gf.RECEIVED_VALUES_KEY: _received_values(capture_dir, layout),
+            gf.STEADY_FROM_KEY: max(r.result.steady_from or 1 for r in manifest.ranks),
+        },
     )
     return ProgramStages(stages=stages, metadata=metadata)

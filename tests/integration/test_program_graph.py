@@ -70,16 +70,6 @@ def test_a_ddp_program_becomes_a_valid_1024_rank_graph_that_simulates(
     assert sim.peak_bytes[0] > rank.result.static_bytes > 0
 
 
-def test_replaying_a_programs_graph_is_refused_with_one_line(ddp_capture: Path, tmp_path: Path) -> None:
-    from prism.replay.cli import app as replay_app
-
-    graph = tmp_path / "graph.parquet"
-    assert _build(ddp_capture, graph, (1, 1, 1024)).exit_code == 0
-    result = runner.invoke(replay_app, [str(graph), "--rank", "5", "-o", str(tmp_path / "replay")])
-    assert result.exit_code == 2
-    assert "is the graph of your own program" in result.output
-
-
 def test_a_programs_graph_keeps_its_captured_layout(ddp_capture: Path, tmp_path: Path) -> None:
     result = _build(ddp_capture, tmp_path / "g.parquet", (1, 1, 2048))
     assert result.exit_code == 2

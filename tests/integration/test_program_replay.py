@@ -1,0 +1,72 @@
+"""prism-replay of a graph of the user's own program: one rank of it runs for real, the rest virtual."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from prism.capture.cli import app as capture_app
+from prism.graph.build.cli import app as build_app
+from prism.graph.io.parquet import read_metadata
+from prism.replay.cli import app as replay_app
+from prism.schemas import graph_format as gf
+from prism.schemas.replay import ReplayReport
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+TINY = ("--steps", "50", "--hidden", "32", "--vocab", "64", "--seq", "8", "--batch", "4")
+runner = CliRunner()
+
+pytestmark = pytest.mark.slow
+
+
+def graph_of(tmp_path: Path, layout: tuple[str, ...], *program: str) -> Path:
+    capture, graph = tmp_path / "cap", tmp_path / "graph.parquet"
+    result = runner.invoke(
+        capture_app, [*layout, "--warmup", "4", "--iterations", "2", "-o", str(capture), "--", *program]
+    )
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(build_app, [str(capture), *layout, "-o", str(graph)])
+    assert result.exit_code == 0, result.output
+    return graph
+
+
+def replay(graph: Path, out: Path, *args: str):
+    return runner.invoke(replay_app, [str(graph), "-o", str(out), "--warmup", "5", *args])
+
+
+def test_a_ddp_rank_replays_against_its_programs_graph(tmp_path: Path) -> None:
+    layout = ("--tp", "1", "--pp", "1", "--dp", "1024")
+    graph = graph_of(tmp_path, layout, str(EXAMPLES / "ddp.py"), *TINY, "--layers", "1")
+    # DDP rebuilds its buckets in iteration 1 (a broadcast the steady iterations do not make):
+    # the replay runs against the graph from the first steady iteration on.
+    assert read_metadata(graph).extra[gf.STEADY_FROM_KEY] == 2
+    result = replay(graph, tmp_path / "replay", "--rank", "777")
+    assert result.exit_code == 0, result.output
+    report = ReplayReport.from_dict(json.loads((tmp_path / "replay" / "report.json").read_text()))
+    (rank,) = report.ranks
+    assert rank.rank == 777 and rank.calls_per_iter >= 1
+    assert 0.5 * rank.predicted_iter_ms < rank.measured_iter_ms < 2 * rank.predicted_iter_ms
+    assert abs(rank.mem_err_pct) < 0.1  # the same tensors as the captured rank, the same iterations
+
+
+def test_a_pipeline_stage_replays_with_the_values_its_neighbour_sends(tmp_path: Path) -> None:
+    layout = ("--tp", "1", "--pp", "2", "--dp", "512")
+    graph = graph_of(tmp_path, layout, str(EXAMPLES / "pp.py"), "--pp", "2", "--schedule", "1F1B", *TINY)
+    assert set(read_metadata(graph).extra[gf.RECEIVED_VALUES_KEY]) == {"0", "1"}
+    result = replay(graph, tmp_path / "replay", "--rank", "517")  # stage 1: shapes come from stage 0
+    assert result.exit_code == 0, result.output
+
+
+def test_a_program_that_leaves_its_graph_stops_with_both_sides_named(tmp_path: Path) -> None:
+    layout = ("--tp", "1", "--pp", "1", "--dp", "1024")
+    graph = graph_of(tmp_path, layout, str(EXAMPLES / "ddp.py"), *TINY, "--layers", "1")
+    # Another model than the one captured: its gradient bucket has another size.
+    result = replay(
+        graph, tmp_path / "replay", "--rank", "3", "--", str(EXAMPLES / "ddp.py"), *TINY, "--layers", "2"
+    )
+    assert result.exit_code == 2
+    assert "the program made all_reduce" in result.output and "but the graph expects" in result.output
+    assert not (tmp_path / "replay").exists()
