@@ -39,7 +39,8 @@ def replay(graph: Path, out: Path, *args: str):
 
 def test_a_ddp_rank_replays_against_its_programs_graph(tmp_path: Path) -> None:
     layout = ("--tp", "1", "--pp", "1", "--dp", "1024")
-    graph = graph_of(tmp_path, layout, str(EXAMPLES / "ddp.py"), *TINY, "--layers", "1")
+    # Iterations of several ms, so that the time check below is not about the co-simulation's own cost.
+    graph = graph_of(tmp_path, layout, str(EXAMPLES / "ddp.py"), *TINY, "--layers", "2", "--hidden", "128")
     # DDP rebuilds its buckets in iteration 1 (a broadcast the steady iterations do not make):
     # the replay runs against the graph from the first steady iteration on.
     assert read_metadata(graph).extra[gf.STEADY_FROM_KEY] == 2
@@ -70,3 +71,28 @@ def test_a_program_that_leaves_its_graph_stops_with_both_sides_named(tmp_path: P
     assert result.exit_code == 2
     assert "the program made all_reduce" in result.output and "but the graph expects" in result.output
     assert not (tmp_path / "replay").exists()
+
+
+EVERY_EXAMPLE = [
+    ("fsdp2", ("--tp", "1", "--pp", "1", "--dp", "1024"), 9, ("fsdp2.py", "--layers", "2")),
+    ("tp_fsdp", ("--tp", "2", "--pp", "1", "--dp", "512"), 9, ("tp_fsdp.py", "--tp", "2", "--layers", "2")),
+    ("hf_gpt2", ("--tp", "1", "--pp", "1", "--dp", "1024"), 9, ("hf_gpt2_ddp.py", "--layers", "2", "--heads", "2")),
+    ("compile", ("--tp", "1", "--pp", "1", "--dp", "1024"), 9, ("compile_ddp.py",)),
+    ("zbv", ("--tp", "1", "--pp", "2", "--dp", "512"), 9, ("pp.py", "--pp", "2", "--schedule", "ZBVZeroBubble")),
+    ("interleaved", ("--tp", "1", "--pp", "2", "--dp", "512"), 521, ("pp.py", "--pp", "2", "--schedule", "Interleaved1F1B")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("layout", "rank", "program"), [e[1:] for e in EVERY_EXAMPLE], ids=[e[0] for e in EVERY_EXAMPLE]
+)
+def test_every_example_replays_with_its_memory(
+    tmp_path: Path, layout: tuple, rank: int, program: tuple
+) -> None:
+    if program[0] == "hf_gpt2_ddp.py":
+        pytest.importorskip("transformers")
+    graph = graph_of(tmp_path, layout, str(EXAMPLES / program[0]), *TINY, *program[1:])
+    result = replay(graph, tmp_path / "replay", "--rank", str(rank))
+    assert result.exit_code == 0, result.output
+    report = ReplayReport.from_dict(json.loads((tmp_path / "replay" / "report.json").read_text()))
+    assert abs(report.ranks[0].mem_err_pct) < 0.1
