@@ -2,9 +2,10 @@
 
     torchrun --nproc-per-node 2 examples/compile_ddp.py [--steps 20] [--compile-inside]
 
-By default DDP wraps the model and ``torch.compile`` compiles the DDP module (DDP's optimizer
-splits the graph at its buckets); ``--compile-inside`` compiles the model first and wraps the
-compiled module in DDP. The model is the MLP language-model stand-in of examples/ddp.py.
+By default DDP wraps the model and ``torch.compile`` wraps the DDP module, as DDP's docs show
+it (in torch 2.13 on CPU, dynamo stops at DDP's forward there and the model runs eagerly);
+``--compile-inside`` compiles the model first and wraps the compiled module in DDP, which runs
+compiled code. The model is the MLP language-model stand-in of examples/ddp.py.
 """
 
 from __future__ import annotations
