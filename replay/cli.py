@@ -99,16 +99,30 @@ def _pct(x: float | None, digits: int = 2) -> str:
 
 def report_table(report: ReplayReport) -> Table:
     table = Table(title=f"replay of {report.layout} ({report.device}): measured vs predicted")
-    for c in ("rank", "role", "iter ms", "predicted", "error", "peak MiB", "predicted", "error"):
+    columns = (
+        "rank",
+        "role",
+        "wall ms",
+        "predicted",
+        "error",
+        "corrected ms",
+        "error",
+        "peak MiB",
+        "predicted",
+        "error",
+    )
+    for c in columns:
         table.add_column(c, justify="left" if c == "role" else "right")
     for r in report.ranks:
+        wall = "-" if r.wall_iter_ms is None else f"{r.wall_iter_ms:.2f}"
         table.add_row(
-            str(r.rank), r.role, f"{r.measured_iter_ms:.2f}", f"{r.predicted_iter_ms:.2f}", _pct(r.iter_err_pct),
+            str(r.rank), r.role, wall, f"{r.predicted_iter_ms:.2f}", _pct(r.wall_err_pct),
+            f"{r.measured_iter_ms:.2f}", _pct(r.iter_err_pct),
             _mib(r.measured_peak_bytes), _mib(r.predicted_peak_bytes), _pct(r.mem_err_pct, 3),
         )  # fmt: skip
     table.caption = (
-        "measured: clean unprofiled iterations (median), stall removed for a rank replayed alone; "
-        "predicted: offline simulation"
+        "wall: clean unprofiled iterations (median), as the program took them; corrected: the same "
+        "with the co-simulation's stall taken out (a rank replayed alone); predicted: offline simulation"
     )
     return table
 

@@ -299,8 +299,10 @@ def rank_report(files: ReplayFiles, rank: int, target: ReplayTarget, *, warmup: 
     stats = read_replay_stats(files.replay_stats(rank))
     # The clean unprofiled iterations, the window the build's profiler correction predicts; the
     # emulated time is the program's wall time with the engine's stalls taken out.
-    clean = clean_unprofiled(stats.iterations, warmup)[max(0, stats.simulated_from - 1) :]
+    skip = max(0, stats.simulated_from - 1)  # a program's set-up iterations ran against no graph
+    clean = clean_unprofiled(stats.iterations, warmup)[skip:]
     measured = statistics.median(it.emulated_ns for it in clean)
+    wall = statistics.median(clean_unprofiled(result.iteration_ns, warmup)[skip:])
     layout = target.layout
     stage = layout.stage(rank)
     # A program's graph takes memory from the profiled iterations after the first (the profiler
@@ -325,6 +327,8 @@ def rank_report(files: ReplayFiles, rank: int, target: ReplayTarget, *, warmup: 
         calls_per_iter=stats.iterations[-1].calls,
         replay_rss_bytes=stats.replay_rss_bytes,
         phases=phases,
+        wall_iter_ms=wall / 1e6,
+        wall_err_pct=_pct(stats.predicted_iteration_ns, wall),
     )
 
 

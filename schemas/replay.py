@@ -164,10 +164,12 @@ class RankReport:
     stage: int
     role: str
     measured_iter_ms: float
-    """Median of the clean unprofiled iterations, stall removed."""
+    """A correction: median of the clean unprofiled iterations with the co-simulation's stall
+    removed (for a rank replayed alone)."""
     predicted_iter_ms: float
     """The offline simulation of the graph."""
     iter_err_pct: float
+    """Of ``measured_iter_ms``."""
     measured_peak_bytes: int | None
     """Static bytes + the allocator's peak over the profiled iterations (None: not recorded)."""
     predicted_peak_bytes: int
@@ -179,6 +181,11 @@ class RankReport:
     calls_per_iter: int
     replay_rss_bytes: int
     phases: tuple[PhaseComparison, ...] = field(default_factory=tuple)
+    wall_iter_ms: float | None = None
+    """The measurement: median wall time of the same clean iterations, nothing subtracted (None in
+    reports written before it was recorded)."""
+    wall_err_pct: float | None = None
+    """Of ``wall_iter_ms`` against the prediction."""
 
 
 @dataclass(frozen=True, kw_only=True)

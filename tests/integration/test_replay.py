@@ -99,6 +99,9 @@ def test_replay_reports_every_real_rank_against_the_prediction(replayed: Path) -
     assert [r.role for r in report.ranks] == ["first", "last"]
     for r in report.ranks:
         assert r.measured_iter_ms > 0 and r.predicted_iter_ms > 0
+        # The wall time is the measurement; the corrected time takes the stall out of it.
+        assert r.wall_iter_ms >= 0.99 * r.measured_iter_ms
+        assert r.wall_err_pct == pytest.approx((r.predicted_iter_ms - r.wall_iter_ms) / r.wall_iter_ms * 100)
         assert r.calls_per_iter > 0
         assert r.measured_peak_bytes > 0 and r.predicted_peak_bytes > 0
         assert {p.phase for p in r.phases} >= {"fwd", "bwd", "optim"}
