@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from prism.capture import annotate
@@ -191,7 +192,11 @@ def live_tensor_bytes(cuda: bool, *, buckets_in_python: bool = True) -> int:
         if issubclass(kind, DistributedDataParallel):
             buckets += 0 if buckets_in_python else ddp_bucket_bytes(obj)
             continue
-        if not issubclass(kind, torch.Tensor) or obj.is_sparse or obj.device.type != "cpu":
+        if not issubclass(kind, torch.Tensor) or issubclass(
+            kind, FakeTensor
+        ):  # compile's fakes hold no memory
+            continue
+        if obj.is_sparse or obj.device.type != "cpu":
             continue
         try:
             storage = obj.untyped_storage()
