@@ -169,8 +169,8 @@ def _check_pipeline(layout: ParallelLayout) -> None:
     for call in log.calls:
         if call.peer is None or call.op not in ("send", "recv"):
             continue
-        there = layout.coords(call.peer)
-        if (there.tp, there.dp) != (me.tp, me.dp):
+        if not layout.same_pipeline(log.rank, call.peer):
+            there = layout.coords(call.peer)
             raise ProgramRunError(
                 f"rank {log.rank} (tp {me.tp}, dp {me.dp}, stage {me.pp}) {call.op}s "
                 f"{'to' if call.op == 'send' else 'from'} rank {call.peer} (tp {there.tp}, dp {there.dp}, "

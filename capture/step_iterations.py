@@ -192,9 +192,7 @@ def live_tensor_bytes(cuda: bool, *, buckets_in_python: bool = True) -> int:
         if issubclass(kind, DistributedDataParallel):
             buckets += 0 if buckets_in_python else ddp_bucket_bytes(obj)
             continue
-        if not issubclass(kind, torch.Tensor) or issubclass(
-            kind, FakeTensor
-        ):  # compile's fakes hold no memory
+        if not issubclass(kind, torch.Tensor) or issubclass(kind, FakeTensor):  # fakes hold no memory
             continue
         if obj.is_sparse or obj.device.type != "cpu":
             continue

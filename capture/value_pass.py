@@ -16,12 +16,17 @@ from pathlib import Path
 from prism.peers.received_values import ReceivedValues
 from prism.schemas.layout import ParallelLayout
 from prism.schemas.manifest import CaptureFiles
-from prism.schemas.received_values import Received, read_received_values, write_received_values
+from prism.schemas.received_values import (
+    Received,
+    read_received_values,
+    value_pass_rank,
+    write_received_values,
+)
 
 
 def value_pass_ranks(layout: ParallelLayout) -> tuple[int, ...]:
     """The ranks that run together in the value pass: one pipeline, every stage."""
-    return tuple(layout.rank(tp=0, dp=0, pp=stage) for stage in range(layout.pp))
+    return tuple(value_pass_rank(layout, stage) for stage in range(layout.pp))
 
 
 def needs_value_pass(layout: ParallelLayout) -> bool:
@@ -37,8 +42,7 @@ def write_values(files: CaptureFiles, rank: int, received: ReceivedValues) -> Pa
 
 def known_values(files: CaptureFiles, layout: ParallelLayout, rank: int) -> ReceivedValues | None:
     """What ``rank`` receives from its pipeline neighbours, from the value pass; None without one."""
-    recorded_rank = layout.rank(tp=0, dp=0, pp=layout.stage(rank))
-    path = files.values(recorded_rank)
+    path = files.values(value_pass_rank(layout, layout.stage(rank)))
     if not path.is_file():
         return None
     _, received = read_received_values(path)
@@ -47,10 +51,8 @@ def known_values(files: CaptureFiles, layout: ParallelLayout, rank: int) -> Rece
 
 def _onto_pipeline_of(layout: ParallelLayout, received: Received, rank: int) -> Received:
     """Receives recorded from the value pass's pipeline, keyed by the same stages of ``rank``'s."""
-    me = layout.coords(rank)
-    mapped: Received = {}
-    for peer, receives in received.items():
-        there = layout.coords(peer)
-        if there.tp == 0 and there.dp == 0:
-            mapped[layout.rank(tp=me.tp, dp=me.dp, pp=there.pp)] = receives
-    return mapped
+    return {
+        layout.in_pipeline(rank, layout.stage(peer)): receives
+        for peer, receives in received.items()
+        if layout.same_pipeline(peer, value_pass_rank(layout, 0))
+    }

@@ -67,6 +67,8 @@ class MatchedLoad(CaptureHooks):
                 workload=PROGRAM, program=dataclasses.replace(program, run_to_end=True), real_ranks=(),
                 warmup=warmup, iterations=iterations, threads=threads,
             )  # fmt: skip
+            self._job.write_text(json.dumps(job.to_dict()))
+            self._command = partial(rank_command, self._job, main="prism.capture.program_main")
         else:
             job = RankJob(
                 workload=GPT,
@@ -79,16 +81,13 @@ class MatchedLoad(CaptureHooks):
                 iterations=iterations * _OUTLAST,
                 threads=threads,
             )
-        if program is not None:
-            self._job.write_text(json.dumps(job.to_dict()))
-            self._command = partial(rank_command, self._job, main="prism.capture.program_main")
-        elif paced_by is None:
-            self._job.write_text(json.dumps(job.to_dict()))
-            self._command = partial(rank_command, self._job)
-        else:
-            replay = ReplayJob(program=job, graph=str(paced_by.resolve()))
-            self._job.write_text(json.dumps(replay.to_dict()))
-            self._command = partial(_replay_command, self._job)
+            if paced_by is None:
+                self._job.write_text(json.dumps(job.to_dict()))
+                self._command = partial(rank_command, self._job)
+            else:
+                replay = ReplayJob(program=job, graph=str(paced_by.resolve()))
+                self._job.write_text(json.dumps(replay.to_dict()))
+                self._command = partial(_replay_command, self._job)
         self._world = job.layout.world_size
         self._threads = threads
         self._procs: list[tuple[int, subprocess.Popen]] = []

@@ -24,6 +24,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from prism.capture import annotate
 from prism.capture.program_main import run_program
 from prism.capture.step_iterations import ProgramStop, live_tensor_bytes
+from prism.schemas.annotations import Mark, Phase
 from prism.schemas.layout import ParallelLayout
 from prism.schemas.program import ProgramSpec
 
@@ -80,7 +81,7 @@ class IterationTimer:
             self._stop_profiler()
             raise ProgramStop
         if self._profiler is not None:
-            self._mark = annotate.iteration(done)
+            self._mark = annotate.mark(Mark(phase=Phase.ITERATION, iter=done))
             self._mark.__enter__()
         left = time.perf_counter_ns()
         self.run.hook_ns.append(left - entered)

@@ -9,7 +9,7 @@ alone, a receive from a (now virtual) peer gets the recorded value instead of st
 
 Receives are matched by peer and by their order among this rank's receives from that peer: a
 deterministic program receives the same things in the same order on every run. A recorded value
-is used only where shapes and dtypes agree; values above ``max_bytes`` (activations, gradients)
+is used only where shapes and dtypes agree; values above ``MAX_BYTES`` (activations, gradients)
 are not kept, and such receives get stand-in data as before.
 """
 

@@ -42,6 +42,7 @@ from prism.schemas.iterations import MIN_WARMUP, clean_unprofiled
 from prism.schemas.layout import ParallelLayout
 from prism.schemas.manifest import GPT, PROGRAM, CaptureFiles, RankJob, RankResult
 from prism.schemas.program import ProgramSpec
+from prism.schemas.received_values import value_pass_rank
 from prism.schemas.replay import (
     PhaseComparison,
     RankReport,
@@ -239,7 +240,7 @@ def _job(options: ReplayOptions, target: ReplayTarget, *, real_ranks: tuple[int,
 def _write_received_values(target: ReplayTarget, files: CaptureFiles) -> None:
     """A pipelined program's value-pass files, where its rank processes look for them."""
     for stage, encoded in target.received_values.items():
-        path = files.values(target.layout.rank(tp=0, dp=0, pp=int(stage)))
+        path = files.values(value_pass_rank(target.layout, int(stage)))
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(base64.b64decode(encoded))
 

@@ -158,6 +158,16 @@ class ParallelLayout:
     def stage(self, rank: int) -> int:
         return self.coords(rank).pp
 
+    def same_pipeline(self, a: int, b: int) -> bool:
+        """Whether ranks ``a`` and ``b`` are stages of one pipeline (the same tp and dp index)."""
+        ca, cb = self.coords(a), self.coords(b)
+        return (ca.tp, ca.dp) == (cb.tp, cb.dp)
+
+    def in_pipeline(self, rank: int, stage: int) -> int:
+        """The rank at ``stage`` of ``rank``'s pipeline."""
+        c = self.coords(rank)
+        return self.rank(tp=c.tp, dp=c.dp, pp=stage)
+
     def pipeline_next(self, rank: int) -> int | None:
         """Rank of the next stage with the same tp and dp index, None on the last stage."""
         c = self.coords(rank)

@@ -14,10 +14,17 @@ from pathlib import Path
 
 import torch
 
+from prism.schemas.layout import ParallelLayout
+
 SCHEMA = "prism.received_values"
 VERSION = 1
 
 Received = dict[int, list[list[torch.Tensor] | None]]
+
+
+def value_pass_rank(layout: ParallelLayout, stage: int) -> int:
+    """The rank of ``stage`` in the pipeline a capture's value pass runs: rank 0's (tp 0, dp 0)."""
+    return layout.in_pipeline(0, stage)
 
 
 class ReceivedValuesError(ValueError):

@@ -20,6 +20,7 @@ from prism.schemas import PRISM_VERSION
 from prism.schemas import graph_format as gf
 from prism.schemas.graph_format import GraphMetadata
 from prism.schemas.manifest import CapturedRank, CaptureFiles, CaptureManifest
+from prism.schemas.received_values import value_pass_rank
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,7 +85,7 @@ def _received_values(capture_dir, layout) -> dict[str, str]:
     files = CaptureFiles(Path(capture_dir))
     found = {}
     for stage in range(layout.pp):
-        path = files.values(layout.rank(tp=0, dp=0, pp=stage))
+        path = files.values(value_pass_rank(layout, stage))
         if path.is_file():
             found[str(stage)] = base64.b64encode(path.read_bytes()).decode("ascii")
     return found

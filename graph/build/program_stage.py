@@ -74,14 +74,13 @@ def _axis(label: str) -> str:
 def _p2p_dir(peer: int, rank: int, layout: ParallelLayout) -> int:
     """The stage offset of ``peer`` from ``rank`` in their pipeline: +1 the next stage, -1 the
     previous, -(pp - 1) from the last stage to the first (interleaved schedules wrap around)."""
-    me, there = layout.coords(rank), layout.coords(peer)
-    if (there.tp, there.dp) != (me.tp, me.dp) or peer == rank:
+    if not layout.same_pipeline(rank, peer) or peer == rank:
         raise TemplateError(
             f"rank {rank} sends to or receives from rank {peer}, which is not in its pipeline in {layout}; "
             "graphs of programs carry point-to-point transfers between pipeline stages only (if the "
             "program builds a pipeline of another length or order, capture with its --pp and --order)"
         )
-    return there.pp - me.pp
+    return layout.stage(peer) - layout.stage(rank)
 
 
 def _memory(iteration: pd.DataFrame) -> np.ndarray:

@@ -338,3 +338,16 @@ def test_from_dict_defaults_order_and_validates() -> None:
 def test_from_dict_rejects_non_integer_degrees(bad: object) -> None:
     with pytest.raises(LayoutError):
         ParallelLayout.from_dict({"tp": bad, "pp": 1, "dp": 1})
+
+
+@FAST
+@given(layout_and_ranks())
+@example(sampled(BIG))
+def test_a_ranks_pipeline_is_its_pp_group(case: tuple[ParallelLayout, list[int]]) -> None:
+    layout, ranks = case
+    for r in ranks:
+        pipeline = [layout.in_pipeline(r, s) for s in range(layout.pp)]
+        assert tuple(pipeline) == layout.group(r, "pp")
+        assert [layout.stage(p) for p in pipeline] == list(range(layout.pp))
+        assert all(layout.same_pipeline(r, p) for p in pipeline)
+        assert not any(layout.same_pipeline(r, q) for q in ranks if q not in pipeline)
