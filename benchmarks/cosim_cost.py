@@ -1,13 +1,12 @@
-"""The co-simulation's own work per iteration, without a program, a worker thread or a wall clock.
+"""The co-simulation's own work per iteration, without a program, a coordinator or a wall clock.
 
     .venv/bin/python benchmarks/cosim_cost.py [GRAPH] [--rank R] [--slowdown X] [--iterations N] [--profile]
 
 A scripted program (``prism.replay.scripted``) plays rank R's nodes against ``GraphClock`` on
 a fake wall clock: it "computes" for the graph's durations times ``--slowdown`` and makes each
-call of the graph at that moment; the engine runs in the calling thread (``background=False``),
-so the time an iteration takes here is all co-simulation: matching, the engine's passes,
-completions. Compare it with ``replay_overhead.py``'s engine and stall columns to tell the work
-from how a real replay's worker thread and program share the cores. Prints the median over iterations (the
+call of the graph at that moment; the engine runs in the calling thread (``LocalPort``), so the
+time an iteration takes here is all co-simulation: matching, the engine's passes, completions.
+Compare it with ``replay_overhead.py``'s engine column, the same work done beside a real program. Prints the median over iterations (the
 first ``--warmup`` left out); with ``--profile``, the run is under cProfile (slower) and the
 ten functions with the most own time follow.
 """
@@ -64,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.rank < graph.ranks:
         parser.error(f"rank {args.rank} is not in the graph (0..{graph.ranks - 1})")
     wall = FakeWall()
-    clock = GraphClock.open(args.graph, args.rank, graph, wall_ns=wall, background=False)
+    clock = GraphClock.open(args.graph, args.rank, graph, wall_ns=wall)
     profile = cProfile.Profile() if args.profile else None
     if profile:
         profile.enable()

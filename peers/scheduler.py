@@ -30,7 +30,8 @@ class CompletionScheduler:
         with self._cond:
             heapq.heappush(self._heap, (at_ns, next(self._order), action))
             self._ensure_thread()
-            self._cond.notify()
+            if self._heap[0][2] is action:  # else the thread already wakes up earlier than this
+                self._cond.notify()
 
     def pending(self) -> int:
         """Number of actions not yet run."""

@@ -70,6 +70,8 @@ class VirtualCompletion:
         self._named.set()
         if waited:
             return  # the waiting program completes it
+        if not self._record.async_op and due_ns is not None and due_ns > time.time_ns():
+            return  # a synchronous call: the program waits on it next and completes it then
         if due_ns is None or due_ns <= time.time_ns():
             self._complete_unless_waited()
         else:

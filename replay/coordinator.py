@@ -1,12 +1,19 @@
-"""Several real ranks, one co-simulation: the coordinator and the ranks' port to it.
+"""The co-simulation beside the program: the coordinator and the ranks' port to it.
 
-With several ``--rank``, the virtual ranks must see every real rank's arrivals, so one
-``CoSimulation`` serves them all: the replay's launcher runs it in a thread (``Coordinator``)
-on a Unix socket in a private temporary directory, and each rank process
-reaches it through a ``RemotePort``. A rank sends its events in program order and goes on; the
-coordinator takes the ranks' events in the order they come (the engine's result does not
-depend on it), and answers each rank with the ends of its calls as they become known.
-A divergence or deadlock found by the co-simulation is sent to every rank as an error.
+The replay's launcher runs the ``CoSimulation`` in a thread of its own process (``Coordinator``)
+on a Unix socket in a private temporary directory; each real rank's process reaches it through
+a ``RemotePort``. The engine's work thus runs beside the program, on another core, instead of in
+its thread. With several ``--rank`` one co-simulation serves them all, since the virtual ranks
+must see every real rank's arrivals.
+
+A rank sends its events in program order and goes on. The coordinator takes the ranks' events
+in the order they come (the engine's result does not depend on it), does for each only what
+its answer needs, and answers each rank with the ends of its calls as they become known. Between
+events it advances the virtual ranks in chunks of ``CHUNK_NODES`` nodes, so that an event waits
+for at most one chunk, and sends each rank the answer rules of its next calls as soon as their
+other members have arrived (``CoSimulation.take_rules``): the rank then names those ends itself,
+with no round trip. A divergence or deadlock found by the co-simulation is sent to every rank as
+an error.
 """
 
 from __future__ import annotations
@@ -15,11 +22,16 @@ import queue
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing.connection import Client, Connection, Listener, wait
 from pathlib import Path
 
+import psutil
+
+from prism.graph.sim.engine import AnswerRule
 from prism.graph.sim.simulate import SimulationError, load_sim_graph, simulate
+from prism.replay.channel import Channel
 from prism.replay.cosim import (
     PREDICTION_PASSES,
     CoSimulation,
@@ -33,6 +45,17 @@ from prism.replay.graph_clock import OnResolved
 from prism.replay.rank_program import DivergenceError, RankProgram
 
 SOCKET_NAME = "cosim.sock"
+
+CHUNK_NODES = 2000
+"""Engine nodes advanced between looks for events: about 0.1 ms on a 2-core VM, so an event
+waits little, while the look itself (a ``select``) stays a small part of the work."""
+
+SPIN_S = 0.002
+"""With nothing to do for this long, the coordinator sleeps (``SLEEP_S`` at a time) instead of
+looking for events: inside an iteration events come every few hundred µs."""
+SLEEP_S = 0.001
+"""Longest sleep: a rank's wake-up through the socket might cross the coordinator's going to
+sleep, so no sleep is longer than this."""
 
 
 class Coordinator:
@@ -59,39 +82,75 @@ class Coordinator:
     def _serve(self) -> None:
         conns: dict[Connection, int] = {}
         try:
+            rss_before, began = psutil.Process().memory_info().rss, time.perf_counter()
             graph = load_sim_graph(self._graph)
             programs = {r: RankProgram.read(self._graph, r) for r in self._ranks}
+            result = simulate(graph, iterations=PREDICTION_PASSES)
+            predictions = {r: RankPrediction.of(graph, result, p) for r, p in programs.items()}
             cosim = CoSimulation(graph, programs, trace_ranks=self._trace_ranks)
+            del graph, result  # the co-simulation keeps the folded graph only
+            cosim.defer_work = True
+            channels = {
+                r: Channel.create(self._directory / f"rank{r}.channel", len(p.comm_rows)) for r, p in programs.items()
+            }  # fmt: skip
+            load = (time.perf_counter() - began, psutil.Process().memory_info().rss - rss_before)
             for _ in self._ranks:
                 conn = self._listener.accept()
                 _, rank = conn.recv()  # ("hello", rank)
                 conns[conn] = rank
+                conn.send(("channel", (str(channels[rank].path), channels[rank].comm_nodes)))
             by_rank = {rank: conn for conn, rank in conns.items()}
             origin: int | None = None  # wall time of graph time 0: the first rank's first iteration
             asked: list[Connection] = []  # summaries wait for every rank: the last pass needs them all
+            last_event = time.perf_counter()
+
+            def take_events() -> bool:
+                got = False
+                for rank, channel in channels.items():
+                    events = channel.take()
+                    if events:
+                        got, resolved = True, []
+                        for event in events:
+                            resolved += cosim.handle(rank, event)
+                        _deliver(resolved, by_rank)
+                        _post_rules(cosim, channels)
+                return got
+
             while conns:
-                for conn in wait(list(conns)):
+                if take_events():
+                    last_event = time.perf_counter()
+                asleep = not cosim.owes_work and time.perf_counter() - last_event > SPIN_S
+                if asleep:  # the ranks wake us through the socket (or the sleep runs out)
+                    for channel in channels.values():
+                        channel.sleeping(True)
+                    if take_events():  # one came before the flag was up
+                        asleep, last_event = False, time.perf_counter()
+                ready = wait(list(conns), SLEEP_S if asleep else 0)
+                for channel in channels.values() if asleep else ():
+                    channel.sleeping(False)
+                if not ready:
+                    if cosim.owes_work:  # nothing to answer: on with the virtual ranks
+                        _deliver(cosim.catch_up(CHUNK_NODES), by_rank)
+                        _post_rules(cosim, channels)
+                    continue
+                last_event = time.perf_counter()
+                for conn in ready:
                     try:
                         what, payload = conn.recv()
                     except (EOFError, OSError):
                         del conns[conn]
                         continue
-                    if what == "events":
-                        resolved: list[Resolved] = []
-                        for event in payload:
-                            resolved += cosim.handle(conns[conn], event)
-                        _deliver(resolved, by_rank)
-                    elif what == "origin":
+                    if what == "origin":
                         origin = payload if origin is None else origin
                         conn.send(("origin", origin))
                     elif what == "summary":
                         asked.append(conn)
                         if len(asked) == len(self._ranks):
-                            result = simulate(graph, iterations=PREDICTION_PASSES)
+                            take_events()  # the ranks' last events came before their asking
+                            cosim.catch_up()
                             for c in asked:
                                 rank = conns[c]
-                                prediction = RankPrediction.of(graph, result, programs[rank])
-                                c.send(("summary", summarize(cosim, rank, prediction)))
+                                c.send(("summary", summarize(cosim, rank, predictions[rank], load=load)))
         except (DivergenceError, SimulationError) as e:
             self._fail(str(e).splitlines()[0], conns)
         except Exception as e:  # noqa: BLE001 (any failure must reach the ranks, not hang them)
@@ -108,24 +167,36 @@ class Coordinator:
 
 
 def _deliver(resolved: list[Resolved], by_rank: dict[int, Connection]) -> None:
-    out: dict[int, list[Resolved]] = {}
+    ends: dict[int, list[tuple[int, int]]] = {}
     for r in resolved:
-        out.setdefault(r.rank, []).append(r)
-    for rank, items in out.items():
+        ends.setdefault(r.rank, []).append((r.node, r.end_ns))
+    for rank, items in ends.items():
         by_rank[rank].send(("resolved", items))
 
 
+def _post_rules(cosim: CoSimulation, channels: dict[int, Channel]) -> None:
+    for rank, pass_, index, rule in cosim.take_rules():
+        channels[rank].put_rule(pass_, index, rule)
+
+
 class RemotePort:
-    """A rank's port to the coordinator (``prism.replay.graph_clock.CoSimPort``).
+    """A rank's port to the coordinator (``prism.replay.graph_clock.CoSimPort``): events and answer
+    rules through the rank's ``Channel``; resolutions, the origin, the summary and errors over
+    the socket.
 
     ``on_error(message)`` is called from the port's receiving thread when the co-simulation
     stops on an error or goes away: the rank cannot go on."""
 
-    dilates = False
-
-    def __init__(self, address: str, rank: int, *, on_error: Callable[[str], None]) -> None:
+    def __init__(
+        self, address: str, rank: int, *, on_error: Callable[[str], None], dilates: bool = False
+    ) -> None:  # fmt: skip
+        self.dilates = dilates
+        """True where this is the only real rank: its stall can be taken out of its time alone."""
         self._conn = Client(address, family="AF_UNIX")
         self._conn.send(("hello", rank))
+        _, (path, comm_nodes) = self._conn.recv()  # ("channel", ...), once the graph is loaded
+        self._channel = Channel.open(path, comm_nodes)
+        self._rank = rank
         self._send_lock = threading.Lock()
         self._on_error = on_error
         self._answers: queue.Queue[object] = queue.Queue()
@@ -137,8 +208,13 @@ class RemotePort:
         threading.Thread(target=self._receive, name="prism-cosim-port", daemon=True).start()
 
     def send(self, events: list[Event]) -> None:
-        with self._send_lock:
-            self._conn.send(("events", events))
+        self._channel.push(events)
+        if self._channel.coordinator_sleeps:
+            with self._send_lock:
+                self._conn.send(("wake", None))
+
+    def rule(self, pass_: int, index: int, node: int) -> AnswerRule | None:
+        return self._channel.rule(pass_, index, node)
 
     def origin(self, wall_ns: int) -> int:
         return self._ask("origin", wall_ns)
@@ -164,7 +240,7 @@ class RemotePort:
                     self._on_error("the co-simulation coordinator went away")
                 return
             if what == "resolved":
-                self._on_resolved(payload)
+                self._on_resolved([Resolved(rank=self._rank, node=node, end_ns=end) for node, end in payload])
             elif what in ("origin", "summary"):
                 self._answers.put(payload)
             elif what == "error":

@@ -23,12 +23,18 @@ events of a later pass wait in a queue until every real rank has finished the cu
 When every real rank waits in a synchronous call that no event can resolve any more, the run
 is a deadlock, reported at once.
 
-Most of the engine's work is advancing the virtual ranks after an event; a call whose end is
-known at once (its virtual peers were already waiting) does not need it to be answered. With
-``defer_work`` set, ``handle`` answers such calls and leaves the advance — and the end of a
-pass with the next one's set-up — to ``catch_up``, which a port runs while the program computes
-(``prism.replay.graph_clock.LocalPort``); the next ``handle`` runs whatever is still owed first,
-so results are the same either way.
+Most of the engine's work is advancing the virtual ranks after an event, and an answer needs
+little of it. With ``defer_work`` set (the coordinator, ``prism.replay.coordinator``), ``handle``
+does only what the event's answer needs: an asynchronous call none, a synchronous one the
+advance until its node has an end (``Engine.advance(target=...)``); the rest, and the end of a
+pass with the next one's set-up, is left to ``catch_up``, which the coordinator runs in bounded
+chunks between events. Virtual ranks nearest the real ones run first. Since the engine's result
+does not depend on the order in which ranks are advanced, results are the same either way.
+
+Ahead of the real ranks: once every other member of a real rank's next collective or transfer
+has arrived, its end depends on the real rank's arrival alone. ``take_rules`` hands out such
+``AnswerRule``s, which the rank's clock applies the moment the program makes the call, with no
+round trip; the co-simulation checks that its own end agrees when the call arrives.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from prism.graph.sim.engine import COLLECTIVE, COMPUTE, Engine, Hedge
+from prism.graph.sim.engine import COLLECTIVE, COMPUTE, AnswerRule, Engine, Hedge
 from prism.graph.sim.fold import fold_replicas
 from prism.graph.sim.noise import virtual_lateness_ns
 from prism.graph.sim.simulate import SimGraph, SimResult, SimulationError
@@ -58,6 +64,8 @@ class Call:
     """Global row of the comm node."""
     t_ns: int
     async_op: bool
+    ruled: bool = False
+    """The rank named the end itself, from the node's ``AnswerRule``: no answer is sent back."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +130,7 @@ class CoSimulation:
         self._external = np.zeros(self._g.ranks, np.bool_)
         self._external[list(self._id.values())] = True
         self._hedge = self._real_collectives_hedge(graph)
+        self._order = nearest_first(self._g, self._external)
         self._engine: Engine | None = None
         self._pass = -1  # the pass the engine runs
         self._rank_pass = dict.fromkeys(self.real, -1)  # the pass each real rank is in
@@ -139,7 +148,11 @@ class CoSimulation:
         self.engine_ns: list[int] = []
         """Wall time the co-simulation computed in each pass."""
         self.defer_work = False
-        self._owes_advance = self._owes_pass_end = False
+        self._owes_pass_end = False
+        self._next_comm: dict[int, int] = {}  # real rank -> its next comm row (engine rows) this pass
+        self._ruled: dict[int, AnswerRule] = {}  # engine row -> the rule handed out for it this pass
+        self._named_by_rank: set[int] = set()  # engine rows whose end the rank named from the rule
+        self.rules_given = 0
         self.trace_ranks = tuple(trace_ranks)
         self.traced: list[tuple[dict[int, np.ndarray], dict[int, np.ndarray]]] = []
         """(start, end) graph ns of every node of ``trace_ranks``, one entry per finished pass."""
@@ -147,7 +160,11 @@ class CoSimulation:
     # -- events ----------------------------------------------------------------------------------
     def handle(self, rank: int, event: Event) -> list[Resolved]:
         """Take one event of real rank ``rank``; the comm nodes whose end became known."""
-        resolved = self.catch_up()
+        resolved: list[Resolved] = []
+        if self._owes_pass_end:  # the event belongs to the next pass: finish this one first
+            began = time.perf_counter_ns()
+            self._end_owed_pass(resolved)
+            self.engine_ns[self._pass - 1] += time.perf_counter_ns() - began
         began, current = time.perf_counter_ns(), max(self._pass, 0)
         if isinstance(event, Start):
             self._rank_pass[rank] += 1
@@ -170,24 +187,47 @@ class CoSimulation:
     @property
     def owes_work(self) -> bool:
         """Whether ``catch_up`` has deferred work to do."""
-        return self._owes_advance or self._owes_pass_end
+        return self._owes_pass_end or (self._engine is not None and not self._engine.idle)
 
-    def catch_up(self) -> list[Resolved]:
-        """Do the work ``handle`` deferred; the comm nodes whose end it made known."""
+    def catch_up(self, budget: int = 0) -> list[Resolved]:
+        """Do the work ``handle`` deferred (with ``budget``, about that many nodes of it); the comm
+        nodes whose end it made known."""
         resolved: list[Resolved] = []
         if not self.owes_work:
             return resolved
         began, current = time.perf_counter_ns(), self._pass
         while self.owes_work:
-            if self._owes_advance:
-                self._owes_advance = False
-                self._engine.advance()
+            if not self._engine.idle:
+                finished = self._engine.advance(budget=budget)
                 self._collect(resolved)
+                if not finished:
+                    break
             if self._owes_pass_end:  # the next pass's first advance is owed then
-                self._owes_pass_end = False
-                self._finish_pass(resolved)
+                self._end_owed_pass(resolved)
+            if budget:
+                break
         self.engine_ns[current] += time.perf_counter_ns() - began
         return resolved
+
+    def take_rules(self) -> list[tuple[int, int, int, AnswerRule]]:
+        """``(rank, pass, index, rule)`` for each real rank whose next call's end became a function
+        of its own arrival since the last take: ``index`` of the node among the rank's comm nodes,
+        the rule's node a row of the full graph."""
+        out: list[tuple[int, int, int, AnswerRule]] = []
+        for rank, node in self._next_comm.items():
+            if (
+                node in self._ruled
+                or node >= self._program[rank].end_row
+                or self._rank_pass[rank] > self._pass
+            ):
+                continue
+            rule = self._engine.answer_rule(node)
+            if rule is not None:
+                self._ruled[node] = rule
+                self.rules_given += 1
+                index = int(np.searchsorted(self._program[rank].comm_rows, node))
+                out.append((rank, self._pass, index, rule._replace(node=node - self._shift[rank])))
+        return out
 
     def _apply(self, rank: int, event: Event, resolved: list[Resolved]) -> None:
         engine, rid = self._engine, self._id[rank]
@@ -197,13 +237,16 @@ class CoSimulation:
                 self._pass_start[rid] = t  # its iteration starts here, not where the last one ended
                 self.passes[rank].append(RankPass(rank_start_ns=t))
                 self._phase_acc[rank][:] = 0
-            case Call(node=node, t_ns=t, async_op=async_op):
+            case Call(node=node, t_ns=t, async_op=async_op, ruled=ruled):
+                if ruled:
+                    self._named_by_rank.add(node)
                 self._move_to(rank, node, t)
                 engine.arrive_external(rid, t)
-                if self.defer_work and (async_op or engine.end[node] >= 0):
-                    self._owes_advance = True  # the program goes on without it
-                else:
+                self._next_comm[rank] = self._program[rank].next_comm(node + 1)
+                if not self.defer_work:
                     engine.advance()
+                elif not async_op and engine.end[node] < 0:  # the program waits: only its answer now
+                    engine.advance(target=node)
                 self._watch[node] = rank
                 if async_op:
                     engine.finish_external(rid, t)
@@ -211,6 +254,7 @@ class CoSimulation:
                     self._sync[rank] = node
             case RealCall(node=node, start_ns=t0, async_op=async_op):
                 self._move_to(rank, node, t0)
+                self._next_comm[rank] = self._program[rank].next_comm(node + 1)
                 engine.start[node] = t0
                 engine.finish_external(rid, t0)
                 if not async_op:
@@ -228,7 +272,13 @@ class CoSimulation:
         end = self._engine.end
         for node in [n for n in self._watch if end[n] >= 0]:
             rank = self._watch.pop(node)
-            resolved.append(Resolved(rank=rank, node=node - self._shift[rank], end_ns=int(end[node])))
+            if node not in self._named_by_rank:
+                resolved.append(Resolved(rank=rank, node=node - self._shift[rank], end_ns=int(end[node])))
+            elif (rule := self._ruled[node]).end_ns(int(self._engine.start[node])) != end[node]:
+                raise SimulationError(
+                    f"rank {rank}: node {node - self._program[rank].first_row} ended at {int(end[node])} ns, "
+                    f"not where its answer rule put it ({rule.end_ns(int(self._engine.start[node]))} ns)"
+                )
             if self._sync.get(rank) == node:  # the rank's program moves on when its call ends
                 del self._sync[rank]
                 self._blocked.discard(rank)
@@ -277,17 +327,19 @@ class CoSimulation:
     def _begin_pass(self, clock: np.ndarray) -> None:
         self._pass += 1
         self._pass_start = clock
-        self._engine = Engine(self._g, clock, external=self._external, hedge=self._hedge)
-        if self.defer_work:
-            self._owes_advance = True  # the virtual ranks' start: the program's first compute covers it
-        else:
+        self._engine = Engine(self._g, clock, external=self._external, hedge=self._hedge, order=self._order)
+        if not self.defer_work:  # else the virtual ranks' start is owed: the program's compute covers it
             self._engine.advance()
+        self._ruled.clear()
+        self._named_by_rank.clear()
+        self._next_comm = {r: p.next_comm(p.first_row) for r, p in self._program.items()}
         self.engine_ns.append(0)
 
     def _finish_rank(self, rank: int, t: int, resolved: list[Resolved]) -> None:
         """The rank ended its iteration at ``t`` (its clock checked that no call is left)."""
         program = self._program[rank]
         self._move_to(rank, program.end_row, t)
+        self._next_comm.pop(rank, None)
         record = self.passes[rank][-1]
         record.rank_end_ns = t
         record.phase_ns = {
@@ -299,6 +351,12 @@ class CoSimulation:
                 self._owes_pass_end = True
             else:
                 self._finish_pass(resolved)
+
+    def _end_owed_pass(self, resolved: list[Resolved]) -> None:
+        self._engine.advance()
+        self._collect(resolved)
+        self._owes_pass_end = False
+        self._finish_pass(resolved)
 
     def _finish_pass(self, resolved: list[Resolved]) -> None:
         engine, g, folding = self._engine, self._g, self.folding
@@ -349,6 +407,27 @@ class CoSimulation:
         self._phase_acc[rank][program.phase_code[node - program.first_row]] += ns
 
 
+def nearest_first(g: SimGraph, external: np.ndarray) -> np.ndarray:
+    """The ranks of ``g`` by how many collectives or transfers away from an external rank they
+    are (external ones first): the order in which a pass's virtual ranks are first advanced."""
+    if not external.any():
+        return np.arange(g.ranks)
+    node_rank = np.searchsorted(g.rank_ptr, g.slot_nodes, side="right") - 1
+    slot_of = np.repeat(np.arange(len(g.slot_size)), np.diff(g.slot_nodes_ptr))
+    distance = np.where(external, 0, -1)
+    frontier = external.copy()
+    for d in range(1, g.ranks + 1):
+        slots = np.unique(slot_of[frontier[node_rank]])
+        reached = np.zeros(g.ranks, np.bool_)
+        reached[node_rank[np.isin(slot_of, slots)]] = True
+        frontier = reached & (distance < 0)
+        if not frontier.any():
+            break
+        distance[frontier] = d
+    distance[distance < 0] = g.ranks + 1  # never meets a real rank
+    return np.argsort(distance, kind="stable")
+
+
 @dataclass(frozen=True, kw_only=True)
 class RankSummary:
     """What the co-simulation tells a real rank at the end of its replay (graph ns)."""
@@ -365,6 +444,12 @@ class RankSummary:
     """The offline simulation's steady iteration time of the rank (``PREDICTION_PASSES``)."""
     predicted_peak_bytes: int
     predicted_phase_ns: dict[str, int]
+    load_s: float = 0.0
+    """Time the co-simulation took to load and fold the graph."""
+    load_rss_bytes: int = 0
+    """Memory it added to the process it runs in (resident set after loading minus before)."""
+    rules_given: int = 0
+    """Answer rules it sent ahead over the whole replay (all real ranks)."""
 
 
 PREDICTION_PASSES = 3
@@ -390,8 +475,11 @@ class RankPrediction:
         )
 
 
-def summarize(cosim: CoSimulation, rank: int, prediction: RankPrediction) -> RankSummary:
-    """The end-of-replay summary of real rank ``rank``."""
+def summarize(
+    cosim: CoSimulation, rank: int, prediction: RankPrediction, *, load: tuple[float, int] = (0.0, 0)
+) -> RankSummary:
+    """The end-of-replay summary of real rank ``rank``; ``load``: seconds and bytes the
+    co-simulation's set-up took."""
     return RankSummary(
         passes=tuple(cosim.passes[rank]),
         engine_ns=tuple(cosim.engine_ns[: len(cosim.passes[rank])]),
@@ -400,6 +488,9 @@ def summarize(cosim: CoSimulation, rank: int, prediction: RankPrediction) -> Ran
         predicted_iteration_ns=prediction.iteration_ns,
         predicted_peak_bytes=prediction.peak_bytes,
         predicted_phase_ns=prediction.phase_ns,
+        load_s=load[0],
+        load_rss_bytes=load[1],
+        rules_given=cosim.rules_given,
     )
 
 

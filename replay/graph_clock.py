@@ -4,18 +4,20 @@ For each call of the program inside an iteration, the clock
 
 1. matches it to the rank's next communication node of the graph (op, group, bytes, peer) and
    stops the run with a ``DivergenceError`` naming both sides when they differ;
-2. tells the co-simulation (``prism.replay.cosim``) through a port: in this process for one
-   real rank (``LocalPort``), over a connection to the coordinator for several
-   (``prism.replay.coordinator``). A call with virtual members is a ``Call`` whose end the
-   co-simulation names, possibly later (a recv posted before the send that unblocks its
-   virtual sender); a call whose members are all real runs on its real backend and is only
-   reported (``RealCall`` / ``RealEnd``);
-3. completes the call at the wall time of the node's end.
+2. tells the co-simulation (``prism.replay.cosim``) through a port: over a connection to the
+   coordinator, which runs it in the launcher's process, beside the program rather than in its
+   way (``prism.replay.coordinator``), or in this thread (``LocalPort``: tests, scripted runs).
+   A call with virtual members is a ``Call`` whose end the co-simulation names, possibly later
+   (a recv posted before the send that unblocks its virtual sender); a call whose members are
+   all real runs on its real backend and is only reported (``RealCall`` / ``RealEnd``);
+3. completes the call at the wall time of the node's end: at once, where the co-simulation sent
+   an answer rule for the node ahead of the call (its other members had all arrived), else
+   when the co-simulation names it.
 
 Graph time 0 is the start of the first iteration (of the first real rank to start, when
 there are several: they share one wall <-> graph mapping, as they share the wall clock). Work
-of the clock that holds the program (the engine in this thread, or a completion named after
-it was due) is *stall*, reported per iteration. With one real rank it is taken out by time
+of the clock that holds the program (its own per-call work, the engine where it runs in this
+thread, a completion named after it was due) is *stall*, reported per iteration. With one real rank it is taken out by time
 dilation: the clock shifts its mapping by it, so the emulated job does not see it (the
 program's own times are read without it). Several real ranks cannot be dilated one by one
 (their real calls keep them in step on the wall), so there the stall stays in their times.
@@ -26,11 +28,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from prism.graph.sim.engine import AnswerRule
 from prism.graph.sim.simulate import SimGraph
 from prism.peers.clock import Completion, PendingCall
 from prism.replay.cosim import Call, CoSimulation, Done, Event, RealCall, RealEnd, Resolved, Start
@@ -40,21 +42,19 @@ __all__ = ["DivergenceError", "GraphClock", "IterationStats", "LocalPort", "Rank
 
 OnResolved = Callable[[list[Resolved]], None]
 
-BACKGROUND_MIN_NODES = 100_000
-"""Engine graphs from this size defer work to a worker thread. Below it, the hand-off costs the
-program more than the work: on the tiny graph (a few thousand nodes) a virtual call took 305 µs
-with the worker and 179 µs without, and the program's iteration 17.6 ms instead of 13.5 ms
-(GIL and core shared with the worker); at 8192 ranks (729 K nodes) the worker took the stall
-from about 40 to 29 ms per iteration."""
-
 
 class CoSimPort(Protocol):
-    """Where a rank's clock sends its events; resolutions come back through ``bind``'s callback."""
+    """Where a rank's clock sends its events; the ends of its calls come back through ``bind``'s
+    callback, or ahead of the calls as answer rules (``rule``)."""
 
     dilates: bool
     """Whether the clock may take stall out of its rank's time (only when it is the only real rank)."""
 
     def bind(self, rank: int, on_resolved: OnResolved) -> None: ...
+
+    def rule(self, pass_: int, index: int, node: int) -> AnswerRule | None:
+        """The answer rule of the rank's ``index``-th comm node (row ``node``) in ``pass_``, if sent."""
+        ...
 
     def origin(self, wall_ns: int) -> int:
         """Wall time of graph time 0, given that this rank starts its first iteration at ``wall_ns``."""
@@ -64,71 +64,40 @@ class CoSimPort(Protocol):
 
 
 class LocalPort:
-    """The co-simulation in this process (one real rank): resolutions come back inside ``send``.
+    """The co-simulation in this process and thread, news delivered inside ``send``: exact and
+    deterministic, for tests and scripted runs (a replay runs it in the coordinator).
 
-    With ``background``, the engine's work that the answer does not need (``CoSimulation.
-    catch_up``) runs in a worker thread while the program computes — the engine's loop releases
-    the GIL — and what it resolves is delivered from there. The next ``send`` waits for it first,
-    so the program is held only by what the worker has not finished by then (its stall).
-    """
+    With ``ahead``, it works as the coordinator does — each event only as far as its answer needs,
+    then the rest of the engine's work, then the answer rules of the rank's next calls — but all
+    of it before ``send`` returns."""
 
     dilates = True
 
-    def __init__(self, cosim: CoSimulation, *, background: bool = False) -> None:
-        self._cosim = cosim
-        cosim.defer_work = background
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="prism-cosim") if background else None
-        self._pending: Future | None = None
-        self._late: list[Resolved] = []  # resolved by the worker, not delivered yet
-        self._late_lock = threading.Lock()
+    def __init__(self, cosim: CoSimulation, *, ahead: bool = False) -> None:
+        self.cosim = cosim
+        cosim.defer_work = self.ahead = ahead
         self._rank, self._on_resolved = -1, None
-
-    @property
-    def cosim(self) -> CoSimulation:
-        """The co-simulation, its deferred work done."""
-        self._wait_for_worker()
-        return self._cosim
+        self._rules: dict[tuple[int, int], AnswerRule] = {}
 
     def bind(self, rank: int, on_resolved: OnResolved) -> None:
         self._rank, self._on_resolved = rank, on_resolved
+
+    def rule(self, pass_: int, index: int, node: int) -> AnswerRule | None:
+        return self._rules.pop((pass_, index), None)
 
     def origin(self, wall_ns: int) -> int:
         return wall_ns
 
     def send(self, events: list[Event]) -> None:
-        self._wait_for_worker()
-        resolved = self._take_late()
+        resolved: list[Resolved] = []
         for event in events:
-            resolved += self._cosim.handle(self._rank, event)
+            resolved += self.cosim.handle(self._rank, event)
+        if self.ahead:
+            resolved += self.cosim.catch_up()
+            for _, pass_, index, rule in self.cosim.take_rules():
+                self._rules[pass_, index] = rule
         if resolved:
             self._on_resolved(resolved)
-        if self._worker is not None and self._cosim.owes_work:
-            self._pending = self._worker.submit(self._catch_up)
-
-    def _catch_up(self) -> None:
-        resolved = self._cosim.catch_up()
-        if resolved:
-            with self._late_lock:
-                self._late += resolved
-            # A program waiting for an async call must not wait for its next send. Delivering
-            # takes the clock's lock, which the program may hold while it waits for this worker.
-            threading.Thread(target=self._deliver_late, name="prism-cosim-deliver", daemon=True).start()
-
-    def _wait_for_worker(self) -> None:
-        """Let the worker finish (its errors are raised here, in the program's thread)."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.result()
-
-    def _take_late(self) -> list[Resolved]:
-        with self._late_lock:
-            late, self._late = self._late, []
-        return late
-
-    def _deliver_late(self) -> None:
-        late = self._take_late()
-        if late:
-            self._on_resolved(late)
 
 
 @dataclass(kw_only=True)
@@ -137,6 +106,8 @@ class IterationStats:
 
     calls: int = 0
     """Calls of the iteration that the graph times (virtual members) or records (all real)."""
+    ahead: int = 0
+    """Calls of them answered at once by a rule the co-simulation had sent ahead."""
     clock_ns: int = 0
     """Time the program's thread spent in the clock (in this process: the engine's work too)."""
     stall_ns: int = 0
@@ -152,7 +123,8 @@ class GraphClock:
         self.program, self.rank, self.port = program, program.rank, port
         self._wall_ns = wall_ns
         self._first = program.first_row
-        self._comm_rows = program.comm_rows
+        self._comm_rows = program.comm_rows.tolist()
+        self._keys = program.comm_keys
         self._next = 0  # index into _comm_rows of the next call's node
         self._origin_ns: int | None = None  # wall time of graph time 0
         self._shift_ns = 0  # stall so far: wall = origin + shift + graph time
@@ -171,6 +143,7 @@ class GraphClock:
         self.wall_offsets: list[int] = []
         """``origin + shift`` at the end of each iteration: wall ns = graph ns + offset."""
         port.bind(self.rank, self._on_resolved)
+        AnswerRule(0, 0, 0, 0.0, 1.0, 0).end_ns(0)  # compiled (or loaded) now, not at the first call
 
     @classmethod
     def open(
@@ -181,19 +154,16 @@ class GraphClock:
         *,
         wall_ns=time.time_ns,
         trace_ranks: tuple[int, ...] = (),
-        background: bool | None = None,
+        ahead: bool = False,
     ) -> GraphClock:
-        """The clock of the only real rank ``rank`` of the graph at ``path`` (loaded as ``graph``);
-        ``background``: the engine's deferred work in a worker thread (``LocalPort``); None: if
-        the engine's graph has ``BACKGROUND_MIN_NODES`` nodes or more."""
+        """The clock of the only real rank ``rank`` of the graph at ``path`` (loaded as ``graph``),
+        the co-simulation in this thread (``LocalPort``, ``ahead`` as there)."""
         for r in (rank, *trace_ranks):
             if not 0 <= r < graph.ranks:
                 raise ValueError(f"rank {r} is not in the graph (0..{graph.ranks - 1})")
         program = RankProgram.read(path, rank)
         cosim = CoSimulation(graph, {rank: program}, trace_ranks=trace_ranks)
-        if background is None:
-            background = len(cosim.folding.graph.kind) >= BACKGROUND_MIN_NODES
-        return cls(program, LocalPort(cosim, background=background), wall_ns=wall_ns)
+        return cls(program, LocalPort(cosim, ahead=ahead), wall_ns=wall_ns)
 
     @property
     def cosim(self) -> CoSimulation:
@@ -241,6 +211,10 @@ class GraphClock:
         with self._lock:
             began = self._wall_ns()
             node = self._match(call)
+            rule = self.port.rule(len(self.iterations) - 1, self._next - 1, node)
+            if rule is not None:
+                self._answer(call, node, rule, complete, began)
+                return
             self._deferred[node] = complete
             if not call.async_op:
                 self._waiting = (node, began)
@@ -250,6 +224,25 @@ class GraphClock:
             else:
                 self._apply(self._take_inbox())
                 self.iterations[-1].clock_ns += self._wall_ns() - began
+
+    def _answer(
+        self, call: PendingCall, node: int, rule: AnswerRule, complete: Completion, began: int
+    ) -> None:
+        """A call whose end the co-simulation ruled ahead: named here, the co-simulation told after."""
+        t = self._to_graph(call.enter_ns)
+        end = rule.end_ns(t)
+        self._send(Call(node, t, call.async_op, ruled=True))
+        stats = self.iterations[-1]
+        stats.ahead += 1
+        now = self._wall_ns()
+        stats.clock_ns += now - began
+        # An async call's time in here all held the program; a sync one waits until its end anyway.
+        held = now - began if call.async_op else now - max(self._to_wall(end), began)
+        if held > 0:
+            stats.stall_ns += held
+            self._shift_ns += held if self.port.dilates else 0
+        complete(self._to_wall(end))
+        self._apply(self._take_inbox())
 
     def real_call(self, call: PendingCall) -> Callable[[int], None] | None:
         """A call whose members are all real: recorded; ``finished(done_ns)`` reports its end."""
@@ -275,7 +268,7 @@ class GraphClock:
                 "in this iteration"
             )
         node = int(self._comm_rows[self._next])
-        if not self.program.matches(node - self._first, call):
+        if self._keys[self._next] != RankProgram.call_key(call):
             raise DivergenceError(
                 f"rank {self.rank}: the program made {call.describe()}, but the graph expects "
                 f"{self.program.describe(node - self._first)} (node {node - self._first} of the rank)"

@@ -75,7 +75,6 @@ def run_paced_capture(
     rank_timeout_s: float = 1800.0,
     on_event: Progress | None = None,
     hooks: CaptureHooks | None = None,
-    background_engine: bool | None = None,
 ) -> CaptureManifest:
     """Capture every role's rank of ``graph``'s job, paced by ``graph``; return the manifest.
 
@@ -92,7 +91,7 @@ def run_paced_capture(
         run = tmp / "run"
         options = ReplayOptions(
             graph=graph, ranks=ranks, out_dir=run, warmup=warmup, iterations=iterations, threads=threads,
-            separately=True, timeout_s=rank_timeout_s, background_engine=background_engine,
+            separately=True, timeout_s=rank_timeout_s,
         )  # fmt: skip
         run_replay(options, on_event, hooks)
         # The replay directory has a capture directory's layout; its job becomes the program's.

@@ -14,21 +14,19 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import psutil
 
 from prism.capture.launch import parse_rank_args
 from prism.capture.program_main import run_program_rank
 from prism.capture.progress import report
 from prism.capture.rank_main import run_rank
-from prism.graph.sim.simulate import SimulationError, load_sim_graph, simulate
+from prism.graph.sim.simulate import SimulationError
 from prism.graph.sim.whatif import BlockDelay
 from prism.replay.coordinator import RemotePort
-from prism.replay.cosim import PREDICTION_PASSES, RankPass, RankPrediction, RankSummary, summarize
+from prism.replay.cosim import RankPass, RankSummary
 from prism.replay.graph_clock import DivergenceError, GraphClock, IterationStats, RankProgram
 from prism.replay.peer_trace import write_peer_trace
 from prism.replay.straggler import install_delays
@@ -45,6 +43,7 @@ EXIT_DIVERGED = 3
 def _iteration(stats: IterationStats, record: RankPass, engine_ns: int) -> ReplayIteration:
     return ReplayIteration(
         calls=stats.calls,
+        ahead=stats.ahead,
         engine_ns=engine_ns,
         stall_ns=stats.stall_ns,
         emulated_ns=record.rank_end_ns - record.rank_start_ns,
@@ -62,35 +61,21 @@ def _clean_median(summary: RankSummary, warmup: int) -> tuple[int, ...]:
     return tuple(int(v) for v in np.median(np.stack(clean), axis=0)) if clean else ()
 
 
-def _local_clock(job: ReplayJob, rank: int) -> tuple[GraphClock, Callable[[], RankSummary]]:
-    """The only real rank: the co-simulation runs in this process. The prediction is taken now,
-    so that the full graph is let go of once the co-simulation has folded it."""
-    graph = load_sim_graph(job.graph)
-    clock = GraphClock.open(
-        job.graph, rank, graph, trace_ranks=job.trace_peers, background=job.background_engine
-    )
-    prediction = RankPrediction.of(graph, simulate(graph, iterations=PREDICTION_PASSES), clock.program)
-    return clock, lambda: summarize(clock.cosim, rank, prediction)
-
-
-def _remote_clock(job: ReplayJob, rank: int) -> tuple[GraphClock, Callable[[], RankSummary]]:
-    """One of several real ranks: the co-simulation runs in the launcher (``Coordinator``)."""
+def _clock(job: ReplayJob, rank: int) -> tuple[GraphClock, Callable[[], RankSummary]]:
+    """The rank's clock, talking to the co-simulation in the launcher (``Coordinator``)."""
 
     def stop(message: str) -> None:  # from the port's thread: the program cannot go on
         report(rank=rank, event="error", message=message)
         os._exit(EXIT_DIVERGED)
 
-    port = RemotePort(job.coordinator, rank, on_error=stop)
+    alone = not job.program.real_ranks  # the only real rank: its stall is its own
+    port = RemotePort(job.coordinator, rank, on_error=stop, dilates=alone)
     return GraphClock(RankProgram.read(job.graph, rank), port), port.summary
 
 
 def replay_rank(job: ReplayJob, rank: int, out_dir: Path) -> ReplayRankStats:
     """Run ``rank`` against the graph; write its traces, result and co-simulation stats."""
-    rss_before = psutil.Process().memory_info().rss
-    began = time.perf_counter()
-    clock, summary_of_run = (_remote_clock if job.coordinator else _local_clock)(job, rank)
-    load_s = time.perf_counter() - began
-    replay_rss = psutil.Process().memory_info().rss - rss_before
+    clock, summary_of_run = _clock(job, rank)
     install_delays((BlockDelay(**d) for d in job.delays), rank)
     is_program = job.program.workload == PROGRAM
     if is_program:  # its first iterations hold its set-up, whose calls the graph does not have
@@ -116,8 +101,8 @@ def replay_rank(job: ReplayJob, rank: int, out_dir: Path) -> ReplayRankStats:
         predicted_iteration_ns=summary.predicted_iteration_ns,
         predicted_peak_bytes=summary.predicted_peak_bytes,
         predicted_phase_ns=summary.predicted_phase_ns,
-        graph_load_s=load_s,
-        replay_rss_bytes=int(replay_rss),
+        graph_load_s=summary.load_s,
+        replay_rss_bytes=summary.load_rss_bytes,
         virtual_iteration_ns=_clean_median(summary, job.program.warmup - job.clock_from),
         simulated_from=job.clock_from,
     )

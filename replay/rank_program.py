@@ -105,8 +105,22 @@ class RankProgram:
             return f"{self.name[i]} with peer {self.peer[i]} ({self.bytes[i]} bytes)"
         return f"compute {self.name[i]}"
 
-    def matches(self, i: int, call: PendingCall) -> bool:
-        kind = self.kind[i]
-        if kind == COLLECTIVE:
-            return self.name[i] == call.op and self.label[i] == call.label and self.bytes[i] == call.bytes
-        return _OPS.get(kind) == call.op and self.peer[i] == call.peer and self.bytes[i] == call.bytes
+    @cached_property
+    def comm_keys(self) -> list[tuple]:
+        """``call_key`` of the call each comm node expects, in program order."""
+        keys = []
+        for i in self.comm_rows - self.first_row:
+            kind = self.kind[i]
+            if kind == COLLECTIVE:
+                keys.append((str(self.name[i]), str(self.label[i]), int(self.bytes[i])))
+            else:
+                keys.append((_OPS[kind], int(self.peer[i]), int(self.bytes[i])))
+        return keys
+
+    @staticmethod
+    def call_key(call: PendingCall) -> tuple:
+        """What a call is matched on: op, group label (a transfer: its peer), bytes. The call is
+        the one comm node ``k`` expects iff its key is ``comm_keys[k]``."""
+        if call.op in ("send", "recv"):
+            return call.op, call.peer, call.bytes
+        return call.op, call.label, call.bytes

@@ -94,8 +94,6 @@ class ReplayOptions:
     """Replace a non-empty output directory."""
     timeout_s: float = 1800.0
     """Seconds before a rank process is killed."""
-    background_engine: bool | None = None
-    """Where a lone rank's deferred engine work runs (``ReplayJob.background_engine``); None: by graph size."""
     program: tuple[str, ...] = ()
     """A program graph's program to run (``train.py ARGS`` or ``-m module ARGS``); empty: the one
     the graph was captured from, as it was started."""
@@ -203,18 +201,14 @@ def run_replay(
         files = ReplayFiles(tmp)
         _write_received_values(target, CaptureFiles(tmp))
         hooks = hooks or CaptureHooks()
-        if options.separately or len(options.ranks) == 1:
-            job = _job(options, target, real_ranks=())
-            write_json_atomic(files.job, job.to_dict())
-            for rank in options.ranks:
-                _run_batch(files, (rank,), options, target, on_event, hooks)
-        else:
-            with Coordinator(options.graph, options.ranks, trace_ranks=options.trace_peers) as coordinator:
+        alone = options.separately or len(options.ranks) == 1
+        for batch in [(rank,) for rank in options.ranks] if alone else [options.ranks]:
+            with Coordinator(options.graph, batch, trace_ranks=options.trace_peers) as coordinator:
                 job = replace(
-                    _job(options, target, real_ranks=options.ranks), coordinator=coordinator.address
+                    _job(options, target, real_ranks=() if alone else batch), coordinator=coordinator.address
                 )
                 write_json_atomic(files.job, job.to_dict())
-                _run_batch(files, options.ranks, options, target, on_event, hooks, coordinator)
+                _run_batch(files, batch, options, target, on_event, hooks, coordinator)
         reports = [rank_report(files, rank, target, warmup=options.warmup) for rank in options.ranks]
         report = ReplayReport(
             graph=str(options.graph), layout=str(target.layout), device=target.job.device,
@@ -233,7 +227,7 @@ def _job(options: ReplayOptions, target: ReplayTarget, *, real_ranks: tuple[int,
     return ReplayJob(
         program=replace(target.job, real_ranks=real_ranks), graph=str(options.graph.resolve()),
         trace_peers=options.trace_peers, delays=tuple(asdict(d) for d in options.delays),
-        background_engine=options.background_engine, clock_from=target.clock_from,
+        clock_from=target.clock_from,
     )  # fmt: skip
 
 
@@ -247,9 +241,9 @@ def _write_received_values(target: ReplayTarget, files: CaptureFiles) -> None:
 
 def _run_batch(
     files: ReplayFiles, ranks: tuple[int, ...], options: ReplayOptions, target: ReplayTarget,
-    on_event: Progress | None, hooks: CaptureHooks, coordinator: Coordinator | None = None,
+    on_event: Progress | None, hooks: CaptureHooks, coordinator: Coordinator,
 ) -> None:  # fmt: skip
-    """Run the processes of ``ranks`` at once (a ``coordinator`` serves them when there are several)."""
+    """Run the processes of ``ranks`` at once, served by ``coordinator``."""
     errors: list[str] = []
 
     def events(event: dict) -> None:
@@ -282,7 +276,7 @@ def _run_batch(
         run_processes(launches, world_size=target.layout.world_size, timeout_s=options.timeout_s, on_event=events,
                       env={"OMP_NUM_THREADS": str(options.threads)})  # fmt: skip
     except LaunchError as e:
-        first = (coordinator.error if coordinator else None) or (errors[0] if errors else None)
+        first = coordinator.error or (errors[0] if errors else None)
         if first:
             raise ReplayDiverged(first) from None
         raise ReplayDiverged(str(e).splitlines()[0] + f" (see {files.log(ranks[0])})") from None

@@ -39,11 +39,7 @@ class ReplayJob:
     delays: tuple[dict, ...] = ()
     """Straggler delays: ``{"phase", "layer", "delay_ns", "rank"}`` (``prism.graph.sim.whatif.BlockDelay``)."""
     coordinator: str | None = None
-    """Address of the shared co-simulation when several ranks run at once; None: each rank alone."""
-    background_engine: bool | None = None
-    """A lone rank's engine work that the program does not wait for runs in a worker thread
-    (True), in the program's thread (False), or in a worker from ``BACKGROUND_MIN_NODES`` engine
-    nodes on (None, ``prism.replay.graph_clock``)."""
+    """Address of the co-simulation (``prism.replay.coordinator``) the rank processes talk to."""
     clock_from: int = 0
     """A program's first co-simulated iteration (``gf.STEADY_FROM_KEY``): the ones before it run
     against no graph (set-up and one-time calls); 0 for the built-in GPT."""
@@ -56,7 +52,6 @@ class ReplayJob:
             "trace_peers": list(self.trace_peers),
             "delays": list(self.delays),
             "coordinator": self.coordinator,
-            "background_engine": self.background_engine,
         }
 
     @classmethod
@@ -67,7 +62,6 @@ class ReplayJob:
             trace_peers=tuple(data.get("trace_peers", ())),
             delays=tuple(data.get("delays", ())),
             coordinator=data.get("coordinator"),
-            background_engine=data.get("background_engine"),
             clock_from=int(data.get("clock_from", 0)),
         )
 
@@ -79,16 +73,18 @@ class ReplayIteration:
     calls: int
     """Virtual calls the program made."""
     engine_ns: int
-    """Time the engine computed (inside calls and at the iteration's boundaries)."""
+    """Time the co-simulation computed for the pass, beside the program (in the coordinator)."""
     stall_ns: int
-    """Time the co-simulation held the program: all its work in the program's thread (the
-    engine's and the clock's own: matching, arrivals, completions) and waits for answers the
-    worker found late. It can exceed ``engine_ns``; removed from the emulated time and the
-    measured one."""
+    """Time the replay held the program beyond what the job would have: the clock's own work
+    in the program's thread (matching, telling the co-simulation) where the program would have
+    run on, and waits past a call's modelled end for an answer that came late. Removed from the
+    emulated time, never from the wall time."""
     emulated_ns: int
     """The iteration in graph time: wall time with stall removed."""
     phase_ns: dict[str, int]
     """The real rank's emulated time by phase of its blocks."""
+    ahead: int = 0
+    """Calls answered at once by an answer rule the co-simulation had sent ahead of them."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,9 +101,10 @@ class ReplayRankStats:
     predicted_phase_ns: dict[str, int]
     """The offline simulation's time of this rank by phase (steady iteration)."""
     graph_load_s: float
-    """Time to read the graph into the engine."""
+    """Time the co-simulation took to read and fold the graph."""
     replay_rss_bytes: int
-    """Resident memory the graph and the engine added to the process (beyond the program's own)."""
+    """Resident memory the graph and the engine added to the process they run in (the
+    launcher's, beside the program's)."""
     virtual_iteration_ns: tuple[int, ...] = ()
     """Every rank's co-simulated iteration time, median over the clean unprofiled iterations."""
     simulated_from: int = 0

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -62,6 +63,19 @@ def _hedged_end(real_last, virtual_last, mu, sd):
 
 
 @numba.njit(cache=True)
+def _hedged_end_ns(real_last, virtual_last, mu, sd):
+    return np.int64(round(_hedged_end(real_last, virtual_last, mu, sd)))
+
+
+@numba.njit(cache=True)
+def ruled_end(t, floor, base, mu, sd, add):
+    """The end an ``AnswerRule`` names for an arrival at ``t``: exactly what ``_arrive`` computes."""
+    if mu < 0.0:
+        return max(t, floor) + add
+    return _hedged_end_ns(max(t, floor), base, mu, sd) + add
+
+
+@numba.njit(cache=True)
 def _arrive(i, ready, external, dur, slot, slot_size, slot_nodes_ptr, slot_nodes, start, end, arrived, last_arrival, waiting_node, runnable, n_runnable, hedged, mu, sd, pure, real_last):  # fmt: skip
     """Node ``i`` (a collective or transfer) arrives at ``ready``; completes its instance if last.
 
@@ -80,7 +94,7 @@ def _arrive(i, ready, external, dur, slot, slot_size, slot_nodes_ptr, slot_nodes
         elif mu[s] < 0.0:  # every member is real
             t_end = real_last[s] + pure[i]
         else:
-            t_end = np.int64(round(_hedged_end(real_last[s], last_arrival[s], mu[s], sd[s]))) + pure[i]
+            t_end = _hedged_end_ns(real_last[s], last_arrival[s], mu[s], sd[s]) + pure[i]
         n_runnable = _complete(s, t_end, slot_nodes_ptr, slot_nodes, end, waiting_node, runnable, n_runnable)
     return n_runnable
 
@@ -89,16 +103,25 @@ def _arrive(i, ready, external, dur, slot, slot_size, slot_nodes_ptr, slot_nodes
 def advance(
     rank_ptr, kind, dur, gap, is_async, slot, slot_size, slot_nodes_ptr, slot_nodes, deps_ptr, deps,
     start, end, arrived, last_arrival, pc, clock, waiting_node, runnable, n_runnable, hedged, mu, sd, pure, real_last,
+    budget, target,
 ):  # fmt: skip
     """Advance every runnable, non-external rank until it blocks or finishes; returns the queue length.
 
     External ranks are never queued: their nodes' times come from ``Engine.arrive_external``
     and ``Engine.finish_external``, and the driver reads their completions from ``end``.
+    Stops early, between nodes, once ``budget`` nodes ran (``budget`` > 0) or node ``target``
+    has an end (``target`` >= 0); the rank it was running goes back on top of the queue, so a
+    later call goes on where this one stopped (the result does not depend on where that was).
     """
+    ran = 0
     while n_runnable > 0:
         n_runnable -= 1
         r = runnable[n_runnable]
         while pc[r] < rank_ptr[r + 1]:
+            if (budget > 0 and ran >= budget) or (target >= 0 and end[target] >= 0):
+                runnable[n_runnable] = r
+                return n_runnable + 1
+            ran += 1
             i = pc[r]
             if start[i] >= 0:  # resumed after blocking on this synchronous call
                 clock[r] = end[i]
@@ -134,6 +157,25 @@ def advance(
     return n_runnable
 
 
+class AnswerRule(NamedTuple):  # a tuple: made at every call of a replayed program
+    """A collective or transfer of an external rank whose other members have all arrived: its
+    end is a function of the rank's own arrival ``t`` alone, so it can be named at once, where
+    the rank is, without asking the engine: ``ruled_end(t, floor, base, mu, sd, add)``
+    (``mu`` < 0: ``max(t, floor) + add``; else the hedged end over ``max(t, floor)``)."""
+
+    node: int
+    floor: int
+    base: int
+    mu: float
+    sd: float
+    add: int
+
+    def end_ns(self, t_ns: int) -> int:
+        if self.mu < 0.0:  # as ``ruled_end``, without the compiled call's dispatch
+            return max(t_ns, self.floor) + self.add
+        return int(ruled_end(t_ns, self.floor, self.base, self.mu, self.sd, self.add))
+
+
 @dataclass(frozen=True)
 class Hedge:
     """Per slot: whether real ranks are members (``hedged``), and the virtual members' lateness
@@ -157,8 +199,9 @@ class Engine:
     """
 
     def __init__(
-        self, g, start_clock: np.ndarray, external: np.ndarray | None = None, hedge: Hedge | None = None
-    ) -> None:
+        self, g, start_clock: np.ndarray, external: np.ndarray | None = None, hedge: Hedge | None = None,
+        order: np.ndarray | None = None,
+    ) -> None:  # fmt: skip
         n, n_ranks = len(g.kind), g.ranks
         self.g = g
         self.hedge = hedge or Hedge.none()
@@ -172,18 +215,30 @@ class Engine:
         self.clock = start_clock.astype(np.int64).copy()
         self.waiting_node = np.full(n, -1, np.int64)
         self.external = np.zeros(n_ranks, np.bool_) if external is None else external.astype(np.bool_)
-        internal = np.flatnonzero(~self.external)[::-1]
+        # A stack: the last rank runs first. ``order`` (nearest the real ranks first) lets a
+        # bounded advance reach what the external ranks wait for before the rest.
+        internal = (
+            np.flatnonzero(~self.external)[::-1] if order is None else order[~self.external[order]][::-1]
+        )
         self.runnable = np.zeros(n_ranks, np.int64)  # a rank is queued at most once: while it can run
         self.runnable[: len(internal)] = internal
         self.n_runnable = len(internal)
 
-    def advance(self) -> None:
+    def advance(self, *, budget: int = 0, target: int = -1) -> bool:
+        """Run the virtual ranks until all block or finish; with ``budget``, at most that many
+        nodes; with ``target``, only until that node has an end. True when nothing is left to run."""
         g = self.g
         self.n_runnable = advance(
             g.rank_ptr, g.kind, self.busy, g.gap, g.is_async, g.slot, g.slot_size, g.slot_nodes_ptr, g.slot_nodes,
             g.deps_ptr, g.deps, self.start, self.end, self.arrived, self.last_arrival, self.pc, self.clock,
-            self.waiting_node, self.runnable, self.n_runnable, *self._hedging(),
+            self.waiting_node, self.runnable, self.n_runnable, *self._hedging(), budget, target,
         )  # fmt: skip
+        return self.n_runnable == 0
+
+    @property
+    def idle(self) -> bool:
+        """No virtual rank can run until an external rank does something."""
+        return self.n_runnable == 0
 
     def _hedging(self) -> tuple:
         h = self.hedge
@@ -207,6 +262,20 @@ class Engine:
             i, t_ns, True, self.busy, g.slot, g.slot_size, g.slot_nodes_ptr, g.slot_nodes, self.start, self.end,
             self.arrived, self.last_arrival, self.waiting_node, self.runnable, self.n_runnable, *self._hedging(),
         )  # fmt: skip
+
+    def answer_rule(self, node: int) -> AnswerRule | None:
+        """How an external rank's comm ``node`` will end, if every other member has arrived."""
+        g, s = self.g, int(self.g.slot[node])
+        if self.start[node] >= 0 or self.arrived[s] != g.slot_size[s] - 1:
+            return None
+        h = self.hedge
+        if len(h.hedged) and h.hedged[s]:
+            if h.mu[s] < 0.0:  # every member real: its own backend times it
+                return None
+            return AnswerRule(
+                node, int(self.real_last[s]), int(self.last_arrival[s]), float(h.mu[s]), float(h.sd[s]), int(g.dur[node])
+            )  # fmt: skip
+        return AnswerRule(node, int(self.last_arrival[s]), 0, -1.0, 0.0, int(self.busy[node]))
 
     def finish_external(self, rank: int, t_ns: int) -> None:
         """The external rank's program moved past its current node at ``t_ns``."""

@@ -20,7 +20,7 @@ def test_scripted_program_plays_every_iteration(cosim_cost) -> None:
 
     graph = load_sim_graph(cosim_cost.TINY)
     wall = FakeWall()
-    clock = GraphClock.open(cosim_cost.TINY, 0, graph, wall_ns=wall, background=False)
+    clock = GraphClock.open(cosim_cost.TINY, 0, graph, wall_ns=wall)
     seconds = cosim_cost.timed_play(clock, wall, graph, iterations=3, slowdown=1.0)
     assert len(seconds) == 3 and all(s > 0 for s in seconds)
     # At the graph's own times the co-simulated iteration is the offline one.

@@ -41,7 +41,7 @@ def named(programs: list[list[dict]]) -> list[list[dict]]:
 def played(path: Path, graph: SimGraph, rank: int, *, wall: FakeWall | None = None, **how) -> tuple[GraphClock, list[dict[int, int]]]:  # fmt: skip
     """A clock for ``rank`` on a fake wall, and the completions of its played program."""
     wall = wall or FakeWall()
-    clock = GraphClock.open(path, rank, graph, wall_ns=wall, background=how.pop("background", False))
+    clock = GraphClock.open(path, rank, graph, wall_ns=wall, ahead=how.pop("ahead", False))
     return clock, play(clock, wall, graph, **how)
 
 
@@ -66,17 +66,21 @@ def comm_rows(graph: SimGraph, rank: int) -> np.ndarray:
     return rows[graph.kind[rows] != COMPUTE]
 
 
-@pytest.mark.parametrize("background", [False, True])
+@pytest.mark.parametrize("ahead", [False, True])
 @pytest.mark.parametrize("rank", [0, 1, 3])
-def test_graph_times_give_the_offline_simulation(tmp_path: Path, rank: int, background: bool) -> None:
+def test_graph_times_give_the_offline_simulation(tmp_path: Path, rank: int, ahead: bool) -> None:
     graph, path = pipeline(tmp_path)
-    clock, done = played(path, graph, rank, iterations=3, background=background)
+    clock, done = played(path, graph, rank, iterations=3, ahead=ahead)
     expected = simulate(graph, iterations=3)
     rows = comm_rows(graph, rank)
     assert [done[-1][r] - ORIGIN for r in rows] == list(expected.end_ns[rows])
     steady = [p.rank_end_ns - p.rank_start_ns for p in clock.cosim.passes[rank]]
     assert steady[-1] == expected.iteration_ns[rank]
     assert all(s.stall_ns == 0 for s in clock.iterations)
+    # Ahead, most calls are named by the rank from a rule (the co-simulation checked each one).
+    answered_ahead = sum(s.ahead for s in clock.iterations)
+    assert answered_ahead > (sum(s.calls for s in clock.iterations) // 2 if ahead else -1)
+    assert answered_ahead == 0 or ahead
 
 
 def test_a_collective_completes_when_the_slower_virtual_member_arrives(tmp_path: Path) -> None:
@@ -119,10 +123,10 @@ def test_engine_time_is_stall_the_emulated_job_does_not_see(tmp_path: Path, monk
     assert all(s.stall_ns > 0 and s.clock_ns >= s.stall_ns for s in clock.iterations)
 
 
-@pytest.mark.parametrize("background", [False, True])
-def test_a_slower_real_rank_moves_its_peers_as_the_offline_what_if(tmp_path: Path, background: bool) -> None:
+@pytest.mark.parametrize("ahead", [False, True])
+def test_a_slower_real_rank_moves_its_peers_as_the_offline_what_if(tmp_path: Path, ahead: bool) -> None:
     graph, path = pipeline(tmp_path)
-    clock, _ = played(path, graph, 1, iterations=3, slowdown=1.5, background=background)
+    clock, _ = played(path, graph, 1, iterations=3, slowdown=1.5, ahead=ahead)
     what_if = simulate(
         apply_what_if(graph, path, WhatIf(slow_ranks=(SlowRank(rank=1, factor=1.5),))), iterations=3
     )
@@ -216,6 +220,9 @@ class SharedPort:
     def bind(self, rank: int, on_resolved) -> None:
         pass
 
+    def rule(self, pass_: int, index: int, node: int) -> None:
+        return None
+
     def origin(self, wall_ns: int) -> int:
         return ORIGIN
 
@@ -291,13 +298,11 @@ def test_real_ranks_that_all_wait_for_each_other_are_a_deadlock(tmp_path: Path) 
         clocks[1].submit(PendingCall(**recv, peer=0), lambda _: None)
 
 
-@pytest.mark.parametrize("background", [False, True])
-def test_an_async_end_found_by_deferred_work_reaches_the_waiting_program(
-    tmp_path: Path, background: bool
-) -> None:
+@pytest.mark.parametrize("ahead", [False, True])
+def test_an_async_end_found_by_deferred_work_reaches_the_waiting_program(tmp_path: Path, ahead: bool) -> None:
     # Rank 0 posts a recv, then meets rank 1 in a collective; rank 1 sends only after it. With
-    # ``background``, the collective is answered at once and the advance that lets the virtual
-    # rank 1 send runs in the worker, which must name the recv's end to the waiting program.
+    # ``ahead``, the collective is answered at once and the advance that lets the virtual
+    # rank 1 send is done after it, which must name the recv's end to the waiting program.
     recv = {gf.KIND: "recv", gf.PEER: 1, gf.P2P_SEQ: 0, gf.IS_ASYNC: True, gf.DUR_NS: 7}
     send = {gf.KIND: "send", gf.PEER: 0, gf.P2P_SEQ: 0, gf.IS_ASYNC: True, gf.DUR_NS: 7}
     programs = named(
@@ -308,7 +313,7 @@ def test_an_async_end_found_by_deferred_work_reaches_the_waiting_program(
     )  # fmt: skip
     path = write(tmp_path / "g.parquet", config(tp=2), programs)
     graph = load_sim_graph(path)
-    clock, done = played(path, graph, 0, iterations=2, background=background)
+    clock, done = played(path, graph, 0, iterations=2, ahead=ahead)
     expected = simulate(graph, iterations=2)
     assert done[-1][0] - ORIGIN == expected.end_ns[0] == expected.end_ns[1] + 7  # sent after the collective
     assert [p.rank_end_ns - p.rank_start_ns for p in clock.cosim.passes[0]][-1] == expected.iteration_ns[0]

@@ -379,7 +379,7 @@ def test_clock_delays_virtual_completion(start: Callable[..., None]) -> None:
     threads_before = threading.active_count()
     works = [dist.all_reduce(torch.ones(2), async_op=True) for _ in range(20)]
     assert not works[0].is_completed()
-    assert threading.active_count() <= threads_before  # the scheduler thread already runs: no new ones
+    assert threading.active_count() <= threads_before + 1  # one scheduler thread, not one per call
     for work in works:
         work.wait()
     assert time.time_ns() - calls()[1].enter_ns >= DELAY_NS

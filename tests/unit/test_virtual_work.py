@@ -13,15 +13,16 @@ import time
 import torch
 
 from prism.peers.recorder import CallRecord
+from prism.peers.scheduler import SCHEDULER
 from prism.peers.virtual_work import VirtualCompletion, VirtualWork
 
 
-def virtual_call() -> tuple[VirtualCompletion, VirtualWork, list[threading.Thread]]:
+def virtual_call(*, async_op: bool = True) -> tuple[VirtualCompletion, VirtualWork, list[threading.Thread]]:
     future = torch.futures.Future()
     completed_on: list[threading.Thread] = []
     future.add_done_callback(lambda _: completed_on.append(threading.current_thread()))
     completion = VirtualCompletion(
-        CallRecord(done_ns=0, wait_ns=0, first_wait_ns=0), future, [torch.zeros(4)]
+        CallRecord(done_ns=0, wait_ns=0, first_wait_ns=0, async_op=async_op), future, [torch.zeros(4)]
     )
     return completion, VirtualWork(future, completion), completed_on
 
@@ -44,6 +45,17 @@ def test_a_time_named_before_the_wait_is_kept_by_the_waiting_program() -> None:
     completion, work, completed_on = virtual_call()
     due = time.time_ns() + 20_000_000
     completion.at(due)  # scheduled; the program waits before it is due and completes it itself
+    work.wait()
+    assert time.time_ns() >= due
+    assert completed_on == [threading.main_thread()]
+
+
+def test_a_synchronous_call_is_left_to_its_waiting_program_not_the_scheduler() -> None:
+    completion, work, completed_on = virtual_call(async_op=False)
+    pending = SCHEDULER.pending()
+    due = time.time_ns() + 20_000_000
+    completion.at(due)
+    assert SCHEDULER.pending() == pending  # no helper thread wakes for it
     work.wait()
     assert time.time_ns() >= due
     assert completed_on == [threading.main_thread()]
