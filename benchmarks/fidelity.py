@@ -44,6 +44,7 @@ from prism.fidelity.report import (
     legend_table,
     machine,
     memory_table,
+    phase_table,
     profiler_table,
     records_table,
 )
@@ -252,6 +253,7 @@ def program_main(args: argparse.Namespace, choice: SpecChoice, started: float, a
         iterations=args.iterations,
         work_dir=args.work_dir,
         matched_load=not args.slice_alone,
+        replay=not args.no_replay,
     )
     records, hooks = [], []
     for text in args.program:
@@ -263,8 +265,13 @@ def program_main(args: argparse.Namespace, choice: SpecChoice, started: float, a
             return 2
         records += result.records
         hooks += result.hook
+    simulated = [r for r in records if r["source"] == "simulation"]
+    replayed = [r for r in records if r["source"] == "replay"]
     ids = case_ids(records)
-    for table in (legend_table(ids), records_table(records, ids), hook_table(hooks, ids)):
+    tables = (legend_table(ids), records_table(simulated, ids))
+    if replayed:
+        tables += (records_table(replayed, ids, "replay"), phase_table(replayed, ids))
+    for table in (*tables, hook_table(hooks, ids)):
         console.print(table)
     elapsed = time.perf_counter() - started
     console.print(f"took {elapsed:.0f} s", highlight=False)
@@ -274,9 +281,12 @@ def program_main(args: argparse.Namespace, choice: SpecChoice, started: float, a
             {
                 "records": records,
                 "hook": hooks,
-                "mean_abs_iter_err_pct": round(mean_abs(records, "iter_err_pct"), 2),
-                "mean_abs_paired_err_pct": round(mean_abs(records, "paired_err_pct"), 2),
-                "mean_abs_mem_err_pct": round(mean_abs(records, "mem_err_pct"), 3),
+                "mean_abs_iter_err_pct": round(mean_abs(simulated, "iter_err_pct"), 2),
+                "mean_abs_paired_err_pct": round(mean_abs(simulated, "paired_err_pct"), 2),
+                "mean_abs_mem_err_pct": round(mean_abs(simulated, "mem_err_pct"), 3),
+                "replay_mean_abs_iter_err_pct": round(mean_abs(replayed, "iter_err_pct"), 2),
+                "replay_mean_abs_paired_err_pct": round(mean_abs(replayed, "paired_err_pct"), 2),
+                "replay_mean_abs_mem_err_pct": round(mean_abs(replayed, "mem_err_pct"), 3),
                 "meta": {
                     "command": shlex.join(
                         ["python", "benchmarks/fidelity.py", *(sys.argv[1:] if argv is None else argv)]

@@ -3,13 +3,17 @@
     .venv/bin/python benchmarks/replay_overhead.py [GRAPH ...] [--rank R] [--capture DIR] [--repeats 3]
 
 For each graph (default: the checked-in tiny graph), replays rank R (default 0) ``--repeats``
-times and prints medians over the repeats of:
+times and prints medians over the repeats of (per clean iteration unless said):
 
-- the program's time inside a virtual call (``exit_ns - enter_ns`` of the comm log: recording,
-  matching the call to the graph, moving the engine), median and 90th percentile over calls;
-- the engine's time per iteration and the part of it that held the program (stall);
-- the memory the graph and the engine add to the rank process (RSS after loading them minus
-  before) and the process's peak RSS.
+- the program's time in the replay's clock per virtual call (``clock_ns`` of the comm log:
+  matching the call to the graph, reading its answer rule, telling the co-simulation), median
+  and 90th percentile over all its calls, and the share of calls answered ahead by a rule;
+- the wall iteration, and the stall: the time the replay held the program beyond what the job
+  would have (the clock's work where the program would have run on, answers that came after a
+  call's modelled end), in ms and as a share of the wall iteration;
+- the co-simulation's engine time per iteration (beside the program, in the launcher's process);
+- the memory the graph and the engine add to the process they run in, the time to load them,
+  and the rank process's peak RSS.
 
 With ``--capture DIR`` (a capture of the same job), the same per-call time of the capture's
 free-running virtual calls is printed beside it: the cost of timing calls by the graph.
@@ -38,9 +42,12 @@ TINY = Path(__file__).parents[1] / "tests" / "data" / "tiny_graph.parquet"
 WARMUP = 5
 
 
-def call_us(comm_path: Path) -> np.ndarray:
-    """Time the program spent inside each virtual call (µs)."""
+def call_us(comm_path: Path, field: str = "clock") -> np.ndarray:
+    """Per virtual call, µs: the time in the replay's clock (``clock``) or the whole time in the
+    call (``in``: what a capture's free-running calls cost)."""
     calls = [c for c in read_comm_log(comm_path).calls if not c.delegated]
+    if field == "clock":
+        return np.array([c.clock_ns / 1e3 for c in calls])
     return np.array([(c.exit_ns - c.enter_ns) / 1e3 for c in calls])
 
 
@@ -51,12 +58,15 @@ def replay_once(graph: Path, rank: int, out: Path) -> dict:
     result = RankResult.from_dict(json.loads(files.result(rank).read_text()))
     per_call = call_us(files.comm(rank))
     clean = clean_unprofiled(stats.iterations, WARMUP)
+    wall = clean_unprofiled(result.iteration_ns, WARMUP)
     return {
         "call_median_us": float(np.median(per_call)),
         "call_p90_us": float(np.percentile(per_call, 90)),
+        "ahead_pct": 100 * sum(it.ahead for it in clean) / max(sum(it.calls for it in clean), 1),
         "engine_ms": statistics.median(it.engine_ns for it in clean) / 1e6,
         "stall_ms": statistics.median(it.stall_ns for it in clean) / 1e6,
-        "iteration_ms": statistics.median(it.emulated_ns for it in clean) / 1e6,
+        "stall_pct": statistics.median(100 * it.stall_ns / w for it, w in zip(clean, wall, strict=True)),
+        "iteration_ms": statistics.median(wall) / 1e6,
         "replay_mib": stats.replay_rss_bytes / 2**20,
         "peak_rss_mib": result.peak_rss_bytes / 2**20,
         "load_s": stats.graph_load_s,
@@ -73,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
     table = Table(title=f"replay overhead, rank {args.rank} (medians over {args.repeats} replays)")
-    columns = ("graph", "call µs median", "call µs p90", "iteration ms", "engine ms/iter", "stall ms/iter",
-               "graph load s", "replay MiB", "peak RSS MiB")  # fmt: skip
+    columns = ("graph", "clock µs/call median", "p90", "answered ahead %", "wall iteration ms", "stall ms",
+               "stall %", "engine ms", "graph load s", "co-sim MiB", "rank peak RSS MiB")  # fmt: skip
     for c in columns:
         table.add_column(c, justify="left" if c == "graph" else "right")
     for graph in args.graphs:
@@ -84,16 +94,16 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(replay_once(graph, args.rank, Path(tmp) / "out"))
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         table.add_row(
-            graph.name, f"{med['call_median_us']:.0f}", f"{med['call_p90_us']:.0f}", f"{med['iteration_ms']:.1f}",
-            f"{med['engine_ms']:.1f}", f"{med['stall_ms']:.1f}", f"{med['load_s']:.2f}", f"{med['replay_mib']:.0f}",
-            f"{med['peak_rss_mib']:.0f}",
+            graph.name, f"{med['call_median_us']:.1f}", f"{med['call_p90_us']:.1f}", f"{med['ahead_pct']:.1f}",
+            f"{med['iteration_ms']:.1f}", f"{med['stall_ms']:.2f}", f"{med['stall_pct']:.2f}", f"{med['engine_ms']:.1f}",
+            f"{med['load_s']:.2f}", f"{med['replay_mib']:.0f}", f"{med['peak_rss_mib']:.0f}",
         )  # fmt: skip
     console.print(table)
     if args.capture is not None:
-        captured = [call_us(CaptureFiles(args.capture).comm(r)) for r in _captured_ranks(args.capture)]
+        captured = [call_us(CaptureFiles(args.capture).comm(r), "in") for r in _captured_ranks(args.capture)]
         every = np.concatenate(captured)
         console.print(
-            f"capture (free-running virtual calls) {args.capture}: call µs median {np.median(every):.0f}, "
+            f"capture (free-running virtual calls) {args.capture}: time in a call, µs median {np.median(every):.0f}, "
             f"p90 {np.percentile(every, 90):.0f}"
         )
     return 0

@@ -63,7 +63,26 @@ def paired_records(
                 "real_bracket_drift_pct": _round(_median(drifts)) if drifts else None,
             }
         )  # fmt: skip
+        corrected = [run[rank].corrected_ns / 1e6 for run in pred if run[rank].corrected_ns is not None]
+        if corrected:  # a replay: the stall-corrected time beside the wall time, and its phases
+            records[-1]["pred_corrected_ms"] = round(_median(corrected), 3)
+            records[-1]["corrected_err_pct"] = round(_err_pct(_median(corrected), real_ms), 2)
+            records[-1]["phase_err"] = _phase_errors([run[rank].phases_ms or {} for run in pred])
     return records
+
+
+def _phase_errors(repeats: list[dict[str, tuple[float, float]]]) -> dict[str, dict]:
+    """Per phase of a replayed rank, over repeats: its measured ms against the graph's, and the
+    error, so that a total right by cancellation shows as such."""
+    out = {}
+    for phase in sorted({p for r in repeats for p in r}):
+        measured = _median([r[phase][0] for r in repeats if phase in r])
+        predicted = _median([r[phase][1] for r in repeats if phase in r])
+        out[phase] = {
+            "measured_ms": round(measured, 3), "predicted_ms": round(predicted, 3),
+            "err_pct": round(_err_pct(predicted, measured), 2) if measured else None,
+        }  # fmt: skip
+    return out
 
 
 def breakdown_rows(

@@ -23,6 +23,7 @@ from prism.replay.runtime import ReplayOptions, run_replay
 from prism.schemas.cluster import ClusterSpec
 from prism.schemas.iterations import MIN_WARMUP, clean_unprofiled
 from prism.schemas.manifest import CaptureFiles, CaptureManifest
+from prism.schemas.replay import RankReport
 from prism.schemas.workload import GPTConfig
 
 T = TypeVar("T")
@@ -79,6 +80,11 @@ class RankRun:
     bracket_ns: tuple[float, float] | None = None
     """Steady iteration time of the real runs before and after the replay (``RunSettings.bracket``),
     whose mean is ``iter_ns``; None: one real run."""
+    corrected_ns: float | None = None
+    """A replay's: the same iterations as ``iter_ns`` (its wall time) with the stall taken out,
+    a correction shown beside the measurement."""
+    phases_ms: dict[str, tuple[float, float]] | None = None
+    """A replay's: per phase of the replayed rank, (measured, predicted by the graph) ms."""
 
 
 def _steady_ns(manifest: CaptureManifest, rank: int) -> float:
@@ -233,12 +239,16 @@ def replay_roles(
         warmup=settings.warmup, iterations=settings.iterations, separately=True,
     )  # fmt: skip
     report = _beside_load(config, settings, partial(run_replay, options), timed_by=out / graph)
-    return {
-        r.rank: RankRun(
-            iter_ns=r.measured_iter_ms * 1e6,
-            peak_bytes=int(r.measured_peak_bytes),
-            parts_ms={},
-            dynamic_bytes=int(r.measured_peak_bytes) - static_bytes(config, r.stage),
-        )
-        for r in report.ranks
-    }
+    return {r.rank: replayed_run(r, static_bytes(config, r.stage)) for r in report.ranks}
+
+
+def replayed_run(report: RankReport, static: int) -> RankRun:
+    """A replayed rank as a ``RankRun``: its wall time is the measurement."""
+    return RankRun(
+        iter_ns=report.wall_iter_ms * 1e6,
+        corrected_ns=report.measured_iter_ms * 1e6,
+        peak_bytes=int(report.measured_peak_bytes),
+        parts_ms={},
+        dynamic_bytes=int(report.measured_peak_bytes) - static,
+        phases_ms={p.phase: (p.measured_ms, p.predicted_ms) for p in report.phases},
+    )

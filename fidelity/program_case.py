@@ -12,10 +12,12 @@ Each repeat, in turn:
     position, each alone with its peers virtual; by default beside the world's other ranks run
     as lone captures of their own, ``prism.fidelity.load``, since in the real run they share this
     machine), ``prism-build-graph`` at that layout, and the simulation of every rank's iteration
-    and peak memory.
+    and peak memory;
+(c) with ``settings.replay``, the replay: each captured rank run for real against that graph
+    (``prism-replay``, one at a time, beside the same load), its wall time the measurement.
 
-The records pair them rank by rank (``prism.fidelity.compare.paired_records``); the timing
-hook's own cost per iteration is reported beside them.
+The records pair them rank by rank (``prism.fidelity.compare.paired_records``; sources
+``simulation`` and ``replay``); the timing hook's own cost per iteration is reported beside them.
 """
 
 from __future__ import annotations
@@ -34,14 +36,17 @@ from prism.capture.runner import CaptureOptions, RealMode, run_capture
 from prism.fidelity.compare import paired_records
 from prism.fidelity.explain import sim_breakdown
 from prism.fidelity.load import MatchedLoad
-from prism.fidelity.measure import RankRun, RunSettings
+from prism.fidelity.measure import RankRun, RunSettings, replayed_run
 from prism.fidelity.timed_run import TimedRun, result_path, trace_path
 from prism.graph.build.builder import BuildOptions, build_graph
-from prism.graph.sim.simulate import load_sim_graph, simulate
+from prism.graph.io.parquet import read_metadata
+from prism.graph.sim.simulate import load_sim_graph, simulate, static_bytes_of
 from prism.graph.traces.memory import iteration_memory
+from prism.replay.runtime import ReplayOptions, run_replay
 from prism.schemas.cluster import ClusterSpec
 from prism.schemas.iterations import clean_unprofiled
 from prism.schemas.layout import ParallelLayout
+from prism.schemas.manifest import read_manifest
 from prism.schemas.program import ProgramSpec
 
 Progress = Callable[[str], None]
@@ -140,6 +145,23 @@ def predict_program(
     }
 
 
+def replay_program(case: ProgramCase, settings: RunSettings, out: Path) -> dict[int, RankRun]:
+    """Replay each rank ``predict_program`` captured against the graph it built in ``out``."""
+    ranks = tuple(sorted(r.rank for r in read_manifest(out / "capture").ranks))
+    options = ReplayOptions(
+        graph=out / "graph.parquet", ranks=ranks, out_dir=out / "replay", warmup=settings.warmup,
+        iterations=settings.iterations, separately=True,
+    )  # fmt: skip
+    program = ProgramSpec(argv=case.argv, cwd=os.getcwd(), layout=case.layout)
+    if settings.matched_load:
+        with MatchedLoad(program=program, warmup=settings.warmup, iterations=settings.iterations) as load:
+            report = run_replay(options, hooks=load)
+    else:
+        report = run_replay(options)
+    stage_static = static_bytes_of(read_metadata(out / "graph.parquet"), case.layout)
+    return {r.rank: replayed_run(r, int(stage_static[r.stage])) for r in report.ranks}
+
+
 def run_program_case(
     case: ProgramCase,
     repeats: int,
@@ -150,7 +172,7 @@ def run_program_case(
     """Run ``case`` for real and predict it, ``repeats`` times interleaved, and pair them."""
     settings = settings or RunSettings()
     say = progress or (lambda _: None)
-    real, pred, hooks = [], [], []
+    real, pred, replayed, hooks = [], [], [], []
     for repeat in range(repeats):
         with tempfile.TemporaryDirectory(prefix="prism-fidelity-program-") as tmp:
             root = Path(tmp) if settings.work_dir is None else settings.work_dir / f"repeat{repeat}"
@@ -161,6 +183,9 @@ def run_program_case(
             hooks.append(hook)
             say(f"{step} capture, build, simulate")
             pred.append(predict_program(case, spec, settings, root))
+            if settings.replay:
+                say(f"{step} replay of each captured rank")
+                replayed.append(replay_program(case, settings, root))
     hook_rows = []
     for rank in sorted(real[0]):
         hook_ns = statistics.median(h[rank] for h in hooks)
@@ -169,4 +194,5 @@ def run_program_case(
             {"case": case.label, "rank": rank, "hook_us": round(hook_ns / 1e3, 1),
              "hook_pct_of_iter": round(100 * hook_ns / iter_ns, 3)}
         )  # fmt: skip
-    return ProgramCaseResult(records=paired_records(case.label, real, pred), hook=hook_rows)
+    records = paired_records(case.label, real, pred) + paired_records(case.label, real, replayed, "replay")
+    return ProgramCaseResult(records=records, hook=hook_rows)

@@ -48,7 +48,7 @@ def legend_table(ids: dict[str, str]) -> Table:
 SOURCE_TITLES = {
     "simulation": "simulation",
     "paced": "simulation of the paced capture's graph",
-    "replay": "replay of each role's rank against the graph",
+    "replay": "replay of each captured rank against the graph (its wall time)",
 }
 
 
@@ -67,12 +67,22 @@ def records_table(records: list[dict], ids: dict[str, str], source: str = "simul
         "mem err",
     ):
         table.add_column(column, justify="left" if column == "case" else "right")
+    corrected = any("pred_corrected_ms" in r for r in records)
+    if corrected:
+        table.add_column("corrected ms (err)", justify="right")
     for r in records:
-        table.add_row(
+        row = [
             ids[r["case"]], str(r["rank"]), f"{r['real_iter_ms']:.1f}{_sem(r)}", f"{r['pred_iter_ms']:.1f}",
             f"{r['iter_err_pct']:+.1f}%", _paired(r), _mib(r["real_peak_bytes"]), _mib(r["pred_peak_bytes"]),
             f"{r['mem_err_pct']:+.3f}%",
-        )  # fmt: skip
+        ]  # fmt: skip
+        if corrected:
+            row.append(
+                f"{r['pred_corrected_ms']:.1f} ({r['corrected_err_pct']:+.1f}%)"
+                if "pred_corrected_ms" in r
+                else ""
+            )
+        table.add_row(*row)
     sems = [r["real_sem_pct"] for r in records if r["real_sem_pct"] is not None]
     noise = f"; the real medians' own standard error: mean {sum(sems) / len(sems):.1f}%" if sems else ""
     drifts = [r["real_bracket_drift_pct"] for r in records if r.get("real_bracket_drift_pct") is not None]
@@ -86,6 +96,27 @@ def records_table(records: list[dict], ids: dict[str, str], source: str = "simul
         f"{mean_abs(records, 'paired_err_pct'):.1f}% (paired: median of each repeat's error), "
         f"mean |memory error| {mean_abs(records, 'mem_err_pct'):.3f}%{noise}{moved}"
     )
+    return table
+
+
+def phase_table(records: list[dict], ids: dict[str, str]) -> Table:
+    """A replayed rank's own time by phase against the graph's, so that a total right by
+    cancellation shows as such."""
+    table = Table(title="replay: each replayed rank's time by phase, measured vs the graph's")
+    for column in ("case", "rank", "phase", "measured ms", "graph ms", "error"):
+        table.add_column(column, justify="left" if column in ("case", "phase") else "right")
+    for r in records:
+        for phase, p in (r.get("phase_err") or {}).items():
+            error = "" if p["err_pct"] is None else f"{p['err_pct']:+.1f}%"
+            table.add_row(
+                ids[r["case"]],
+                str(r["rank"]),
+                phase,
+                f"{p['measured_ms']:.2f}",
+                f"{p['predicted_ms']:.2f}",
+                error,
+            )
+    table.caption = "error: (graph - measured) / measured; the measured time has the stall taken out"
     return table
 
 

@@ -54,7 +54,10 @@ class VirtualCompletion:
         self._lock = threading.Lock()
         self._settled = False  # a time was named (or the call failed): the timeout no longer applies
         self._waited = False  # the program waits in ``sleep_until_due``: it completes the call
-        self._named = threading.Event()  # set with ``_settled``
+        # Released once, with ``_settled``: a held lock is the cheapest one-shot signal (an Event's
+        # set() costs the program's thread more, at every call).
+        self._named = threading.Lock()
+        self._named.acquire()
 
     @property
     def settled(self) -> bool:
@@ -67,7 +70,7 @@ class VirtualCompletion:
                 return
             self._settled, self._due = True, due_ns
             waited = self._waited
-        self._named.set()
+        self._named.release()
         if waited:
             return  # the waiting program completes it
         if not self._record.async_op and due_ns is not None and due_ns > time.time_ns():
@@ -90,7 +93,8 @@ class VirtualCompletion:
         with self._lock:
             self._waited = True
         self._record.waiting()
-        self._named.wait()  # a time, or the timeout's failure
+        self._named.acquire()  # a time, or the timeout's failure
+        self._named.release()  # stays open, like a set Event, for any other waiter
         if self._due is not None:
             remaining = self._due - time.time_ns()
             if remaining > _SPIN_NS:
@@ -121,7 +125,7 @@ class VirtualCompletion:
                 return
             self._settled = True
             future, self._future, self._result = self._future, None, None
-        self._named.set()
+        self._named.release()
         future.set_exception(
             TimeoutError(
                 f"prism: {call.describe()} did not complete within {timeout.total_seconds():.0f} s: "

@@ -49,6 +49,10 @@ SOCKET_NAME = "cosim.sock"
 CHUNK_NODES = 2000
 """Engine nodes advanced between looks for events: about 0.1 ms on a 2-core VM, so an event
 waits little, while the look itself (a ``select``) stays a small part of the work."""
+FIRST_CHUNK_NODES = 200
+"""Nodes advanced right after a rank's events, before the rules are posted: the virtual peers
+its call just released run first (they are on top of the engine's stack) and reach the rank's
+next call within a few nodes, whose rule is then there before the program gets to it."""
 
 SPIN_S = 0.002
 """With nothing to do for this long, the coordinator sleeps (``SLEEP_S`` at a time) instead of
@@ -90,6 +94,7 @@ class Coordinator:
             cosim = CoSimulation(graph, programs, trace_ranks=self._trace_ranks)
             del graph, result  # the co-simulation keeps the folded graph only
             cosim.defer_work = True
+            cosim.compile_ahead()
             channels = {
                 r: Channel.create(self._directory / f"rank{r}.channel", len(p.comm_rows)) for r, p in programs.items()
             }  # fmt: skip
@@ -112,7 +117,7 @@ class Coordinator:
                         got, resolved = True, []
                         for event in events:
                             resolved += cosim.handle(rank, event)
-                        _deliver(resolved, by_rank)
+                        _deliver(resolved + cosim.catch_up(FIRST_CHUNK_NODES), by_rank)
                         _post_rules(cosim, channels)
                 return got
 
@@ -132,6 +137,8 @@ class Coordinator:
                     if cosim.owes_work:  # nothing to answer: on with the virtual ranks
                         _deliver(cosim.catch_up(CHUNK_NODES), by_rank)
                         _post_rules(cosim, channels)
+                    else:
+                        cosim.prepare()
                     continue
                 last_event = time.perf_counter()
                 for conn in ready:

@@ -53,12 +53,12 @@ from prism.replay.rank_program import DivergenceError, RankProgram
 from prism.replay.spread import spread
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # made at every call: slots, not frozen, make it cheap
 class Start:
     t_ns: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Call:
     node: int
     """Global row of the comm node."""
@@ -68,7 +68,7 @@ class Call:
     """The rank named the end itself, from the node's ``AnswerRule``: no answer is sent back."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RealCall:
     node: int
     start_ns: int
@@ -76,13 +76,13 @@ class RealCall:
     """Its end comes as a ``RealEnd`` either way; a synchronous one holds the program until then."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RealEnd:
     node: int
     end_ns: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Done:
     t_ns: int
 
@@ -132,9 +132,15 @@ class CoSimulation:
         self._hedge = self._real_collectives_hedge(graph)
         self._order = nearest_first(self._g, self._external)
         self._engine: Engine | None = None
+        # The previous pass's engine, and the one the next pass runs on: ``prepare`` clears the
+        # first into the second while the coordinator waits, so that a pass starts without it.
+        self._retired: Engine | None = None
+        self._prior: tuple[int, Engine] | None = None  # the pass before, while real ranks finish it
+        self._last_called: set[int] = set()  # real ranks past their last comm node of this pass
+        self._spare: Engine | None = None
         self._pass = -1  # the pass the engine runs
         self._rank_pass = dict.fromkeys(self.real, -1)  # the pass each real rank is in
-        self._done: set[int] = set()
+        self._done: set[int] = set()  # real ranks done with the oldest pass not all of them are
         self._queue: list[tuple[int, int, Event]] = []  # (pass, rank, event) of later passes
         self._sync: dict[int, int] = {}  # real rank -> the synchronous node it waits in
         self._real_sync: dict[int, int] = {}  # real rank -> its synchronous real call in flight
@@ -157,6 +163,24 @@ class CoSimulation:
         self.traced: list[tuple[dict[int, np.ndarray], dict[int, np.ndarray]]] = []
         """(start, end) graph ns of every node of ``trace_ranks``, one entry per finished pass."""
 
+    def compile_ahead(self) -> None:
+        """Compile (or load from numba's cache) the code an iteration runs, on a scratch engine,
+        so that the first iteration of the program does not wait for it."""
+        g = self._g
+        scratch = Engine(
+            g, np.zeros(g.ranks, np.int64), external=self._external, hedge=self._hedge, order=self._order
+        )
+        scratch.advance(budget=1, target=0)
+        for rank, program in self._program.items():
+            rid, first = self._id[rank], program.first_row
+            acc = np.zeros(len(program.phases), np.int64)
+            spread(first, first + 1, 0, 0, 1, g.gap, scratch.busy, g.deps_ptr, g.deps, scratch.end, program.phase_code[:1], acc)  # fmt: skip
+            node = program.next_comm(first)
+            if node < program.end_row:
+                scratch.pc[rid] = node
+                scratch.arrive_external(rid, 1)
+        AnswerRule(0, 0, 0, 0.0, 1.0, 0).end_ns(0)
+
     # -- events ----------------------------------------------------------------------------------
     def handle(self, rank: int, event: Event) -> list[Resolved]:
         """Take one event of real rank ``rank``; the comm nodes whose end became known."""
@@ -178,7 +202,7 @@ class CoSimulation:
         if owner > self._pass:
             self._queue.append((owner, rank, event))
         else:
-            self._apply(rank, event, resolved)
+            self._apply(rank, event, resolved, owner)
         # To the pass the event belongs to: the Done that ends it also sets up the next one.
         self.engine_ns[current] += time.perf_counter_ns() - began
         self._check_deadlock()
@@ -209,6 +233,12 @@ class CoSimulation:
         self.engine_ns[current] += time.perf_counter_ns() - began
         return resolved
 
+    def prepare(self) -> None:
+        """Work for idle time: clear the previous pass's engine for the next pass."""
+        if self._retired is not None and self._spare is None:
+            self._retired.clear()
+            self._spare, self._retired = self._retired, None
+
     def take_rules(self) -> list[tuple[int, int, int, AnswerRule]]:
         """``(rank, pass, index, rule)`` for each real rank whose next call's end became a function
         of its own arrival since the last take: ``index`` of the node among the rank's comm nodes,
@@ -229,8 +259,11 @@ class CoSimulation:
                 out.append((rank, self._pass, index, rule._replace(node=node - self._shift[rank])))
         return out
 
-    def _apply(self, rank: int, event: Event, resolved: list[Resolved]) -> None:
-        engine, rid = self._engine, self._id[rank]
+    def _apply(self, rank: int, event: Event, resolved: list[Resolved], owner: int) -> None:
+        """Apply ``event`` of ``rank``'s pass ``owner``: this one, or the one before (the rank's
+        compute after its last call, and the ends of its real calls, may come after the virtual
+        ranks went on to the next pass)."""
+        engine, rid = self._engine_of(owner), self._id[rank]
         match event:
             case Start(t_ns=t):
                 engine.clock[rid] = t
@@ -242,7 +275,7 @@ class CoSimulation:
                     self._named_by_rank.add(node)
                 self._move_to(rank, node, t)
                 engine.arrive_external(rid, t)
-                self._next_comm[rank] = self._program[rank].next_comm(node + 1)
+                self._called(rank, node)
                 if not self.defer_work:
                     engine.advance()
                 elif not async_op and engine.end[node] < 0:  # the program waits: only its answer now
@@ -254,7 +287,7 @@ class CoSimulation:
                     self._sync[rank] = node
             case RealCall(node=node, start_ns=t0, async_op=async_op):
                 self._move_to(rank, node, t0)
-                self._next_comm[rank] = self._program[rank].next_comm(node + 1)
+                self._called(rank, node)
                 engine.start[node] = t0
                 engine.finish_external(rid, t0)
                 if not async_op:
@@ -265,8 +298,24 @@ class CoSimulation:
                     engine.clock[rid] = t1  # the program waited in it
                     self._count(rank, node, t1 - int(engine.start[node]))
             case Done(t_ns=t):
-                self._finish_rank(rank, t, resolved)
+                self._finish_rank(rank, t, owner)
         self._collect(resolved)
+        if owner == self._pass and len(self._last_called) == len(self.real):
+            # Every real rank is past its last call: the virtual ranks can finish this pass and
+            # start the next (they never wait for a real rank's compute), ahead of the real ones.
+            self._last_called.clear()
+            if self.defer_work:
+                self._owes_pass_end = True
+            else:
+                self._finish_pass(resolved)
+
+    def _engine_of(self, pass_: int) -> Engine:
+        return self._prior[1] if self._prior is not None and self._prior[0] == pass_ else self._engine
+
+    def _called(self, rank: int, node: int) -> None:
+        self._next_comm[rank] = nxt = self._program[rank].next_comm(node + 1)
+        if nxt >= self._program[rank].end_row:
+            self._last_called.add(rank)
 
     def _collect(self, resolved: list[Resolved]) -> None:
         end = self._engine.end
@@ -327,30 +376,38 @@ class CoSimulation:
     def _begin_pass(self, clock: np.ndarray) -> None:
         self._pass += 1
         self._pass_start = clock
-        self._engine = Engine(self._g, clock, external=self._external, hedge=self._hedge, order=self._order)
+        spare, self._spare = self._spare, None
+        if spare is None:
+            spare = Engine(self._g, clock, external=self._external, hedge=self._hedge, order=self._order)
+        else:
+            spare.restart(clock)
+        self._engine = spare
         if not self.defer_work:  # else the virtual ranks' start is owed: the program's compute covers it
             self._engine.advance()
         self._ruled.clear()
         self._named_by_rank.clear()
         self._next_comm = {r: p.next_comm(p.first_row) for r, p in self._program.items()}
+        self._last_called = {r for r, p in self._program.items() if self._next_comm[r] >= p.end_row}
         self.engine_ns.append(0)
 
-    def _finish_rank(self, rank: int, t: int, resolved: list[Resolved]) -> None:
-        """The rank ended its iteration at ``t`` (its clock checked that no call is left)."""
+    def _finish_rank(self, rank: int, t: int, owner: int) -> None:
+        """The rank ended its iteration of pass ``owner`` at ``t`` (its clock checked that no call
+        is left)."""
         program = self._program[rank]
-        self._move_to(rank, program.end_row, t)
-        self._next_comm.pop(rank, None)
+        self._move_to(rank, program.end_row, t, self._engine_of(owner))
+        if owner == self._pass:  # (a rank with no call at all)
+            self._last_called.add(rank)
         record = self.passes[rank][-1]
         record.rank_end_ns = t
         record.phase_ns = {
             p: int(ns) for p, ns in zip(program.phases, self._phase_acc[rank], strict=True) if ns
         }
+        if owner < len(self.pass_iterations):  # the pass was finished without the rank's tail
+            self.pass_iterations[owner][rank] = t - record.rank_start_ns
         self._done.add(rank)
-        if len(self._done) == len(self.real):
-            if self.defer_work:
-                self._owes_pass_end = True
-            else:
-                self._finish_pass(resolved)
+        if len(self._done) == len(self.real) and self._prior is not None and self._prior[0] == owner:
+            self._done.clear()
+            self._retired, self._prior = self._prior[1], None  # ``prepare`` clears it for a later pass
 
     def _end_owed_pass(self, resolved: list[Resolved]) -> None:
         self._engine.advance()
@@ -361,7 +418,7 @@ class CoSimulation:
     def _finish_pass(self, resolved: list[Resolved]) -> None:
         engine, g, folding = self._engine, self._g, self.folding
         engine.advance()
-        stuck = np.flatnonzero(engine.pc < g.rank_ptr[1:])
+        stuck = np.flatnonzero((engine.pc < g.rank_ptr[1:]) & ~self._external)  # real: at their Done
         if len(stuck):
             first = int(np.flatnonzero(np.isin(folding.rank_of, stuck))[0])
             raise SimulationError(f"the virtual ranks cannot finish the iteration (first: rank {first})")
@@ -376,18 +433,24 @@ class CoSimulation:
                     {r: engine.end[s].copy() for r, s in rows.items()},
                 )
             )
-        self._done.clear()
+        if self._watch:
+            raise SimulationError(f"{len(self._watch)} call(s) of the real ranks did not end with the pass")
+        self._prior = (self._pass, engine)
+        if len(self._done) == len(self.real):  # every real rank already ended it: nothing to keep
+            self._done.clear()
+            self._retired, self._prior = engine, None
         self._begin_pass(self._pass_end.copy())
         queued = [q for q in self._queue if q[0] == self._pass]
         self._queue = [q for q in self._queue if q[0] != self._pass]
         for _, rank, event in queued:  # each rank's events in its program order
-            self._apply(rank, event, resolved)
+            self._apply(rank, event, resolved, self._pass)
 
     # -- the real ranks' compute nodes -------------------------------------------------------------
-    def _move_to(self, rank: int, stop: int, t: int) -> None:
+    def _move_to(self, rank: int, stop: int, t: int, engine: Engine | None = None) -> None:
         """Finish the rank's compute nodes before row ``stop``: graph time ``t`` is reached at
         ``stop`` (the span split as ``prism.replay.spread`` says)."""
-        engine, g, program, rid = self._engine, self._g, self._program[rank], self._id[rank]
+        engine = engine or self._engine
+        g, program, rid = self._g, self._program[rank], self._id[rank]
         i, clock = int(engine.pc[rid]), int(engine.clock[rid])
         first, last = program.first_row, program.end_row
         if stop < i or program.next_comm(i) < stop:

@@ -234,15 +234,25 @@ class GraphClock:
         self._send(Call(node, t, call.async_op, ruled=True))
         stats = self.iterations[-1]
         stats.ahead += 1
-        now = self._wall_ns()
-        stats.clock_ns += now - began
-        # An async call's time in here all held the program; a sync one waits until its end anyway.
-        held = now - began if call.async_op else now - max(self._to_wall(end), began)
+        if not call.async_op:  # the program waits until the end anyway: held only past it
+            due = self._to_wall(end)
+            complete(due)
+            now = self._wall_ns()
+            self._hold(stats, now - began, now - max(due, began))
+        else:  # the program goes on at once: all of the time in here held it
+            self._hold(stats, self._wall_ns() - began)
+            before = self._wall_ns()
+            complete(self._to_wall(end))
+            self._hold(stats, self._wall_ns() - before)
+        self._apply(self._take_inbox())
+
+    def _hold(self, stats: IterationStats, spent: int, held: int | None = None) -> None:
+        """``spent`` ns in the clock, ``held`` (default: all of it) of them beyond the job's own wait."""
+        held = spent if held is None else held
+        stats.clock_ns += spent
         if held > 0:
             stats.stall_ns += held
             self._shift_ns += held if self.port.dilates else 0
-        complete(self._to_wall(end))
-        self._apply(self._take_inbox())
 
     def real_call(self, call: PendingCall) -> Callable[[int], None] | None:
         """A call whose members are all real: recorded; ``finished(done_ns)`` reports its end."""
@@ -298,12 +308,7 @@ class GraphClock:
 
     def _held(self, began: int) -> None:
         """The program's thread was in the clock since ``began``: all of it held the program."""
-        spent = self._wall_ns() - began
-        stats = self.iterations[-1]
-        stats.clock_ns += spent
-        stats.stall_ns += spent
-        if self.port.dilates:
-            self._shift_ns += spent
+        self._hold(self.iterations[-1], self._wall_ns() - began)
         self._apply(self._take_inbox())
 
     def _apply(self, resolved: list[Resolved]) -> None:

@@ -23,10 +23,10 @@ from prism.capture.launch import parse_rank_args
 from prism.capture.program_main import run_program_rank
 from prism.capture.progress import report
 from prism.capture.rank_main import run_rank
-from prism.graph.sim.simulate import SimulationError
+from prism.graph.sim.simulate import SimulationError, load_sim_graph, simulate
 from prism.graph.sim.whatif import BlockDelay
 from prism.replay.coordinator import RemotePort
-from prism.replay.cosim import RankPass, RankSummary
+from prism.replay.cosim import PREDICTION_PASSES, RankPass, RankPrediction, RankSummary, summarize
 from prism.replay.graph_clock import DivergenceError, GraphClock, IterationStats, RankProgram
 from prism.replay.peer_trace import write_peer_trace
 from prism.replay.straggler import install_delays
@@ -62,7 +62,10 @@ def _clean_median(summary: RankSummary, warmup: int) -> tuple[int, ...]:
 
 
 def _clock(job: ReplayJob, rank: int) -> tuple[GraphClock, Callable[[], RankSummary]]:
-    """The rank's clock, talking to the co-simulation in the launcher (``Coordinator``)."""
+    """The rank's clock, talking to the co-simulation in the launcher (``Coordinator``), or
+    running it in this thread where the job names no coordinator."""
+    if job.coordinator is None:
+        return _local_clock(job, rank)
 
     def stop(message: str) -> None:  # from the port's thread: the program cannot go on
         report(rank=rank, event="error", message=message)
@@ -71,6 +74,14 @@ def _clock(job: ReplayJob, rank: int) -> tuple[GraphClock, Callable[[], RankSumm
     alone = not job.program.real_ranks  # the only real rank: its stall is its own
     port = RemotePort(job.coordinator, rank, on_error=stop, dilates=alone)
     return GraphClock(RankProgram.read(job.graph, rank), port), port.summary
+
+
+def _local_clock(job: ReplayJob, rank: int) -> tuple[GraphClock, Callable[[], RankSummary]]:
+    graph = load_sim_graph(job.graph)
+    clock = GraphClock.open(job.graph, rank, graph, trace_ranks=job.trace_peers, ahead=True)
+    prediction = RankPrediction.of(graph, simulate(graph, iterations=PREDICTION_PASSES), clock.program)
+    del graph  # the co-simulation keeps the folded graph only
+    return clock, lambda: summarize(clock.cosim, rank, prediction)
 
 
 def replay_rank(job: ReplayJob, rank: int, out_dir: Path) -> ReplayRankStats:

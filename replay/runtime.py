@@ -168,9 +168,9 @@ def check_inputs(options: ReplayOptions) -> ReplayTarget:
     if options.out_dir.exists() and any(options.out_dir.iterdir()) and not options.overwrite:
         raise ReplayInputError(f"{options.out_dir} is not empty (use --overwrite)")
     clock_from = int(metadata.extra.get(gf.STEADY_FROM_KEY, 1)) if job.workload == PROGRAM else 0
-    if options.warmup < max(1, clock_from) + 2:
+    if options.warmup < clock_from + 3:
         raise ReplayInputError(
-            f"--warmup must be at least {max(1, clock_from) + 2}: the program's calls are the graph's from "
+            f"--warmup must be at least {clock_from + 3}: the program's calls are the graph's from "
             f"iteration {clock_from} on, and the steady time needs clean iterations after it"
         )
     return ReplayTarget(
@@ -271,7 +271,8 @@ def _run_batch(
         )  # fmt: skip
         for i, rank in enumerate(ranks)
     ]
-    hooks.batch_starting(ranks, {rank: target.layout.role(rank) for rank in ranks})
+    # ``capture_dir``: where a pipelined program's received values are, for ranks run beside it.
+    hooks.batch_starting(ranks, {rank: target.layout.role(rank) for rank in ranks}, capture_dir=files.root)
     try:
         run_processes(launches, world_size=target.layout.world_size, timeout_s=options.timeout_s, on_event=events,
                       env={"OMP_NUM_THREADS": str(options.threads)})  # fmt: skip
@@ -293,8 +294,10 @@ def rank_report(files: ReplayFiles, rank: int, target: ReplayTarget, *, warmup: 
     result = RankResult.from_dict(json.loads(files.result(rank).read_text()))
     stats = read_replay_stats(files.replay_stats(rank))
     # The clean unprofiled iterations, the window the build's profiler correction predicts; the
-    # emulated time is the program's wall time with the engine's stalls taken out.
-    skip = max(0, stats.simulated_from - 1)  # a program's set-up iterations ran against no graph
+    # emulated time is the program's wall time with the engine's stalls taken out. A program's
+    # set-up iterations ran against no graph, and its first co-simulated one is the
+    # co-simulation's cold start (as iteration 0 is for the built-in workload's).
+    skip = stats.simulated_from
     clean = clean_unprofiled(stats.iterations, warmup)[skip:]
     measured = statistics.median(it.emulated_ns for it in clean)
     wall = statistics.median(clean_unprofiled(result.iteration_ns, warmup)[skip:])

@@ -39,7 +39,8 @@ class ReplayJob:
     delays: tuple[dict, ...] = ()
     """Straggler delays: ``{"phase", "layer", "delay_ns", "rank"}`` (``prism.graph.sim.whatif.BlockDelay``)."""
     coordinator: str | None = None
-    """Address of the co-simulation (``prism.replay.coordinator``) the rank processes talk to."""
+    """Address of the co-simulation (``prism.replay.coordinator``) the rank processes talk to;
+    None: the rank runs its own, in its thread (the fidelity benchmark's load ranks)."""
     clock_from: int = 0
     """A program's first co-simulated iteration (``gf.STEADY_FROM_KEY``): the ones before it run
     against no graph (set-up and one-time calls); 0 for the built-in GPT."""

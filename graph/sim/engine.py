@@ -205,24 +205,36 @@ class Engine:
         n, n_ranks = len(g.kind), g.ranks
         self.g = g
         self.hedge = hedge or Hedge.none()
-        self.real_last = np.zeros(len(self.hedge.hedged), np.int64)
         self.busy = g.busy_ns  # duration, plus the expected arrival skew of collectives (cached)
-        self.start = np.full(n, -1, np.int64)
-        self.end = np.full(n, -1, np.int64)
-        self.arrived = np.zeros(len(g.slot_size), np.int64)
-        self.last_arrival = np.zeros(len(g.slot_size), np.int64)
-        self.pc = g.rank_ptr[:-1].copy()
-        self.clock = start_clock.astype(np.int64).copy()
-        self.waiting_node = np.full(n, -1, np.int64)
+        self.real_last = np.empty(len(self.hedge.hedged), np.int64)
+        self.start, self.end, self.waiting_node = (np.empty(n, np.int64) for _ in range(3))
+        self.arrived, self.last_arrival = (np.empty(len(g.slot_size), np.int64) for _ in range(2))
+        self.pc = np.empty(n_ranks, np.int64)
+        self.clock = np.empty(n_ranks, np.int64)
         self.external = np.zeros(n_ranks, np.bool_) if external is None else external.astype(np.bool_)
         # A stack: the last rank runs first. ``order`` (nearest the real ranks first) lets a
         # bounded advance reach what the external ranks wait for before the rest.
-        internal = (
+        self._internal = (
             np.flatnonzero(~self.external)[::-1] if order is None else order[~self.external[order]][::-1]
         )
         self.runnable = np.zeros(n_ranks, np.int64)  # a rank is queued at most once: while it can run
-        self.runnable[: len(internal)] = internal
-        self.n_runnable = len(internal)
+        self.clear()
+        self.restart(start_clock)
+
+    def clear(self) -> None:
+        """Forget every node's times: the arrays of a pass, ready for ``restart``. (A co-simulation
+        clears a spare engine while it waits, so that a new pass starts without the work.)"""
+        for times in (self.start, self.end, self.waiting_node):
+            times.fill(-1)
+        for counts in (self.arrived, self.last_arrival, self.real_last):
+            counts.fill(0)
+
+    def restart(self, start_clock: np.ndarray) -> None:
+        """Begin a pass of a cleared engine, every rank at ``start_clock``."""
+        self.pc[:] = self.g.rank_ptr[:-1]
+        self.clock[:] = start_clock
+        self.runnable[: len(self._internal)] = self._internal
+        self.n_runnable = len(self._internal)
 
     def advance(self, *, budget: int = 0, target: int = -1) -> bool:
         """Run the virtual ranks until all block or finish; with ``budget``, at most that many

@@ -33,6 +33,11 @@ RECORD_TYPES = {
     "paired_se_pct": (float, type(None)),
     "real_bracket_drift_pct": (float, type(None)),
 }
+REPLAY_RECORD_TYPES = RECORD_TYPES | {
+    "pred_corrected_ms": float,
+    "corrected_err_pct": float,
+    "phase_err": dict,
+}
 
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -52,8 +57,9 @@ def spec_file(tmp_path: Path) -> Path:
 
 
 def _check_record(record: dict) -> None:
-    assert set(record) == set(RECORD_TYPES)
-    for key, kind in RECORD_TYPES.items():
+    types = REPLAY_RECORD_TYPES if record["source"] == "replay" else RECORD_TYPES
+    assert set(record) == set(types)
+    for key, kind in types.items():
         assert isinstance(record[key], kind), (key, record[key])
     assert record["source"] in ("simulation", "paced", "replay")
     assert record["real_iter_ms"] > 0 and record["pred_iter_ms"] > 0

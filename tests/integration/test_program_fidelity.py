@@ -33,12 +33,18 @@ def test_a_program_is_compared_with_its_own_torchrun_run(tmp_path: Path, program
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(out.read_text())
-    assert [r["rank"] for r in result["records"]] == [0, 1]
+    by_source = {s: [r for r in result["records"] if r["source"] == s] for s in ("simulation", "replay")}
+    assert [r["rank"] for r in by_source["simulation"]] == [0, 1]
+    assert by_source["replay"] and {r["rank"] for r in by_source["replay"]} <= {0, 1}
     for record in result["records"]:
         assert record["real_iter_ms"] > 0 and record["pred_iter_ms"] > 0
         # Both sides measure memory the same way: what the program's tensors held when the
         # iteration began plus what the iteration allocates at its peak (to the byte, so far).
         assert abs(record["mem_err_pct"]) < 0.1, record
+    for record in by_source["replay"]:  # its wall time, the corrected one beside it, its phases
+        assert record["pred_corrected_ms"] <= record["pred_iter_ms"] * 1.001
+        assert record["phase_err"] and all(p["measured_ms"] >= 0 for p in record["phase_err"].values())
+    assert "replay: each replayed rank's time by phase" in done.stdout
     assert [h["rank"] for h in result["hook"]] == [0, 1]
     assert all(0 < h["hook_us"] < 10_000 for h in result["hook"])
     assert "the real run's iteration-timing hook" in done.stdout

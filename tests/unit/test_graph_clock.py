@@ -89,6 +89,16 @@ def test_a_collective_completes_when_the_slower_virtual_member_arrives(tmp_path:
     assert done[0][1] - ORIGIN == 350  # rank 1 arrives at 300, then 50 of transfer
 
 
+def test_ahead_every_call_a_virtual_peer_already_waits_in_is_named_by_the_rank(tmp_path: Path) -> None:
+    # The virtual rank reaches the collective first in every iteration; its next pass starts as
+    # soon as the real rank is past its last call, so even a pass's first call has its rule.
+    graph, path = tp_pair(tmp_path)
+    clock, done = played(path, graph, 0, iterations=3, slowdown=4.0, ahead=True)
+    assert [s.ahead for s in clock.iterations] == [0, 1, 1]  # the first: before any event
+    # 4 x 100 of compute, the collective's 50 after the rank's (later) arrival, 4 x 10.
+    assert [p.rank_end_ns - p.rank_start_ns for p in clock.cosim.passes[0]] == [490, 490, 490]
+
+
 @pytest.mark.parametrize(("slowdown", "end"), [(1.0, 300 + round(40 / math.sqrt(1 / math.pi) / math.sqrt(2 * math.pi)) + 50), (5 / 3, 550)])  # fmt: skip
 def test_a_real_member_waits_only_for_its_virtual_members_noise(
     tmp_path: Path, slowdown: float, end: int
@@ -260,7 +270,7 @@ def test_a_mixed_collective_of_two_real_ranks_ends_after_the_later_one(tmp_path:
     assert clocks[0].iterations[0].stall_ns == 0  # named exactly when it was due for rank 0
 
 
-def test_a_rank_a_pass_ahead_waits_for_the_pass_to_end(tmp_path: Path) -> None:
+def test_a_rank_a_pass_ahead_waits_only_for_the_real_rank_it_meets(tmp_path: Path) -> None:
     graph, path = tp_pair(tmp_path)
     wall = FakeWall()
     clocks, got = two_real(path, graph, wall), {}
@@ -273,9 +283,13 @@ def test_a_rank_a_pass_ahead_waits_for_the_pass_to_end(tmp_path: Path) -> None:
     clocks[1].iteration_done(ORIGIN + 360)
     clocks[1].iteration_started(ORIGIN + 360)  # rank 1 begins iteration 2 while rank 0 is in 1
     tp_call(clocks[1], ORIGIN + 660, got)
-    assert len(cosim.pass_iterations) == 0 and got[1] == ORIGIN + 350  # its new call waits
+    assert got[1] == ORIGIN + 350  # its new call waits for rank 0, still in iteration 1
+    # Both real ranks were past their last call: the pass was finished for the virtual side then,
+    # and each real rank's own iteration is filled in at its end.
+    assert len(cosim.pass_iterations) == 1 and cosim.pass_iterations[0][0] != 360
     clocks[0].iteration_done(ORIGIN + 360)
-    assert len(cosim.pass_iterations) == 1 and [p.rank_end_ns for p in cosim.passes[1]] == [360, 0]
+    assert list(cosim.pass_iterations[0]) == [360, 360]
+    assert [p.rank_end_ns for p in cosim.passes[1]] == [360, 0]
     clocks[0].iteration_started(ORIGIN + 360)
     tp_call(clocks[0], ORIGIN + 460, got)
     assert got == {0: ORIGIN + 710, 1: ORIGIN + 710}
