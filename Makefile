@@ -46,7 +46,7 @@ results: install
 	$(MAKE) --no-print-directory results-programs
 
 # Each example program against its own torchrun run (world 2), one layout per command.
-FIDELITY_PROGRAMS = $(BIN)/python benchmarks/fidelity.py --repeats 5 --warmup 12
+FIDELITY_PROGRAMS = $(BIN)/python benchmarks/fidelity.py --repeats 3 --warmup 12
 PROGRAM_SPEC = benchmarks/results/fidelity-programs-spec.toml
 results-programs: install
 	$(RECORD) fidelity_programs_dp -- $(FIDELITY_PROGRAMS) --dp 2 --recalibrate --calibrate-into $(PROGRAM_SPEC) \
