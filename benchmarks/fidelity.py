@@ -29,7 +29,7 @@ from prism.fidelity import (
     CaseResult,
     RunSettings,
     SpecChoice,
-    mean_abs,
+    mean_errors,
     parse_case,
     resolve_spec,
     run_case_detailed,
@@ -207,14 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             args.json,
             {
                 "records": every,
-                "mean_abs_iter_err_pct": round(mean_abs(records, "iter_err_pct"), 2),
-                "mean_abs_mem_err_pct": round(mean_abs(records, "mem_err_pct"), 3),
-                "mean_abs_paired_err_pct": round(mean_abs(records, "paired_err_pct"), 2),
-                "paced_mean_abs_iter_err_pct": round(mean_abs(paced, "iter_err_pct"), 2),
-                "paced_mean_abs_paired_err_pct": round(mean_abs(paced, "paired_err_pct"), 2),
-                "replay_mean_abs_iter_err_pct": round(mean_abs(replayed, "iter_err_pct"), 2),
-                "replay_mean_abs_paired_err_pct": round(mean_abs(replayed, "paired_err_pct"), 2),
-                "replay_mean_abs_mem_err_pct": round(mean_abs(replayed, "mem_err_pct"), 3),
+                **mean_errors(every),
                 "breakdown": breakdown,
                 "collectives": collectives,
                 "meta": {
@@ -281,12 +274,7 @@ def program_main(args: argparse.Namespace, choice: SpecChoice, started: float, a
             {
                 "records": records,
                 "hook": hooks,
-                "mean_abs_iter_err_pct": round(mean_abs(simulated, "iter_err_pct"), 2),
-                "mean_abs_paired_err_pct": round(mean_abs(simulated, "paired_err_pct"), 2),
-                "mean_abs_mem_err_pct": round(mean_abs(simulated, "mem_err_pct"), 3),
-                "replay_mean_abs_iter_err_pct": round(mean_abs(replayed, "iter_err_pct"), 2),
-                "replay_mean_abs_paired_err_pct": round(mean_abs(replayed, "paired_err_pct"), 2),
-                "replay_mean_abs_mem_err_pct": round(mean_abs(replayed, "mem_err_pct"), 3),
+                **mean_errors(records),
                 "meta": {
                     "command": shlex.join(
                         ["python", "benchmarks/fidelity.py", *(sys.argv[1:] if argv is None else argv)]

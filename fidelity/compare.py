@@ -120,3 +120,20 @@ def breakdown_rows(
 def mean_abs(records: list[dict], key: str) -> float:
     """Mean of |record[key]| over ``records``."""
     return float(np.mean([abs(r[key]) for r in records])) if records else float("nan")
+
+
+SOURCE_PREFIX = {"simulation": "", "paced": "paced_", "replay": "replay_"}
+
+
+def mean_errors(records: list[dict]) -> dict[str, float]:
+    """The mean |errors| of each source present in ``records``, as a fidelity JSON's keys:
+    ``mean_abs_iter_err_pct`` (simulation), ``paced_...``, ``replay_...``; the same for the
+    paired iteration error and the memory error."""
+    out = {}
+    for source, prefix in SOURCE_PREFIX.items():
+        chosen = [r for r in records if r["source"] == source]
+        if chosen:
+            out[f"{prefix}mean_abs_iter_err_pct"] = round(mean_abs(chosen, "iter_err_pct"), 2)
+            out[f"{prefix}mean_abs_paired_err_pct"] = round(mean_abs(chosen, "paired_err_pct"), 2)
+            out[f"{prefix}mean_abs_mem_err_pct"] = round(mean_abs(chosen, "mem_err_pct"), 3)
+    return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from prism.fidelity.compare import _median_sem_pct, paired_records
+from prism.fidelity.compare import _median_sem_pct, mean_errors, paired_records
 from prism.fidelity.measure import RankRun, bracketed
 
 
@@ -37,3 +37,15 @@ def test_paired_errors_compare_each_repeat_with_the_real_runs_beside_it() -> Non
     # Without brackets there is no drift to report.
     (plain,) = paired_records("c", [run(100)], [run(110)], "replay")
     assert plain["real_bracket_drift_pct"] is None and plain["paired_se_pct"] is None
+
+
+def test_mean_errors_are_kept_apart_by_source() -> None:
+    def record(source: str, err: float, mem: float) -> dict:
+        return {"source": source, "iter_err_pct": err, "paired_err_pct": err / 2, "mem_err_pct": mem}
+
+    records = [record("simulation", -4.0, 0.0), record("simulation", 2.0, 0.5), record("replay", -3.0, 0.1)]
+    means = mean_errors(records)
+    assert means == {
+        "mean_abs_iter_err_pct": 3.0, "mean_abs_paired_err_pct": 1.5, "mean_abs_mem_err_pct": 0.25,
+        "replay_mean_abs_iter_err_pct": 3.0, "replay_mean_abs_paired_err_pct": 1.5, "replay_mean_abs_mem_err_pct": 0.1,
+    }  # fmt: skip
