@@ -12,7 +12,7 @@ from rich.table import Table
 from prism.capture.cli import parse_ranks
 from prism.capture.progress import RankProgress
 from prism.graph.sim.whatif import WhatIfError, parse_delay
-from prism.replay.runtime import ReplayDiverged, ReplayInputError, ReplayOptions, run_replay
+from prism.replay.runtime import ReplayDiverged, ReplayInputError, ReplayOptions, check_inputs, run_replay
 from prism.schemas import cli_help
 from prism.schemas.replay import RankReport, ReplayReport
 
@@ -67,6 +67,11 @@ def replay(
         threads=threads, trace_peers=parse_ranks(trace_peers), delays=delays, separately=separately, overwrite=overwrite, timeout_s=rank_timeout,
         program=tuple(program or ()),
     )  # fmt: skip
+    try:  # bad input is one line, before anything starts
+        check_inputs(options)
+    except ReplayInputError as e:
+        console.print(f"[bold red]error:[/] {str(e).splitlines()[0]}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
     console.print(
         f"[bold]prism-replay[/] {graph}: rank(s) {', '.join(map(str, rank))} real, every other virtual"
     )

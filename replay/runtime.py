@@ -122,7 +122,9 @@ def check_inputs(options: ReplayOptions) -> ReplayTarget:
     try:
         metadata = read_metadata(options.graph)
     except (GraphFormatError, ValueError, OSError) as e:
-        raise ReplayInputError(f"{options.graph}: {str(e).splitlines()[0]}") from None
+        message = str(e).splitlines()[0]
+        named = message if message.startswith(str(options.graph)) else f"{options.graph}: {message}"
+        raise ReplayInputError(named) from None
     layout = ParallelLayout.from_dict(metadata.layout)
     if gf.PROGRAM_KEY in metadata.model:
         spec = ProgramSpec.from_dict(metadata.model[gf.PROGRAM_KEY])

@@ -169,6 +169,14 @@ def test_a_graph_of_another_version_is_refused(tmp_path: Path) -> None:
     assert "graph format version 1 is not supported" in error_line(result)
 
 
+def test_a_missing_graph_is_one_line_naming_it_once_before_anything_starts(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.parquet"
+    result = run_cli(str(missing), "--rank", "0", "-o", str(tmp_path / "out"))
+    assert result.exit_code == 2
+    assert error_line(result).count(str(missing)) == 1 and "no such file" in error_line(result)
+    assert "starting" not in result.output and "prism-replay" not in result.output
+
+
 def test_a_file_that_is_not_a_graph_is_refused(tmp_path: Path) -> None:
     junk = tmp_path / "junk.parquet"
     junk.write_text("not parquet")
