@@ -31,19 +31,18 @@ from pathlib import Path
 import psutil
 
 from prism.graph.sim.engine import AnswerRule
-from prism.graph.sim.simulate import SimulationError, load_sim_graph, simulate
+from prism.graph.sim.simulate import SimulationError
 from prism.replay.channel import Channel
 from prism.replay.cosim import (
-    PREDICTION_PASSES,
     CoSimulation,
     Event,
-    RankPrediction,
     RankSummary,
     Resolved,
+    open_cosimulation,
     summarize,
 )
 from prism.replay.graph_clock import OnResolved
-from prism.replay.rank_program import DivergenceError, RankProgram
+from prism.replay.rank_program import DivergenceError
 
 SOCKET_NAME = "cosim.sock"
 
@@ -91,16 +90,11 @@ class Coordinator:
         conns: dict[Connection, int] = {}
         try:
             rss_before, began = psutil.Process().memory_info().rss, time.perf_counter()
-            graph = load_sim_graph(self._graph)
-            programs = {r: RankProgram.read(self._graph, r) for r in self._ranks}
-            result = simulate(graph, iterations=PREDICTION_PASSES)
-            predictions = {r: RankPrediction.of(graph, result, p) for r, p in programs.items()}
-            cosim = CoSimulation(graph, programs, trace_ranks=self._trace_ranks)
-            del graph, result  # the co-simulation keeps the folded graph only
+            cosim, predictions = open_cosimulation(self._graph, self._ranks, trace_ranks=self._trace_ranks)
             cosim.defer_work = True
             cosim.compile_ahead()
             channels = {
-                r: Channel.create(self._directory / f"rank{r}.channel", len(p.comm_rows)) for r, p in programs.items()
+                r: Channel.create(self._directory / f"rank{r}.channel", len(p.comm_rows)) for r, p in cosim.programs.items()
             }  # fmt: skip
             load = (time.perf_counter() - began, psutil.Process().memory_info().rss - rss_before)
             for _ in self._ranks:

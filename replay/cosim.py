@@ -18,8 +18,11 @@ A real rank reports, in program order (``CoSimulation.handle``):
 - ``RealCall(node, t0, async_op)`` then ``RealEnd(node, t1)``: a call whose members are all
   real ran on a real backend from ``t0`` to ``t1``.
 
-Several real ranks may be a pass apart (one starts iteration k+1 while another is still in k):
-events of a later pass wait in a queue until every real rank has finished the current one.
+The virtual ranks finish a pass and start the next once every real rank is past its last call
+of it (they never wait for a real rank's compute); a real rank's events up to its ``Done`` are
+still applied to the pass they belong to. Several real ranks may be a pass apart (one starts
+iteration k+1 while another is still in k): events of a later pass wait in a queue until the
+virtual ranks have begun it.
 When every real rank waits in a synchronous call that no event can resolve any more, the run
 is a deadlock, reported at once.
 
@@ -42,13 +45,14 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from prism.graph.sim.engine import COLLECTIVE, COMPUTE, AnswerRule, Engine, Hedge
 from prism.graph.sim.fold import fold_replicas
 from prism.graph.sim.noise import virtual_lateness_ns
-from prism.graph.sim.simulate import SimGraph, SimResult, SimulationError
+from prism.graph.sim.simulate import SimGraph, SimResult, SimulationError, load_sim_graph, simulate
 from prism.replay.rank_program import DivergenceError, RankProgram
 from prism.replay.spread import spread
 
@@ -410,14 +414,13 @@ class CoSimulation:
             self._retired, self._prior = self._prior[1], None  # ``prepare`` clears it for a later pass
 
     def _end_owed_pass(self, resolved: list[Resolved]) -> None:
-        self._engine.advance()
-        self._collect(resolved)
         self._owes_pass_end = False
         self._finish_pass(resolved)
 
     def _finish_pass(self, resolved: list[Resolved]) -> None:
         engine, g, folding = self._engine, self._g, self.folding
         engine.advance()
+        self._collect(resolved)
         stuck = np.flatnonzero((engine.pc < g.rank_ptr[1:]) & ~self._external)  # real: at their Done
         if len(stuck):
             first = int(np.flatnonzero(np.isin(folding.rank_of, stuck))[0])
@@ -536,6 +539,18 @@ class RankPrediction:
             peak_bytes=int(result.peak_bytes[program.rank]),
             phase_ns=predicted_phase_ns(graph, result, program),
         )
+
+
+def open_cosimulation(
+    path: str | Path, ranks: tuple[int, ...], *, trace_ranks: tuple[int, ...] = ()
+) -> tuple[CoSimulation, dict[int, RankPrediction]]:
+    """The co-simulation of the graph at ``path`` for real ranks ``ranks``, and the offline
+    prediction each is compared with: taken now, so that only the folded graph is kept."""
+    graph = load_sim_graph(path)
+    programs = {r: RankProgram.read(path, r) for r in ranks}
+    result = simulate(graph, iterations=PREDICTION_PASSES)
+    predictions = {r: RankPrediction.of(graph, result, p) for r, p in programs.items()}
+    return CoSimulation(graph, programs, trace_ranks=trace_ranks), predictions
 
 
 def summarize(

@@ -17,10 +17,11 @@ For each call of the program inside an iteration, the clock
 Graph time 0 is the start of the first iteration (of the first real rank to start, when
 there are several: they share one wall <-> graph mapping, as they share the wall clock). Work
 of the clock that holds the program (its own per-call work, the engine where it runs in this
-thread, a completion named after it was due) is *stall*, reported per iteration. With one real rank it is taken out by time
-dilation: the clock shifts its mapping by it, so the emulated job does not see it (the
-program's own times are read without it). Several real ranks cannot be dilated one by one
-(their real calls keep them in step on the wall), so there the stall stays in their times.
+thread, a completion named after it was due) is *stall*, reported per iteration; it stays in
+the wall time, the measurement. With one real rank the clock also shifts its mapping by it,
+so that the virtual ranks do not see it, and a corrected time without it is reported beside
+the wall time. Several real ranks cannot be dilated one by one (their real calls keep them in
+step on the wall).
 """
 
 from __future__ import annotations

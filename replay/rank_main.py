@@ -23,11 +23,11 @@ from prism.capture.launch import parse_rank_args
 from prism.capture.program_main import run_program_rank
 from prism.capture.progress import report
 from prism.capture.rank_main import run_rank
-from prism.graph.sim.simulate import SimulationError, load_sim_graph, simulate
+from prism.graph.sim.simulate import SimulationError
 from prism.graph.sim.whatif import BlockDelay
 from prism.replay.coordinator import RemotePort
-from prism.replay.cosim import PREDICTION_PASSES, RankPass, RankPrediction, RankSummary, summarize
-from prism.replay.graph_clock import DivergenceError, GraphClock, IterationStats, RankProgram
+from prism.replay.cosim import RankPass, RankSummary, open_cosimulation, summarize
+from prism.replay.graph_clock import DivergenceError, GraphClock, IterationStats, LocalPort, RankProgram
 from prism.replay.peer_trace import write_peer_trace
 from prism.replay.straggler import install_delays
 from prism.replay.wait_spans import add_emulated_waits
@@ -77,11 +77,9 @@ def _clock(job: ReplayJob, rank: int) -> tuple[GraphClock, Callable[[], RankSumm
 
 
 def _local_clock(job: ReplayJob, rank: int) -> tuple[GraphClock, Callable[[], RankSummary]]:
-    graph = load_sim_graph(job.graph)
-    clock = GraphClock.open(job.graph, rank, graph, trace_ranks=job.trace_peers, ahead=True)
-    prediction = RankPrediction.of(graph, simulate(graph, iterations=PREDICTION_PASSES), clock.program)
-    del graph  # the co-simulation keeps the folded graph only
-    return clock, lambda: summarize(clock.cosim, rank, prediction)
+    cosim, predictions = open_cosimulation(job.graph, (rank,), trace_ranks=job.trace_peers)
+    clock = GraphClock(cosim.programs[rank], LocalPort(cosim, ahead=True))
+    return clock, lambda: summarize(cosim, rank, predictions[rank])
 
 
 def replay_rank(job: ReplayJob, rank: int, out_dir: Path) -> ReplayRankStats:

@@ -99,7 +99,7 @@ def _arrive(i, ready, external, dur, slot, slot_size, slot_nodes_ptr, slot_nodes
     return n_runnable
 
 
-@numba.njit(cache=True, nogil=True)  # a replay advances it in a worker thread beside the program
+@numba.njit(cache=True, nogil=True)  # a replay advances it in a thread of the launcher, beside the program
 def advance(
     rank_ptr, kind, dur, gap, is_async, slot, slot_size, slot_nodes_ptr, slot_nodes, deps_ptr, deps,
     start, end, arrived, last_arrival, pc, clock, waiting_node, runnable, n_runnable, hedged, mu, sd, pure, real_last,
