@@ -55,6 +55,19 @@ def _init_distributed(job: RankJob, rank: int, clock: CommClock) -> None:
     dist.init_process_group(BACKEND_NAME, rank=rank, world_size=layout.world_size, store=store)
 
 
+def peak_rss_bytes() -> int:
+    """This process's own peak resident memory: ``VmHWM`` of its address space, which ``exec``
+    starts afresh. (``ru_maxrss`` is carried across ``fork`` and ``exec``: a rank started by a
+    launcher holding a large graph would report the launcher's peak.)"""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # not Linux
+
+
 def record_rank(
     files: CaptureFiles,
     rank: int,
@@ -76,7 +89,7 @@ def record_rank(
         dist.destroy_process_group()
     result = RankResult(
         rank=rank,
-        peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        peak_rss_bytes=peak_rss_bytes(),
         peak_device_bytes=torch.cuda.max_memory_allocated() if device == "cuda" else None,
         wall_s=time.perf_counter() - started,
         held_ns=tuple(held.within(s, e) for s, e in windows),
