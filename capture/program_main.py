@@ -25,7 +25,9 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from prism.capture import annotate, program_profiler
 from prism.capture.interpose import UnsupportedCall, install
 from prism.capture.launch import parse_rank_args
+from prism.capture.phase_timer import PhaseTimer
 from prism.capture.profiling import ProfileSpec, profiled
+from prism.capture.program_phases import ProgramPhases
 from prism.capture.rank_main import layout_labeler, record_rank
 from prism.capture.step_iterations import ProgramStop, StepIterations
 from prism.capture.value_pass import known_values, write_values
@@ -81,26 +83,31 @@ def run_program_rank(
         cuda=program.device == "cuda",
     )  # fmt: skip
     total = job.warmup + job.iterations
+    timer, phases = PhaseTimer(), ProgramPhases()
     with profiled(spec) as prof:
         steps = StepIterations(
             rank=rank, total=total, profiled_from=job.warmup, stop_after_last=not program.run_to_end,
-            profiler=prof, clock=clock,
+            profiler=prof, clock=clock, timer=timer,
             cuda=program.device == "cuda", clock_from=clock_from,
         )  # fmt: skip
+        phases.install()  # before the step hook: an optimizer mark closes before its iteration ends
         hook = register_optimizer_step_post_hook(steps)
         program_profiler.install(steps)  # after prism's own profiler took the original
         annotate.set_iteration_hook(steps.program_mark)
+        annotate.set_phase_timer(timer)
         try:
             steps.start()
             _run_until_stopped(program)
         finally:
             hook.remove()
+            phases.remove()
             annotate.set_iteration_hook(None)
+            annotate.set_phase_timer(None)
             steps.finish()
     _check_ran(steps.done, total, job)
     timings = steps.timings
     return record_rank(
-        files, rank, started=started, device=program.device, windows=timings.windows,
+        files, rank, started=started, device=program.device, windows=timings.windows, blocks=timings.blocks,
         iteration_ns=tuple(timings.iteration_ns), losses=(None,) * len(timings.iteration_ns),
         parameter_count=timings.parameters, static_bytes=timings.static_bytes,
         steady_from=steady_from(timings.windows, current_comm_log().calls),

@@ -26,6 +26,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from prism.capture import annotate
+from prism.capture.phase_timer import BlockSpan, PhaseTimer
 from prism.capture.profiling import Profiler
 from prism.capture.progress import report
 from prism.peers.backend import active_world
@@ -46,6 +47,8 @@ class StepTimings:
     """Wall time of each iteration (``perf_counter_ns``)."""
     windows: list[tuple[int, int]] = field(default_factory=list)
     """Each iteration's span on the comm log's clock (``time.time_ns``)."""
+    blocks: list[list[BlockSpan]] = field(default_factory=list)
+    """Each iteration's top-level phase marks (``prism.capture.program_phases``), when timed."""
     parameters: int = 0
     """Parameters the program's optimizers step (counted once, at the first step)."""
     static_bytes: int | None = None
@@ -76,8 +79,10 @@ class StepIterations:
         clock: CommClock,
         cuda: bool,
         clock_from: int = 0,
+        timer: PhaseTimer | None = None,
     ) -> None:
         self.timings = StepTimings()
+        self._timer = timer  # its spans are taken at each iteration's end
         self._clock_from = clock_from  # iterations before it are not told to the clock
         self.driver = Driver.OPTIMIZER
         self._rank, self._total, self._stop, self._profiled_from = rank, total, stop_after_last, profiled_from
@@ -153,6 +158,8 @@ class StepIterations:
         if own_mark:
             self._mark = annotate.mark(Mark(phase=Phase.ITERATION, iter=self.done))
             self._mark.__enter__()
+        if self._timer is not None:
+            self._timer.take()  # what ran before the iteration (set-up, between marked iterations) is none of it
         self._running = True
         self._t0 = time.perf_counter_ns()
 
@@ -167,6 +174,8 @@ class StepIterations:
         ended = time.time_ns()
         self.timings.iteration_ns.append(elapsed)
         self.timings.windows.append((self._began_ns, ended))
+        if self._timer is not None:
+            self.timings.blocks.append(self._timer.take())
         if self.done > self._clock_from:  # the iteration just ended was told to the clock
             self._clock.iteration_done(ended)
         self._profiler.step()

@@ -112,13 +112,12 @@ def program_stages(
         ops_of_stage = ops(captured.rank)
         scale = None
         if correction != Correction.NONE:
-            # No block marks, no phase times: one ratio for the whole iteration.
-            scale = time_scale(captured.result, manifest.job.warmup, by_phase=False)
+            by_phase = correction == Correction.PHASE and program.device == "cpu"
+            scale = time_scale(captured.result, manifest.job.warmup, by_phase=by_phase)
         cv = iteration_cv(captured.result.own_iteration_ns, manifest.job.warmup)
         stage_program = program_stage(
-            ops_of_stage, rank=captured.rank, stage=stage, layout=layout, factor=scale.factor if scale else 1.0,
-            noise_cv=cv,
-        )  # fmt: skip
+            ops_of_stage, rank=captured.rank, stage=stage, layout=layout, scale=scale, noise_cv=cv
+        )
         stages.append(encode_program(stage_program))
         if scale is not None:
             scales[str(stage)] = scale.to_dict() | {"noise_cv": round(cv, 6)}

@@ -1,8 +1,9 @@
 """The program of one pipeline stage of a user's program, from its captured rank's traces alone.
 
-A program prism knows nothing about has no block marks and no schedule to rebuild, so the
-stage program is what its captured rank did in one profiled iteration, unit by unit, in program
-order (the op table of ``prism.graph.build.normalize``): its compute, the gaps between, and its
+A program prism knows nothing about has no schedule to rebuild, so the stage program is what
+its captured rank did in one profiled iteration, unit by unit, in program order (the op table of
+``prism.graph.build.normalize``, each unit in the phase the capture marked around it:
+``prism.capture.program_phases``): its compute, the gaps between, and its
 process-group calls, each collective on the layout group its label names (``tp.3`` is the tp
 group of whichever rank runs the program) and each send or recv with the same stage of the
 running rank's own pipeline (the next, the previous, or the first from the last). Every profiled iteration must run the same units; each unit's duration and gap
@@ -41,7 +42,9 @@ from prism.graph.build.compose import (
     wait_node,
     waiting_columns,
 )
+from prism.graph.build.profiler_overhead import TimeScale
 from prism.graph.build.templates import GROUP_AXIS, TemplateError
+from prism.schemas.annotations import block_kind
 from prism.schemas.layout import ParallelLayout
 
 BACKWARD_OPS = ("autograd::engine::evaluate_function", "torch::autograd::", "torch::distributed::reducer::")
@@ -102,10 +105,20 @@ def _memory(iteration: pd.DataFrame) -> np.ndarray:
     return np.stack([alloc, free])
 
 
-def _units(iterations: list[pd.DataFrame], rank: int, layout: ParallelLayout, factor: float) -> pd.DataFrame:
-    """One iteration's units with mean durations and gaps (compute scaled by ``factor``)."""
+def _factors(units: pd.DataFrame, scale: TimeScale | None) -> np.ndarray:
+    """Each unit's profiler correction: its phase's factor (glue's outside every phase mark)."""
+    if scale is None:
+        return np.ones(len(units))
+    return np.array([scale.factor_of(block_kind(phase)) for phase in units[ot.PHASE].astype(str)])
+
+
+def _units(
+    iterations: list[pd.DataFrame], rank: int, layout: ParallelLayout, scale: TimeScale | None
+) -> pd.DataFrame:
+    """One iteration's units with mean durations and gaps (compute scaled by its phase's factor)."""
     units = iterations[0].copy()
     is_comm = units[ot.IS_COMM].to_numpy(dtype=bool)
+    factor = _factors(units, scale)
     for column in (ot.DUR_NS, ot.GAP_NS):
         mean = np.mean([it[column].to_numpy(dtype=np.float64) for it in iterations], axis=0)
         scaled = mean * factor if column == ot.GAP_NS else np.where(is_comm, mean, mean * factor)
@@ -164,15 +177,15 @@ def program_stage(
     rank: int,
     stage: int,
     layout: ParallelLayout,
-    factor: float = 1.0,
+    scale: TimeScale | None = None,
     noise_cv: float = 0.0,
     call_jitter_ns: float = 0.0,
 ) -> StageProgram:
     """The nodes every rank of ``stage`` runs, from the op table ``ops`` of captured ``rank``.
 
-    ``factor`` scales compute and gaps to the unprofiled iteration (the role's profiler
-    correction); ``noise_cv`` and ``call_jitter_ns`` give collectives their arrival skew."""
-    units = _units(_iterations(ops), rank, layout, factor)
+    ``scale`` takes compute and gaps to the unprofiled iteration (the captured rank's profiler
+    correction, per phase where it has one); ``noise_cv`` and ``call_jitter_ns`` give collectives their arrival skew."""
+    units = _units(_iterations(ops), rank, layout, scale)
     waits = _wait_positions(units)
     pieces, start = [], 0
     for position in sorted(waits):  # a wait node after each unit that ends some calls' flight

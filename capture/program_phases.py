@@ -1,0 +1,145 @@
+"""Phase marks of a program prism knows nothing about: its forward, backward and optimizer steps.
+
+The built-in workload marks its blocks itself (``prism.capture.annotate``); a user's program does
+not, yet a graph needs phases (so that the profiler correction is per phase, and a replay or a
+simulation reports forward, backward and optimizer time, not only the iteration). A program
+capture and its replay mark, on the program's main thread:
+
+- **backward**: every run of the autograd engine (``loss.backward()``, ``torch.autograd.backward``
+  or ``grad``: a pipeline schedule's per-microbatch backward, DDP's and FSDP's gradient hooks
+  inside it);
+- **optimizer**: every ``Optimizer.step`` (global step pre- and post-hooks);
+- **forward**: every call of a *root module*, a module no other module holds that owns a
+  parameter an optimizer steps (the DDP or FSDP wrapper, a compiled module, a pipeline stage's
+  module), outside the backward pass (checkpoint recomputation belongs to backward).
+
+The roots are found once, at the first optimizer step, and hooked on the root instances alone:
+global module hooks would run Python on every module call of the program, a cost the real job
+does not pay. The iteration before the first step is set-up and cold start, never measured.
+What is in no mark (zeroing gradients, the loss outside a module, data loading) is glue.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import threading
+from collections.abc import Callable
+
+import torch
+import torch.autograd
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.utils.hooks import RemovableHandle
+
+from prism.capture import annotate
+from prism.schemas.annotations import Mark, Phase
+
+
+def root_modules() -> list[torch.nn.Module]:
+    """Live modules that no other live module holds as a child and that own a parameter some live
+    optimizer steps."""
+    # type() and issubclass, not isinstance: a dead weakref.proxy raises on it (torch.compile keeps some)
+    objects = [(obj, type(obj)) for obj in gc.get_objects()]
+    modules = [obj for obj, kind in objects if issubclass(kind, torch.nn.Module)]
+    optimizers = [obj for obj, kind in objects if issubclass(kind, torch.optim.Optimizer)]
+    parameters = {id(p) for opt in optimizers for group in opt.param_groups for p in group["params"]}
+    children = {id(child) for module in modules for child in module.children()}
+    return [
+        module
+        for module in modules
+        if id(module) not in children and any(id(p) in parameters for p in module.parameters())
+    ]
+
+
+class ProgramPhases:
+    """Opens forward, backward and optimizer marks around a program's own calls (``install``)."""
+
+    def __init__(self) -> None:
+        self._thread = threading.get_ident()
+        self._forward_depth = 0
+        self._backward_depth = 0
+        self._open: dict[Phase, contextlib.AbstractContextManager[None]] = {}
+        self._handles: list[RemovableHandle] = []
+        self._engine_run_backward: Callable | None = None
+        self._rooted = False
+
+    def install(self) -> None:
+        """Start marking; call before the program runs (and before the capture's own step hook, so
+        that an optimizer mark closes before the step ends the iteration)."""
+        self._handles += [
+            register_optimizer_step_pre_hook(self._optimizer_begins),
+            register_optimizer_step_post_hook(self._optimizer_ends),
+        ]
+        self._engine_run_backward = torch.autograd._engine_run_backward
+        torch.autograd._engine_run_backward = self._backward
+
+    def remove(self) -> None:
+        """Stop marking and close what is open."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        if self._engine_run_backward is not None:
+            torch.autograd._engine_run_backward = self._engine_run_backward
+            self._engine_run_backward = None
+        for phase in list(self._open):
+            self._close(phase)
+
+    # -- marks -----------------------------------------------------------------------------------
+    def _mine(self) -> bool:
+        return threading.get_ident() == self._thread
+
+    def _enter(self, phase: Phase) -> None:
+        mark = annotate.mark(Mark(phase=phase))
+        mark.__enter__()
+        self._open[phase] = mark
+
+    def _close(self, phase: Phase) -> None:
+        mark = self._open.pop(phase, None)
+        if mark is not None:
+            mark.__exit__(None, None, None)
+
+    # -- backward --------------------------------------------------------------------------------
+    def _backward(self, *args: object, **kwargs: object) -> object:
+        run = self._engine_run_backward
+        assert run is not None
+        if not self._mine() or self._backward_depth:  # a nested grad (double backward) is the same pass
+            return run(*args, **kwargs)
+        self._backward_depth += 1
+        self._enter(Phase.BACKWARD)
+        try:
+            return run(*args, **kwargs)
+        finally:
+            self._close(Phase.BACKWARD)
+            self._backward_depth -= 1
+
+    # -- optimizer -------------------------------------------------------------------------------
+    def _optimizer_begins(self, optimizer: torch.optim.Optimizer, args: object, kwargs: object) -> None:
+        if self._mine() and Phase.OPTIMIZER not in self._open:
+            self._enter(Phase.OPTIMIZER)
+
+    def _optimizer_ends(self, optimizer: torch.optim.Optimizer, args: object, kwargs: object) -> None:
+        if not self._mine():
+            return
+        self._close(Phase.OPTIMIZER)
+        if not self._rooted:
+            self._rooted = True
+            for root in root_modules():
+                self._handles += [
+                    root.register_forward_pre_hook(self._forward_begins, prepend=True),
+                    root.register_forward_hook(self._forward_ends, always_call=True),
+                ]
+
+    # -- forward ---------------------------------------------------------------------------------
+    def _forward_begins(self, module: torch.nn.Module, args: object) -> None:
+        if not self._mine() or self._backward_depth:
+            return
+        self._forward_depth += 1
+        if self._forward_depth == 1:
+            self._enter(Phase.FORWARD)
+
+    def _forward_ends(self, module: torch.nn.Module, args: object, output: object) -> None:
+        if not self._mine() or self._backward_depth or not self._forward_depth:
+            return
+        self._forward_depth -= 1
+        if self._forward_depth == 0:
+            self._close(Phase.FORWARD)

@@ -1,0 +1,102 @@
+"""A program's forward, backward and optimizer marks, found without the program's help."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from prism.capture import annotate
+from prism.capture.phase_timer import PhaseTimer
+from prism.capture.program_phases import ProgramPhases, root_modules
+
+
+class Wrapper(torch.nn.Module):
+    """Stands for DDP or FSDP: holds the model as a child."""
+
+    def __init__(self, module: torch.nn.Module, *, recompute: bool = False) -> None:
+        super().__init__()
+        self.module, self.recompute = module, recompute
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.recompute:
+            return checkpoint(self.module, x, use_reentrant=False)
+        return self.module(x)
+
+
+@pytest.fixture
+def timer():
+    timer = PhaseTimer()
+    annotate.set_phase_timer(timer)
+    yield timer
+    annotate.set_phase_timer(None)
+
+
+def _train(model: torch.nn.Module, steps: int, timer: PhaseTimer) -> list[list[str]]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = torch.nn.MSELoss()  # a root without parameters: glue, not forward
+    kinds = []
+    phases = ProgramPhases()
+    phases.install()
+    try:
+        for _ in range(steps):
+            x = torch.randn(4, 8)
+            loss = loss_fn(model(x), torch.zeros(4, 8))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            kinds.append([span.kind for span in timer.take()])
+    finally:
+        phases.remove()
+    return kinds
+
+
+def test_phases_of_each_iteration(timer):
+    model = Wrapper(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8)))
+    kinds = _train(model, 3, timer)
+    # The roots are found at the first step: the first iteration has no forward mark.
+    assert kinds[0] == ["bwd", "optim"]
+    assert kinds[1] == kinds[2] == ["fwd", "bwd", "optim"]  # one forward: the root's, not its children's
+
+
+def test_recomputation_belongs_to_backward(timer):
+    model = Wrapper(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()), recompute=True)
+    kinds = _train(model, 3, timer)
+    assert kinds[2] == ["fwd", "bwd", "optim"]
+
+
+def test_removed_marks_nothing(timer):
+    model = Wrapper(torch.nn.Linear(8, 8))
+    _train(model, 2, timer)
+    x = torch.randn(2, 8)
+    model(x).sum().backward()
+    assert timer.take() == []
+    assert torch.autograd._engine_run_backward is torch.autograd.graph._engine_run_backward
+
+
+def test_other_threads_are_not_marked(timer):
+    model = Wrapper(torch.nn.Linear(8, 8))
+    _train(model, 2, timer)  # roots found; hooks removed again
+    phases = ProgramPhases()
+    phases.install()
+    try:
+        worker = threading.Thread(target=lambda: model(torch.randn(2, 8)).sum().backward())
+        worker.start()
+        worker.join()
+    finally:
+        phases.remove()
+    assert timer.take() == []
+
+
+def test_roots_own_stepped_parameters():
+    inner = torch.nn.Linear(3, 3)
+    wrapped = Wrapper(inner)
+    unstepped = torch.nn.Linear(3, 3)
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+    roots = root_modules()
+    assert any(root is wrapped for root in roots)
+    assert not any(root is inner for root in roots)  # a child of the wrapper
+    assert not any(root is unstepped for root in roots)  # no optimizer steps it
+    del optimizer
