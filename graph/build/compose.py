@@ -32,7 +32,7 @@ from prism.graph.build.templates import (
 from prism.graph.sim.noise import collective_skew_ns, work_between
 from prism.schemas.annotations import Direction, Phase, block_kind
 from prism.schemas.gpt_params import stage_buckets
-from prism.schemas.pipeline_schedule import Action, one_f_one_b
+from prism.schemas.pipeline_schedule import Action, Step, one_f_one_b
 from prism.schemas.workload import GPTConfig
 
 # Rank-independent columns of a stage program.
@@ -74,13 +74,54 @@ class StageProgram:
     """Template columns plus MB, LAYER, GSEQ, P2P_DIR, P2P_SEQ, DEPS, IS_WAIT, SKEW, IDLE."""
 
 
-def _segment(
-    template: RoleTemplate, kind: str, mb: int = -1, ordinal: int = 0, count: int = 1
-) -> pd.DataFrame:
-    """Units of the ``ordinal``-th of ``count`` instances of ``kind`` in the target iteration."""
+def _sections(steps: tuple[Step, ...]) -> list[tuple[str, str]]:
+    """(kind, section) of each step: 'warmup' before the stage's first backward, 'cooldown' after
+    its last forward, 'steady' between. The warm-up and cool-down sections hold as many
+    instances of each kind whatever the microbatches (given enough of them); only 'steady' grows."""
+    actions = [step.action for step in steps]
+    first_backward = actions.index(Action.BACKWARD)
+    last_forward = len(actions) - 1 - actions[::-1].index(Action.FORWARD)
+    return [
+        (_STEP_KINDS[a], "warmup" if i < first_backward else "cooldown" if i > last_forward else "steady")
+        for i, a in enumerate(actions)
+    ]
+
+
+@dataclass(frozen=True)
+class _Instance:
+    """Where a target instance of a kind stands in its schedule section, and which captured
+    instances of that kind (ordinals) ran in the same section."""
+
+    ordinal: int
+    count: int
+    sources: tuple[int, ...]
+
+
+def _instances(target: tuple[Step, ...], captured: tuple[Step, ...]) -> list[_Instance]:
+    """For each target step, the captured instances whose memory stands for it: the same kind in
+    the same schedule section (``_sections``), so that a warm-up forward's allocations come from
+    a captured warm-up forward however many microbatches either iteration has."""
+    by_section: dict[tuple[str, str], list[int]] = {}
+    seen: Counter[str] = Counter()
+    for key in _sections(captured):
+        by_section.setdefault(key, []).append(seen[key[0]])
+        seen[key[0]] += 1
+    sections = _sections(target)
+    counts = Counter(sections)
+    position: Counter[tuple[str, str]] = Counter()
+    instances = []
+    for key in sections:
+        instances.append(_Instance(position[key], counts[key], tuple(by_section.get(key, ()))))
+        position[key] += 1
+    return instances
+
+
+def _segment(template: RoleTemplate, kind: str, mb: int = -1, at: _Instance | None = None) -> pd.DataFrame:
+    """Units of ``kind`` in the target iteration (of instance ``at`` where it has several)."""
     if kind in (PRE, POST) and kind not in template.segments:
         return pd.DataFrame()
-    units = template.segment(kind).units_at(ordinal, count)
+    segment = template.segment(kind)
+    units = segment.units_at(at.ordinal, at.count, at.sources) if at else segment.units_at(0, 1)
     units[MB] = mb
     units[P2P_DIR] = _P2P_DIR.get(kind, 0)
     return units
@@ -216,18 +257,15 @@ def compose_stage(template: RoleTemplate, *, cfg: GPTConfig, captured: GPTConfig
     program.add(_segment(template, PRE))
     first_layer = cfg.stage_layers(stage).start
     steps = one_f_one_b(stage=stage, stages=cfg.pp, microbatches=cfg.microbatches)
-    counts = Counter(_STEP_KINDS[step.action] for step in steps)
-    seen: Counter[str] = Counter()
-    for step in steps:
+    ran = one_f_one_b(stage=template.stage, stages=captured.pp, microbatches=captured.microbatches)
+    for step, at in zip(steps, _instances(steps, ran), strict=True):
         kind = _STEP_KINDS[step.action]
-        ordinal = seen[kind]
-        seen[kind] += 1
         if step.action == Action.WAIT:
             if P2P_WAIT in template.segments:
-                program.add(_segment(template, P2P_WAIT, -1, ordinal, counts[kind]))
+                program.add(_segment(template, P2P_WAIT, -1, at))
             program.wait(P2P_WAIT)
             continue
-        units = _segment(template, kind, step.mb, ordinal, counts[kind])
+        units = _segment(template, kind, step.mb, at)
         if kind in (FWD, BWD):
             units = _expand_layers(units, first_layer, cfg.layers_per_stage)
         program.add(units)

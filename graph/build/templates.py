@@ -17,6 +17,7 @@ backwards free them, so one steady value per unit would miss a stage's peak.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,25 +70,32 @@ class Segment:
     """(ordinals, units, 2) int64: alloc and free bytes of each unit for the instance at each
     position of the iteration (median over iterations; the steady value where none agreed)."""
 
-    def units_at(self, ordinal: int, count: int) -> pd.DataFrame:
-        """The units for the ``ordinal``-th of ``count`` instances of the kind in a target iteration.
+    def units_at(self, ordinal: int, count: int, sources: Sequence[int] | None = None) -> pd.DataFrame:
+        """The units for the ``ordinal``-th of ``count`` target instances of the kind that
+        ``sources`` (captured ordinals, in order; default: every captured one) stand for.
 
-        The captured instances' first half stands for the target's first ones and their second
-        half for its last ones, so warm-up and cool-down allocations land where they did;
-        instances in between (more microbatches than captured) take the steady value.
+        The sources' first half stands for the target's first instances and their second half
+        for its last ones, so warm-up and cool-down allocations land where they did; instances
+        in between (more microbatches than captured) take the sources' steady value: per unit,
+        the sources' median, the lower of the two middle values for an even count (a value some
+        instance allocated, never a mean of two).
         """
-        captured = len(self.memory_by_ordinal)
+        rows = self.memory_by_ordinal
+        sources = [s for s in (range(len(rows)) if sources is None else sources) if s < len(rows)]
+        units = self.units.copy()
+        if not sources:
+            return units
+        captured = len(sources)
         head = (captured + 1) // 2
         tail = captured - head
         if count - ordinal <= tail:
-            source = captured - (count - ordinal)
+            memory = rows[sources[captured - (count - ordinal)]]
         elif ordinal < head:
-            source = ordinal
+            memory = rows[sources[ordinal]]
         else:
-            return self.units.copy()
-        units = self.units.copy()
-        units[ot.ALLOC_BYTES] = self.memory_by_ordinal[source, :, 0]
-        units[ot.FREE_BYTES] = self.memory_by_ordinal[source, :, 1]
+            memory = np.sort(rows[sources], axis=0)[(captured - 1) // 2]
+        units[ot.ALLOC_BYTES] = memory[:, 0]
+        units[ot.FREE_BYTES] = memory[:, 1]
         return units
 
 

@@ -72,3 +72,20 @@ def test_more_microbatches_keep_warmup_and_cooldown_memory_once() -> None:
     assert len(fwd) == 20 and fwd[0] - fwd[10] == EXTRA
     assert np.count_nonzero(fwd.to_numpy() != fwd[10]) == 1
     assert bwd[0] - bwd[19] == EXTRA and np.count_nonzero(bwd.to_numpy() != bwd[0]) == 1
+
+
+def test_forwards_in_flight_before_the_first_backward_keep_their_memory_at_more_microbatches() -> None:
+    # Stage 0 of pp=4 runs 3 warm-up forwards and a steady one before its first backward; each of
+    # these holds EXTRA more than a forward in the steady 1F1B rhythm.
+    captured = replace(CAPTURED, microbatches=6)
+    table = op_table(STAGE, captured, iterations=2)
+    in_flight = (table[ot.PHASE] == "fwd") & (table[ot.MB] < 4) & (table[ot.NAME] == "aten::add")
+    table.loc[in_flight, ot.ALLOC_BYTES] += EXTRA
+    template = _template(table)
+    for microbatches in (6, 12):
+        target = replace(CAPTURED, microbatches=microbatches)
+        program = compose_stage(template, cfg=target, captured=captured, stage=STAGE).nodes
+        fwd = _net_bytes_by_mb(program, "fwd")
+        steady = fwd[microbatches - 1]
+        assert (fwd[:4] - steady == EXTRA * CAPTURED.layers_per_stage).all(), microbatches
+        assert (fwd[4:] == steady).all(), microbatches  # never a mean of in-flight and steady
