@@ -29,6 +29,7 @@ from prism.fidelity import (
     CaseResult,
     RunSettings,
     SpecChoice,
+    captured_config,
     mean_errors,
     parse_case,
     resolve_spec,
@@ -144,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
     try:
-        configs = [parse_case(text) for text in (args.case or DEFAULT_CASES)]
+        cases = [(parse_case(text), captured_config(text)) for text in (args.case or DEFAULT_CASES)]
         sizes = tuple(parse_size(s) for s in args.calibrate_sizes.split(",") if s.strip())
     except (CaseError, ValueError) as e:
         console.print(f"[bold red]error:[/] {e}", highlight=False)
@@ -171,8 +172,10 @@ def main(argv: list[str] | None = None) -> int:
         bracket=not args.no_bracket,
     )
     results: list[CaseResult] = []
-    for config in configs:
-        result = run_case_detailed(config, args.repeats, choice.spec, settings, progress=_log)
+    for config, captured in cases:
+        result = run_case_detailed(
+            config, args.repeats, choice.spec, settings, progress=_log, captured=captured
+        )
         results.append(result)
     if not args.no_probe:
         probes["after"] = round(concurrency_probe(), 3)

@@ -28,7 +28,7 @@ time compared is the one the job takes without a profiler, which is what a user 
 """
 
 from prism.fidelity.case import CaseResult, case_dir, run_case, run_case_detailed
-from prism.fidelity.cases import DEFAULT_CASES, CaseError, case_label, parse_case
+from prism.fidelity.cases import DEFAULT_CASES, CaseError, captured_config, case_label, parse_case
 from prism.fidelity.compare import mean_abs, mean_errors
 from prism.fidelity.measure import PACED_GRAPH, RankRun, RunSettings, build_case_graph
 from prism.fidelity.spec import CALIBRATION_SIZES, SpecChoice, resolve_spec
@@ -44,6 +44,7 @@ __all__ = [
     "SpecChoice",
     "build_case_graph",
     "case_dir",
+    "captured_config",
     "case_label",
     "mean_abs",
     "mean_errors",

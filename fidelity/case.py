@@ -57,11 +57,13 @@ def run_case_detailed(
     spec: ClusterSpec,
     settings: RunSettings | None = None,
     progress: Progress | None = None,
+    captured: GPTConfig | None = None,
 ) -> CaseResult:
-    """Measure and predict ``config`` ``repeats`` times (real run and slice interleaved) and pair them."""
+    """Measure and predict ``config`` ``repeats`` times (real run and slice interleaved) and pair
+    them; the slice captures ``captured`` (default: ``config``) and the graph is built for ``config``."""
     settings = settings or RunSettings()
     say = progress or (lambda _: None)
-    label = case_label(config)
+    label = case_label(config, captured)
     real, pred, paced, replayed, slices, latencies = [], [], [], [], [], []
     for repeat in range(repeats):
         holder = _repeat_dir(settings, label, repeat)
@@ -73,7 +75,7 @@ def run_case_detailed(
                 say(f"{step} every rank real")
                 real.append(measure_real(config, settings, root / "real"))
             say(f"{step} slice capture, build, simulate")
-            predicted, slice_parts = predict(config, spec, settings, root)
+            predicted, slice_parts = predict(config, spec, settings, root, captured)
             pred.append(predicted)
             slices.append(slice_parts)
             graph = "graph.parquet"
@@ -98,7 +100,7 @@ def run_case_detailed(
         records=paired_records(label, real, pred)
         + paired_records(label, real, paced, "paced")
         + paired_records(label, real, replayed, "replay"),
-        breakdown=breakdown_rows(label, config, real, pred, slices),
+        breakdown=breakdown_rows(label, config, real, pred, slices, captured),
         collectives=[{"case": label, **row} for row in summarize_latencies(latencies, spec)],
     )
 

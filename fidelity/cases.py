@@ -44,14 +44,53 @@ def _value(name: str, text: str) -> object:
     return text
 
 
-def parse_case(text: str) -> GPTConfig:
-    """The GPTConfig of a case string (space-separated key=value pairs)."""
-    values: dict[str, object] = dict(_DEGREE_DEFAULTS)
+CAPTURED_PREFIX = "captured_"
+CAPTURED_FIELDS = ("dp", "layers", "microbatches")
+"""What a case may capture smaller than its job (``captured_layers=4``): the build scales these
+from a capture (``prism-build-graph --dp/--layers/--microbatches``), so such a case tests a graph
+built for a layout the capture did not run against a real run of that layout."""
+
+
+def _items(text: str) -> list[tuple[str, str, str]]:
+    """(key, field name, raw value) of each key=value item."""
+    items = []
     for item in text.split():
         key, sep, raw = item.partition("=")
-        name = ALIASES.get(key, key)
         if not sep or not raw:
             raise CaseError(f"case item {item!r} is not key=value")
+        items.append((key, ALIASES.get(key, key), raw))
+    return items
+
+
+def captured_config(text: str) -> GPTConfig:
+    """What the case's slice captures: its job with the ``captured_*`` fields it names."""
+    target = parse_case(text)
+    changes: dict[str, object] = {}
+    for key, _, raw in _items(text):
+        if not key.startswith(CAPTURED_PREFIX):
+            continue
+        name = key.removeprefix(CAPTURED_PREFIX)
+        if name not in CAPTURED_FIELDS:
+            known = ", ".join(CAPTURED_PREFIX + f for f in CAPTURED_FIELDS)
+            raise CaseError(f"unknown case key {key!r}; a case may capture smaller only by {known}")
+        try:
+            changes[name] = int(raw)
+        except ValueError:
+            raise CaseError(f"case key {key!r}: cannot read {raw!r} as a {name} value") from None
+    try:
+        return dataclasses.replace(target, **changes)
+    except ConfigError as e:
+        raise CaseError(f"case {text!r}, as captured: {e}") from None
+
+
+def parse_case(text: str) -> GPTConfig:
+    """The GPTConfig of a case string (space-separated key=value pairs): the job its real run runs
+    and its graph is built for (``captured_*`` keys say what its slice captures instead:
+    ``captured_config``)."""
+    values: dict[str, object] = dict(_DEGREE_DEFAULTS)
+    for key, name, raw in _items(text):
+        if key.startswith(CAPTURED_PREFIX):
+            continue
         if name not in _FIELDS:
             known = ", ".join(sorted([*_FIELDS, *ALIASES]))
             raise CaseError(f"unknown case key {key!r}; known keys: {known}")
@@ -68,11 +107,16 @@ def parse_case(text: str) -> GPTConfig:
 _ALWAYS = ("tp", "pp", "dp", "layers", "hidden", "heads", "seq_len", "micro_batch_size", "microbatches")
 
 
-def case_label(config: GPTConfig) -> str:
-    """Canonical case string: layout and model size, then every other field off its default."""
+def case_label(config: GPTConfig, captured: GPTConfig | None = None) -> str:
+    """Canonical case string: layout and model size, then every other field off its default, then
+    the ``captured_*`` fields where ``captured`` differs from ``config``."""
     defaults = GPTConfig(**_DEGREE_DEFAULTS)
     names = [
         *_ALWAYS,
         *(n for n in _FIELDS if n not in _ALWAYS and getattr(config, n) != getattr(defaults, n)),
     ]
-    return " ".join(f"{_SHORT.get(n, n)}={getattr(config, n)}" for n in names)
+    label = " ".join(f"{_SHORT.get(n, n)}={getattr(config, n)}" for n in names)
+    if captured is not None:
+        smaller = [n for n in CAPTURED_FIELDS if getattr(captured, n) != getattr(config, n)]
+        label += "".join(f" {CAPTURED_PREFIX}{n}={getattr(captured, n)}" for n in smaller)
+    return label

@@ -91,9 +91,10 @@ def breakdown_rows(
     real: list[dict[int, RankRun]],
     pred: list[dict[int, RankRun]],
     slices: list[dict],
+    captured: GPTConfig | None = None,
 ) -> list[dict]:
     layout = config.layout
-    roles = layout.roles()
+    roles = (captured or config).layout.roles()  # the slice's rank of each role
     rows = []
     for rank in sorted(real[0]):
         role_rank = roles[layout.role(rank)]

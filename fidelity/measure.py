@@ -145,27 +145,30 @@ def build_case_graph(
     spec: ClusterSpec,
     correction: Correction = Correction.PHASE,
 ) -> None:
-    """The graph of the case's own layout, built as prism-build-graph does."""
+    """The graph of the case's own job, built as prism-build-graph does (its dp, layers and
+    microbatches, whatever the capture ran)."""
     options = BuildOptions(
         capture_dir=capture, out=graph, tp=config.tp, pp=config.pp, dp=config.dp, cluster=spec,
-        profiler_correction=correction,
+        microbatches=config.microbatches, layers=config.layers, profiler_correction=correction,
     )  # fmt: skip
     build_graph(options)
 
 
 def predict(
-    config: GPTConfig, spec: ClusterSpec, settings: RunSettings, out: Path
+    config: GPTConfig, spec: ClusterSpec, settings: RunSettings, out: Path, captured: GPTConfig | None = None
 ) -> tuple[dict[int, RankRun], dict[int, dict[str, float]]]:
-    """Capture the slice, build and simulate the graph: per rank prediction, per role rank slice split."""
+    """Capture the slice (of ``captured``, default ``config``), build the graph of ``config`` and
+    simulate it: per rank prediction, per captured rank slice split."""
     capture = out / "slice"
+    captured = captured or config
     options = CaptureOptions(
-        config=config,
+        config=captured,
         real=RealMode.ROLES,
         warmup=settings.warmup,
         iterations=settings.iterations,
         out_dir=capture,
     )
-    manifest = _beside_load(config, settings, partial(run_capture, options))
+    manifest = _beside_load(captured, settings, partial(run_capture, options))
     build_case_graph(config, capture, out / "graph.parquet", spec)
     predicted = _simulated(config, out / "graph.parquet", settings)
     slice_parts = {

@@ -172,3 +172,30 @@ def test_matched_load_that_dies_is_an_error(tmp_path: Path) -> None:
         load._procs[0][1].wait(timeout=60)
         with pytest.raises(RuntimeError, match="load process of rank 1 failed"):
             load.batch_done((0,))
+
+
+@pytest.mark.slow
+def test_a_graph_built_for_a_job_larger_than_its_capture(spec_file: Path, tmp_path: Path) -> None:
+    from prism.fidelity import RunSettings, captured_config, run_case_detailed
+    from prism.graph.io.parquet import read_metadata
+    from prism.schemas.cluster import ClusterSpec
+    from prism.schemas.manifest import read_manifest
+
+    # Three layers a stage (first, middle, last) and more microbatches than the pipeline holds in
+    # flight: every schedule section and layer position the larger job runs was captured.
+    text = "tp=1 pp=2 dp=1 layers=8 hidden=32 heads=2 seq=16 mbs=1 microbatches=8 vocab=128 captured_layers=6 captured_microbatches=4"  # fmt: skip
+    job, captured = parse_case(text), captured_config(text)
+    settings = RunSettings(warmup=3, iterations=1, replay=False, work_dir=tmp_path / "wd")
+    result = run_case_detailed(job, 1, ClusterSpec.load(spec_file), settings, captured=captured)
+    assert {r["case"] for r in result.records} == {text}
+    (repeat,) = (tmp_path / "wd").glob("*/repeat0")
+    # The slice ran the smaller job, the real run and the graph the case's own.
+    slice_job = read_manifest(repeat / "slice").job.config
+    assert (slice_job.layers, slice_job.microbatches) == (6, 4)
+    real_job = read_manifest(repeat / "real").job.config
+    assert (real_job.layers, real_job.microbatches) == (8, 8)
+    model = read_metadata(repeat / "graph.parquet").model
+    assert (model["layers"], model["microbatches"]) == (8, 8), model
+    # The peak memory of layers and microbatches that never ran in the capture is the real run's.
+    for record in result.records:
+        assert record["real_peak_bytes"] == record["pred_peak_bytes"], record

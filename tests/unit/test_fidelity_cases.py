@@ -1,0 +1,40 @@
+"""Fidelity case strings: the job, what its slice captures, and labels that read back."""
+
+from __future__ import annotations
+
+import pytest
+
+from prism.fidelity import CaseError, captured_config, case_label, parse_case
+
+JOB = "tp=1 pp=2 dp=1 layers=8 hidden=64 heads=2 seq=16 mbs=1 microbatches=8"
+
+
+def test_a_case_captures_its_own_job_unless_it_says_otherwise():
+    assert captured_config(JOB) == parse_case(JOB)
+    text = f"{JOB} captured_layers=4 captured_microbatches=2"
+    job, captured = parse_case(text), captured_config(text)
+    assert (job.layers, job.microbatches) == (8, 8)
+    assert (captured.layers, captured.microbatches) == (4, 2)
+    assert captured.hidden == job.hidden and captured.pp == job.pp
+
+
+def test_label_names_what_was_captured_and_reads_back():
+    text = f"{JOB} captured_dp=1 captured_microbatches=4"
+    job, captured = parse_case(text), captured_config(text)
+    label = case_label(job, captured)
+    assert label.endswith(" captured_microbatches=4")  # dp equals the job's: not named
+    assert parse_case(label) == job and captured_config(label) == captured
+    assert case_label(job) == case_label(job, job)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (f"{JOB} captured_tp=2", "captured_dp, captured_layers, captured_microbatches"),
+        (f"{JOB} captured_layers=x", "cannot read 'x'"),
+        (f"{JOB} captured_layers=3", "as captured"),  # 3 layers do not split over 2 stages
+    ],
+)
+def test_bad_captured_keys_are_one_line_errors(text, message):
+    with pytest.raises(CaseError, match=message):
+        captured_config(text)
