@@ -21,10 +21,13 @@ _DEGREE_DEFAULTS = {"tp": 1, "pp": 1, "dp": 1}
 _SMALL = "layers=4 hidden=128 heads=4 seq=64 mbs=2 microbatches=8"
 _MEDIUM = "layers=4 hidden=256 heads=8 seq=64 mbs=2 microbatches=8"
 _LAYOUTS = ("tp=2 pp=1 dp=1", "tp=1 pp=2 dp=1", "tp=1 pp=1 dp=2")
-DEFAULT_CASES: tuple[str, ...] = tuple(
-    f"{layout} {model}" for model in (_SMALL, _MEDIUM) for layout in _LAYOUTS
+_BUILT_LARGER = "tp=1 pp=2 dp=1 layers=8 hidden=128 heads=4 seq=64 mbs=2 microbatches=8 captured_layers=6 captured_microbatches=4"
+DEFAULT_CASES: tuple[str, ...] = (
+    *(f"{layout} {model}" for model in (_SMALL, _MEDIUM) for layout in _LAYOUTS),
+    _BUILT_LARGER,
 )
-"""World size 2 each: one process per core of a 2-core machine."""
+"""World size 2 each: one process per core of a 2-core machine. The last one's graph is built for
+8 layers and 8 microbatches from a capture of 6 and 4."""
 
 
 class CaseError(ValueError):

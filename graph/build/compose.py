@@ -272,6 +272,11 @@ def compose_stage(template: RoleTemplate, *, cfg: GPTConfig, captured: GPTConfig
     program.pending = []  # every transfer was waited for by the schedule's last WAIT
     # With dp = 1 the workload opens its grad-sync marks but runs nothing inside them.
     no_sync = GRAD_SYNC not in template.segments and cfg.dp == 1
+    if GRAD_SYNC not in template.segments and cfg.dp > 1 and captured.dp == 1:
+        raise TemplateError(
+            f"the capture ran dp=1, so it has no gradient sync to scale to dp={cfg.dp}: capture at dp >= 2 "
+            "(the slice still runs one real rank per role)"
+        )
     sync = (
         pd.DataFrame()
         if no_sync

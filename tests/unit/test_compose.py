@@ -170,3 +170,13 @@ def test_bound_ranks_share_collective_ids_with_their_group() -> None:
     assert set(sends[gf.PEER] - sends[gf.RANK]) == {cfg.layout.stride("pp"), -cfg.layout.stride("pp")}
     tp = coll[coll[gf.GROUP_KIND] == "tp"]
     assert (tp[gf.DUR_NS] == 4000).all() and (tp[gf.GROUP_SIZE] == 2).all()
+
+
+def test_a_dp1_capture_cannot_give_a_gradient_sync() -> None:
+    captured = replace(CAPTURED, dp=1)
+    table = op_table(0, captured)
+    table = table[table[ot.PHASE] != "grad_sync"].reset_index(drop=True)  # dp=1 syncs nothing
+    role = build_role_template(table, rank=0, stage=0, first_layer=0)
+    compose_stage(role, cfg=captured, captured=captured, stage=0)  # its own layout: fine
+    with pytest.raises(TemplateError, match="capture at dp >= 2"):
+        compose_stage(role, cfg=replace(captured, dp=8), captured=captured, stage=0)
