@@ -32,6 +32,7 @@ from prism.fidelity import (
     captured_config,
     mean_errors,
     parse_case,
+    random_cases,
     resolve_spec,
     run_case_detailed,
 )
@@ -48,6 +49,7 @@ from prism.fidelity.report import (
     phase_table,
     profiler_table,
     records_table,
+    summary_table,
 )
 from prism.fidelity.spec import CALIBRATION_OPS, PROGRAM_CALIBRATION_OPS
 from prism.graph.comm.calibrate import parse_size
@@ -61,6 +63,11 @@ console = Console(width=max(120, Console().width))
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", action="append", default=None, help="key=value ... (repeatable)")
+    parser.add_argument(
+        "--random", type=int, default=0, metavar="N",
+        help="N cases drawn at random (prism.fidelity.cases.random_cases) instead of the fixed ones",
+    )  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0, help="seed of the --random draw")
     parser.add_argument(
         "--program", action="append", default=None,
         help="a program and its arguments, as after `torchrun ... --` (repeatable; with --tp/--pp/--dp)",
@@ -128,6 +135,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.program and args.case:
         parser.error("--program and --case are separate runs")
+    if args.random and (args.case or args.program):
+        parser.error("--random draws the cases: give it without --case or --program")
+    if args.random < 0:
+        parser.error("--random must be a number of cases (>= 1)")
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     if args.warmup < MIN_WARMUP:
@@ -145,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
     try:
-        cases = [(parse_case(text), captured_config(text)) for text in (args.case or DEFAULT_CASES)]
+        texts = args.case or (random_cases(args.random, args.seed) if args.random else DEFAULT_CASES)
+        cases = [(parse_case(text), captured_config(text)) for text in texts]
         sizes = tuple(parse_size(s) for s in args.calibrate_sizes.split(",") if s.strip())
     except (CaseError, ValueError) as e:
         console.print(f"[bold red]error:[/] {e}", highlight=False)
@@ -190,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     if paced:
         tables += (records_table(paced, ids, "paced"),)
     if replayed:
-        tables += (records_table(replayed, ids, "replay"),)
+        tables += (records_table(replayed, ids, "replay"), phase_table(replayed, ids))
+    tables += (summary_table(every, ids),)
     tables += (
         breakdown_table(breakdown, ids),
         profiler_table(breakdown, records, ids),
@@ -219,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                     ),
                     "cluster_spec": choice.source,
                     "spec": choice.spec.to_dict(),
+                    "cases": {"random": args.random, "seed": args.seed} if args.random else "given or fixed",
                     "repeats": args.repeats,
                     "warmup": settings.warmup,
                     "iterations": settings.iterations,

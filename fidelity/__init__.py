@@ -28,7 +28,14 @@ time compared is the one the job takes without a profiler, which is what a user 
 """
 
 from prism.fidelity.case import CaseResult, case_dir, run_case, run_case_detailed
-from prism.fidelity.cases import DEFAULT_CASES, CaseError, captured_config, case_label, parse_case
+from prism.fidelity.cases import (
+    DEFAULT_CASES,
+    CaseError,
+    captured_config,
+    case_label,
+    parse_case,
+    random_cases,
+)
 from prism.fidelity.compare import mean_abs, mean_errors
 from prism.fidelity.measure import PACED_GRAPH, RankRun, RunSettings, build_case_graph
 from prism.fidelity.spec import CALIBRATION_SIZES, SpecChoice, resolve_spec
@@ -49,6 +56,7 @@ __all__ = [
     "mean_abs",
     "mean_errors",
     "parse_case",
+    "random_cases",
     "resolve_spec",
     "run_case",
     "run_case_detailed",

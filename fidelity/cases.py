@@ -10,6 +10,7 @@ fully here).
 from __future__ import annotations
 
 import dataclasses
+import random
 
 from prism.schemas.workload import ConfigError, GPTConfig
 
@@ -123,3 +124,51 @@ def case_label(config: GPTConfig, captured: GPTConfig | None = None) -> str:
         smaller = [n for n in CAPTURED_FIELDS if getattr(captured, n) != getattr(config, n)]
         label += "".join(f" {CAPTURED_PREFIX}{n}={getattr(captured, n)}" for n in smaller)
     return label
+
+
+# -- random cases --------------------------------------------------------------------------------
+RANDOM_LAYOUTS = _LAYOUTS
+RANDOM_CHOICES: dict[str, tuple] = {
+    "hidden": (64, 128, 192, 256),
+    "heads": (2, 4, 8),
+    "layers": (2, 4, 6, 8),
+    "seq": (32, 64, 128),
+    "mbs": (1, 2, 4),
+    "microbatches": (1, 2, 4, 8),
+    "vocab": (1024, 4096),
+}
+"""Each field's values, drawn uniformly and independently (``random_cases``)."""
+BF16_SHARE = 0.25
+"""Share of random cases in bfloat16 (the rest float32)."""
+MAX_CASE_GFLOP = 3.0
+"""Training FLOPs of one rank's iteration (6 x parameters x tokens) above which a draw is redrawn,
+so that every case runs in seconds on a 2-core CPU (bfloat16, slower there, a quarter of it)."""
+
+
+def _case_gflop(config: GPTConfig) -> float:
+    params = 12 * config.layers * config.hidden**2 + config.vocab * config.hidden
+    tokens = config.micro_batch_size * config.seq_len * config.microbatches
+    return 6 * params * tokens / (config.tp * config.pp) / 1e9
+
+
+def random_cases(count: int, seed: int) -> list[str]:
+    """``count`` cases drawn with ``seed``: a world-2 layout (tp=2, pp=2 or dp=2, uniformly), then
+    each field of ``RANDOM_CHOICES`` uniformly and bfloat16 in ``BF16_SHARE`` of them, the fields
+    drawn again while GPTConfig rejects them for the layout (heads that do not divide hidden or
+    tp, fewer microbatches than stages), a head is narrower than 16, or the case is heavier than
+    ``MAX_CASE_GFLOP``. The same seed gives the same cases."""
+    rng = random.Random(seed)
+    return [_draw(rng, rng.choice(RANDOM_LAYOUTS)) for _ in range(count)]
+
+
+def _draw(rng: random.Random, layout: str) -> str:
+    while True:
+        fields = " ".join(f"{key}={rng.choice(values)}" for key, values in RANDOM_CHOICES.items())
+        dtype = "bfloat16" if rng.random() < BF16_SHARE else "float32"
+        try:
+            config = parse_case(f"{layout} {fields} dtype={dtype}")
+        except CaseError:
+            continue
+        budget = MAX_CASE_GFLOP / (4 if dtype == "bfloat16" else 1)
+        if config.hidden // config.heads >= 16 and _case_gflop(config) <= budget:
+            return case_label(config)

@@ -116,7 +116,36 @@ def phase_table(records: list[dict], ids: dict[str, str]) -> Table:
                 f"{p['predicted_ms']:.2f}",
                 error,
             )
-    table.caption = "error: (graph - measured) / measured; the measured time has the stall taken out"
+    table.caption = "error: (graph - measured) / measured; measured: the replayed rank's time between its calls, by the phase of the graph's nodes there"
+    return table
+
+
+def summary_table(records: list[dict], ids: dict[str, str], worst: int = 3) -> Table:
+    """Per source, the mean and max |iteration error| over every rank, the worst cases, and memory."""
+    table = Table(title="summary: |error| over every rank of every case")
+    for column in (
+        "source",
+        "ranks",
+        "mean iter err",
+        "max iter err",
+        f"worst {worst}",
+        "mean mem err",
+        "max mem err",
+    ):
+        table.add_column(column, justify="left" if column in ("source", f"worst {worst}") else "right")
+    for source in SOURCE_TITLES:
+        rows = [r for r in records if r["source"] == source]
+        if not rows:
+            continue
+        ranked = sorted(rows, key=lambda r: -abs(r["iter_err_pct"]))
+        top = ", ".join(
+            f"{ids[r['case']]} rank {r['rank']} {r['iter_err_pct']:+.1f}%" for r in ranked[:worst]
+        )
+        table.add_row(
+            source, str(len(rows)), f"{mean_abs(rows, 'iter_err_pct'):.1f}%", f"{abs(ranked[0]['iter_err_pct']):.1f}%",
+            top, f"{mean_abs(rows, 'mem_err_pct'):.3f}%", f"{max(abs(r['mem_err_pct']) for r in rows):.3f}%",
+        )  # fmt: skip
+    table.caption = "replay: the replayed rank's wall time; memory: peak"
     return table
 
 

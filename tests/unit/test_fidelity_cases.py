@@ -38,3 +38,17 @@ def test_label_names_what_was_captured_and_reads_back():
 def test_bad_captured_keys_are_one_line_errors(text, message):
     with pytest.raises(CaseError, match=message):
         captured_config(text)
+
+
+def test_random_cases_are_valid_reproducible_and_vary():
+    from prism.fidelity.cases import MAX_CASE_GFLOP, _case_gflop, random_cases
+
+    cases = random_cases(30, seed=7)
+    assert cases == random_cases(30, seed=7) and cases != random_cases(30, seed=8)
+    assert len(set(cases)) > 25
+    configs = [parse_case(text) for text in cases]
+    assert all(c.layout.world_size == 2 for c in configs)
+    assert {(c.tp, c.pp, c.dp) for c in configs} == {(2, 1, 1), (1, 2, 1), (1, 1, 2)}
+    assert all(_case_gflop(c) <= MAX_CASE_GFLOP for c in configs)
+    assert {c.dtype for c in configs} == {"float32", "bfloat16"}
+    assert all(case_label(c) == text for c, text in zip(configs, cases, strict=True))
