@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     breakdown = [r for res in results for r in res.breakdown]
     collectives = [r for res in results for r in res.collectives]
     ids = case_ids(records)
-    tables = (legend_table(ids), records_table(records, ids))
+    tables = (legend_table(ids), records_table(records, ids), phase_table(records, ids, "simulation"))
     if paced:
         tables += (records_table(paced, ids, "paced"),)
     if replayed:

@@ -48,6 +48,10 @@ def paired_records(
         brackets = [run[rank].bracket_ns for run in real if run[rank].bracket_ns is not None]
         drifts = [abs(_err_pct(after, before)) for before, after in brackets]
         paired = [_err_pct(p, r) for p, r in zip(pred_repeats, real_repeats, strict=True)]
+        paired_se = _median_se(paired)
+        # How far the real side alone moved: between its repeats, and across each replay.
+        spread = (max(real_repeats) - min(real_repeats)) / real_ms * 100.0
+        moved = max([spread, *drifts])
         records.append(
             {
                 "case": label, "rank": rank, "source": source,
@@ -59,16 +63,32 @@ def paired_records(
                 "pred_repeats_ms": [round(v, 3) for v in pred_repeats],
                 "real_sem_pct": _round(sem),
                 "paired_err_pct": round(_median(paired), 2),
-                "paired_se_pct": _round(_median_se(paired)),
+                "paired_se_pct": _round(paired_se),
+                "err_ci95_pct": None if paired_se is None else [
+                    round(_median(paired) - 1.96 * paired_se, 2), round(_median(paired) + 1.96 * paired_se, 2)
+                ],
                 "real_bracket_drift_pct": _round(_median(drifts)) if drifts else None,
+                "real_spread_pct": round(spread, 2),
+                "within_noise": bool(abs(_err_pct(pred_ms, real_ms)) <= moved),
             }
         )  # fmt: skip
+        real_own = [run[rank].own_ms for run in real if run[rank].own_ms is not None]
+        pred_own = [run[rank].own_ms for run in pred if run[rank].own_ms is not None]
+        if real_own and pred_own:  # a simulation: the iteration by phase against the real run's
+            records[-1]["phase_err"] = _own_phase_errors(real_own, pred_own)
         corrected = [run[rank].corrected_ns / 1e6 for run in pred if run[rank].corrected_ns is not None]
         if corrected:  # a replay: the stall-corrected time beside the wall time, and its phases
             records[-1]["pred_corrected_ms"] = round(_median(corrected), 3)
             records[-1]["corrected_err_pct"] = round(_err_pct(_median(corrected), real_ms), 2)
             records[-1]["phase_err"] = _phase_errors([run[rank].phases_ms or {} for run in pred])
     return records
+
+
+def _own_phase_errors(real: list[dict[str, float]], pred: list[dict[str, float]]) -> dict[str, dict]:
+    """Per phase (``explain.own_phases_ms``), the real runs' median ms against the prediction's."""
+    return _phase_errors(
+        [{phase: (r[phase], p.get(phase, 0.0)) for phase in r} for r, p in zip(real, pred, strict=False)]
+    )
 
 
 def _phase_errors(repeats: list[dict[str, tuple[float, float]]]) -> dict[str, dict]:

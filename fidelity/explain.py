@@ -20,6 +20,8 @@ import statistics
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -27,9 +29,48 @@ import pandas as pd
 from prism.graph.build import op_table as ot
 from prism.graph.comm.call_latency import CallLatency
 from prism.graph.comm.model import CommModel
+from prism.graph.io.parquet import read_rank
 from prism.graph.sim.metrics import breakdown
 from prism.graph.sim.simulate import SimGraph, SimResult
+from prism.schemas import graph_format as gf
 from prism.schemas.cluster import ClusterSpec
+from prism.schemas.graph_format import NodeKind
+from prism.schemas.iterations import clean_unprofiled
+
+PHASE_NAMES = {"fwd": "forward", "bwd": "backward", "optim": "optimizer"}
+"""Block kinds a fidelity record names; every other kind (transfers, p2p waits, gradient-sync
+copies, glue) is 'other'."""
+COMM = "comm+bubble"
+"""What the iteration spends in process-group calls, waiting on peers included."""
+
+
+def own_phases_ms(own_ns: Mapping[str, float], iteration_ns: float) -> dict[str, float]:
+    """A rank's iteration by phase, ms: its own time (compute and Python, calls excluded) in
+    forward, backward, optimizer and other blocks (``own_ns`` by block kind), and ``COMM``, the
+    rest of the iteration."""
+    out = dict.fromkeys([*PHASE_NAMES.values(), "other"], 0.0)
+    for kind, ns in own_ns.items():
+        out[PHASE_NAMES.get(kind, "other")] += ns / 1e6
+    out[COMM] = iteration_ns / 1e6 - sum(out.values())
+    return out
+
+
+def real_own_ns(phase_ns: Sequence[Mapping[str, int]], warmup: int) -> dict[str, float]:
+    """Median own time of each block kind over a real rank's clean unprofiled iterations."""
+    clean = clean_unprofiled(phase_ns, warmup)
+    kinds = {kind for p in clean for kind in p}
+    return {kind: float(statistics.median(p.get(kind, 0) for p in clean)) for kind in kinds}
+
+
+def graph_own_ns(graph_path: Path, rank: int) -> dict[str, float]:
+    """A graph rank's own time by block kind: its compute nodes' durations and every node's gap."""
+    nodes = read_rank(graph_path, rank, columns=[gf.PHASE, gf.KIND, gf.DUR_NS, gf.GAP_NS]).to_pandas()
+    compute = nodes[gf.KIND].astype(str) == NodeKind.COMPUTE.value
+    own = np.where(compute, nodes[gf.DUR_NS], 0) + nodes[gf.GAP_NS].to_numpy()
+    phases = (
+        nodes[gf.PHASE].astype(str).to_numpy()
+    )  # a transfer's phase without its direction: 'other' either way
+    return {str(kind): float(ns) for kind, ns in pd.Series(own).groupby(phases).sum().items()}
 
 
 def decompose(ops: pd.DataFrame) -> dict[str, float]:

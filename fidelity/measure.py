@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from prism.capture.runner import CaptureOptions, RealMode, run_capture
-from prism.fidelity.explain import decompose, sim_breakdown
+from prism.fidelity.explain import decompose, graph_own_ns, own_phases_ms, real_own_ns, sim_breakdown
 from prism.fidelity.load import MatchedLoad
 from prism.graph.build.builder import BuildOptions, build_graph
 from prism.graph.build.normalize import normalize_rank
@@ -85,6 +85,8 @@ class RankRun:
     a correction shown beside the measurement."""
     phases_ms: dict[str, tuple[float, float]] | None = None
     """A replay's: per phase of the replayed rank, (measured, predicted by the graph) ms."""
+    own_ms: dict[str, float] | None = None
+    """Real runs and simulations: the iteration by phase (``explain.own_phases_ms``), ms."""
 
 
 def _steady_ns(manifest: CaptureManifest, rank: int) -> float:
@@ -112,8 +114,13 @@ def measure_real(config: GPTConfig, settings: RunSettings, out: Path) -> dict[in
     runs = {}
     for rank in range(config.layout.world_size):
         mem = iteration_memory(CaptureFiles(out).kineto(rank))
+        result = next(r.result for r in manifest.ranks if r.rank == rank)
+        steady = _steady_ns(manifest, rank)
         runs[rank] = RankRun(
-            iter_ns=_steady_ns(manifest, rank),
+            iter_ns=steady,
+            own_ms=own_phases_ms(real_own_ns(result.phase_ns, settings.warmup), steady)
+            if result.phase_ns
+            else None,
             peak_bytes=static_bytes(config, config.layout.stage(rank)) + mem.peak_delta_bytes,
             parts_ms=decompose(normalize_rank(out, rank)),
             profiled_ns=_profiled_ns(manifest, rank),
@@ -124,15 +131,23 @@ def measure_real(config: GPTConfig, settings: RunSettings, out: Path) -> dict[in
 
 
 def bracketed(before: dict[int, RankRun], after: dict[int, RankRun]) -> dict[int, RankRun]:
-    """The real runs before and after the replay as one: mean steady time, the rest from ``before``."""
+    """The real runs before and after the replay as one: mean steady time and phases, the rest from
+    ``before``."""
     return {
         rank: replace(
             run,
             iter_ns=(run.iter_ns + after[rank].iter_ns) / 2,
             bracket_ns=(run.iter_ns, after[rank].iter_ns),
+            own_ms=_mean_phases(run.own_ms, after[rank].own_ms),
         )
         for rank, run in before.items()
     }
+
+
+def _mean_phases(a: dict[str, float] | None, b: dict[str, float] | None) -> dict[str, float] | None:
+    if a is None or b is None:
+        return a or b
+    return {phase: (a.get(phase, 0.0) + b.get(phase, 0.0)) / 2 for phase in a.keys() | b.keys()}
 
 
 # -- (b) the prediction -------------------------------------------------------------------------
@@ -191,6 +206,7 @@ def _simulated(config: GPTConfig, graph_path: Path, settings: RunSettings) -> di
     return {
         rank: RankRun(
             iter_ns=float(result.iteration_ns[rank]),
+            own_ms=own_phases_ms(graph_own_ns(graph_path, rank), float(result.iteration_ns[rank])),
             peak_bytes=int(result.peak_bytes[rank]),
             parts_ms=parts[rank],
             dynamic_bytes=int(result.peak_bytes[rank]) - static_bytes(config, config.layout.stage(rank)),

@@ -91,19 +91,36 @@ def records_table(records: list[dict], ids: dict[str, str], source: str = "simul
         if drifts
         else ""
     )
+    noisy = sum(r["within_noise"] for r in records)
+    within = f"; {noisy} of {len(records)} errors within how far the real side itself moved" if noisy else ""
     table.caption = (
         f"mean |iteration error| {mean_abs(records, 'iter_err_pct'):.1f}% (of the medians), "
         f"{mean_abs(records, 'paired_err_pct'):.1f}% (paired: median of each repeat's error), "
-        f"mean |memory error| {mean_abs(records, 'mem_err_pct'):.3f}%{noise}{moved}"
+        f"mean |memory error| {mean_abs(records, 'mem_err_pct'):.3f}%{noise}{moved}{within}"
     )
     return table
 
 
-def phase_table(records: list[dict], ids: dict[str, str]) -> Table:
-    """A replayed rank's own time by phase against the graph's, so that a total right by
-    cancellation shows as such."""
-    table = Table(title="replay: each replayed rank's time by phase, measured vs the graph's")
-    for column in ("case", "rank", "phase", "measured ms", "graph ms", "error"):
+_PHASE_TITLES = {
+    "simulation": (
+        "simulation: each rank's iteration by phase, real vs simulated",
+        "forward/backward/optimizer/other: own time in those blocks (calls excluded; real: clean unprofiled "
+        "iterations); comm+bubble: the rest of the iteration; error: (simulated - real) / real",
+    ),
+    "replay": (
+        "replay: each replayed rank's time by phase, measured vs the graph's",
+        "measured: the replayed rank's time between its calls, by the phase of the graph's nodes there; "
+        "error: (graph - measured) / measured",
+    ),
+}
+
+
+def phase_table(records: list[dict], ids: dict[str, str], source: str = "replay") -> Table:
+    """Each record's time by phase against its prediction, so that a total right by cancellation
+    shows as such."""
+    title, caption = _PHASE_TITLES[source]
+    table = Table(title=title)
+    for column in ("case", "rank", "phase", "measured ms", "predicted ms", "error"):
         table.add_column(column, justify="left" if column in ("case", "phase") else "right")
     for r in records:
         for phase, p in (r.get("phase_err") or {}).items():
@@ -116,7 +133,7 @@ def phase_table(records: list[dict], ids: dict[str, str]) -> Table:
                 f"{p['predicted_ms']:.2f}",
                 error,
             )
-    table.caption = "error: (graph - measured) / measured; measured: the replayed rank's time between its calls, by the phase of the graph's nodes there"
+    table.caption = caption
     return table
 
 

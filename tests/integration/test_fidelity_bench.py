@@ -32,6 +32,9 @@ RECORD_TYPES = {
     "paired_err_pct": float,
     "paired_se_pct": (float, type(None)),
     "real_bracket_drift_pct": (float, type(None)),
+    "err_ci95_pct": (list, type(None)),
+    "real_spread_pct": float,
+    "within_noise": bool,
 }
 REPLAY_RECORD_TYPES = RECORD_TYPES | {
     "pred_corrected_ms": float,
@@ -57,8 +60,16 @@ def spec_file(tmp_path: Path) -> Path:
 
 
 def _check_record(record: dict) -> None:
-    types = REPLAY_RECORD_TYPES if record["source"] == "replay" else RECORD_TYPES
+    # Every record has the iteration by phase beside the total (a simulation's against the real
+    # run's blocks, a replay's against the graph's).
+    types = REPLAY_RECORD_TYPES if record["source"] == "replay" else RECORD_TYPES | {"phase_err": dict}
     assert set(record) == set(types)
+    if record["source"] != "replay":
+        phases = record["phase_err"]
+        assert set(phases) == {"forward", "backward", "optimizer", "other", "comm+bubble"}
+        total = sum(p["measured_ms"] for p in phases.values())
+        assert total == pytest.approx(record["real_iter_ms"], rel=0.02)
+        assert phases["forward"]["predicted_ms"] > 0 and phases["backward"]["predicted_ms"] > 0
     for key, kind in types.items():
         assert isinstance(record[key], kind), (key, record[key])
     assert record["source"] in ("simulation", "paced", "replay")
