@@ -88,6 +88,7 @@ class Coordinator:
 
     def _serve(self) -> None:
         conns: dict[Connection, int] = {}
+        wake_fds: list[int] = []
         try:
             rss_before, began = psutil.Process().memory_info().rss, time.perf_counter()
             cosim, predictions = open_cosimulation(self._graph, self._ranks, trace_ranks=self._trace_ranks)
@@ -96,12 +97,17 @@ class Coordinator:
             channels = {
                 r: Channel.create(self._directory / f"rank{r}.channel", len(p.comm_rows)) for r, p in cosim.programs.items()
             }  # fmt: skip
+            wakes = {r: self._directory / f"rank{r}.wake" for r in channels}
+            for path in wakes.values():
+                os.mkfifo(path, 0o600)
+            # Opened before the ranks connect: a rank's write end opens only once a reader has.
+            wake_fds += [os.open(path, os.O_RDONLY | os.O_NONBLOCK) for path in wakes.values()]
             load = (time.perf_counter() - began, psutil.Process().memory_info().rss - rss_before)
             for _ in self._ranks:
                 conn = self._listener.accept()
                 _, rank = conn.recv()  # ("hello", rank)
                 conns[conn] = rank
-                conn.send(("channel", (str(channels[rank].path), channels[rank].comm_nodes)))
+                conn.send(("channel", (str(channels[rank].path), channels[rank].comm_nodes, str(wakes[rank]))))
             by_rank = {rank: conn for conn, rank in conns.items()}
             origin: int | None = None  # wall time of graph time 0: the first rank's first iteration
             asked: list[Connection] = []  # summaries wait for every rank: the last pass needs them all
@@ -128,9 +134,16 @@ class Coordinator:
                         channel.sleeping(True)
                     if take_events():  # one came before the flag was up
                         asleep, last_event = False, time.perf_counter()
-                ready = wait(list(conns), SLEEP_S if asleep else 0)
+                ready = wait([*conns, *wake_fds], SLEEP_S if asleep else 0)
                 for channel in channels.values() if asleep else ():
                     channel.sleeping(False)
+                if any(isinstance(r, int) for r in ready):  # a rank woke us: its events are in its channel
+                    for fd in wake_fds:
+                        _drain(fd)
+                    ready = [r for r in ready if not isinstance(r, int)]
+                    last_event = time.perf_counter()
+                    if not ready:
+                        continue
                 if not ready:
                     if cosim.owes_work:  # nothing to answer: on with the virtual ranks
                         _deliver(cosim.catch_up(CHUNK_NODES), by_rank)
@@ -161,6 +174,9 @@ class Coordinator:
             self._fail(str(e).splitlines()[0], conns)
         except Exception as e:  # noqa: BLE001 (any failure must reach the ranks, not hang them)
             self._fail(f"the co-simulation failed: {type(e).__name__}: {e}", conns)
+        finally:
+            for fd in wake_fds:
+                os.close(fd)
 
     def _fail(self, message: str, conns: dict[Connection, int]) -> None:
         self.error = message
@@ -180,6 +196,14 @@ def _deliver(resolved: list[Resolved], by_rank: dict[int, Connection]) -> None:
         by_rank[rank].send(("resolved", items))
 
 
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
 def _post_rules(cosim: CoSimulation, channels: dict[int, Channel]) -> None:
     for rank, pass_, index, rule in cosim.take_rules():
         channels[rank].put_rule(pass_, index, rule)
@@ -187,8 +211,9 @@ def _post_rules(cosim: CoSimulation, channels: dict[int, Channel]) -> None:
 
 class RemotePort:
     """A rank's port to the coordinator (``prism.replay.graph_clock.CoSimPort``): events and answer
-    rules through the rank's ``Channel``; resolutions, the origin, the summary and errors over
-    the socket.
+    rules through the rank's ``Channel``, a byte down the rank's wake pipe where the coordinator
+    sleeps (a write, where a message on the socket would pickle); resolutions, the origin, the
+    summary and errors over the socket.
 
     ``on_error(message)`` is called from the port's receiving thread when the co-simulation
     stops on an error or goes away: the rank cannot go on."""
@@ -200,8 +225,9 @@ class RemotePort:
         """True where this is the only real rank: its stall can be taken out of its time alone."""
         self._conn = Client(address, family="AF_UNIX")
         self._conn.send(("hello", rank))
-        _, (path, comm_nodes) = self._conn.recv()  # ("channel", ...), once the graph is loaded
+        _, (path, comm_nodes, wake) = self._conn.recv()  # ("channel", ...), once the graph is loaded
         self._channel = Channel.open(path, comm_nodes)
+        self._wake = os.open(wake, os.O_WRONLY | os.O_NONBLOCK)
         self._rank = rank
         self._send_lock = threading.Lock()
         self._on_error = on_error
@@ -216,8 +242,10 @@ class RemotePort:
     def send(self, events: list[Event]) -> None:
         self._channel.push(events)
         if self._channel.coordinator_sleeps:
-            with self._send_lock:
-                self._conn.send(("wake", None))
+            try:
+                os.write(self._wake, b"w")
+            except BlockingIOError:  # the pipe is full of wakes the coordinator has yet to read
+                pass
 
     def rule(self, pass_: int, index: int, node: int) -> AnswerRule | None:
         return self._channel.rule(pass_, index, node)
@@ -230,6 +258,7 @@ class RemotePort:
         summary = self._ask("summary", None)
         self._closing = True
         self._conn.close()
+        os.close(self._wake)
         return summary
 
     def _ask(self, what: str, payload: object, timeout_s: float = 1800.0) -> object:
