@@ -107,7 +107,9 @@ class Coordinator:
                 conn = self._listener.accept()
                 _, rank = conn.recv()  # ("hello", rank)
                 conns[conn] = rank
-                conn.send(("channel", (str(channels[rank].path), channels[rank].comm_nodes, str(wakes[rank]))))
+                conn.send(
+                    ("channel", (str(channels[rank].path), channels[rank].comm_nodes, str(wakes[rank])))
+                )
             by_rank = {rank: conn for conn, rank in conns.items()}
             origin: int | None = None  # wall time of graph time 0: the first rank's first iteration
             asked: list[Connection] = []  # summaries wait for every rank: the last pass needs them all

@@ -125,6 +125,8 @@ def check_inputs(options: ReplayOptions) -> ReplayTarget:
         message = str(e).splitlines()[0]
         named = message if message.startswith(str(options.graph)) else f"{options.graph}: {message}"
         raise ReplayInputError(named) from None
+    if options.device not in (None, "cpu", "cuda"):
+        raise ReplayInputError(f"--device {options.device!r}: prism replays on cpu or cuda")
     layout = ParallelLayout.from_dict(metadata.layout)
     if gf.PROGRAM_KEY in metadata.model:
         spec = ProgramSpec.from_dict(metadata.model[gf.PROGRAM_KEY])

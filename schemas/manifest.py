@@ -333,4 +333,8 @@ def read_manifest(capture_dir: str | os.PathLike) -> CaptureManifest:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ManifestError(f"{path} is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise ManifestError(
+            f"{path} is not a prism capture manifest (a JSON {type(data).__name__}, not an object)"
+        )
     return CaptureManifest.from_dict(data)

@@ -31,13 +31,18 @@ def simulate(
         list[str], typer.Option(help="PHASE[,layer=L]:+DURATION[@RANK] — e.g. bwd,layer=3:+1ms (repeatable).")
     ] = [],  # noqa: B006
     cluster: Annotated[str | None, typer.Option(help=f"Re-cost communication. {cli_help.CLUSTER}")] = None,
-    iterations: Annotated[int, typer.Option(help="Back-to-back iterations; the last is reported.")] = 2,
+    iterations: Annotated[
+        int, typer.Option(min=1, help="Back-to-back iterations; the last is reported.")
+    ] = 2,
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="summary.json to write [default: beside the graph].")
     ] = None,
 ) -> None:
     """Simulate GRAPH; with what-ifs, show them beside the graph as built."""
+    out = out or graph.with_name("summary.json")
     try:
+        if out.is_dir():
+            raise ValueError(f"--out {out} is a directory; give the summary.json file to write")
         what_if = WhatIf(
             slow_ranks=tuple(parse_slow_rank(s) for s in slow_rank),
             delays=tuple(parse_delay(d) for d in delay),
@@ -46,11 +51,10 @@ def simulate(
         loaded = load_sim_graph(graph)
         summary = predict(graph, what_if, iterations=iterations, graph=loaded)
         baseline = None if what_if.empty else predict(graph, iterations=iterations, graph=loaded)
+        write_summary(summary, out)
     except (GraphFormatError, SimulationError, ValueError, OSError) as e:
         console.print(f"[bold red]error:[/] {str(e).splitlines()[0]}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
-    out = out or graph.with_name("summary.json")
-    write_summary(summary, out)
     if baseline is not None:
         console.print(stage_table(baseline, f"as built — {graph}"))
         before, after = (np.max(s.ranks["iteration_ns"]) / 1e6 for s in (baseline, summary))

@@ -1,0 +1,54 @@
+"""Bad input to the prism-* commands is one error line and exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from prism.graph.build.cli import app as build_app
+from prism.graph.sim.cli import app as simulate_app
+from prism.replay.cli import app as replay_app
+
+TINY = Path(__file__).parents[1] / "data" / "tiny_graph.parquet"
+
+
+def _fails_cleanly(app, argv: list[str], says: str) -> None:
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert says in result.output
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--iterations", "0"], "Invalid value"),
+        (["--iterations", "-3"], "Invalid value"),
+    ],
+)
+def test_simulate_options_out_of_range(argv, says):
+    _fails_cleanly(simulate_app, [str(TINY), *argv], says)
+
+
+def test_simulate_out_that_is_a_directory(tmp_path):
+    _fails_cleanly(simulate_app, [str(TINY), "-o", str(tmp_path)], "is a directory")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_replay_device_that_prism_cannot_run(tmp_path):
+    _fails_cleanly(
+        replay_app, [str(TINY), "--rank", "0", "--device", "tpu", "-o", str(tmp_path / "r")], "cpu or cuda"
+    )
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("text", ["[]", "3", '"manifest"'])
+def test_build_from_a_manifest_that_is_no_object(tmp_path, text):
+    (tmp_path / "manifest.json").write_text(text)
+    _fails_cleanly(
+        build_app,
+        [str(tmp_path), "--tp", "1", "--pp", "1", "--dp", "1", "-o", str(tmp_path / "g.parquet")],
+        "not a prism capture manifest",
+    )
