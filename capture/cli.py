@@ -123,7 +123,7 @@ def capture(
     ] = RealMode.ROLES,
     threads: Annotated[int, typer.Option(help=cli_help.THREADS)] = 1,
     overwrite: Annotated[bool, typer.Option(help=cli_help.OVERWRITE)] = False,
-    rank_timeout: Annotated[float, typer.Option(help=cli_help.RANK_TIMEOUT)] = 1800.0,
+    rank_timeout: Annotated[float, typer.Option(min=1.0, help=cli_help.RANK_TIMEOUT)] = 1800.0,
     order: Annotated[str, typer.Option(help="Rank order of the layout, fastest axis first.")] = DEFAULT_ORDER,
     ranks: Annotated[
         str | None,

@@ -72,7 +72,7 @@ def parse_rank_args(main: str, doc: str, argv: list[str] | None) -> argparse.Nam
 
 def _pump(proc: subprocess.Popen, rank: int, log_path: Path, events: queue.Queue) -> None:
     """Copy a process's output to its log; forward progress lines as events."""
-    with open(log_path, "a") as log:
+    with open(log_path, "a", buffering=1) as log:  # line-buffered: a failure message reads its tail
         assert proc.stdout is not None
         for line in proc.stdout:
             log.write(line)
@@ -149,9 +149,12 @@ def _wait_all(
     while running:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
+            # The logs are in the run's temporary directory, gone once it fails: their tail goes
+            # into the message.
+            first = min(running)
             raise LaunchError(
                 f"rank(s) {', '.join(map(str, sorted(running)))} still running after {timeout_s:.0f} s; "
-                f"see {logs[min(running)]}"
+                f"last lines of rank {first}'s log:\n{_log_tail(logs[first])}"
             )
         try:
             event = events.get(timeout=min(remaining, 1.0))
@@ -162,6 +165,6 @@ def _wait_all(
             running.discard(rank)
             if code != 0:
                 tail = _log_tail(logs[rank])
-                raise LaunchError(f"rank {rank} exited with code {code}; last lines of {logs[rank]}:\n{tail}")
+                raise LaunchError(f"rank {rank} exited with code {code}; last lines of its log:\n{tail}")
         elif on_event is not None:
             on_event(event)

@@ -47,7 +47,7 @@ def replay(
         typer.Option(help="Run several --rank one after another, each the only real rank, not all at once."),
     ] = False,
     overwrite: Annotated[bool, typer.Option(help=cli_help.OVERWRITE)] = False,
-    rank_timeout: Annotated[float, typer.Option(help=cli_help.RANK_TIMEOUT)] = 1800.0,
+    rank_timeout: Annotated[float, typer.Option(min=1.0, help=cli_help.RANK_TIMEOUT)] = 1800.0,
     program: Annotated[
         list[str] | None,
         typer.Argument(
@@ -82,7 +82,10 @@ def replay(
                 progress.starting(r)
             report = run_replay(options, progress)
     except (ReplayInputError, ReplayDiverged) as e:
-        console.print(f"[bold red]error:[/] {str(e).splitlines()[0]}", highlight=False, soft_wrap=True)
+        first, *rest = str(e).splitlines()
+        console.print(f"[bold red]error:[/] {first}", highlight=False, soft_wrap=True)
+        for line in rest:  # a failed rank's last log lines: its log went with the temporary output
+            console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
         console.print("[bold red]interrupted[/]: nothing was written")

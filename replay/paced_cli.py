@@ -29,7 +29,7 @@ def capture_paced(
     iterations: Annotated[int, typer.Option(help=cli_help.ITERATIONS)] = 2,
     threads: Annotated[int, typer.Option(help=cli_help.THREADS)] = 1,
     overwrite: Annotated[bool, typer.Option(help=cli_help.OVERWRITE)] = False,
-    rank_timeout: Annotated[float, typer.Option(help=cli_help.RANK_TIMEOUT)] = 1800.0,
+    rank_timeout: Annotated[float, typer.Option(min=1.0, help=cli_help.RANK_TIMEOUT)] = 1800.0,
 ) -> None:
     """Capture each role's rank of GRAPH's job alone, its virtual peers timed by GRAPH."""
     hooks = ConsoleHooks()

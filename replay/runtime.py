@@ -284,7 +284,7 @@ def _run_batch(
         first = coordinator.error or (errors[0] if errors else None)
         if first:
             raise ReplayDiverged(first) from None
-        raise ReplayDiverged(str(e).splitlines()[0] + f" (see {files.log(ranks[0])})") from None
+        raise ReplayDiverged(str(e)) from None  # with the failing rank's last log lines
     finally:
         hooks.batch_done(ranks)
 

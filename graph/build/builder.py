@@ -96,8 +96,8 @@ def target_config(captured: GPTConfig, options: BuildOptions) -> GPTConfig:
             captured,
             pp=options.pp,
             dp=options.dp,
-            microbatches=options.microbatches or captured.microbatches,
-            layers=options.layers or captured.layers,
+            microbatches=captured.microbatches if options.microbatches is None else options.microbatches,
+            layers=captured.layers if options.layers is None else options.layers,
         )
     except ConfigError as e:
         raise BuildError(f"target is inconsistent with the model: {e}") from e

@@ -58,9 +58,11 @@ def build(
     dp: Annotated[int, typer.Option(help=cli_help.DP)],
     out: Annotated[Path, typer.Option("--out", "-o", help="graph.parquet to write.")] = Path("graph.parquet"),
     microbatches: Annotated[
-        int | None, typer.Option(help="Microbatches per iteration [default: the capture's].")
+        int | None, typer.Option(min=1, help="Microbatches per iteration [default: the capture's].")
     ] = None,
-    layers: Annotated[int | None, typer.Option(help="Transformer layers [default: the capture's].")] = None,
+    layers: Annotated[
+        int | None, typer.Option(min=1, help="Transformer layers [default: the capture's].")
+    ] = None,
     cluster: Annotated[str, typer.Option(help=cli_help.CLUSTER)] = "h100-ib",
     ranks_per_row_group: Annotated[int, typer.Option(help="Ranks per Parquet row group.")] = 32,
     simulate: Annotated[

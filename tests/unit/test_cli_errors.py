@@ -52,3 +52,13 @@ def test_build_from_a_manifest_that_is_no_object(tmp_path, text):
         [str(tmp_path), "--tp", "1", "--pp", "1", "--dp", "1", "-o", str(tmp_path / "g.parquet")],
         "not a prism capture manifest",
     )
+
+
+@pytest.mark.parametrize("option", ["--microbatches", "--layers"])
+def test_build_sizes_of_zero_are_refused_not_ignored(tmp_path, option):
+    argv = [str(tmp_path), "--tp", "1", "--pp", "1", "--dp", "1", option, "0"]
+    _fails_cleanly(build_app, argv, "Invalid value")
+
+
+def test_replay_timeout_must_be_positive(tmp_path):
+    _fails_cleanly(replay_app, [str(TINY), "--rank", "0", "--rank-timeout", "-5"], "Invalid value")
