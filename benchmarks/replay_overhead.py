@@ -10,7 +10,8 @@ times and prints medians over the repeats of (per clean iteration unless said):
   and 90th percentile over all its calls, and the share of calls answered ahead by a rule;
 - the wall iteration, and the stall: the time the replay held the program beyond what the job
   would have (the clock's work where the program would have run on, answers that came after a
-  call's modelled end), in ms and as a share of the wall iteration;
+  call's modelled end), in ms and as a share of the wall iteration, and how much of it was
+  answers that came late;
 - the co-simulation's engine time per iteration (beside the program, in the launcher's process);
 - the memory the graph and the engine add to the process they run in, the time to load them,
   and the rank process's peak RSS.
@@ -65,6 +66,7 @@ def replay_once(graph: Path, rank: int, out: Path) -> dict:
         "ahead_pct": 100 * sum(it.ahead for it in clean) / max(sum(it.calls for it in clean), 1),
         "engine_ms": statistics.median(it.engine_ns for it in clean) / 1e6,
         "stall_ms": statistics.median(it.stall_ns for it in clean) / 1e6,
+        "late_ms": statistics.median(it.late_ns for it in clean) / 1e6,
         "stall_pct": statistics.median(100 * it.stall_ns / w for it, w in zip(clean, wall, strict=True)),
         "iteration_ms": statistics.median(wall) / 1e6,
         "replay_mib": stats.replay_rss_bytes / 2**20,
@@ -84,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     table = Table(title=f"replay overhead, rank {args.rank} (medians over {args.repeats} replays)")
     columns = ("graph", "clock µs/call median", "p90", "answered ahead %", "wall iteration ms", "stall ms",
-               "stall %", "engine ms", "graph load s", "co-sim MiB", "rank peak RSS MiB")  # fmt: skip
+               "stall %", "of it late ms", "engine ms", "graph load s", "co-sim MiB", "rank peak RSS MiB")  # fmt: skip
     for c in columns:
         table.add_column(c, justify="left" if c == "graph" else "right")
     for graph in args.graphs:
@@ -95,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         table.add_row(
             graph.name, f"{med['call_median_us']:.1f}", f"{med['call_p90_us']:.1f}", f"{med['ahead_pct']:.1f}",
-            f"{med['iteration_ms']:.1f}", f"{med['stall_ms']:.2f}", f"{med['stall_pct']:.2f}", f"{med['engine_ms']:.1f}",
+            f"{med['iteration_ms']:.1f}", f"{med['stall_ms']:.2f}", f"{med['stall_pct']:.2f}", f"{med['late_ms']:.2f}",
+            f"{med['engine_ms']:.1f}",
             f"{med['load_s']:.2f}", f"{med['replay_mib']:.0f}", f"{med['peak_rss_mib']:.0f}",
         )  # fmt: skip
     console.print(table)

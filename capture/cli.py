@@ -21,6 +21,7 @@ from prism.schemas.comm_log import read_comm_log
 from prism.schemas.layout import DEFAULT_ORDER, LayoutError, ParallelLayout, Role
 from prism.schemas.manifest import CaptureFiles, CaptureManifest
 from prism.schemas.program import ProgramError, ProgramSpec
+from prism.schemas.termination import stop_on_termination
 from prism.schemas.workload import ConfigError, GPTConfig
 
 app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=False)
@@ -220,6 +221,7 @@ def model_line(c: GPTConfig) -> str:
 
 
 def main() -> None:
+    stop_on_termination()
     app()
 
 

@@ -15,6 +15,7 @@ from prism.graph.sim.whatif import WhatIfError, parse_delay
 from prism.replay.runtime import ReplayDiverged, ReplayInputError, ReplayOptions, check_inputs, run_replay
 from prism.schemas import cli_help
 from prism.schemas.replay import RankReport, ReplayReport
+from prism.schemas.termination import stop_on_termination
 
 app = typer.Typer(add_completion=False, help=__doc__)
 console = Console(stderr=True)
@@ -163,6 +164,7 @@ def phase_table(rank: RankReport) -> Table:
 
 
 def main() -> None:
+    stop_on_termination()
     app()
 
 

@@ -113,6 +113,9 @@ class IterationStats:
     """Time the program's thread spent in the clock (in this process: the engine's work too)."""
     stall_ns: int = 0
     """Time the clock held the program past a completion (one real rank: removed from its time)."""
+    late_ns: int = 0
+    """The part of ``stall_ns`` spent waiting for answers that came after the call's modelled end
+    (calls without a rule); the rest is the clock's own work."""
 
 
 class GraphClock:
@@ -326,6 +329,7 @@ class GraphClock:
                 if late > 0:
                     self._shift_ns += late if self.port.dilates else 0
                     self.iterations[-1].stall_ns += late
+                    self.iterations[-1].late_ns += late
         for r in resolved:
             complete = self._deferred.pop(r.node, None)
             if complete is not None:

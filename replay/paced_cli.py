@@ -13,6 +13,7 @@ from prism.capture.preflight import CaptureError
 from prism.replay.paced_capture import paced_config, run_paced_capture
 from prism.replay.runtime import ReplayDiverged, ReplayInputError
 from prism.schemas import cli_help
+from prism.schemas.termination import stop_on_termination
 
 app = typer.Typer(add_completion=False, help=__doc__)
 
@@ -46,6 +47,7 @@ def capture_paced(
 
 
 def main() -> None:
+    stop_on_termination()
     app()
 
 

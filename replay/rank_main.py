@@ -46,6 +46,7 @@ def _iteration(stats: IterationStats, record: RankPass, engine_ns: int) -> Repla
         ahead=stats.ahead,
         engine_ns=engine_ns,
         stall_ns=stats.stall_ns,
+        late_ns=stats.late_ns,
         emulated_ns=record.rank_end_ns - record.rank_start_ns,
         phase_ns=dict(record.phase_ns),
     )

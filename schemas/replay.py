@@ -86,6 +86,9 @@ class ReplayIteration:
     """The real rank's emulated time by phase of its blocks."""
     ahead: int = 0
     """Calls answered at once by an answer rule the co-simulation had sent ahead of them."""
+    late_ns: int = 0
+    """The part of ``stall_ns`` that waited for answers found after the call's modelled end; the
+    rest is the clock's own work in the program's thread."""
 
 
 @dataclass(frozen=True, kw_only=True)

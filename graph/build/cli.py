@@ -19,6 +19,7 @@ from prism.schemas import cli_help
 from prism.schemas.cluster import load_cluster
 from prism.schemas.iterations import MIN_WARMUP
 from prism.schemas.summary import write_summary
+from prism.schemas.termination import stop_on_termination
 
 app = typer.Typer(add_completion=False, help=__doc__)
 console = Console(stderr=True)
@@ -94,6 +95,12 @@ def build(
     except (BuildError, NormalizeError, GraphFormatError, ValueError, OSError) as e:
         console.print(f"[bold red]error:[/] {str(e).splitlines()[0]}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        console.print(f"[bold red]interrupted[/]: {out} was not written (a graph there before is as it was)")
+        raise typer.Exit(130) from None
+    # The summary beside the graph is of the graph before: gone before anything else can stop us.
+    summary_path = out.with_name("summary.json")
+    summary_path.unlink(missing_ok=True)
     console.print(_summary(result, out))
     if profiler_correction != Correction.NONE and result.time_scales is None:
         console.print(
@@ -103,7 +110,6 @@ def build(
         )
     if simulate:
         summary = predict(out)
-        summary_path = out.with_name("summary.json")
         write_summary(summary, summary_path)
         console.print(
             stage_table(summary, f"predicted iteration of {result.layout} on {options.cluster.name}")
@@ -112,6 +118,7 @@ def build(
 
 
 def main() -> None:
+    stop_on_termination()
     app()
 
 

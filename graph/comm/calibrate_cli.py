@@ -20,6 +20,7 @@ from prism.graph.comm.calibrate import (
     parse_size,
 )
 from prism.schemas.cluster import ClusterSpecError, local_path
+from prism.schemas.termination import stop_on_termination
 
 app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=False)
 console = Console()
@@ -139,6 +140,7 @@ def _env_hint(path: Path) -> str:
 
 
 def main() -> None:
+    stop_on_termination()
     app()
 
 

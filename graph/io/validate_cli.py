@@ -13,6 +13,7 @@ from rich.text import Text
 
 from prism.graph.io.parquet import GraphFormatError
 from prism.graph.io.validate import ValidationReport, validate_graph
+from prism.schemas.termination import stop_on_termination
 
 SHOWN_PROBLEMS = 20
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -83,6 +84,7 @@ def validate(
 
 
 def main() -> None:
+    stop_on_termination()
     app()
 
 

@@ -16,6 +16,7 @@ from prism.graph.sim.whatif import WhatIf, parse_delay, parse_slow_rank
 from prism.schemas import cli_help
 from prism.schemas.cluster import load_cluster
 from prism.schemas.summary import write_summary
+from prism.schemas.termination import stop_on_termination
 
 app = typer.Typer(add_completion=False, help=__doc__)
 console = Console(stderr=True)
@@ -68,6 +69,7 @@ def simulate(
 
 
 def main() -> None:
+    stop_on_termination()
     app()
 
 

@@ -131,6 +131,7 @@ def test_engine_time_is_stall_the_emulated_job_does_not_see(tmp_path: Path, monk
     last = clock.cosim.passes[2][-1]
     assert last.rank_end_ns - last.rank_start_ns == expected.iteration_ns[2]
     assert all(s.stall_ns > 0 and s.clock_ns >= s.stall_ns for s in clock.iterations)
+    assert all(0 <= s.late_ns <= s.stall_ns for s in clock.iterations)  # late answers: part of the stall
 
 
 @pytest.mark.parametrize("ahead", [False, True])
