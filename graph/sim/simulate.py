@@ -200,12 +200,52 @@ def load_sim_graph(path: str | Path) -> SimGraph:
     slot_nodes_ptr = np.concatenate([[0], np.cumsum(slot_size)]).astype(np.int64)
     deps_ptr = np.cumsum(columns.deps_count)
     deps = np.concatenate(columns.deps_chunks) if columns.deps_chunks else np.zeros(0, np.int64)
+    _check_structure(path, a, columns.deps_count[1:], deps, rank_ptr)
     return SimGraph(
         layout=layout, stage_static_bytes=static_bytes_of(metadata, layout), rank_ptr=rank_ptr, stage=a[gf.STAGE], kind=kind, dur=a[gf.DUR_NS], gap=a[gf.GAP_NS],
         skew=_skew_or_none(a[gf.SKEW_NS]), is_async=a[gf.IS_ASYNC], slot=slot, slot_size=slot_size,
         slot_nodes_ptr=slot_nodes_ptr, slot_nodes=slot_nodes, deps_ptr=deps_ptr, deps=deps,
         alloc=a[gf.ALLOC_BYTES], free=a[gf.FREE_BYTES],
     )  # fmt: skip
+
+
+MAX_TOTAL_NS = 2**62
+"""Bound on the sum of every duration, gap and skew of a graph times the iterations simulated:
+no time the engine computes (int64 ns) can then overflow."""
+
+
+def _check_structure(
+    path: str | Path, a: dict[str, np.ndarray], deps_count: np.ndarray, deps: np.ndarray, rank_ptr: np.ndarray
+) -> None:
+    """The checks that keep the engine from reading past its arrays or adding up garbage, cheap
+    enough to run on every load (the full validator, ``prism-validate-graph``, checks the rest)."""
+
+    def bad(what: str, rows: np.ndarray) -> SimulationError:
+        return SimulationError(
+            f"{path}: {what} ({len(rows)} node(s), first global row {rows[0]}); the graph is damaged or "
+            "was not written by prism-build-graph (prism-validate-graph tells more)"
+        )
+
+    for column in (gf.DUR_NS, gf.GAP_NS, gf.SKEW_NS, gf.ALLOC_BYTES, gf.FREE_BYTES):
+        negative = np.flatnonzero(a[column] < 0)
+        if len(negative):
+            raise bad(f"negative {column}", negative)
+    owner = np.repeat(np.arange(len(deps_count)), deps_count)
+    rank_of_owner = np.searchsorted(rank_ptr, owner, side="right") - 1
+    outside = np.flatnonzero((deps < rank_ptr[rank_of_owner]) | (deps >= owner))
+    if len(outside):
+        raise bad("a dependency on no earlier node of the same rank", owner[outside])
+
+
+def check_total_time(graph: SimGraph, iterations: int) -> None:
+    """Refuse a graph whose times could overflow the engine's int64 clock in ``iterations`` passes."""
+    parts = (graph.dur, graph.gap) + (() if graph.skew is None else (graph.skew,))
+    total = sum(float(x.sum(dtype=np.float64)) for x in parts)
+    if total * iterations >= MAX_TOTAL_NS:
+        raise SimulationError(
+            f"the graph's durations add up to {total:.3g} ns: {iterations} iteration(s) of it would overflow "
+            "the simulation's clock (int64 ns); a duration or gap is far too large"
+        )
 
 
 def _skew_or_none(skew: np.ndarray) -> np.ndarray | None:
@@ -249,6 +289,7 @@ def simulate(graph: SimGraph, *, iterations: int = 2) -> SimResult:
 
     Identical dp replicas are simulated once (``prism.graph.sim.fold``: exact, every rank's times
     are its representative's)."""
+    check_total_time(graph, iterations)
     folding = fold_replicas(graph)
     g = folding.graph
     clock = np.zeros(g.ranks, np.int64)

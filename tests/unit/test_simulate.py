@@ -219,3 +219,26 @@ def test_exact_regression_on_the_checked_in_tiny_graph() -> None:
     assert graph.skew is not None and int(graph.skew.sum()) == 8660316
     assert result.iteration_ns.tolist() == [12449966] * 8
     assert result.peak_bytes.tolist() == [220056] * 4 + [185932] * 4
+
+
+@pytest.mark.parametrize(
+    ("node", "says"),
+    [
+        ({gf.DEPS: [5]}, "dependency on no earlier node"),  # past the end of its rank
+        ({gf.DEPS: [1]}, "dependency on no earlier node"),  # itself
+        ({gf.DUR_NS: -1}, "negative dur_ns"),
+        ({gf.GAP_NS: -5}, "negative gap_ns"),
+        ({gf.FREE_BYTES: -8}, "negative free_bytes"),
+    ],
+)
+def test_a_damaged_graph_is_refused_on_load(tmp_path: Path, node: dict, says: str) -> None:
+    programs = [[compute(10), compute(20, **node), compute(30)]]
+    with pytest.raises(SimulationError, match=says):
+        load_sim_graph(write(tmp_path / "g.parquet", config(), programs))
+
+
+def test_durations_that_would_overflow_the_clock_are_refused(tmp_path: Path) -> None:
+    programs = [[compute(10), compute(2**61), compute(2**61)]]
+    graph = load_sim_graph(write(tmp_path / "g.parquet", config(), programs))
+    with pytest.raises(SimulationError, match="would overflow"):
+        simulate(graph, iterations=2)
