@@ -11,6 +11,7 @@ from rich.table import Table
 
 from prism.capture.cli import parse_ranks
 from prism.capture.progress import RankProgress
+from prism.graph.io.validate import GraphValidationError, validate_graph
 from prism.graph.sim.whatif import WhatIfError, parse_delay
 from prism.replay.runtime import ReplayDiverged, ReplayInputError, ReplayOptions, check_inputs, run_replay
 from prism.schemas import cli_help
@@ -49,6 +50,9 @@ def replay(
     ] = False,
     overwrite: Annotated[bool, typer.Option(help=cli_help.OVERWRITE)] = False,
     rank_timeout: Annotated[float, typer.Option(min=1.0, help=cli_help.RANK_TIMEOUT)] = 1800.0,
+    validate: Annotated[
+        bool, typer.Option(help="Check the whole graph first, as prism-validate-graph does.")
+    ] = False,
     program: Annotated[
         list[str] | None,
         typer.Argument(
@@ -70,7 +74,9 @@ def replay(
     )  # fmt: skip
     try:  # bad input is one line, before anything starts
         check_inputs(options)
-    except ReplayInputError as e:
+        if validate:
+            validate_graph(graph).raise_if_failed()
+    except (ReplayInputError, GraphValidationError) as e:
         console.print(f"[bold red]error:[/] {str(e).splitlines()[0]}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     console.print(

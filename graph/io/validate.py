@@ -26,6 +26,11 @@ P2P = "p2p"
 _STRINGS = (gf.KIND, gf.NAME, gf.GROUP_KIND)
 _INTS = (gf.RANK, gf.STREAM, gf.INDEX, gf.STAGE, gf.COLL_ID, gf.GROUP_INDEX, gf.GROUP_SIZE)
 _INTS += (gf.PEER, gf.P2P_SEQ, gf.BYTES)
+_AMOUNTS = (gf.DUR_NS, gf.GAP_NS, gf.SKEW_NS, gf.ALLOC_BYTES, gf.FREE_BYTES)
+"""Durations and memory: never negative, and a rank's sum of times far from int64's end."""
+MAX_RANK_NS = 2**56
+"""A rank's durations, gaps and skews summed over one iteration above this (833 days) are a
+corrupt value, not a job: the simulation adds them up over ranks and iterations in int64 ns."""
 _COLL_KEEP = (gf.COLL_ID, gf.RANK, gf.INDEX, gf.BYTES, gf.NAME, gf.GROUP_KIND, gf.GROUP_INDEX, gf.GROUP_SIZE)
 _P2P_KEEP = (gf.RANK, gf.INDEX, gf.KIND, gf.PEER, gf.P2P_SEQ, gf.BYTES, gf.GROUP_KIND, gf.GROUP_SIZE)
 _KEPT_TYPES = {gf.COLL_ID: np.int64, gf.BYTES: np.int64}
@@ -125,7 +130,9 @@ def validate_graph(
             )
         scan = _Scan(layout)
         _check_model(reader.metadata.model, layout, scan.problems)
-        for done, chunk in enumerate(reader.iter_rank_chunks([*_INTS, *_STRINGS, gf.DEPS]), start=1):
+        for done, chunk in enumerate(
+            reader.iter_rank_chunks([*_INTS, *_STRINGS, *_AMOUNTS, gf.DEPS]), start=1
+        ):
             scan.chunk(chunk)
             if progress is not None:
                 progress(done, reader.num_row_groups)
@@ -160,6 +167,7 @@ class _Scan:
         self._order(c)
         self._ranks_stages_kinds(c)
         self._deps(c, table.column(gf.DEPS).combine_chunks())
+        self._amounts(c, table)
         kind = c[gf.KIND]
         coll = kind == self.kinds[gf.NodeKind.COLLECTIVE]
         p2p = (kind == self.kinds[gf.NodeKind.SEND]) | (kind == self.kinds[gf.NodeKind.RECV])
@@ -193,6 +201,22 @@ class _Scan:
         unknown = ~np.isin(kind, list(self.kinds.values()))
         self.problems.per_rank(unknown, r, lambda k: (
             f"rank {r[k]} index {index[k]}: unknown kind {self.strings.names[kind[k]]!r}"))  # fmt: skip
+
+    def _amounts(self, c: Cols, table: pa.Table) -> None:
+        r, index = c[gf.RANK], c[gf.INDEX]
+        amounts = {name: table.column(name).to_numpy() for name in _AMOUNTS}
+        for name, values in amounts.items():
+            self.problems.per_rank(values < 0, r, lambda k, n=name, v=values: (
+                f"rank {r[k]} index {index[k]}: {n} {v[k]} is negative"))  # fmt: skip
+        # Per rank, in float: an int64 sum of corrupt values would wrap around unseen.
+        time = sum(amounts[n].astype(np.float64) for n in (gf.DUR_NS, gf.GAP_NS, gf.SKEW_NS))
+        ranks, starts = np.unique(r, return_index=True)
+        totals = np.add.reduceat(time, starts)
+        for rank, total in zip(ranks[totals > MAX_RANK_NS], totals[totals > MAX_RANK_NS], strict=True):
+            self.problems.add(
+                f"rank {rank}: durations, gaps and skews add up to {total:.3g} ns in one iteration, far past "
+                "any job (a corrupt value; the simulation's int64 clock would overflow)"
+            )
 
     def _deps(self, c: Cols, deps: pa.ListArray) -> None:
         parent = pc.list_parent_indices(deps).to_numpy()

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from prism.graph.io.parquet import GraphFormatError
+from prism.graph.io.validate import validate_graph
 from prism.graph.sim.predict import predict, stage_table
 from prism.graph.sim.simulate import SimulationError, load_sim_graph
 from prism.graph.sim.whatif import WhatIf, parse_delay, parse_slow_rank
@@ -38,12 +39,17 @@ def simulate(
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="summary.json to write [default: beside the graph].")
     ] = None,
+    validate: Annotated[
+        bool, typer.Option(help="Check the whole graph first, as prism-validate-graph does.")
+    ] = False,
 ) -> None:
     """Simulate GRAPH; with what-ifs, show them beside the graph as built."""
     out = out or graph.with_name("summary.json")
     try:
         if out.is_dir():
             raise ValueError(f"--out {out} is a directory; give the summary.json file to write")
+        if validate:
+            validate_graph(graph).raise_if_failed()
         what_if = WhatIf(
             slow_ranks=tuple(parse_slow_rank(s) for s in slow_rank),
             delays=tuple(parse_delay(d) for d in delay),

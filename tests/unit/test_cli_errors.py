@@ -62,3 +62,16 @@ def test_build_sizes_of_zero_are_refused_not_ignored(tmp_path, option):
 
 def test_replay_timeout_must_be_positive(tmp_path):
     _fails_cleanly(replay_app, [str(TINY), "--rank", "0", "--rank-timeout", "-5"], "Invalid value")
+
+
+def test_simulate_and_replay_validate_the_whole_graph_when_asked(tmp_path):
+    from test_graph_io import graph_rows, write_graph
+
+    rows = graph_rows()
+    next(r for r in rows if r["coll_id"] == 100 and r["rank"] == 1).update({"bytes": 3})  # members disagree
+    graph = write_graph(tmp_path / "g.parquet", rows)
+    _fails_cleanly(simulate_app, [str(graph), "--validate"], "members disagree on bytes")
+    _fails_cleanly(
+        replay_app, [str(graph), "--rank", "0", "--validate", "-o", str(tmp_path / "r")], "members disagree"
+    )
+    assert not (tmp_path / "r").exists() and not (tmp_path / "summary.json").exists()

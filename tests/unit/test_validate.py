@@ -91,6 +91,9 @@ def test_valid_graph_passes_with_its_counts(tmp_path: Path) -> None:
             "coll_id 201: the layout tp=2 pp=2 dp=2 (tp-dp-pp, 8 ranks) has no 'dp' group 9",
         ),
         (lambda rows: find(rows, 3, **{gf.INDEX: 5}).update({gf.INDEX: 6}), "rank 3 stream 0: index 6 where 5 was expected"),
+        (lambda rows: find(rows, 5, **{gf.INDEX: 2}).update({gf.DUR_NS: -7}), "rank 5 index 2: dur_ns -7 is negative"),
+        (lambda rows: find(rows, 5, **{gf.INDEX: 2}).update({gf.ALLOC_BYTES: -1}), "rank 5 index 2: alloc_bytes -1 is negative"),
+        (lambda rows: find(rows, 6, **{gf.INDEX: 1}).update({gf.GAP_NS: 2**62}), "rank 6: durations, gaps and skews add up to"),
     ],
 )  # fmt: skip
 def test_each_corruption_is_named(tmp_path: Path, change: Callable[[Rows], None], message: str) -> None:
