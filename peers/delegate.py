@@ -99,16 +99,23 @@ def combine(works: list[dist.Work]) -> dist.Work:
 class ForwardingWork(dist.Work):
     """Real Works without futures (gloo send/recv): waits on each, then reports completion."""
 
-    def __init__(self, works: list[dist.Work], on_done: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        works: list[dist.Work],
+        on_done: Callable[[], None] | None = None,
+        on_wait: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__()
         self._works = works
-        self._on_done = on_done
+        self._on_done, self._on_wait = on_done, on_wait
 
     def _done(self) -> None:
         if self._on_done is not None:
             self._on_done()
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        if self._on_wait is not None:
+            self._on_wait()
         ok = all([w.wait(timeout) for w in self._works])
         self._done()
         return ok
@@ -156,25 +163,35 @@ class CallerReleasesWork(ForwardingWork):
     """
 
     def __init__(
-        self, work: dist.Work, payload: list[torch.Tensor], counts: list[int], on_done: Callable[[], None]
+        self,
+        work: dist.Work,
+        payload: list[torch.Tensor],
+        counts: list[int],
+        on_done: Callable[[], None],
+        on_wait: Callable[[], None] | None = None,
     ) -> None:
-        super().__init__([work], on_done)
+        super().__init__([work], on_done, on_wait)
         self._payload, self._counts = payload, counts
         self._source: int | None = None
         self._released = False
 
     @classmethod
     def issue(
-        cls, payload: list[torch.Tensor], call: Callable[[], dist.Work | None], on_done: Callable[[], None]
+        cls,
+        payload: list[torch.Tensor],
+        call: Callable[[], dist.Work | None],
+        on_done: Callable[[], None],
+        on_wait: Callable[[], None] | None = None,
     ) -> dist.Work | None:
-        """Run ``call`` (a gloo call on ``payload``) and wrap its Work."""
+        """Run ``call`` (a gloo call on ``payload``) and wrap its Work (``on_wait``: told as the
+        program starts waiting on it)."""
         counts = [t._use_count() for t in payload]  # references before gloo takes its own
         work = call()
         if work is None:
             return None
         with _INFLIGHT_LOCK:
             _INFLIGHT.update(t._cdata for t in payload)
-        return cls(work, payload, counts, on_done)
+        return cls(work, payload, counts, on_done, on_wait)
 
     def source_rank(self) -> int:
         return self._source if self._released else super().source_rank()

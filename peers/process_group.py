@@ -213,7 +213,7 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
                 if after_real is not None:
                     on_done = partial(_both, after_real, on_done)
                 if target.type == "cpu":  # gloo: the program's thread makes the last free
-                    work = CallerReleasesWork.issue(list(payload), issue, on_done)
+                    work = CallerReleasesWork.issue(list(payload), issue, on_done, record.asked)
                 else:
                     work = track_completion(issue(), on_done)
         record.exit_ns = time.time_ns()

@@ -40,10 +40,12 @@ class CallRecord:
         for name, value in fields.items():
             setattr(self, name, value)
 
-    def finish(self) -> None:
-        """Note that the call completed now; later notices (repeated waits) change nothing."""
+    def finish(self, due_ns: int | None = None) -> None:
+        """Note that the call completed: at ``due_ns``, its clock's time, when that has passed (a
+        call completed when the program came to it), else now; later notices change nothing."""
         if not self.done_ns:
-            self.done_ns = time.time_ns()
+            now = time.time_ns()
+            self.done_ns = now if due_ns is None else min(due_ns, now)
 
     def asked(self) -> None:
         """Note that the program called wait() on the call now (first time only)."""

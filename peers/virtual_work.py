@@ -1,9 +1,11 @@
 """The Work of a virtual call, and how it completes at the time its clock names.
 
 A virtual call completes at a wall time (``prism.peers.clock``). Two things may complete it:
-the scheduler thread when that time comes (``prism.peers.scheduler``: for a Work nobody waits
-on yet, or a future that C++ waits on), or the program's own thread in ``wait()``, which sleeps
-until the time itself. Once the program waits, only it completes the call: a time named while
+the scheduler thread when that time comes (``prism.peers.scheduler``), for a call whose future
+was handed out (to a callback, or to C++ that waits on it), or else the program's own thread
+when it looks at the call: in ``wait()``, which sleeps until the time itself, or in
+``is_completed()`` once the time has passed. Scheduling is kept to futures someone holds: waking
+the scheduler thread costs the program's thread tens of µs on a busy machine, at every call. Once the program waits, only it completes the call: a time named while
 it waits (by the co-simulation's thread, or the coordinator's connection when several ranks
 are real) wakes it, and it completes the call itself. Either way the completion lets go of the
 call's tensors *before* it hands them to the future, so that the program's thread, which holds
@@ -44,6 +46,7 @@ class VirtualCompletion:
         "_lock",
         "_settled",
         "_waited",
+        "_observed",
         "_named",
         "__weakref__",
     )
@@ -54,6 +57,7 @@ class VirtualCompletion:
         self._lock = threading.Lock()
         self._settled = False  # a time was named (or the call failed): the timeout no longer applies
         self._waited = False  # the program waits in ``sleep_until_due``: it completes the call
+        self._observed = False  # the future was handed out: the scheduler completes it on time
         # Released once, with ``_settled``: a held lock is the cheapest one-shot signal (an Event's
         # set() costs the program's thread more, at every call).
         self._named = threading.Lock()
@@ -73,12 +77,31 @@ class VirtualCompletion:
         self._named.release()
         if waited:
             return  # the waiting program completes it
-        if not self._record.async_op and due_ns is not None and due_ns > time.time_ns():
-            return  # a synchronous call: the program waits on it next and completes it then
         if due_ns is None or due_ns <= time.time_ns():
             self._complete_unless_waited()
-        else:
+        elif self._observed:
             SCHEDULER.schedule(due_ns, self._complete_unless_waited)
+        # else: the program completes it when it waits, polls, or asks for the future
+
+    def observe(self) -> None:
+        """The call's future is handed out: it must complete on time without the program."""
+        with self._lock:
+            if self._observed:
+                return
+            self._observed = True
+            due, scheduled = self._due, self._settled and not self._waited and self._future is not None
+        if scheduled:  # named already, not yet completed
+            if due is None or due <= time.time_ns():
+                self._complete_unless_waited()
+            else:
+                SCHEDULER.schedule(due, self._complete_unless_waited)
+
+    def complete_if_due(self) -> None:
+        """The program polls the call: complete it here if its time has come."""
+        with self._lock:
+            due = self._due if self._settled and not self._waited else -1
+        if due is None or 0 <= due <= time.time_ns():
+            self._complete_unless_waited()
 
     def asked(self) -> None:
         """The program calls wait() on the call's Work now: where it waits for it."""
@@ -115,7 +138,7 @@ class VirtualCompletion:
             self._future = self._result = None  # from here on only the future holds the tensors
         if future is None:
             return  # already completed (or failed)
-        self._record.finish()
+        self._record.finish(self._due)
         future.set_result(result)
 
     def expire(self, call: PendingCall, timeout: timedelta) -> None:
@@ -161,11 +184,15 @@ class VirtualWork(dist.Work):
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
         self._completion.asked()
         if not self._future.done():
+            self._completion.complete_if_due()  # its time passed while nobody looked: not a wait
+        if not self._future.done():
             self._completion.sleep_until_due()
         self._future.wait()  # raises the call's error
         return True
 
     def is_completed(self) -> bool:
+        if not self._future.done():
+            self._completion.complete_if_due()
         return self._future.done()
 
     def is_success(self) -> bool:
@@ -179,6 +206,7 @@ class VirtualWork(dist.Work):
         return None
 
     def get_future(self) -> torch.futures.Future:
+        self._completion.observe()
         return self._future
 
     def synchronize(self) -> None:

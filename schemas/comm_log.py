@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from prism.schemas.checked import check_fields
 from prism.schemas.files import write_json_atomic
 
 SCHEMA = "prism.comm_log"
@@ -193,11 +194,15 @@ class HeldTime(Spans):
 
 
 class CommTime(Spans):
-    """When the program was in a process-group call (``enter_ns`` to ``exit_ns``) or held by
+    """When the program was in a process-group call (``enter_ns`` to ``exit_ns``), waited on a
+    real call's Work (``first_wait_ns`` to ``done_ns`` of a delegated call), or was held by
     prism (``HeldTime``): what is left of a span is the program's own compute and glue."""
 
     def __init__(self, log: CommLog) -> None:
-        super().__init__([(c.enter_ns, c.exit_ns) for c in log.calls] + _held_spans(log))
+        waits = [
+            (c.first_wait_ns, c.done_ns) for c in log.calls if c.delegated and 0 < c.first_wait_ns < c.done_ns
+        ]
+        super().__init__([(c.enter_ns, c.exit_ns) for c in log.calls] + waits + _held_spans(log))
 
 
 def trace_offset_ns(marks: Iterable[tuple[int, int]]) -> int | None:
@@ -212,5 +217,20 @@ def write_comm_log(log: CommLog, path: str | os.PathLike) -> None:
     write_json_atomic(path, log.to_dict())
 
 
+class CommLogError(ValueError):
+    """A file that is not a readable prism comm log; the message is one line."""
+
+
 def read_comm_log(path: str | os.PathLike) -> CommLog:
-    return CommLog.from_dict(json.loads(Path(path).read_text()))
+    """The comm log at ``path``, or a CommLogError saying what is wrong with the file."""
+    try:
+        data = json.loads(Path(path).read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f"a JSON {type(data).__name__}, not an object")
+        log = CommLog.from_dict(data)
+        check_fields(log)
+    except OSError as e:
+        raise CommLogError(f"{path}: cannot read ({e.strerror or e})") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CommLogError(f"{path}: not a valid prism comm log ({type(e).__name__}: {e})") from None
+    return log

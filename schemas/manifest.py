@@ -22,6 +22,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from prism.schemas.checked import check_fields
 from prism.schemas.files import write_json_atomic
 from prism.schemas.layout import ParallelLayout, Role
 from prism.schemas.program import ProgramSpec
@@ -331,10 +332,17 @@ def read_manifest(capture_dir: str | os.PathLike) -> CaptureManifest:
         raise ManifestError(f"{capture_dir} is not a complete capture: {MANIFEST_FILE} is missing")
     try:
         data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ManifestError(f"{path} is not valid JSON: {e}") from e
     if not isinstance(data, dict):
         raise ManifestError(
             f"{path} is not a prism capture manifest (a JSON {type(data).__name__}, not an object)"
         )
-    return CaptureManifest.from_dict(data)
+    try:
+        manifest = CaptureManifest.from_dict(data)
+        check_fields(manifest)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        if isinstance(e, ManifestError):
+            raise
+        raise ManifestError(f"{path}: malformed capture manifest ({type(e).__name__}: {e})") from None
+    return manifest

@@ -243,14 +243,17 @@ class GraphReader:
         wanted = list(columns) if columns is not None else list(COLUMNS)
         read = wanted if RANK in wanted else [*wanted, RANK]
         groups = self.row_groups_of(rank)
-        table = self._file.read_row_groups(groups, columns=read) if groups else SCHEMA.empty_table()
+        with self._damage_is_format_error():
+            table = self._file.read_row_groups(groups, columns=read) if groups else SCHEMA.empty_table()
         table = table.filter(pc.equal(table.column(RANK), pa.scalar(rank, pa.int32())))
         return table.select(wanted)
 
     def iter_rank_chunks(self, columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
         """One row group (``ranks_per_row_group`` consecutive ranks) at a time."""
         for i in range(self.num_row_groups):
-            yield self._file.read_row_group(i, columns=list(columns) if columns is not None else None)
+            with self._damage_is_format_error():
+                chunk = self._file.read_row_group(i, columns=list(columns) if columns is not None else None)
+            yield chunk
 
     @property
     def num_rows(self) -> int:
@@ -258,7 +261,8 @@ class GraphReader:
 
     def read_column(self, column: str) -> pa.ChunkedArray:
         """One column of every node of the graph."""
-        return self._file.read(columns=[column]).column(column)
+        with self._damage_is_format_error():
+            return self._file.read(columns=[column]).column(column)
 
     def first_row(self, rank: int) -> int:
         """Global row of ``rank``'s first node: whole row groups before it by their statistics,
@@ -268,9 +272,18 @@ class GraphReader:
             if self._rank_bounds(group)[1] < rank:
                 row += self._file.metadata.row_group(group).num_rows
                 continue
-            ranks = self._file.read_row_group(group, columns=[RANK]).column(RANK).to_numpy()
+            with self._damage_is_format_error():
+                ranks = self._file.read_row_group(group, columns=[RANK]).column(RANK).to_numpy()
             return row + int(np.searchsorted(ranks, rank))
         return row
+
+    @contextlib.contextmanager
+    def _damage_is_format_error(self) -> Iterator[None]:
+        """A row group that does not decode (a file cut short or overwritten) is a GraphFormatError."""
+        try:
+            yield
+        except (pa.ArrowException, OSError) as e:
+            raise GraphFormatError(f"{self.path}: damaged, a row group does not decode ({e})") from None
 
     def _rank_bounds(self, group: int) -> tuple[int, int]:
         if group not in self._bounds:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,20 @@ def test_a_values_file_of_another_version_is_refused(tmp_path: Path) -> None:
     path.write_bytes(_saved({**VALID, "version": 99}))
     with pytest.raises(ReceivedValuesError, match="version 99"):
         read_received_values(path)
+
+
+class _Payload:
+    """What a crafted file would run on load, if prism unpickled arbitrary objects."""
+
+    def __reduce__(self):
+        return (Path.touch, (Path(os.environ["PRISM_TEST_PWNED"]),))
+
+
+def test_a_crafted_values_file_runs_no_code(tmp_path, monkeypatch):
+    marker = tmp_path / "pwned"
+    monkeypatch.setenv("PRISM_TEST_PWNED", str(marker))
+    crafted = tmp_path / "rank0.values.pt"
+    torch.save({"schema": "x", "payload": _Payload()}, crafted)
+    with pytest.raises(ReceivedValuesError, match="not a values file"):
+        read_received_values(crafted)
+    assert not marker.exists()

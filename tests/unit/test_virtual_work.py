@@ -61,14 +61,27 @@ def test_a_synchronous_call_is_left_to_its_waiting_program_not_the_scheduler() -
     assert completed_on == [threading.main_thread()]
 
 
-def test_a_call_nobody_waits_on_completes_at_its_time_on_the_scheduler() -> None:
+def test_a_call_whose_future_was_handed_out_completes_at_its_time_on_the_scheduler() -> None:
     completion, work, completed_on = virtual_call()
+    future = work.get_future()  # as DDP's reducer takes it, to chain its callback
     completion.at(time.time_ns() + 1_000_000)
     deadline = time.time_ns() + 5_000_000_000
     # The future is marked done before its callbacks run on the completing thread: wait for both.
-    while not (work.is_completed() and completed_on) and time.time_ns() < deadline:
+    while not (future.done() and completed_on) and time.time_ns() < deadline:
         time.sleep(0.001)
-    assert work.is_completed() and completed_on and completed_on[0] is not threading.main_thread()
+    assert future.done() and completed_on and completed_on[0] is not threading.main_thread()
+
+
+def test_a_call_nobody_holds_the_future_of_wakes_no_thread_and_completes_when_polled() -> None:
+    completion, work, completed_on = virtual_call()
+    pending = SCHEDULER.pending()
+    due = time.time_ns() + 5_000_000
+    completion.at(due)
+    assert SCHEDULER.pending() == pending and not work.is_completed()
+    time.sleep(0.01)
+    assert work.is_completed()  # past its time: the poll completes it, on the program's thread
+    assert completed_on == [threading.main_thread()]
+    assert completion._record.done_ns == due  # the clock's time, not the poll's
 
 
 def test_the_first_wait_on_a_call_is_noted_even_when_it_is_complete() -> None:
