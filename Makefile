@@ -6,7 +6,7 @@ OUT    ?= capture-out
 GRAPH  ?= graph.parquet
 REPLAY ?= replay-out
 
-.PHONY: install demo test test-fast lint results results-programs clean
+.PHONY: install demo test test-fast lint results results-programs results-random clean
 
 install: $(VENV)/.installed
 
@@ -44,6 +44,14 @@ results: install
 	    --calibrate-into benchmarks/results/fidelity-spec.toml --calibrate-reps 100 --calibrate-cold-gaps-ms 0.5,1,2,4 \
 	    --json benchmarks/results/fidelity.json --work-dir $$(mktemp -d)/fidelity
 	$(MAKE) --no-print-directory results-programs
+	$(MAKE) --no-print-directory results-random
+
+# Ten cases drawn at random (seed 2026, not used while developing), priced with the spec the
+# fixed cases calibrated (about 35 min).
+SEED ?= 2026
+results-random: install
+	$(RECORD) fidelity_random -- $(BIN)/python benchmarks/fidelity.py --random 10 --seed $(SEED) --repeats 3 --warmup 12 \
+	    --cluster-spec benchmarks/results/fidelity-spec.toml --json benchmarks/results/fidelity_random.json
 
 # Each example program against its own torchrun run (world 2), one layout per command.
 FIDELITY_PROGRAMS = $(BIN)/python benchmarks/fidelity.py --repeats 3 --warmup 12
