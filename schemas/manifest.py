@@ -341,6 +341,10 @@ def read_manifest(capture_dir: str | os.PathLike) -> CaptureManifest:
     try:
         manifest = CaptureManifest.from_dict(data)
         check_fields(manifest)
+        if manifest.job.layout != manifest.layout:
+            raise ManifestError(
+                f"{path}: the manifest's layout {manifest.layout} contradicts its job's {manifest.job.layout}"
+            )
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         if isinstance(e, ManifestError):
             raise

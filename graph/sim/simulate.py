@@ -36,7 +36,7 @@ _KIND_CODES = {
     gf.NodeKind.RECV.value: RECV,
 }
 _COLUMNS = [gf.RANK, gf.STAGE, gf.KIND, gf.DUR_NS, gf.GAP_NS, gf.SKEW_NS, gf.IS_ASYNC, gf.COLL_ID, gf.PEER]
-_COLUMNS += [gf.P2P_SEQ]
+_COLUMNS += [gf.P2P_SEQ, gf.GROUP_SIZE]
 _COLUMNS += [gf.DEPS, gf.ALLOC_BYTES, gf.FREE_BYTES]
 
 
@@ -141,7 +141,7 @@ class _Columns:
     """The engine's per-node arrays, filled one row group at a time (bounded memory)."""
 
     INT64 = (gf.DUR_NS, gf.GAP_NS, gf.SKEW_NS, gf.COLL_ID, gf.ALLOC_BYTES, gf.FREE_BYTES)
-    INT32 = (gf.RANK, gf.PEER, gf.P2P_SEQ)
+    INT32 = (gf.RANK, gf.PEER, gf.P2P_SEQ, gf.GROUP_SIZE)
 
     def __init__(self, n: int, world: int) -> None:
         self.arrays = {name: np.empty(n, np.int64) for name in self.INT64}
@@ -194,6 +194,7 @@ def load_sim_graph(path: str | Path) -> SimGraph:
     rank_ptr = np.searchsorted(rank, np.arange(world + 1)).astype(np.int64)
     kind = a.pop(gf.KIND)
     slot, slot_size = _slots(kind, a.pop(gf.COLL_ID), rank, a.pop(gf.PEER), a.pop(gf.P2P_SEQ), world)
+    _check_membership(path, kind, slot, slot_size, a.pop(gf.GROUP_SIZE))
     del rank
     comm_rows = np.flatnonzero(slot >= 0)  # a few % of the rows: sort only those
     slot_nodes = comm_rows[np.argsort(slot[comm_rows], kind="stable")].astype(np.int64)
@@ -235,6 +236,21 @@ def _check_structure(
     outside = np.flatnonzero((deps < rank_ptr[rank_of_owner]) | (deps >= owner))
     if len(outside):
         raise bad("a dependency on no earlier node of the same rank", owner[outside])
+
+
+def _check_membership(
+    path: str | Path, kind: np.ndarray, slot: np.ndarray, slot_size: np.ndarray, group_size: np.ndarray
+) -> None:
+    """Every collective has as many member nodes as its group has ranks (a missing member would
+    leave the others to finish it without it)."""
+    rows = np.flatnonzero(kind == COLLECTIVE)
+    wrong = rows[slot_size[slot[rows]] != group_size[rows]]
+    if len(wrong):
+        k = int(wrong[0])
+        raise SimulationError(
+            f"{path}: a collective has {slot_size[slot[k]]} member node(s) where its group has {group_size[k]} "
+            f"ranks (first global row {k}); the graph is damaged (prism-validate-graph tells more)"
+        )
 
 
 def check_total_time(graph: SimGraph, iterations: int) -> None:

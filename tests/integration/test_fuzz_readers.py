@@ -169,3 +169,13 @@ def test_graph_file(graph: Path, tmp_path: Path, data: st.DataObject) -> None:
         simulate(load_sim_graph(path), iterations=1)
     except (GraphFormatError, SimulationError):
         pass
+
+
+def test_a_manifest_whose_layout_contradicts_its_job(capture: Path, tmp_path: Path) -> None:
+    copy = _copy(capture, tmp_path)
+    path = CaptureFiles(copy).manifest
+    data = json.loads(path.read_text())
+    data["layout"]["dp"] = 4  # edited by hand: the job ran dp=2
+    path.write_text(json.dumps(data))
+    with pytest.raises(ManifestError, match="contradicts its job"):
+        read_manifest(copy)

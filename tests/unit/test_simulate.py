@@ -242,3 +242,12 @@ def test_durations_that_would_overflow_the_clock_are_refused(tmp_path: Path) -> 
     graph = load_sim_graph(write(tmp_path / "g.parquet", config(), programs))
     with pytest.raises(SimulationError, match="would overflow"):
         simulate(graph, iterations=2)
+
+
+def test_a_collective_missing_a_member_is_refused_on_load(tmp_path: Path) -> None:
+    programs = [
+        [compute(100), collective(7, 50, 2)],
+        [compute(300), compute(50)],  # rank 1's member of collective 7 was lost
+    ]
+    with pytest.raises(SimulationError, match="1 member node"):
+        load_sim_graph(write(tmp_path / "g.parquet", config(tp=2), programs))
