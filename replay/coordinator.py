@@ -182,6 +182,9 @@ class Coordinator:
 
     def _fail(self, message: str, conns: dict[Connection, int]) -> None:
         self.error = message
+        # Ranks not connected yet (the graph failed to load) are refused at once instead of
+        # waiting for a channel that will never come.
+        self._listener.close()
         for conn in conns:
             try:
                 conn.send(("error", message))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import signal
 from pathlib import Path
 from typing import Annotated
 
@@ -14,12 +17,13 @@ from prism.graph.build.builder import BuildError, BuildOptions, BuildResult, bui
 from prism.graph.build.profiler_overhead import Correction
 from prism.graph.io.parquet import GraphFormatError
 from prism.graph.sim.predict import predict, stage_table
+from prism.graph.sim.simulate import SimulationError
 from prism.graph.traces.kineto import NormalizeError
 from prism.schemas import cli_help
 from prism.schemas.cluster import load_cluster
 from prism.schemas.iterations import MIN_WARMUP
 from prism.schemas.summary import write_summary
-from prism.schemas.termination import stop_on_termination
+from prism.schemas.termination import TERMINATION_SIGNALS, stop_on_termination
 
 app = typer.Typer(add_completion=False, help=__doc__)
 console = Console(stderr=True)
@@ -78,9 +82,13 @@ def build(
     ] = Correction.PHASE,
 ) -> None:
     """Build the full-scale graph of the captured job at the target layout, then validate it."""
+    # graph.parquet and its summary.json are built beside their places and put there together.
+    summary_path = out.with_name("summary.json")
+    staged, staged_summary = (p.with_name(f".{p.name}.{os.getpid()}.new") for p in (out, summary_path))
+    placed = False
     try:
         options = BuildOptions(
-            capture_dir=capture, out=out, tp=tp, pp=pp, dp=dp, cluster=load_cluster(cluster),
+            capture_dir=capture, out=staged, tp=tp, pp=pp, dp=dp, cluster=load_cluster(cluster),
             microbatches=microbatches, layers=layers, ranks_per_row_group=ranks_per_row_group,
             profiler_correction=profiler_correction,
         )  # fmt: skip
@@ -92,15 +100,23 @@ def build(
             result = build_graph(
                 options, lambda done, total: progress.update(task, completed=done, total=total)
             )
-    except (BuildError, NormalizeError, GraphFormatError, ValueError, OSError) as e:
+        summary = dataclasses.replace(predict(staged), graph=str(out)) if simulate else None
+        if summary is not None:
+            write_summary(summary, staged_summary)
+        _put_in_place(staged, out, staged_summary if summary is not None else None, summary_path)
+        placed = True
+    except (BuildError, NormalizeError, GraphFormatError, SimulationError, ValueError, OSError) as e:
         console.print(f"[bold red]error:[/] {str(e).splitlines()[0]}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
-        console.print(f"[bold red]interrupted[/]: {out} was not written (a graph there before is as it was)")
+        what = (
+            "written" if placed else f"not written (a {out.name} and summary there before are as they were)"
+        )
+        console.print(f"[bold red]interrupted[/]: {out} was {what}")
         raise typer.Exit(130) from None
-    # The summary beside the graph is of the graph before: gone before anything else can stop us.
-    summary_path = out.with_name("summary.json")
-    summary_path.unlink(missing_ok=True)
+    finally:
+        staged.unlink(missing_ok=True)
+        staged_summary.unlink(missing_ok=True)
     console.print(_summary(result, out))
     if profiler_correction != Correction.NONE and result.time_scales is None:
         console.print(
@@ -108,13 +124,26 @@ def build(
             "clean unprofiled one: predictions are of profiled iterations (capture with --warmup 5)",
             highlight=False,
         )
-    if simulate:
-        summary = predict(out)
-        write_summary(summary, summary_path)
+    if summary is not None:
         console.print(
             stage_table(summary, f"predicted iteration of {result.layout} on {options.cluster.name}")
         )
         console.print(f"wrote {summary_path}")
+
+
+def _put_in_place(staged: Path, out: Path, staged_summary: Path | None, summary_path: Path) -> None:
+    """Both files into place, no signal between them: a summary.json is always of the graph beside it
+    (none with --no-simulate)."""
+    stops = {signal.SIGINT, *TERMINATION_SIGNALS}
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+    try:
+        os.replace(staged, out)
+        if staged_summary is not None:
+            os.replace(staged_summary, summary_path)
+        else:
+            summary_path.unlink(missing_ok=True)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def main() -> None:

@@ -179,3 +179,55 @@ def test_a_manifest_whose_layout_contradicts_its_job(capture: Path, tmp_path: Pa
     path.write_text(json.dumps(data))
     with pytest.raises(ManifestError, match="contradicts its job"):
         read_manifest(copy)
+
+
+# -- the commands: exit 0 with a result, or one error line and exit 2, nothing half-written ------
+def _clean_exit(result, out_dir: Path, written: str | None) -> None:
+    assert result.exit_code in (0, 2), (result.exit_code, result.output, result.exception)
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+    if result.exit_code == 2:
+        assert "error:" in result.output
+        assert written is None or not (out_dir / written).exists()
+    assert not [p for p in out_dir.iterdir() if p.name.startswith(".")]  # no staged or temporary file
+
+
+@FUZZ
+@given(data=st.data())
+def test_prism_build_graph_on_a_corrupted_capture(capture: Path, tmp_path: Path, data: st.DataObject) -> None:
+    from typer.testing import CliRunner
+
+    from prism.graph.build.cli import app
+
+    copy = _copy(capture, tmp_path)
+    files = CaptureFiles(copy)
+    path = data.draw(st.sampled_from([files.manifest, files.comm(2), files.kineto(2), files.et(0)]))
+    raw = path.read_bytes()
+    if path.suffix == ".json" and data.draw(st.booleans()):
+        path.write_bytes(data.draw(corrupted_json(json.loads(raw))))
+    else:
+        path.write_bytes(data.draw(corrupted_bytes(raw)))
+    out = tmp_path / "out"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    argv = [str(copy), "--tp", "1", "--pp", "2", "--dp", "2", "-o", str(out / "graph.parquet")]
+    _clean_exit(CliRunner().invoke(app, argv), out, "graph.parquet")
+
+
+@FUZZ
+@given(data=st.data())
+def test_prism_simulate_and_validate_on_a_corrupted_graph(
+    graph: Path, tmp_path: Path, data: st.DataObject
+) -> None:
+    from typer.testing import CliRunner
+
+    from prism.graph.io.validate_cli import app as validate_app
+    from prism.graph.sim.cli import app as simulate_app
+
+    out = tmp_path / "out"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    damaged = out / "graph.parquet"
+    damaged.write_bytes(data.draw(corrupted_bytes(graph.read_bytes())))
+    _clean_exit(CliRunner().invoke(simulate_app, [str(damaged)]), out, "summary.json")
+    _clean_exit(CliRunner().invoke(validate_app, [str(damaged)]), out, None)

@@ -215,3 +215,25 @@ def test_a_straggler_moves_its_virtual_peers_as_the_offline_what_if(tmp_path: Pa
     predicted_move = what_if - simulate(graph, iterations=3).iteration_ns
     assert (predicted_move > 950_000_000).all()  # every rank waits for the straggler
     np.testing.assert_allclose(virtual(out) - virtual(replayed), predicted_move, rtol=0.01)
+
+
+def test_a_graph_that_cannot_be_simulated_is_an_error_not_a_hang(tmp_path: Path) -> None:
+    import time
+
+    import pyarrow as pa
+
+    table = pq.read_table(TINY)
+    dur = table.column(gf.DUR_NS).to_numpy().copy()
+    dur[3] = 2**62  # a corrupt duration: simulating it would overflow the clock
+    damaged = tmp_path / "damaged.parquet"
+    pq.write_table(
+        table.set_column(table.schema.get_field_index(gf.DUR_NS), gf.DUR_NS, pa.array(dur)), damaged
+    )
+    began = time.monotonic()
+    result = run_cli(
+        str(damaged), "--rank", "0", "-o", str(tmp_path / "r"), "--warmup", "3", "--iterations", "1"
+    )
+    assert result.exit_code == 2, result.output
+    assert "overflow" in error_line(result)
+    assert time.monotonic() - began < 120  # the rank is refused, not left waiting for its timeout
+    assert not (tmp_path / "r").exists()

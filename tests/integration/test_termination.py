@@ -41,20 +41,51 @@ def test_a_stopped_capture_leaves_nothing(tmp_path: Path, sig: int) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_stopped_build_keeps_the_graph_before(tmp_path: Path) -> None:
-    capture = tmp_path / "cap"
+@pytest.fixture(scope="module")
+def capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("termination") / "cap"
     done = subprocess.run(
-        [str(BIN / "prism-capture"), *TINY_GPT, "--warmup", "3", "--iterations", "1", "-o", str(capture)],
+        [str(BIN / "prism-capture"), *TINY_GPT, "--warmup", "3", "--iterations", "1", "-o", str(out)],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+    return out
+
+
+def test_a_stopped_build_keeps_the_graph_before(tmp_path: Path, capture: Path) -> None:
     graph = tmp_path / "graph.parquet"
     graph.write_bytes(b"the graph before")
     proc = subprocess.Popen(
         [str(BIN / "prism-build-graph"), str(capture), "--tp", "1", "--pp", "2", "--dp", "8192", "-o", str(graph)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    writing = lambda: any(tmp_path.glob(".graph.parquet.*.tmp"))  # noqa: E731
+    writing = lambda: any(p.name.startswith(".") for p in tmp_path.iterdir())  # noqa: E731 (staged output)
     assert _stop_when(proc, writing, signal.SIGTERM) == 130
     assert graph.read_bytes() == b"the graph before"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["cap", "graph.parquet"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["graph.parquet"]
+
+
+def test_a_build_stopped_while_it_simulates_keeps_graph_and_summary_together(
+    tmp_path: Path, capture: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from prism.graph.build import cli
+
+    graph, summary = tmp_path / "graph.parquet", tmp_path / "summary.json"
+    graph.write_bytes(b"the graph before")
+    summary.write_text("the summary of the graph before")
+
+    def stopped(*_: object, **__: object) -> None:
+        raise KeyboardInterrupt  # a signal while the new graph is simulated
+
+    monkeypatch.setattr(cli, "predict", stopped)
+    argv = [str(capture), "--tp", "1", "--pp", "2", "--dp", "4", "-o", str(graph)]
+    assert CliRunner().invoke(cli.app, argv).exit_code == 130
+    assert graph.read_bytes() == b"the graph before"
+    assert summary.read_text() == "the summary of the graph before"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["graph.parquet", "summary.json"]
+    monkeypatch.undo()
+    assert CliRunner().invoke(cli.app, argv).exit_code == 0  # and a finished build replaces both
+    assert graph.read_bytes() != b"the graph before"
+    assert str(graph) in summary.read_text()
