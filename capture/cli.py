@@ -195,6 +195,14 @@ def parse_ranks(text: str | None) -> tuple[int, ...] | None:
         raise typer.BadParameter(f"{text!r} is not a comma-separated list of ranks") from None
 
 
+def print_error(error: Exception, out: Console = console) -> None:
+    """The ``error:`` line, then the lines under it (a failed rank's last log lines) indented."""
+    first, *rest = str(error).splitlines()
+    out.print(f"[bold red]error:[/] {first}", highlight=False, soft_wrap=True)
+    for line in rest:
+        out.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
+
+
 @contextmanager
 def reported(hooks: ConsoleHooks, *errors: type[Exception]) -> Iterator[None]:
     """``errors`` end the command with an ``error:`` line (exit 2), an interruption with exit 130."""
@@ -202,10 +210,7 @@ def reported(hooks: ConsoleHooks, *errors: type[Exception]) -> Iterator[None]:
         yield
     except errors as e:
         hooks.close()
-        first, *rest = str(e).splitlines()
-        console.print(f"[bold red]error:[/] {first}", highlight=False, soft_wrap=True)
-        for line in rest:
-            console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
+        print_error(e)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
         hooks.close()

@@ -48,7 +48,7 @@ def paired_records(
         brackets = [run[rank].bracket_ns for run in real if run[rank].bracket_ns is not None]
         drifts = [abs(_err_pct(after, before)) for before, after in brackets]
         paired = [_err_pct(p, r) for p, r in zip(pred_repeats, real_repeats, strict=True)]
-        paired_se = _median_se(paired)
+        paired_err, paired_se = _median(paired), _median_se(paired)
         # How far the real side alone moved: between its repeats, and across each replay.
         spread = (max(real_repeats) - min(real_repeats)) / real_ms * 100.0
         moved = max([spread, *drifts])
@@ -62,10 +62,10 @@ def paired_records(
                 "real_repeats_ms": [round(v, 3) for v in real_repeats],
                 "pred_repeats_ms": [round(v, 3) for v in pred_repeats],
                 "real_sem_pct": _round(sem),
-                "paired_err_pct": round(_median(paired), 2),
+                "paired_err_pct": round(paired_err, 2),
                 "paired_se_pct": _round(paired_se),
                 "err_ci95_pct": None if paired_se is None else [
-                    round(_median(paired) - 1.96 * paired_se, 2), round(_median(paired) + 1.96 * paired_se, 2)
+                    round(paired_err - 1.96 * paired_se, 2), round(paired_err + 1.96 * paired_se, 2)
                 ],
                 "real_bracket_drift_pct": _round(_median(drifts)) if drifts else None,
                 "real_spread_pct": round(spread, 2),

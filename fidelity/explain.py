@@ -67,9 +67,8 @@ def graph_own_ns(graph_path: Path, rank: int) -> dict[str, float]:
     nodes = read_rank(graph_path, rank, columns=[gf.PHASE, gf.KIND, gf.DUR_NS, gf.GAP_NS]).to_pandas()
     compute = nodes[gf.KIND].astype(str) == NodeKind.COMPUTE.value
     own = np.where(compute, nodes[gf.DUR_NS], 0) + nodes[gf.GAP_NS].to_numpy()
-    phases = (
-        nodes[gf.PHASE].astype(str).to_numpy()
-    )  # a transfer's phase without its direction: 'other' either way
+    # A transfer's phase has no direction here: 'other' either way.
+    phases = nodes[gf.PHASE].astype(str).to_numpy()
     return {str(kind): float(ns) for kind, ns in pd.Series(own).groupby(phases).sum().items()}
 
 

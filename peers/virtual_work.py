@@ -5,7 +5,8 @@ the scheduler thread when that time comes (``prism.peers.scheduler``), for a cal
 was handed out (to a callback, or to C++ that waits on it), or else the program's own thread
 when it looks at the call: in ``wait()``, which sleeps until the time itself, or in
 ``is_completed()`` once the time has passed. Scheduling is kept to futures someone holds: waking
-the scheduler thread costs the program's thread tens of µs on a busy machine, at every call. Once the program waits, only it completes the call: a time named while
+the scheduler thread costs the program's thread tens of µs on a busy machine, at every call.
+Once the program waits, only it completes the call: a time named while
 it waits (by the co-simulation's thread, or the coordinator's connection when several ranks
 are real) wakes it, and it completes the call itself. Either way the completion lets go of the
 call's tensors *before* it hands them to the future, so that the program's thread, which holds

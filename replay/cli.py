@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from prism.capture.cli import parse_ranks
+from prism.capture.cli import parse_ranks, print_error
 from prism.capture.progress import RankProgress
 from prism.graph.io.validate import GraphValidationError, validate_graph
 from prism.graph.sim.whatif import WhatIfError, parse_delay
@@ -89,10 +89,7 @@ def replay(
                 progress.starting(r)
             report = run_replay(options, progress)
     except (ReplayInputError, ReplayDiverged) as e:
-        first, *rest = str(e).splitlines()
-        console.print(f"[bold red]error:[/] {first}", highlight=False, soft_wrap=True)
-        for line in rest:  # a failed rank's last log lines: its log went with the temporary output
-            console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
+        print_error(e, console)  # with a failed rank's last log lines: its log went with the temporary output
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
         console.print("[bold red]interrupted[/]: nothing was written")

@@ -13,7 +13,7 @@ from prism.graph.build import op_table as T
 from prism.graph.build.bind import bind_ranks, encode_program
 from prism.graph.build.compose import compose_stage
 from prism.graph.build.normalize import normalize_rank
-from prism.graph.build.profiler_overhead import Correction, scale_template, time_scale
+from prism.graph.build.profiler_overhead import Correction, correction_scale, scale_template
 from prism.graph.build.program_graph import program_stages
 from prism.graph.build.templates import RoleTemplate, TemplateError, build_role_template
 from prism.graph.comm.model import CommModel
@@ -120,7 +120,6 @@ def load_templates(
     not; by phase on CPU captures that timed their phases (``profiler_overhead``).
     """
     correct = profiler_correction != Correction.NONE
-    by_phase = profiler_correction == Correction.PHASE and manifest.device == "cpu"
     captured = manifest.job.config
     templates, scales = {}, {}
     for role in sorted(roles):
@@ -135,11 +134,11 @@ def load_templates(
         first = captured.stage_layers(rank.stage).start
         template = build_role_template(ops, rank=rank.rank, stage=rank.stage, first_layer=first)
         # A paced capture's iterations include its emulated waits: only the program's own time counts.
-        scale = time_scale(rank.result, manifest.job.warmup, by_phase=by_phase)
+        scale = correction_scale(rank.result, manifest.job.warmup, profiler_correction, manifest.job.device)
         cv = iteration_cv(rank.result.own_iteration_ns, manifest.job.warmup)
         jitter = _call_jitter_ns(capture_dir, rank.rank, ops, manifest)
         template = replace(template, noise_cv=cv, call_jitter_ns=jitter)
-        if correct and scale is not None:
+        if scale is not None:
             template = scale_template(template, scale)
             scales[role.value] = scale.to_dict() | {"noise_cv": round(cv, 6), "call_jitter_ns": round(jitter)}
         templates[role] = template

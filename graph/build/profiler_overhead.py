@@ -121,6 +121,17 @@ def time_scale(result: RankResult, warmup: int, *, by_phase: bool = True) -> Tim
     )
 
 
+def correction_scale(
+    result: RankResult, warmup: int, correction: Correction, device: str
+) -> TimeScale | None:
+    """The time scale a build applies to a captured rank under ``correction``: None for NONE (or
+    without a clean unprofiled iteration); by phase only with PHASE on CPU, where the phase spans
+    are the work's own time (on CUDA they are host time, ahead of the device)."""
+    if correction == Correction.NONE:
+        return None
+    return time_scale(result, warmup, by_phase=correction == Correction.PHASE and device == "cpu")
+
+
 def _scaled(segment: Segment, scale: TimeScale) -> Segment:
     # A segment is the glue before a step and the step's block: its units are of its kind or glue.
     units = segment.units.copy()

@@ -12,7 +12,7 @@ from pathlib import Path
 from prism.graph.build.alike import call_sequence, check_alike
 from prism.graph.build.bind import encode_program
 from prism.graph.build.normalize import normalize_rank
-from prism.graph.build.profiler_overhead import Correction, time_scale
+from prism.graph.build.profiler_overhead import Correction, correction_scale
 from prism.graph.build.program_stage import program_stage
 from prism.graph.build.templates import TemplateError
 from prism.graph.sim.noise import iteration_cv
@@ -110,10 +110,7 @@ def program_stages(
     for stage in range(layout.pp):
         captured = sources[stage]
         ops_of_stage = ops(captured.rank)
-        scale = None
-        if correction != Correction.NONE:
-            by_phase = correction == Correction.PHASE and program.device == "cpu"
-            scale = time_scale(captured.result, manifest.job.warmup, by_phase=by_phase)
+        scale = correction_scale(captured.result, manifest.job.warmup, correction, manifest.job.device)
         cv = iteration_cv(captured.result.own_iteration_ns, manifest.job.warmup)
         stage_program = program_stage(
             ops_of_stage, rank=captured.rank, stage=stage, layout=layout, scale=scale, noise_cv=cv

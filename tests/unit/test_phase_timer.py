@@ -15,14 +15,6 @@ from prism.schemas.annotations import GLUE, Direction, Phase, block_kind, is_blo
 from prism.schemas.comm_log import CommLog, CommTime
 
 
-@pytest.fixture
-def timer():
-    t = PhaseTimer()
-    annotate.set_phase_timer(t)
-    yield t
-    annotate.set_phase_timer(None)
-
-
 def _busy(seconds: float) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:

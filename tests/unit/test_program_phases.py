@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import threading
 
-import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from prism.capture import annotate
 from prism.capture.phase_timer import PhaseTimer
 from prism.capture.program_phases import ProgramPhases, root_modules
 
@@ -24,14 +22,6 @@ class Wrapper(torch.nn.Module):
         if self.recompute:
             return checkpoint(self.module, x, use_reentrant=False)
         return self.module(x)
-
-
-@pytest.fixture
-def timer():
-    timer = PhaseTimer()
-    annotate.set_phase_timer(timer)
-    yield timer
-    annotate.set_phase_timer(None)
 
 
 def _train(model: torch.nn.Module, steps: int, timer: PhaseTimer) -> list[list[str]]:
