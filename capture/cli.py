@@ -17,6 +17,7 @@ from prism.capture.preflight import CaptureError
 from prism.capture.progress import RankProgress
 from prism.capture.runner import CaptureHooks, CaptureOptions, ProgramRoles, RealMode, run_capture
 from prism.schemas import cli_help
+from prism.schemas.cli_command import PrismCommand
 from prism.schemas.comm_log import read_comm_log
 from prism.schemas.layout import DEFAULT_ORDER, LayoutError, ParallelLayout, Role
 from prism.schemas.manifest import CaptureFiles, CaptureManifest
@@ -91,8 +92,9 @@ def _size(path: Path) -> str:
     return f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.0f} KiB"
 
 
-@app.command()
+@app.command(cls=PrismCommand)
 def capture(
+    ctx: typer.Context,
     out: Annotated[Path, typer.Option("--out", "-o", help="Capture directory to create.")] = Path(
         "capture-out"
     ),
@@ -159,6 +161,11 @@ def capture(
     hooks = ConsoleHooks()
     with reported(hooks, CaptureError, ConfigError, ProgramError, LayoutError):
         layout = ParallelLayout(tp=tp, pp=pp, dp=dp, order=order)
+        _refuse_unused(
+            ctx,
+            PROGRAM_ONLY if not program else MODEL_ONLY,
+            "a program" if not program else "the built-in GPT",
+        )
         if program:
             spec = ProgramSpec(
                 argv=tuple(program), cwd=os.getcwd(), layout=layout, device=device,
@@ -183,6 +190,19 @@ def capture(
         console.print(f"[bold]prism-capture[/] {layout}, real={real.value}, {what}")
         manifest = run_capture(options, hooks)
     console.print(capture_table(manifest, out))
+
+
+MODEL_ONLY = ("layers", "hidden", "heads", "ffn_hidden", "seq_len", "vocab", "micro_batch_size", "microbatches",
+              "dtype", "seed", "grad_bucket_mb")  # fmt: skip
+PROGRAM_ONLY = ("roles", "nproc_per_node", "run_to_end")
+
+
+def _refuse_unused(ctx: typer.Context, names: tuple[str, ...], whose: str) -> None:
+    """Options given on the command line that this kind of job does not use: an error, not ignored."""
+    given = [n for n in names if getattr(ctx.get_parameter_source(n), "name", "DEFAULT") != "DEFAULT"]
+    if given:
+        flags = ", ".join("--" + n.replace("_", "-") for n in given)
+        raise ConfigError(f"{flags}: only for {whose}, which this capture does not run")
 
 
 def parse_ranks(text: str | None) -> tuple[int, ...] | None:

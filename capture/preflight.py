@@ -84,14 +84,24 @@ def check_full_run_fits(layout: ParallelLayout, device: str, config: GPTConfig |
             f"--real all would start {world} rank processes on {cores} CPU core(s) "
             f"(at most {MAX_PROCESSES_PER_CORE * cores}); use a smaller layout or --real roles"
         )
-    if config is None:
-        return
-    needed = world * (rank_bytes_estimate(config) + PROCESS_OVERHEAD_BYTES)
+    if config is not None:
+        _check_memory(world, config, f"--real all needs about {{needed}} for {world} ranks")
+
+
+def check_rank_fits(config: GPTConfig, device: str) -> None:
+    """A captured rank of the built-in GPT runs alone: its weights, gradients, optimizer state and
+    activations must fit the machine (otherwise the kernel kills it, or it swaps for hours)."""
+    if device == "cpu":
+        _check_memory(1, config, "one rank of this model needs about {needed}")
+
+
+def _check_memory(processes: int, config: GPTConfig, what: str) -> None:
+    needed = processes * (rank_bytes_estimate(config) + PROCESS_OVERHEAD_BYTES)
     available = psutil.virtual_memory().available
     if needed > 0.8 * available:
         raise CaptureError(
-            f"--real all needs about {needed / 2**30:.1f} GiB for {world} ranks but only "
-            f"{available / 2**30:.1f} GiB is available; use a smaller layout or --real roles"
+            what.format(needed=f"{needed / 2**30:.1f} GiB")
+            + f" but only {available / 2**30:.1f} GiB is available; use a smaller model or layout"
         )
 
 

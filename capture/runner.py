@@ -27,6 +27,7 @@ from prism.capture.preflight import (
     CaptureError,
     check_device,
     check_full_run_fits,
+    check_rank_fits,
     check_output,
     check_program,
     check_ranks,
@@ -173,6 +174,8 @@ def check_options(options: CaptureOptions) -> None:
         check_ranks(options.ranks, options.layout)
     if options.real == RealMode.ALL:
         check_full_run_fits(options.layout, options.device, options.config)
+    elif options.config is not None:
+        check_rank_fits(options.config, options.device)
     check_output(options.out_dir, overwrite=options.overwrite)
 
 

@@ -15,6 +15,7 @@ from prism.graph.io.validate import GraphValidationError, validate_graph
 from prism.graph.sim.whatif import WhatIfError, parse_delay
 from prism.replay.runtime import ReplayDiverged, ReplayInputError, ReplayOptions, check_inputs, run_replay
 from prism.schemas import cli_help
+from prism.schemas.cli_command import PrismCommand
 from prism.schemas.replay import RankReport, ReplayReport
 from prism.schemas.termination import stop_on_termination
 
@@ -22,7 +23,7 @@ app = typer.Typer(add_completion=False, help=__doc__)
 console = Console(stderr=True)
 
 
-@app.command()
+@app.command(cls=PrismCommand)
 def replay(
     graph: Annotated[Path, typer.Argument(help=cli_help.GRAPH_IN)],
     rank: Annotated[

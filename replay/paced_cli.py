@@ -13,12 +13,13 @@ from prism.capture.preflight import CaptureError
 from prism.replay.paced_capture import paced_config, run_paced_capture
 from prism.replay.runtime import ReplayDiverged, ReplayInputError
 from prism.schemas import cli_help
+from prism.schemas.cli_command import PrismCommand
 from prism.schemas.termination import stop_on_termination
 
 app = typer.Typer(add_completion=False, help=__doc__)
 
 
-@app.command()
+@app.command(cls=PrismCommand)
 def capture_paced(
     graph: Annotated[
         Path, typer.Argument(help=f"{cli_help.GRAPH_IN} The job (model, layout, device) is its.")

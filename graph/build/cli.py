@@ -20,6 +20,7 @@ from prism.graph.sim.predict import predict, stage_table
 from prism.graph.sim.simulate import SimulationError
 from prism.graph.traces.kineto import NormalizeError
 from prism.schemas import cli_help
+from prism.schemas.cli_command import PrismCommand
 from prism.schemas.cluster import load_cluster
 from prism.schemas.iterations import MIN_WARMUP
 from prism.schemas.summary import write_summary
@@ -55,7 +56,7 @@ def _correction(scale: dict) -> str:
     return f"×{scale['factor']:.3f} (rank {scale['rank']}{by_phase})"
 
 
-@app.command()
+@app.command(cls=PrismCommand)
 def build(
     capture: Annotated[Path, typer.Argument(help="Capture directory written by prism-capture.")],
     tp: Annotated[int, typer.Option(help=f"{cli_help.TP} Must equal the capture's.")],

@@ -19,6 +19,7 @@ from prism.graph.comm.calibrate import (
     calibrate,
     parse_size,
 )
+from prism.schemas.cli_command import PrismCommand
 from prism.schemas.cluster import ClusterSpecError, local_path
 from prism.schemas.termination import stop_on_termination
 
@@ -56,7 +57,7 @@ def _tables(result: CalibrationResult) -> tuple[Table, Table]:
     return checks, fits
 
 
-@app.command()
+@app.command(cls=PrismCommand)
 def calibrate_command(
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="Spec file to write [default: the 'local' path].")

@@ -13,6 +13,7 @@ from rich.text import Text
 
 from prism.graph.io.parquet import GraphFormatError
 from prism.graph.io.validate import ValidationReport, validate_graph
+from prism.schemas.cli_command import PrismCommand
 from prism.schemas.termination import stop_on_termination
 
 SHOWN_PROBLEMS = 20
@@ -49,7 +50,7 @@ def _summary(report: ValidationReport) -> Table:
     return table
 
 
-@app.command()
+@app.command(cls=PrismCommand)
 def validate(
     graph: Annotated[Path, typer.Argument(help="graph.parquet to check.", show_default=False)],
 ) -> None:

@@ -15,6 +15,7 @@ from prism.graph.sim.predict import predict, stage_table
 from prism.graph.sim.simulate import SimulationError, load_sim_graph
 from prism.graph.sim.whatif import WhatIf, parse_delay, parse_slow_rank
 from prism.schemas import cli_help
+from prism.schemas.cli_command import PrismCommand
 from prism.schemas.cluster import load_cluster
 from prism.schemas.summary import write_summary
 from prism.schemas.termination import stop_on_termination
@@ -23,7 +24,7 @@ app = typer.Typer(add_completion=False, help=__doc__)
 console = Console(stderr=True)
 
 
-@app.command()
+@app.command(cls=PrismCommand)
 def simulate(
     graph: Annotated[Path, typer.Argument(help=cli_help.GRAPH_IN)],
     slow_rank: Annotated[

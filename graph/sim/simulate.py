@@ -110,12 +110,25 @@ def kind_codes(column: pa.ChunkedArray) -> np.ndarray:
 
 def _codes(column: pa.ChunkedArray, mapping: dict[str, int]) -> np.ndarray:
     column = column.combine_chunks()
-    lookup = np.array([mapping[v] for v in column.dictionary.to_pylist()], np.int8)
+    values = column.dictionary.to_pylist()
+    unknown = sorted({str(v) for v in values} - set(mapping))
+    if unknown:
+        raise SimulationError(
+            f"unknown node kind(s) {', '.join(map(repr, unknown))} (a graph has {', '.join(mapping)}); "
+            "the graph is damaged or was not written by prism-build-graph"
+        )
+    lookup = np.array([mapping[v] for v in values], np.int8)
     return lookup[column.indices.to_numpy()]
 
 
 def _slots(
-    kind: np.ndarray, coll_id: np.ndarray, rank: np.ndarray, peer: np.ndarray, seq: np.ndarray, world: int
+    path: str | Path,
+    kind: np.ndarray,
+    coll_id: np.ndarray,
+    rank: np.ndarray,
+    peer: np.ndarray,
+    seq: np.ndarray,
+    world: int,
 ):
     """Dense instance id of every collective and transfer node; members per instance."""
     slot = np.full(len(kind), -1, np.int32)
@@ -124,6 +137,9 @@ def _slots(
     slot[coll] = inverse
     sizes = [counts]
     p2p = (kind == SEND) | (kind == RECV)
+    off_world = np.flatnonzero(p2p & ((peer < 0) | (peer >= world) | (peer == rank) | (seq < 0)))
+    if len(off_world):  # the key below would alias another pair's
+        raise _unpaired(path, off_world, "a peer outside the world, itself, or no sequence number")
     # A send (a -> b, n) and the recv at b from a with the same n are one transfer.
     src = np.where(kind == SEND, rank, peer)[p2p].astype(np.int64)
     dst = np.where(kind == SEND, peer, rank)[p2p].astype(np.int64)
@@ -132,9 +148,19 @@ def _slots(
     slot[p2p] = len(uniq) + pinverse
     sizes.append(pcounts)
     slot_size = np.concatenate(sizes).astype(np.int64)
-    if (pcounts != 2).any():
-        raise SimulationError("a send or recv has no matching partner; validate the graph first")
+    sends = np.bincount(pinverse, weights=kind[p2p] == SEND, minlength=len(puniq))
+    unpaired = np.flatnonzero((pcounts != 2) | (sends != 1))
+    if len(unpaired):
+        rows = np.flatnonzero(p2p)[np.isin(pinverse, unpaired)]
+        raise _unpaired(path, rows, "no matching partner")
     return slot, slot_size
+
+
+def _unpaired(path: str | Path, rows: np.ndarray, why: str) -> SimulationError:
+    return SimulationError(
+        f"{path}: a send or recv with {why} ({len(rows)} node(s), first global row {rows[0]}); the graph is "
+        "damaged (prism-validate-graph tells more)"
+    )
 
 
 class _Columns:
@@ -193,7 +219,7 @@ def load_sim_graph(path: str | Path) -> SimGraph:
     rank = a.pop(gf.RANK)
     rank_ptr = np.searchsorted(rank, np.arange(world + 1)).astype(np.int64)
     kind = a.pop(gf.KIND)
-    slot, slot_size = _slots(kind, a.pop(gf.COLL_ID), rank, a.pop(gf.PEER), a.pop(gf.P2P_SEQ), world)
+    slot, slot_size = _slots(path, kind, a.pop(gf.COLL_ID), rank, a.pop(gf.PEER), a.pop(gf.P2P_SEQ), world)
     _check_membership(path, kind, slot, slot_size, a.pop(gf.GROUP_SIZE))
     del rank
     comm_rows = np.flatnonzero(slot >= 0)  # a few % of the rows: sort only those
@@ -201,7 +227,7 @@ def load_sim_graph(path: str | Path) -> SimGraph:
     slot_nodes_ptr = np.concatenate([[0], np.cumsum(slot_size)]).astype(np.int64)
     deps_ptr = np.cumsum(columns.deps_count)
     deps = np.concatenate(columns.deps_chunks) if columns.deps_chunks else np.zeros(0, np.int64)
-    _check_structure(path, a, columns.deps_count[1:], deps, rank_ptr)
+    _check_structure(path, a, columns.deps_count[1:], deps, rank_ptr, layout.pp)
     return SimGraph(
         layout=layout, stage_static_bytes=static_bytes_of(metadata, layout), rank_ptr=rank_ptr, stage=a[gf.STAGE], kind=kind, dur=a[gf.DUR_NS], gap=a[gf.GAP_NS],
         skew=_skew_or_none(a[gf.SKEW_NS]), is_async=a[gf.IS_ASYNC], slot=slot, slot_size=slot_size,
@@ -216,7 +242,12 @@ no time the engine computes (int64 ns) can then overflow."""
 
 
 def _check_structure(
-    path: str | Path, a: dict[str, np.ndarray], deps_count: np.ndarray, deps: np.ndarray, rank_ptr: np.ndarray
+    path: str | Path,
+    a: dict[str, np.ndarray],
+    deps_count: np.ndarray,
+    deps: np.ndarray,
+    rank_ptr: np.ndarray,
+    pp: int,
 ) -> None:
     """The checks that keep the engine from reading past its arrays or adding up garbage, cheap
     enough to run on every load (the full validator, ``prism-validate-graph``, checks the rest)."""
@@ -231,6 +262,9 @@ def _check_structure(
         negative = np.flatnonzero(a[column] < 0)
         if len(negative):
             raise bad(f"negative {column}", negative)
+    off_pipeline = np.flatnonzero((a[gf.STAGE] < 0) | (a[gf.STAGE] >= pp))
+    if len(off_pipeline):  # a stage indexes the static bytes per stage
+        raise bad(f"a stage outside the layout's 0..{pp - 1}", off_pipeline)
     owner = np.repeat(np.arange(len(deps_count)), deps_count)
     rank_of_owner = np.searchsorted(rank_ptr, owner, side="right") - 1
     outside = np.flatnonzero((deps < rank_ptr[rank_of_owner]) | (deps >= owner))

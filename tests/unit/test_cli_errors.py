@@ -75,3 +75,34 @@ def test_simulate_and_replay_validate_the_whole_graph_when_asked(tmp_path):
         replay_app, [str(graph), "--rank", "0", "--validate", "-o", str(tmp_path / "r")], "members disagree"
     )
     assert not (tmp_path / "r").exists() and not (tmp_path / "summary.json").exists()
+
+
+COMMANDS = {
+    "prism-capture": "prism.capture.cli",
+    "prism-build-graph": "prism.graph.build.cli",
+    "prism-simulate": "prism.graph.sim.cli",
+    "prism-validate-graph": "prism.graph.io.validate_cli",
+    "prism-calibrate": "prism.graph.comm.calibrate_cli",
+    "prism-replay": "prism.replay.cli",
+    "prism-capture-paced": "prism.replay.paced_cli",
+}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("argv", [["--no-such-option"], ["--help"], ["--warmup", "x"]])
+def test_a_usage_error_is_one_error_line_naming_the_help(command, argv, monkeypatch, capsys):
+    """An unknown option or a value of the wrong type: one ``error:`` line (not click's framed
+    panel) that names where to look, exit 2 -- as every other error of prism."""
+    import importlib
+
+    module = importlib.import_module(COMMANDS[command])
+    monkeypatch.setattr("sys.argv", [command, *argv])
+    with pytest.raises(SystemExit) as stopped:
+        module.main()
+    err = capsys.readouterr().err.strip().splitlines()
+    if argv == ["--help"]:  # still help, exit 0
+        assert stopped.value.code == 0
+        return
+    assert stopped.value.code == 2
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    assert err[0].endswith(f"{command} --help)")  # under pytest, click names the program "python -m pytest.<argv0>"

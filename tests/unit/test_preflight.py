@@ -1,11 +1,12 @@
-"""The analytic per-rank parameter count behind the --real all memory check matches the model."""
+"""The analytic per-rank parameter count behind the memory checks matches the model; a capture
+that cannot fit the machine is refused before any process starts."""
 
 from __future__ import annotations
 
 import pytest
 import torch.distributed as dist
 
-from prism.capture.preflight import CaptureError, check_full_run_fits, stage_parameter_count
+from prism.capture.preflight import CaptureError, check_full_run_fits, check_rank_fits, stage_parameter_count
 from prism.capture.workloads.gpt import GPTWorkload
 from prism.peers import BACKEND_NAME, FreeRunningClock, VirtualWorld, activate
 from prism.schemas.gpt_params import stage_buckets, stage_parameter_shapes
@@ -47,3 +48,17 @@ def test_full_run_beyond_memory_is_refused(monkeypatch: pytest.MonkeyPatch) -> N
     with pytest.raises(CaptureError, match="GiB is available"):
         config = GPTConfig(layers=2, hidden=64, heads=2, tp=1, pp=1, dp=2, microbatches=1)
         check_full_run_fits(config.layout, config.device, config)
+
+
+def test_a_rank_beyond_memory_is_refused_before_it_starts(tmp_path) -> None:
+    """--hidden 65536: one rank needs ~1 TiB (weights, gradients, Adam, activations);
+    without the check the kernel kills it or it swaps for hours."""
+    from prism.capture.runner import CaptureOptions, run_capture
+
+    huge = GPTConfig(layers=2, hidden=65536, heads=2, seq_len=16, vocab=128, microbatches=2, tp=1, pp=2, dp=2)
+    with pytest.raises(CaptureError, match="one rank of this model needs about .* GiB"):
+        check_rank_fits(huge, "cpu")
+    with pytest.raises(CaptureError, match="needs about"):
+        run_capture(CaptureOptions(config=huge, out_dir=tmp_path / "cap"))
+    assert list(tmp_path.iterdir()) == []
+    check_rank_fits(CONFIG, "cpu")  # the tests' own models fit

@@ -251,3 +251,44 @@ def test_a_collective_missing_a_member_is_refused_on_load(tmp_path: Path) -> Non
     ]
     with pytest.raises(SimulationError, match="1 member node"):
         load_sim_graph(write(tmp_path / "g.parquet", config(tp=2), programs))
+
+
+@pytest.mark.parametrize(
+    ("sender", "receiver", "says"),
+    [
+        ({gf.PEER: 5}, {}, "a peer outside the world"),  # world 2: would alias another pair's key
+        ({gf.PEER: 0}, {}, "a peer outside the world, itself"),
+        ({gf.P2P_SEQ: -1}, {}, "no sequence number"),
+        ({gf.P2P_SEQ: 1}, {}, "no matching partner"),
+        ({}, {gf.KIND: NodeKind.SEND.value}, "no matching partner"),  # a send each way, no recv
+    ],
+)
+def test_a_transfer_without_its_partner_is_refused_on_load(
+    tmp_path: Path, sender: dict, receiver: dict, says: str
+) -> None:
+    programs = [
+        [compute(10), {**transfer(NodeKind.SEND, 1, 0, 5), **sender}],
+        [{**transfer(NodeKind.RECV, 0, 0, 5), **receiver}, compute(10)],
+    ]
+    with pytest.raises(SimulationError, match=says):
+        load_sim_graph(write(tmp_path / "g.parquet", config(pp=2), programs))
+
+
+def test_two_sends_of_one_transfer_are_not_a_pair(tmp_path: Path) -> None:
+    send = transfer(NodeKind.SEND, 1, 0, 5)
+    programs = [[send, send], [compute(10)]]  # (0 -> 1, 0) twice and no recv: two members, no receiver
+    with pytest.raises(SimulationError, match="no matching partner"):
+        load_sim_graph(write(tmp_path / "g.parquet", config(pp=2), programs))
+
+
+def test_an_unknown_node_kind_or_stage_is_refused_on_load(tmp_path: Path) -> None:
+    with pytest.raises(SimulationError, match="unknown node kind.*'barrier'"):
+        load_sim_graph(write(tmp_path / "a.parquet", config(), [[compute(10), {gf.KIND: "barrier"}]]))
+    graph = write(tmp_path / "b.parquet", config(), [[compute(10), compute(5)]])
+    table = pa.parquet.read_table(graph)
+    stage = table.column(gf.STAGE).to_pylist()
+    stage[1] = 3  # the layout has one stage
+    with pytest.raises(SimulationError, match="stage outside the layout's 0..0"):
+        edited = table.set_column(table.schema.get_field_index(gf.STAGE), gf.STAGE, pa.array(stage, pa.int16()))
+        pa.parquet.write_table(edited, tmp_path / "c.parquet")
+        load_sim_graph(tmp_path / "c.parquet")

@@ -1,0 +1,47 @@
+"""The command class of every ``prism-*`` command (``@app.command(cls=PrismCommand)``).
+
+A usage error (an unknown option, a value of the wrong type, a missing argument) ends the command
+as every other error of prism does: one ``error:`` line and exit 2, not click's framed panel with
+the usage above it, so that scripts and people read every failure the same way.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from typer.core import TyperCommand
+
+
+class PrismCommand(TyperCommand):
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        run = lambda: super(PrismCommand, self).main(  # noqa: E731
+            args, prog_name, complete_var, standalone_mode=False, windows_expand_args=windows_expand_args, **extra
+        )  # fmt: skip
+        if not standalone_mode:
+            return run()
+        try:
+            code = run()  # the exit code of a typer.Exit, else what the command returned (None)
+        except typer.TyperException as e:  # click's errors, vendored by typer
+            ctx = getattr(e, "ctx", None)  # a usage error's: names the command
+            hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+            Console(stderr=True).print(
+                f"[bold red]error:[/] {escape(e.format_message())}{hint}", highlight=False, soft_wrap=True
+            )
+            sys.exit(e.exit_code)
+        except typer.Abort:
+            Console(stderr=True).print("[bold red]interrupted[/]", highlight=False)
+            sys.exit(130)
+        sys.exit(code if isinstance(code, int) else 0)
