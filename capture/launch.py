@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import queue
+import signal
 import socket
 import subprocess
 import sys
@@ -82,6 +83,18 @@ def _pump(proc: subprocess.Popen, rank: int, log_path: Path, events: queue.Queue
                 except json.JSONDecodeError:
                     pass
     events.put({"rank": rank, "event": "exit", "code": proc.wait()})
+
+
+def _how_it_ended(code: int) -> str:
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    if -code == signal.SIGKILL:  # nothing in the rank sends it: the kernel's out-of-memory killer does
+        return f"was killed by {name} (out of memory? the kernel's log says: dmesg | grep -i kill)"
+    return f"was killed by {name}"
 
 
 def _log_tail(path: Path, lines: int = 12) -> str:
@@ -165,6 +178,7 @@ def _wait_all(
             running.discard(rank)
             if code != 0:
                 tail = _log_tail(logs[rank])
-                raise LaunchError(f"rank {rank} exited with code {code}; last lines of its log:\n{tail}")
+                log = f"last lines of its log:\n{tail}" if tail else "its log is empty"
+                raise LaunchError(f"rank {rank} {_how_it_ended(code)}; {log}")
         elif on_event is not None:
             on_event(event)

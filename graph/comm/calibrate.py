@@ -23,6 +23,7 @@ iterations.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import statistics
@@ -245,10 +246,14 @@ class CalibrationConfig:
             raise ValueError(f"cannot time op(s) {', '.join(unknown)}; known: {', '.join(BENCH_OPS)}")
         if self.reps < 1 or self.calls_per_rep < 1 or self.warmup < 0:
             raise ValueError("reps and calls_per_rep must be positive, warmup non-negative")
-        if self.compute_between_ms < 0:
+        if not self.ops:
+            raise ValueError("--ops names no op to time")
+        if not math.isfinite(self.timeout_s) or self.timeout_s <= 0:
+            raise ValueError(f"the timeout must be a positive number of seconds, got {self.timeout_s}")
+        if not self.compute_between_ms >= 0 or math.isinf(self.compute_between_ms):  # nan too
             raise ValueError(f"compute_between_ms must be 0 or more, got {self.compute_between_ms}")
-        if any(g <= 0 for g in self.cold_gaps_ms):
-            raise ValueError(f"cold gaps must be positive, got {self.cold_gaps_ms}")
+        if not all(0 < g < math.inf for g in self.cold_gaps_ms):
+            raise ValueError(f"cold gaps must be positive milliseconds, got {self.cold_gaps_ms}")
         if not self.bench and not self.comm_logs:
             raise ValueError("without the microbenchmark there is nothing to fit: give --capture")
         if not self.bench and (self.cold_gaps_ms or self.measured_table or self.compute_between_ms):
@@ -331,7 +336,13 @@ def calibrate(config: CalibrationConfig) -> CalibrationResult:
             calls_per_rep=config.calls_per_rep, warmup=config.warmup, timeout_s=config.timeout_s,
             compute_between_s=config.compute_between_ms / 1e3,
         )  # fmt: skip
-    samples = measured + samples_from_comm_logs(runs)
+    logged = samples_from_comm_logs(runs)
+    if runs and not logged:
+        raise CalibrationError(
+            "the --capture paths hold no delegated call whose every member was logged (a --real all "
+            "capture has them; a capture of roles runs its peers virtually)"
+        )
+    samples = measured + logged
     fit = fit_samples(samples)
     where = (
         f"calibrated by prism-calibrate on {os.uname().nodename} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}"

@@ -114,7 +114,7 @@ def calibrate_command(
             sizes=tuple(parse_size(s) for s in sizes.split(",") if s.strip()),
             max_procs=max_procs, ops=tuple(o.strip() for o in ops.split(",") if o.strip()), reps=reps,
             timeout_s=timeout, comm_logs=tuple(capture or ()), bench=bench, out=out, compute_between_ms=compute_between_ms,
-            cold_gaps_ms=tuple(float(g) for g in cold_gaps_ms.split(",") if g.strip()), measured_table=table,
+            cold_gaps_ms=_gaps(cold_gaps_ms), measured_table=table,
         )  # fmt: skip
         if bench:
             err_console.print(f"[bold]prism-calibrate[/] {config.max_procs} gloo processes, sizes {sizes}")
@@ -134,6 +134,13 @@ def calibrate_command(
     console.print(
         f"α-β line: median relative error {result.median_rel_error:.0%}{pricing}; wrote {result.path}{where}"
     )
+
+
+def _gaps(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(g) for g in text.split(",") if g.strip())
+    except ValueError:
+        raise ValueError(f"cannot read --cold-gaps-ms {text!r}: write milliseconds, e.g. 0.5,1,2,4") from None
 
 
 def _env_hint(path: Path) -> str:

@@ -35,6 +35,16 @@ def test_failing_rank_kills_the_others_and_names_itself(tmp_path: Path) -> None:
     assert time.monotonic() - t0 < 30
 
 
+def test_a_rank_killed_by_the_kernel_is_named_so(tmp_path: Path) -> None:
+    """SIGKILL from outside (the out-of-memory killer) leaves no log line: the message says what
+    killed the rank and where to look, not an empty tail."""
+    killed = launch(tmp_path, 0, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    with pytest.raises(
+        LaunchError, match=r"rank 0 was killed by SIGKILL \(out of memory\?.*dmesg.*its log is empty"
+    ):
+        run_processes([killed], world_size=1, timeout_s=60)
+
+
 def test_timeout_kills_stuck_ranks(tmp_path: Path) -> None:
     # The message carries the log's tail: the log itself is in a directory a failed run removes.
     stuck = "import time; print('waiting for rank 7', flush=True); time.sleep(120)"
