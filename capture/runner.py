@@ -27,9 +27,9 @@ from prism.capture.preflight import (
     CaptureError,
     check_device,
     check_full_run_fits,
-    check_rank_fits,
     check_output,
     check_program,
+    check_rank_fits,
     check_ranks,
 )
 from prism.capture.value_pass import needs_value_pass, value_pass_ranks

@@ -105,7 +105,9 @@ def test_a_usage_error_is_one_error_line_naming_the_help(command, argv, monkeypa
         return
     assert stopped.value.code == 2
     assert len(err) == 1 and err[0].startswith("error: "), err
-    assert err[0].endswith(f"{command} --help)")  # under pytest, click names the program "python -m pytest.<argv0>"
+    assert err[0].endswith(
+        f"{command} --help)"
+    )  # under pytest, click names the program "python -m pytest.<argv0>"
 
 
 @pytest.mark.parametrize(
@@ -113,7 +115,10 @@ def test_a_usage_error_is_one_error_line_naming_the_help(command, argv, monkeypa
     [
         (["--nproc-per-node", "2"], "--nproc-per-node: only for a program"),
         (["--roles", "first-middle-last"], "--roles: only for a program"),
-        (["--hidden", "64", "--dtype", "bfloat16", "--", "train.py"], "--hidden, --dtype: only for the built-in GPT"),
+        (
+            ["--hidden", "64", "--dtype", "bfloat16", "--", "train.py"],
+            "--hidden, --dtype: only for the built-in GPT",
+        ),
     ],
 )
 def test_capture_options_the_job_would_not_use_are_refused(tmp_path, argv, says):

@@ -289,6 +289,8 @@ def test_an_unknown_node_kind_or_stage_is_refused_on_load(tmp_path: Path) -> Non
     stage = table.column(gf.STAGE).to_pylist()
     stage[1] = 3  # the layout has one stage
     with pytest.raises(SimulationError, match="stage outside the layout's 0..0"):
-        edited = table.set_column(table.schema.get_field_index(gf.STAGE), gf.STAGE, pa.array(stage, pa.int16()))
+        edited = table.set_column(
+            table.schema.get_field_index(gf.STAGE), gf.STAGE, pa.array(stage, pa.int16())
+        )
         pa.parquet.write_table(edited, tmp_path / "c.parquet")
         load_sim_graph(tmp_path / "c.parquet")
