@@ -306,8 +306,11 @@ def _run_eagerly(cls: type) -> type:
 ProcessGroupPrism = _run_eagerly(ProcessGroupPrism)
 
 
+_SITE_FIELDS = tuple(f.name for f in dataclasses.fields(CallSite))
+
+
 def _pending(record: CallRecord) -> PendingCall:
-    return PendingCall(**{f.name: getattr(record, f.name) for f in dataclasses.fields(CallSite)})
+    return PendingCall(**{name: getattr(record, name) for name in _SITE_FIELDS})
 
 
 def _both(first: Callable[[], None], then: Callable[[], None]) -> None:

@@ -97,14 +97,20 @@ class Channel:
     # -- the rank's side -----------------------------------------------------------------------
     def push(self, events: list[Event]) -> None:
         """Append events in program order (one writer at a time)."""
+        for event in events:
+            self._push_row(*_encode(event))
+
+    def push_call(self, node: int, t_ns: int, async_op: bool, ruled: bool) -> None:
+        """``push([Call(node, t_ns, async_op, ruled=ruled)])`` without the event object: most rows."""
+        self._push_row(1, node, t_ns, async_op, ruled)
+
+    def _push_row(self, *row: int) -> None:
         words = self._words
         head = words[_HEAD]
-        for event in events:
-            while head - words[_TAIL] >= CAPACITY:  # full: the coordinator is behind
-                pass
-            _EVENT.pack_into(self._map, _RING + (head % CAPACITY) * _EVENT.size, *_encode(event))
-            head += 1
-            words[_HEAD] = head  # after the row: the coordinator reads up to here
+        while head - words[_TAIL] >= CAPACITY:  # full: the coordinator is behind
+            pass
+        _EVENT.pack_into(self._map, _RING + (head % CAPACITY) * _EVENT.size, *row)
+        words[_HEAD] = head + 1  # after the row: the coordinator reads up to here
 
     @property
     def coordinator_sleeps(self) -> bool:

@@ -246,6 +246,13 @@ class RemotePort:
 
     def send(self, events: list[Event]) -> None:
         self._channel.push(events)
+        self._wake_if_asleep()
+
+    def send_call(self, node: int, t_ns: int, async_op: bool, ruled: bool) -> None:
+        self._channel.push_call(node, t_ns, async_op, ruled)
+        self._wake_if_asleep()
+
+    def _wake_if_asleep(self) -> None:
         if self._channel.coordinator_sleeps:
             try:
                 os.write(self._wake, b"w")

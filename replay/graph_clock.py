@@ -63,6 +63,9 @@ class CoSimPort(Protocol):
 
     def send(self, events: list[Event]) -> None: ...
 
+    def send_call(self, node: int, t_ns: int, async_op: bool, ruled: bool) -> None:
+        """``send([Call(node, t_ns, async_op, ruled=ruled)])``, without making the event."""
+
 
 class LocalPort:
     """The co-simulation in this process and thread, news delivered inside ``send``: exact and
@@ -99,6 +102,9 @@ class LocalPort:
                 self._rules[pass_, index] = rule
         if resolved:
             self._on_resolved(resolved)
+
+    def send_call(self, node: int, t_ns: int, async_op: bool, ruled: bool) -> None:
+        self.send([Call(node, t_ns, async_op, ruled=ruled)])
 
 
 @dataclass(kw_only=True)
@@ -233,22 +239,26 @@ class GraphClock:
         self, call: PendingCall, node: int, rule: AnswerRule, complete: Completion, began: int
     ) -> None:
         """A call whose end the co-simulation ruled ahead: named here, the co-simulation told after."""
-        t = self._to_graph(call.enter_ns)
+        t = call.enter_ns - self._origin_ns - self._shift_ns
         end = rule.end_ns(t)
-        self._send(Call(node, t, call.async_op, ruled=True))
+        if self._outbox:
+            self._send(Call(node, t, call.async_op, ruled=True))
+        else:  # most calls: one row straight into the channel
+            self._sending = True
+            try:
+                self.port.send_call(node, t, call.async_op, True)
+            finally:
+                self._sending = False
         stats = self.iterations[-1]
         stats.ahead += 1
-        if not call.async_op:  # the program waits until the end anyway: held only past it
-            due = self._to_wall(end)
-            complete(due)
-            now = self._wall_ns()
-            self._hold(stats, now - began, now - max(due, began))
-        else:  # the program goes on at once: all of the time in here held it
-            self._hold(stats, self._wall_ns() - began)
-            before = self._wall_ns()
-            complete(self._to_wall(end))
-            self._hold(stats, self._wall_ns() - before)
-        self._apply(self._take_inbox())
+        due = end + self._origin_ns + self._shift_ns
+        complete(due)
+        now = self._wall_ns()
+        # The program waits until the end of a sync call anyway: held only past it; an async
+        # call's program goes on at once: all of its time in here held it.
+        self._hold(stats, now - began, now - max(due, began) if not call.async_op else None)
+        if self._inbox:
+            self._apply(self._take_inbox())
 
     def _hold(self, stats: IterationStats, spent: int, held: int | None = None) -> None:
         """``spent`` ns in the clock, ``held`` (default: all of it) of them beyond the job's own wait."""

@@ -252,7 +252,9 @@ def test_build_simulates_and_what_ifs_move_the_prediction(slice_capture: Path, t
     assert len(as_built.ranks["iteration_ns"]) == 16 and min(as_built.ranks["iteration_ns"]) > 0
     assert all(p > 0 for p in as_built.ranks["peak_bytes"])
     runner = CliRunner()
-    slow = runner.invoke(simulate_app, [str(out), "--slow-rank", "5:+300%", "-o", str(tmp_path / "slow.json")])
+    slow = runner.invoke(
+        simulate_app, [str(out), "--slow-rank", "5:+300%", "-o", str(tmp_path / "slow.json")]
+    )
     assert slow.exit_code == 0, slow.output
     what_if = read_summary(tmp_path / "slow.json")
     assert what_if.what_if["slow_ranks"] == [{"rank": 5, "factor": 4.0}]
