@@ -17,6 +17,7 @@ from prism.graph.sim.engine import COMPUTE
 from prism.replay.rank_program import RankProgram
 from prism.replay.wait_spans import TraceClock
 from prism.schemas.files import write_json_atomic
+from prism.schemas.layout import ParallelLayout
 
 PassTimes = tuple[dict[int, np.ndarray], dict[int, np.ndarray]]
 """(start, end) graph ns of the nodes of traced ranks in one pass (``CoSimulation.traced``)."""
@@ -56,8 +57,11 @@ def peer_trace_events(
 
 
 def write_peer_trace(
-    traced: Sequence[PassTimes], wall_offsets: Sequence[int], program: RankProgram, path: Path,
-    trace: TraceClock | None = None,
+    traced: Sequence[PassTimes], wall_offsets: Sequence[int], program: RankProgram, layout: ParallelLayout,
+    path: Path, trace: TraceClock | None = None,
 ) -> None:  # fmt: skip
     events = peer_trace_events(traced, wall_offsets, program, trace)
-    write_json_atomic(path, {"traceEvents": events, "displayTimeUnit": "ms"}, indent=None)
+    info = layout.distributed_info(program.rank)  # HTA loads it beside the real rank's by this
+    write_json_atomic(
+        path, {"distributedInfo": info, "traceEvents": events, "displayTimeUnit": "ms"}, indent=None
+    )

@@ -23,6 +23,7 @@ from prism.capture.launch import parse_rank_args
 from prism.capture.program_main import run_program_rank
 from prism.capture.progress import report
 from prism.capture.rank_main import run_rank
+from prism.graph.io.parquet import read_metadata
 from prism.graph.sim.simulate import SimulationError
 from prism.graph.sim.whatif import BlockDelay
 from prism.replay.coordinator import RemotePort
@@ -34,6 +35,7 @@ from prism.replay.wait_spans import add_emulated_waits
 from prism.schemas.comm_log import read_comm_log
 from prism.schemas.files import write_json_atomic
 from prism.schemas.iterations import clean_unprofiled
+from prism.schemas.layout import ParallelLayout
 from prism.schemas.manifest import PROGRAM
 from prism.schemas.replay import ReplayFiles, ReplayIteration, ReplayJob, ReplayRankStats
 
@@ -96,9 +98,12 @@ def replay_rank(job: ReplayJob, rank: int, out_dir: Path) -> ReplayRankStats:
     files = ReplayFiles(out_dir)
     trace = add_emulated_waits(files.kineto(rank), read_comm_log(files.comm(rank)))
     if rank == min(job.program.real_ranks or (rank,)):  # one real rank writes the peers' traces
+        layout = ParallelLayout.from_dict(read_metadata(job.graph).layout)
         for peer in job.trace_peers:
             program = RankProgram.read(job.graph, peer)
-            write_peer_trace(summary.traced, clock.wall_offsets, program, files.peer_trace(peer), trace)
+            write_peer_trace(
+                summary.traced, clock.wall_offsets, program, layout, files.peer_trace(peer), trace
+            )
     iterations = tuple(
         _iteration(s, p, e)
         for s, p, e in zip(clock.iterations, summary.passes, summary.engine_ns, strict=True)

@@ -201,6 +201,28 @@ class ParallelLayout:
         return {role: self.rank(tp=0, dp=0, pp=stage) for role, stage in stages.items()}
 
     # -- serialisation -----------------------------------------------------------------------
+    def distributed_info(self, rank: int) -> dict:
+        """The ``distributedInfo`` a Kineto trace of ``rank`` carries (torch writes it for the
+        rank's process groups): HTA and Perfetto place the trace by it. The groups are the rank's
+        of the layout, world first, then tp, dp, pp (those with more than one member)."""
+        world = list(range(self.world_size))
+        groups = [("0", "default_pg", world)] + [
+            (f"{axis}.{self.group_index(rank, axis)}", axis, list(self.group(rank, axis)))
+            for axis in ("tp", "dp", "pp")
+            if self.degree(axis) > 1
+        ]
+        return {
+            "backend": "prism",
+            "rank": rank,
+            "world_size": self.world_size,
+            "pg_count": len(groups),
+            "pg_config": [
+                {"pg_name": name, "pg_desc": desc, "backend_config": "cpu:prism,cuda:prism", "pg_size": len(ranks),
+                 "ranks": ranks}
+                for name, desc, ranks in groups
+            ],
+        }  # fmt: skip
+
     def to_dict(self) -> dict[str, int | str]:
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "order": self.order}
 

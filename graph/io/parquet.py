@@ -210,7 +210,7 @@ class GraphReader:
             raise FileNotFoundError(f"{self.path}: no such file")
         try:
             self._file = pq.ParquetFile(self.path)
-        except (pa.ArrowException, OSError) as e:
+        except (pa.ArrowException, OSError, UnicodeDecodeError) as e:  # a footer's names can decode badly
             raise GraphFormatError(f"{self.path}: not a Parquet file ({e})") from None
         self.metadata = _parse_metadata(self.path, self._file.schema_arrow)
         _check_columns(self.path, self._file.schema_arrow)
@@ -245,6 +245,7 @@ class GraphReader:
         groups = self.row_groups_of(rank)
         with self._damage_is_format_error():
             table = self._file.read_row_groups(groups, columns=read) if groups else SCHEMA.empty_table()
+            table.validate(full=True)
         table = table.filter(pc.equal(table.column(RANK), pa.scalar(rank, pa.int32())))
         return table.select(wanted)
 
@@ -253,6 +254,7 @@ class GraphReader:
         for i in range(self.num_row_groups):
             with self._damage_is_format_error():
                 chunk = self._file.read_row_group(i, columns=list(columns) if columns is not None else None)
+                chunk.validate(full=True)
             yield chunk
 
     @property
@@ -262,7 +264,9 @@ class GraphReader:
     def read_column(self, column: str) -> pa.ChunkedArray:
         """One column of every node of the graph."""
         with self._damage_is_format_error():
-            return self._file.read(columns=[column]).column(column)
+            table = self._file.read(columns=[column])
+            table.validate(full=True)
+            return table.column(column)
 
     def first_row(self, rank: int) -> int:
         """Global row of ``rank``'s first node: whole row groups before it by their statistics,
@@ -279,10 +283,12 @@ class GraphReader:
 
     @contextlib.contextmanager
     def _damage_is_format_error(self) -> Iterator[None]:
-        """A row group that does not decode (a file cut short or overwritten) is a GraphFormatError."""
+        """A row group that does not decode (a file cut short or overwritten), or decodes to values
+        Arrow cannot use (a dictionary index past its dictionary), is a GraphFormatError: the
+        full validation is a few ms per million rows, and without it such a value crashes its reader."""
         try:
             yield
-        except (pa.ArrowException, OSError) as e:
+        except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
             raise GraphFormatError(f"{self.path}: damaged, a row group does not decode ({e})") from None
 
     def _rank_bounds(self, group: int) -> tuple[int, int]:

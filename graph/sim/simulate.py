@@ -189,6 +189,11 @@ class _Columns:
             else:
                 array[rows] = table[name].to_numpy()
         rank = self.arrays[gf.RANK][rows]
+        if len(rank) and (rank[0] < 0 or rank[-1] >= len(self.first_row) or (np.diff(rank) < 0).any()):
+            raise SimulationError(
+                f"ranks out of order or outside the world of {len(self.first_row)} in the rows from global row "
+                f"{offset}; the graph is damaged or was not written by prism-build-graph"
+            )
         starts = np.flatnonzero(np.r_[True, rank[1:] != rank[:-1]])  # rows are sorted by rank
         self.first_row[rank[starts]] = np.minimum(self.first_row[rank[starts]], offset + starts)
         deps = table[gf.DEPS].combine_chunks()

@@ -1,4 +1,5 @@
-"""A tiny real capture (tp=1 pp=2 dp=2) and its graph, made once for the fuzz tests."""
+"""A tiny real capture (tp=1 pp=2 dp=2) and its graph, made once for the tests that only read
+them (the fuzz tests, the exports)."""
 
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from prism.capture.cli import app as capture_app
 from prism.graph.build.cli import app as build_app
 from prism.graph.comm.calibrate_cli import app as calibrate_app
+from prism.graph.export.cli import app as export_app
 from prism.graph.io.validate_cli import app as validate_app
 from prism.graph.sim.cli import app as simulate_app
 from prism.replay.cli import app as replay_app
@@ -52,13 +53,15 @@ def _damaged_graph(data: st.DataObject, graph: Path, out: Path) -> tuple[Path, s
 
 @fuzz()
 @given(data=st.data())
-def test_prism_simulate_and_validate_on_a_damaged_graph(
+def test_prism_simulate_validate_and_export_on_a_damaged_graph(
     fuzz_graph: Path, tmp_path: Path, data: st.DataObject
 ) -> None:
     out = fresh_dir(tmp_path / "out")
     damaged, what = _damaged_graph(data, fuzz_graph, out)
     clean_exit(CliRunner().invoke(simulate_app, [str(damaged)]), out, "summary.json", what)
     clean_exit(CliRunner().invoke(validate_app, [str(damaged)]), out, None, what)
+    trace = ["trace", str(damaged), "--rank", "1", "-o", str(out / "t.json.gz")]
+    clean_exit(CliRunner().invoke(export_app, trace), out, "t.json.gz", what)
 
 
 @pytest.mark.slow

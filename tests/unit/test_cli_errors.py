@@ -85,6 +85,7 @@ COMMANDS = {
     "prism-calibrate": "prism.graph.comm.calibrate_cli",
     "prism-replay": "prism.replay.cli",
     "prism-capture-paced": "prism.replay.paced_cli",
+    "prism-export": "prism.graph.export.cli",
 }
 
 

@@ -1,7 +1,7 @@
 """Imports run one way between prism's packages: a package imports only those below it.
 
 The order is the design's data flow: schemas <- peers <- capture, graph <- replay <- fidelity, and
-inside graph: io, comm <- sim <- build, with traces read by build (and the replay). A module that
+inside graph: io, comm <- sim <- build, export, with traces read by build (and the replay). A module that
 imports upwards makes a cycle between stages, however lazily it imports.
 """
 
@@ -29,6 +29,7 @@ GRAPH_ALLOWED = {
     "traces": set(),
     "sim": {"io", "comm"},
     "build": {"io", "comm", "sim", "traces"},
+    "export": {"io", "sim"},
 }
 
 

@@ -1,0 +1,1 @@
+"""prism.graph.export: the graph in the formats other tools read (Chrome/Perfetto traces)."""
