@@ -40,23 +40,8 @@ def _main_with_error_lines(main, standalone_mode: bool) -> Any:
     sys.exit(code if isinstance(code, int) else 0)
 
 
-class PrismCommand(TyperCommand):
-    def main(
-        self,
-        args: Sequence[str] | None = None,
-        prog_name: str | None = None,
-        complete_var: str | None = None,
-        standalone_mode: bool = True,
-        windows_expand_args: bool = True,
-        **extra: Any,
-    ) -> Any:
-        run = partial(super().main, args, prog_name, complete_var, standalone_mode=False,
-                      windows_expand_args=windows_expand_args, **extra)  # fmt: skip
-        return _main_with_error_lines(run, standalone_mode)
-
-
-class PrismGroup(TyperGroup):
-    """The same for a command with sub-commands (``prism-export trace ...``)."""
+class _ErrorLines:
+    """``main`` of a click command or group, ending as a prism command ends."""
 
     def main(
         self,
@@ -67,6 +52,14 @@ class PrismGroup(TyperGroup):
         windows_expand_args: bool = True,
         **extra: Any,
     ) -> Any:
-        run = partial(super().main, args, prog_name, complete_var, standalone_mode=False,
+        run = partial(super().main, args, prog_name, complete_var, standalone_mode=False,  # type: ignore[misc]
                       windows_expand_args=windows_expand_args, **extra)  # fmt: skip
         return _main_with_error_lines(run, standalone_mode)
+
+
+class PrismCommand(_ErrorLines, TyperCommand):
+    """A command (``@app.command(cls=PrismCommand)``)."""
+
+
+class PrismGroup(_ErrorLines, TyperGroup):
+    """A command with sub-commands (``typer.Typer(cls=PrismGroup)``, e.g. ``prism-export trace``)."""
