@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -9,8 +11,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from prism.graph.export.chakra import write_chakra
 from prism.graph.export.trace import ExportError, rank_trace
-from prism.graph.io.parquet import GraphFormatError
 from prism.graph.sim.simulate import SimulationError
 from prism.schemas import cli_help
 from prism.schemas.cli_command import PrismCommand, PrismGroup
@@ -23,7 +25,24 @@ console = Console(stderr=True)
 
 @app.callback()
 def export() -> None:
-    """A graph in the formats other tools read: `prism-export trace` (Chrome/Perfetto, HTA)."""
+    """A graph in the formats other tools read: `trace` (Chrome/Perfetto, HTA), `chakra` (ASTRA-sim)."""
+
+
+@contextmanager
+def _reported(graph: Path) -> Iterator[None]:
+    """Bad input (a damaged graph, a rank it does not have, an output in the way): one error line."""
+    try:
+        if not graph.is_file():
+            raise ExportError(f"{graph}: no such graph")
+        yield
+    except (ValueError, SimulationError, OSError) as e:  # ExportError and GraphFormatError are ValueErrors
+        console.print(
+            f"[bold red]error:[/] {escape(str(e).splitlines()[0])}", highlight=False, soft_wrap=True
+        )
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        console.print("[bold red]interrupted[/]: nothing was written")
+        raise typer.Exit(130) from None
 
 
 @app.command("trace", cls=PrismCommand)
@@ -38,24 +57,41 @@ def trace(
     ] = 2,
 ) -> None:
     """Chrome/Perfetto trace of any rank as the simulation runs it (HTA loads it with real ranks')."""
-    try:
+    with _reported(graph):
         if out.is_dir():
             raise ExportError(f"{out} is a directory: name the trace file to write")
-        if not graph.is_file():
-            raise ExportError(f"{graph}: no such graph")
         with console.status(f"simulating {graph} for rank {rank}'s trace"):
             data = rank_trace(graph, rank, iterations=iterations)
         write_json_atomic(out, data, indent=None)
-    except (ExportError, GraphFormatError, SimulationError, OSError) as e:
-        console.print(
-            f"[bold red]error:[/] {escape(str(e).splitlines()[0])}", highlight=False, soft_wrap=True
-        )
-        raise typer.Exit(2) from None
-    except KeyboardInterrupt:
-        console.print("[bold red]interrupted[/]: nothing was written")
-        raise typer.Exit(130) from None
     nodes = sum(1 for e in data["traceEvents"] if e["ph"] == "X")
     console.print(f"wrote {out}: rank {rank}, {nodes} nodes of its steady iteration")
+
+
+@app.command("chakra", cls=PrismCommand)
+def chakra(
+    graph: Annotated[Path, typer.Argument(help=cli_help.GRAPH_IN)],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory to create for the traces.")],
+    ranks: Annotated[
+        str | None, typer.Option(help="Ranks to write, e.g. 0,7,8191 [default: every rank].")
+    ] = None,
+    prefix: Annotated[str, typer.Option(help="File names: PREFIX.RANK.et.")] = "prism",
+) -> None:
+    """Chakra execution traces (PREFIX.RANK.et per rank, comm_group.json) for ASTRA-sim."""
+    with _reported(graph):
+        chosen = None if ranks is None else _ranks(ranks)
+        with console.status(f"writing Chakra traces of {graph}"):
+            written = write_chakra(graph, out, chosen, prefix)
+    console.print(f"wrote {out}: {len(written)} Chakra trace(s) and comm_group.json")
+
+
+def _ranks(text: str) -> list[int]:
+    try:
+        chosen = [int(r) for r in text.split(",") if r.strip()]
+    except ValueError:
+        raise ExportError(f"--ranks {text!r} is not a comma-separated list of ranks") from None
+    if not chosen:
+        raise ExportError("--ranks names no rank")
+    return chosen
 
 
 def main() -> None:

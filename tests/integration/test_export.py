@@ -97,3 +97,81 @@ def test_export_errors_are_one_line(fuzz_graph: Path, tmp_path: Path, argv: list
     result = CliRunner().invoke(export_app, ["trace", str(fuzz_graph), *argv])
     assert result.exit_code == 2 and says in result.output, result.output
     assert list(tmp_path.iterdir()) == []
+
+
+def _read_chakra(path: Path) -> tuple[object, list]:
+    """A Chakra trace read back with mlc-chakra's own reader."""
+    from chakra.schema.protobuf.et_def_pb2 import GlobalMetadata, Node
+    from chakra.src.third_party.utils.protolib import decodeMessage, openFileRd
+
+    f = openFileRd(str(path))
+    metadata = GlobalMetadata()
+    assert decodeMessage(f, metadata)
+    nodes = []
+    while True:
+        node = Node()
+        if not decodeMessage(f, node):
+            break
+        nodes.append(node)
+    f.close()
+    return metadata, nodes
+
+
+def test_chakra_traces_read_back_with_mlc_chakra(fuzz_graph: Path, tmp_path: Path) -> None:
+    from chakra.schema.protobuf.et_def_pb2 import COMM_COLL_NODE, COMM_RECV_NODE, COMM_SEND_NODE, COMP_NODE
+
+    out = tmp_path / "et"
+    result = CliRunner().invoke(export_app, ["chakra", str(fuzz_graph), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "comm_group.json").read_text()) == {
+        "world": [0, 1, 2, 3],
+        "dp.0": [0, 1],
+        "dp.1": [2, 3],
+        "pp.0": [0, 2],
+        "pp.1": [1, 3],
+    }  # fmt: skip (tp=1 pp=2 dp=2, order tp-dp-pp)
+    sends, recvs = set(), set()
+    for rank in range(4):
+        metadata, nodes = _read_chakra(out / f"prism.{rank}.et")
+        assert {a.name: a.int64_val for a in metadata.attr if a.name.startswith("prism_")} == {
+            "prism_rank": rank, "prism_world_size": 4
+        }  # fmt: skip
+        graph = read_rank(fuzz_graph, rank, columns=[gf.KIND, gf.DUR_NS, gf.GAP_NS, gf.BYTES]).to_pydict()
+        calls = [k for k, kind in enumerate(graph[gf.KIND]) if kind != "compute"]
+        gaps = sum(1 for k in calls if graph[gf.GAP_NS][k] > 0)
+        assert len(nodes) == len(graph[gf.KIND]) + gaps  # a node per graph node, a gap node per idle call
+        assert [n.id for n in nodes] == list(range(len(nodes)))
+        for n in nodes:
+            assert all(d < n.id for d in [*n.data_deps, *n.ctrl_deps])  # dependencies point back
+        total_us = sum(n.duration_micros for n in nodes if n.type == COMP_NODE)
+        graph_us = sum(d + g for kind, d, g in zip(graph[gf.KIND], graph[gf.DUR_NS], graph[gf.GAP_NS], strict=True)
+                       if kind == "compute") / 1e3 + sum(graph[gf.GAP_NS][k] for k in calls) / 1e3  # fmt: skip
+        assert total_us == pytest.approx(graph_us, abs=len(nodes))  # µs rounding, at most half a µs a node
+        comm = [n for n in nodes if n.type in (COMM_COLL_NODE, COMM_SEND_NODE, COMM_RECV_NODE)]
+        attrs = [{a.name: a for a in n.attr} for n in comm]
+        assert [a["comm_size"].int64_val for a in attrs] == [graph[gf.BYTES][k] for k in calls]
+        for n, a in zip(comm, attrs, strict=True):
+            if n.type == COMM_COLL_NODE:
+                assert a["comm_type"].int64_val == 0 and a["pg_name"].string_val in (
+                    "dp.0",
+                    "dp.1",
+                )  # all_reduce
+            else:
+                key = (a["comm_src"].int32_val, a["comm_dst"].int32_val, a["comm_tag"].int32_val)
+                (sends if n.type == COMM_SEND_NODE else recvs).add(key)
+    assert sends and sends == recvs  # every send has its receive in the peer's trace
+
+
+def test_chakra_export_refuses_what_it_cannot_write(fuzz_graph: Path, tmp_path: Path) -> None:
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "mine.txt").write_text("keep")
+    for argv, says in [
+        (["-o", str(taken)], "not an empty directory"),
+        (["-o", str(tmp_path / "et"), "--ranks", "4"], "rank 4 is not in the graph"),
+        (["-o", str(tmp_path / "et"), "--ranks", "x"], "not a comma-separated list"),
+    ]:
+        result = CliRunner().invoke(export_app, ["chakra", str(fuzz_graph), *argv])
+        assert result.exit_code == 2 and says in result.output, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+    assert (taken / "mine.txt").read_text() == "keep"

@@ -62,6 +62,8 @@ def test_prism_simulate_validate_and_export_on_a_damaged_graph(
     clean_exit(CliRunner().invoke(validate_app, [str(damaged)]), out, None, what)
     trace = ["trace", str(damaged), "--rank", "1", "-o", str(out / "t.json.gz")]
     clean_exit(CliRunner().invoke(export_app, trace), out, "t.json.gz", what)
+    chakra = ["chakra", str(damaged), "-o", str(out / "et")]
+    clean_exit(CliRunner().invoke(export_app, chakra), out, "et", what)
 
 
 @pytest.mark.slow
