@@ -6,7 +6,7 @@ OUT    ?= capture-out
 GRAPH  ?= graph.parquet
 REPLAY ?= replay-out
 
-.PHONY: install demo test test-fast lint results results-programs results-random clean
+.PHONY: install demo test test-fast lint results results-programs results-random figures clean
 
 install: $(VENV)/.installed
 
@@ -25,6 +25,9 @@ demo: install   ## capture the default slice (tiny GPT, target tp=8 pp=16 dp=64)
 
 test: install   ## the whole suite, as CI runs it
 	$(BIN)/python -m pytest -q
+
+figures: install   ## run the notebooks; their figures go to docs/figures (the README shows them)
+	$(BIN)/python notebooks/execute.py --figures docs/figures notebooks/pipeline_iteration.py
 
 test-fast: install   ## unit tests only
 	$(BIN)/python -m pytest -q tests/unit
