@@ -18,7 +18,9 @@ from nbclient import NotebookClient
 def execute(notebook: Path, figures: Path, timeout_s: int = 900) -> None:
     nb = jupytext.read(notebook)
     os.environ["PRISM_FIGURES"] = str(figures.resolve())
-    NotebookClient(nb, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(notebook.parent)}}).execute()
+    NotebookClient(
+        nb, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(notebook.parent)}}
+    ).execute()
 
 
 def main(argv: list[str] | None = None) -> int:
