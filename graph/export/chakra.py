@@ -5,7 +5,8 @@ One file per rank, ``<prefix>.<rank>.et``: the global metadata first, then the r
 program order. Each node's id is its position in the rank's file.
 
 - A compute node is a ``COMP_NODE`` lasting its duration plus the idle gap before it (the
-  graph's ``gap_ns``: Python and launch overhead between ops), in µs as Chakra counts them.
+  graph's ``gap_ns``: Python and launch overhead between ops), in µs as Chakra counts them;
+  ``is_cpu_op`` is false on every node: each is the rank's own work as ASTRA-sim's NPU runs it.
 - A collective is a ``COMM_COLL_NODE`` with ``comm_type``, ``comm_size`` (bytes) and ``pg_name``
   (the layout group, e.g. ``tp.3``, whose ranks ``comm_group.json`` lists as ASTRA-sim's
   communicator-group file does); a send or receive is a ``COMM_SEND_NODE``/``COMM_RECV_NODE``
@@ -95,7 +96,6 @@ def rank_nodes(path: str | Path, rank: int) -> list[Node]:
                 Attr(name="comm_tag", int32_val=t[gf.P2P_SEQ][k]),
                 Attr(name="comm_size", int64_val=t[gf.BYTES][k]),
             ])  # fmt: skip
-        node.attr.append(Attr(name="is_cpu_op", bool_val=compute))
         explicit = [id_of[(stream, d)] for d in t[gf.DEPS][k]]
         _append(nodes, last, last_blocking, stream, node, blocking=not t[gf.IS_ASYNC][k], deps=explicit)
         id_of[(stream, index)] = node.id
@@ -105,6 +105,9 @@ def rank_nodes(path: str | Path, rank: int) -> list[Node]:
 def _node(name: str, node_type: int, duration_us: int) -> Node:
     node = Node(name=name, type=node_type)
     node.duration_micros = duration_us
+    node.attr.append(
+        Attr(name="is_cpu_op", bool_val=False)
+    )  # the rank's own work, as ASTRA-sim's NPU runs it
     return node
 
 
