@@ -17,8 +17,9 @@
 # machine, its full graph built and simulated. The figure shows one steady iteration of every
 # pipeline stage (the ranks of dp replica 0): what each stage computes, sends and waits for
 # when (a transfer's bar runs from the call to its end, so it holds the wait for the other
-# stage: the pipeline bubble), the critical path through them, and each stage's memory over the
-# iteration.
+# stage: the pipeline bubble), the critical path through them, each stage's memory over the
+# iteration, and where each stage's iteration goes (compute, overhead, exposed communication,
+# bubble).
 
 # %%
 import os
@@ -34,7 +35,7 @@ import numpy as np
 from prism.capture.runner import CaptureOptions, run_capture
 from prism.graph.build.builder import BuildOptions, build_graph
 from prism.graph.sim.engine import COLLECTIVE, COMPUTE
-from prism.graph.sim.metrics import critical_path
+from prism.graph.sim.metrics import breakdown, critical_path
 from prism.graph.sim.simulate import graph_column, load_sim_graph, simulate
 from prism.schemas.cluster import preset
 from prism.schemas.workload import GPTConfig
@@ -79,7 +80,11 @@ COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "optimizer": "#55A868", "
 on_path = np.zeros(len(graph.kind), bool)
 on_path[path] = True
 
-fig, (timeline, memory) = plt.subplots(2, 1, figsize=(12, 6.5), sharex=True, height_ratios=[3, 2])
+fig = plt.figure(figsize=(13, 6.5))
+grid = fig.add_gridspec(2, 2, width_ratios=[4, 1], height_ratios=[3, 2])
+timeline = fig.add_subplot(grid[0, 0])
+memory = fig.add_subplot(grid[1, 0], sharex=timeline)
+parts = fig.add_subplot(grid[:, 1])
 for y, rank in enumerate(stages):
     rows = np.arange(graph.rank_ptr[rank], graph.rank_ptr[rank + 1])
     start_ms = (result.start_ns[rows] - t0) / 1e6
@@ -98,11 +103,28 @@ for y, rank in enumerate(stages):
     memory.step(start_ms[order], (static + held) / 2**20, where="post", label=f"stage {y}")
 timeline.set_yticks(range(len(stages)), [f"stage {s}" for s in range(len(stages))])
 timeline.invert_yaxis()
+timeline.tick_params(labelbottom=False)
 timeline.set_title(f"one steady iteration, tp=1 pp=4 dp=2, 8 microbatches (1F1B): "
                    f"{result.iteration_ns.max() / 1e6:.1f} ms simulated")  # fmt: skip
 timeline.legend(loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=7, fontsize=8, frameon=False)
 memory.set_ylabel("memory (MiB)")
 memory.set_xlabel("time in the iteration (ms)")
 memory.legend(fontsize=8, ncol=4)
+
+# Where each stage's iteration goes: its compute, the overhead between ops, the communication it
+# waits for beyond its own work (exposed), and the pipeline bubble (waiting for other stages).
+split = breakdown(graph, result)
+left = np.zeros(len(stages))
+for name, values, color in [
+    ("compute", split.compute_ns, "#4C72B0"), ("overhead", split.overhead_ns, "#8C8C8C"),
+    ("exposed comm", split.exposed_comm_ns, "#8172B3"), ("bubble", split.bubble_ns, "#C44E52"),
+]:  # fmt: skip
+    ms = values[stages] / 1e6
+    parts.barh(range(len(stages)), ms, left=left, color=color, label=name)
+    left += ms
+parts.set_yticks(range(len(stages)), [f"stage {s}" for s in range(len(stages))])
+parts.invert_yaxis()
+parts.set(xlabel="ms of the iteration", title="where it goes")
+parts.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False)
 fig.tight_layout()
 fig.savefig(FIGURES / "pipeline_iteration.png", dpi=110)
