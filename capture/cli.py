@@ -19,7 +19,7 @@ from prism.capture.runner import CaptureHooks, CaptureOptions, ProgramRoles, Rea
 from prism.schemas import cli_help
 from prism.schemas.cli_command import PrismCommand
 from prism.schemas.comm_log import read_comm_log
-from prism.schemas.layout import DEFAULT_ORDER, LayoutError, ParallelLayout, Role
+from prism.schemas.layout import DEFAULT_ORDER, LayoutError, ParallelLayout, Role, parse_rank_list
 from prism.schemas.manifest import CaptureFiles, CaptureManifest
 from prism.schemas.program import ProgramError, ProgramSpec
 from prism.schemas.termination import stop_on_termination
@@ -210,9 +210,9 @@ def parse_ranks(text: str | None) -> tuple[int, ...] | None:
     if text is None:
         return None
     try:
-        return tuple(int(r) for r in text.split(",") if r.strip())
-    except ValueError:
-        raise typer.BadParameter(f"{text!r} is not a comma-separated list of ranks") from None
+        return parse_rank_list(text)
+    except LayoutError as e:
+        raise typer.BadParameter(str(e)) from None
 
 
 def print_error(error: Exception, out: Console = console) -> None:

@@ -239,19 +239,15 @@ class GraphClock:
         self, call: PendingCall, node: int, rule: AnswerRule, complete: Completion, began: int
     ) -> None:
         """A call whose end the co-simulation ruled ahead: named here, the co-simulation told after."""
-        t = call.enter_ns - self._origin_ns - self._shift_ns
+        t = self._to_graph(call.enter_ns)
         end = rule.end_ns(t)
         if self._outbox:
             self._send(Call(node, t, call.async_op, ruled=True))
         else:  # most calls: one row straight into the channel
-            self._sending = True
-            try:
-                self.port.send_call(node, t, call.async_op, True)
-            finally:
-                self._sending = False
+            self._through_port(self.port.send_call, node, t, call.async_op, True)
         stats = self.iterations[-1]
         stats.ahead += 1
-        due = end + self._origin_ns + self._shift_ns
+        due = self._to_wall(end)
         complete(due)
         now = self._wall_ns()
         # The program waits until the end of a sync call anyway: held only past it; an async
@@ -303,9 +299,13 @@ class GraphClock:
     # -- talking to the co-simulation ------------------------------------------------------------
     def _send(self, event: Event) -> None:
         events, self._outbox = [*self._outbox, event], []
+        self._through_port(self.port.send, events)
+
+    def _through_port(self, send: Callable[..., None], *args: object) -> None:
+        """``send(*args)`` to the port; what it resolves meanwhile waits in the inbox."""
         self._sending = True
         try:
-            self.port.send(events)
+            send(*args)
         finally:
             self._sending = False
 

@@ -28,6 +28,14 @@ class Role(enum.StrEnum):
     LAST = "last"
 
 
+def parse_rank_list(text: str) -> tuple[int, ...]:
+    """'0,7,8191' as ranks (the command lines' --ranks, --trace-peers)."""
+    try:
+        return tuple(int(r) for r in text.split(",") if r.strip())
+    except ValueError:
+        raise LayoutError(f"{text!r} is not a comma-separated list of ranks") from None
+
+
 @dataclass(frozen=True, kw_only=True)
 class Coords:
     """Position of one rank on the three axes."""

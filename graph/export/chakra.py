@@ -38,8 +38,8 @@ from chakra.schema.protobuf.et_def_pb2 import (
 from chakra.schema.protobuf.et_def_pb2 import AttributeProto as Attr
 from chakra.src.third_party.utils.protolib import encodeMessage as encode_message
 
-from prism.graph.export.trace import ExportError
-from prism.graph.io.parquet import read_metadata, read_rank
+from prism.graph.export.trace import ExportError, graph_layout
+from prism.graph.io.parquet import read_rank
 from prism.schemas import graph_format as gf
 from prism.schemas.annotations import group_label
 from prism.schemas.layout import ParallelLayout
@@ -105,9 +105,8 @@ def rank_nodes(path: str | Path, rank: int) -> list[Node]:
 def _node(name: str, node_type: int, duration_us: int) -> Node:
     node = Node(name=name, type=node_type)
     node.duration_micros = duration_us
-    node.attr.append(
-        Attr(name="is_cpu_op", bool_val=False)
-    )  # the rank's own work, as ASTRA-sim's NPU runs it
+    # Every node is the rank's own work, as ASTRA-sim's NPU runs it.
+    node.attr.append(Attr(name="is_cpu_op", bool_val=False))
     return node
 
 
@@ -118,7 +117,7 @@ def _append(
     node.id = len(nodes)
     if stream in last:
         node.ctrl_deps.append(last[stream])
-    waits = ([last_blocking[stream]] if stream in last_blocking else []) + [d for d in deps]
+    waits = ([last_blocking[stream]] if stream in last_blocking else []) + list(deps)
     node.data_deps.extend(sorted(set(waits)))
     nodes.append(node)
     last[stream] = node.id
@@ -141,11 +140,9 @@ def write_chakra(
 ) -> list[Path]:
     """Write ``<prefix>.<rank>.et`` for ``ranks`` (default: all) and ``comm_group.json`` into
     ``out_dir``, which appears complete or not at all."""
-    layout = ParallelLayout.from_dict(read_metadata(path).layout)
-    ranks = list(range(layout.world_size)) if ranks is None else sorted(set(ranks))
-    bad = [r for r in ranks if not 0 <= r < layout.world_size]
-    if bad:
-        raise ExportError(f"rank {bad[0]} is not in the graph (0..{layout.world_size - 1})")
+    chosen = None if ranks is None else sorted(set(ranks))
+    layout = graph_layout(path, chosen or ())
+    ranks = list(range(layout.world_size)) if chosen is None else chosen
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise ExportError(f"{out_dir} exists and is not an empty directory")
     out_dir.parent.mkdir(parents=True, exist_ok=True)

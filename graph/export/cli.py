@@ -17,6 +17,7 @@ from prism.graph.sim.simulate import SimulationError
 from prism.schemas import cli_help
 from prism.schemas.cli_command import PrismCommand, PrismGroup
 from prism.schemas.files import write_json_atomic
+from prism.schemas.layout import parse_rank_list
 from prism.schemas.termination import stop_on_termination
 
 app = typer.Typer(add_completion=False, cls=PrismGroup, no_args_is_help=True)
@@ -35,7 +36,7 @@ def _reported(graph: Path) -> Iterator[None]:
         if not graph.is_file():
             raise ExportError(f"{graph}: no such graph")
         yield
-    except (ValueError, SimulationError, OSError) as e:  # ExportError and GraphFormatError are ValueErrors
+    except (ValueError, SimulationError, OSError) as e:  # ExportError, GraphFormatError, LayoutError too
         console.print(
             f"[bold red]error:[/] {escape(str(e).splitlines()[0])}", highlight=False, soft_wrap=True
         )
@@ -84,11 +85,8 @@ def chakra(
     console.print(f"wrote {out}: {len(written)} Chakra trace(s) and comm_group.json")
 
 
-def _ranks(text: str) -> list[int]:
-    try:
-        chosen = [int(r) for r in text.split(",") if r.strip()]
-    except ValueError:
-        raise ExportError(f"--ranks {text!r} is not a comma-separated list of ranks") from None
+def _ranks(text: str) -> tuple[int, ...]:
+    chosen = parse_rank_list(text)
     if not chosen:
         raise ExportError("--ranks names no rank")
     return chosen

@@ -10,6 +10,7 @@ prism's marks name them in a capture (``prism:comm`` and the call).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ import numpy as np
 from prism.graph.io.parquet import read_metadata, read_rank
 from prism.graph.sim.simulate import load_sim_graph, simulate
 from prism.schemas import graph_format as gf
+from prism.schemas.annotations import group_label
 from prism.schemas.layout import ParallelLayout
 
 _COLUMNS = [
@@ -37,12 +39,19 @@ class ExportError(ValueError):
     """An export that cannot be made (a rank the graph does not have); one line for the user."""
 
 
+def graph_layout(path: str | Path, ranks: Iterable[int]) -> ParallelLayout:
+    """The layout of the graph at ``path``, which must have every rank of ``ranks``."""
+    layout = ParallelLayout.from_dict(read_metadata(path).layout)
+    bad = [r for r in ranks if not 0 <= r < layout.world_size]
+    if bad:
+        raise ExportError(f"rank {bad[0]} is not in the graph (0..{layout.world_size - 1})")
+    return layout
+
+
 def rank_trace(path: str | Path, rank: int, *, iterations: int = 2) -> dict:
     """The trace of ``rank`` of the graph at ``path``: its nodes in the last of ``iterations``
     simulated passes (the steady one), with ``distributedInfo``."""
-    layout = ParallelLayout.from_dict(read_metadata(path).layout)
-    if not 0 <= rank < layout.world_size:
-        raise ExportError(f"rank {rank} is not in the graph (0..{layout.world_size - 1})")
+    layout = graph_layout(path, [rank])
     graph = load_sim_graph(path)
     result = simulate(graph, iterations=iterations)
     rows = slice(int(graph.rank_ptr[rank]), int(graph.rank_ptr[rank + 1]))
@@ -89,4 +98,4 @@ def _comm_name(nodes: dict, k: int) -> str:
     kind = nodes[gf.KIND][k]
     if kind in (gf.NodeKind.SEND.value, gf.NodeKind.RECV.value):
         return f"prism:comm {op} peer {nodes[gf.PEER][k]} ({nbytes} B)"
-    return f"prism:comm {op} {nodes[gf.GROUP_KIND][k]}.{nodes[gf.GROUP_INDEX][k]} ({nbytes} B)"
+    return f"prism:comm {op} {group_label(nodes[gf.GROUP_KIND][k], nodes[gf.GROUP_INDEX][k])} ({nbytes} B)"
