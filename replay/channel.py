@@ -24,7 +24,7 @@ import mmap
 import struct
 from pathlib import Path
 
-from prism.graph.sim.engine import AnswerRule
+from prism.graph.sim.engine import AnswerRule, ruled_end
 from prism.replay.cosim import Call, Done, Event, RealCall, RealEnd, Start
 
 CAPACITY = 1 << 15
@@ -100,29 +100,35 @@ class Channel:
         for event in events:
             self._push_row(*_encode(event))
 
-    def push_call(self, node: int, t_ns: int, async_op: bool, ruled: bool) -> None:
-        """``push([Call(node, t_ns, async_op, ruled=ruled)])`` without the event object: most rows."""
-        self._push_row(1, node, t_ns, async_op, ruled)
+    def push_call(self, node: int, t_ns: int, async_op: bool, ruled: bool) -> bool:
+        """``push([Call(node, t_ns, async_op, ruled=ruled)])`` without the event object: most rows.
+        Returns whether the coordinator sleeps."""
+        return self._push_row(1, node, t_ns, async_op, ruled)
 
-    def _push_row(self, *row: int) -> None:
+    def _push_row(self, code: int, node: int, t: int, a: int, b: int) -> bool:
+        # Named arguments, not ``*row``: packing a tuple doubled this row's cost to the program.
         words = self._words
         head = words[_HEAD]
         while head - words[_TAIL] >= CAPACITY:  # full: the coordinator is behind
             pass
-        _EVENT.pack_into(self._map, _RING + (head % CAPACITY) * _EVENT.size, *row)
+        _EVENT.pack_into(self._map, _RING + (head % CAPACITY) * _EVENT.size, code, node, t, a, b)
         words[_HEAD] = head + 1  # after the row: the coordinator reads up to here
+        return bool(words[_SLEEPING])
 
     @property
     def coordinator_sleeps(self) -> bool:
         return bool(self._words[_SLEEPING])
 
-    def rule(self, pass_: int, index: int, node: int) -> AnswerRule | None:
-        """The rule of the rank's ``index``-th comm node (global row ``node``) in pass ``pass_``."""
+    def ruled_end(self, pass_: int, index: int, t_ns: int) -> int | None:
+        """The end (``AnswerRule.end_ns``) that the rule of the rank's ``index``-th comm node in pass
+        ``pass_`` names for an arrival at ``t_ns``; None if the rule is not there yet."""
         at = self._rule_at(pass_, index)
         if self._words[at // 8] != pass_ + 1:  # the stamp first: the rule's words were stored before it
             return None
         _, floor, base, add, mu, sd = _RULE.unpack_from(self._map, at)
-        return AnswerRule(node, floor, base, mu, sd, add)
+        if mu < 0.0:  # as ``AnswerRule.end_ns``
+            return max(t_ns, floor) + add
+        return int(ruled_end(t_ns, floor, base, mu, sd, add))
 
     # -- the coordinator's side ----------------------------------------------------------------
     def take(self) -> list[Event]:

@@ -30,7 +30,6 @@ from pathlib import Path
 
 import psutil
 
-from prism.graph.sim.engine import AnswerRule
 from prism.graph.sim.simulate import SimulationError
 from prism.replay.channel import Channel
 from prism.replay.cosim import (
@@ -232,7 +231,7 @@ class RemotePort:
         self._conn.send(("hello", rank))
         _, (path, comm_nodes, wake) = self._conn.recv()  # ("channel", ...), once the graph is loaded
         self._channel = Channel.open(path, comm_nodes)
-        self._wake = os.open(wake, os.O_WRONLY | os.O_NONBLOCK)
+        self._wake_fd = os.open(wake, os.O_WRONLY | os.O_NONBLOCK)
         self._rank = rank
         self._send_lock = threading.Lock()
         self._on_error = on_error
@@ -249,18 +248,21 @@ class RemotePort:
         self._wake_if_asleep()
 
     def send_call(self, node: int, t_ns: int, async_op: bool, ruled: bool) -> None:
-        self._channel.push_call(node, t_ns, async_op, ruled)
-        self._wake_if_asleep()
+        if self._channel.push_call(node, t_ns, async_op, ruled):
+            self._wake()
 
     def _wake_if_asleep(self) -> None:
         if self._channel.coordinator_sleeps:
-            try:
-                os.write(self._wake, b"w")
-            except BlockingIOError:  # the pipe is full of wakes the coordinator has yet to read
-                pass
+            self._wake()
 
-    def rule(self, pass_: int, index: int, node: int) -> AnswerRule | None:
-        return self._channel.rule(pass_, index, node)
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_fd, b"w")
+        except BlockingIOError:  # the pipe is full of wakes the coordinator has yet to read
+            pass
+
+    def ruled_end(self, pass_: int, index: int, t_ns: int) -> int | None:
+        return self._channel.ruled_end(pass_, index, t_ns)
 
     def origin(self, wall_ns: int) -> int:
         return self._ask("origin", wall_ns)
@@ -270,7 +272,7 @@ class RemotePort:
         summary = self._ask("summary", None)
         self._closing = True
         self._conn.close()
-        os.close(self._wake)
+        os.close(self._wake_fd)
         return summary
 
     def _ask(self, what: str, payload: object, timeout_s: float = 1800.0) -> object:

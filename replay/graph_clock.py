@@ -53,8 +53,9 @@ class CoSimPort(Protocol):
 
     def bind(self, rank: int, on_resolved: OnResolved) -> None: ...
 
-    def rule(self, pass_: int, index: int, node: int) -> AnswerRule | None:
-        """The answer rule of the rank's ``index``-th comm node (row ``node``) in ``pass_``, if sent."""
+    def ruled_end(self, pass_: int, index: int, t_ns: int) -> int | None:
+        """The end of the rank's ``index``-th comm node in ``pass_`` for an arrival at graph time
+        ``t_ns``, if the co-simulation has sent its answer rule."""
         ...
 
     def origin(self, wall_ns: int) -> int:
@@ -86,8 +87,9 @@ class LocalPort:
     def bind(self, rank: int, on_resolved: OnResolved) -> None:
         self._rank, self._on_resolved = rank, on_resolved
 
-    def rule(self, pass_: int, index: int, node: int) -> AnswerRule | None:
-        return self._rules.pop((pass_, index), None)
+    def ruled_end(self, pass_: int, index: int, t_ns: int) -> int | None:
+        rule = self._rules.pop((pass_, index), None)
+        return None if rule is None else rule.end_ns(t_ns)
 
     def origin(self, wall_ns: int) -> int:
         return wall_ns
@@ -221,14 +223,15 @@ class GraphClock:
         with self._lock:
             began = self._wall_ns()
             node = self._match(call)
-            rule = self.port.rule(len(self.iterations) - 1, self._next - 1, node)
-            if rule is not None:
-                self._answer(call, node, rule, complete, began)
+            t = self._to_graph(call.enter_ns)
+            end = self.port.ruled_end(len(self.iterations) - 1, self._next - 1, t)
+            if end is not None:
+                self._answer(call, node, t, end, complete, began)
                 return
             self._deferred[node] = complete
             if not call.async_op:
                 self._waiting = (node, began)
-            self._send(Call(node, self._to_graph(call.enter_ns), call.async_op))
+            self._send(Call(node, t, call.async_op))
             if call.async_op:  # the program goes on at once: all the time in here held it
                 self._held(began)
             else:
@@ -236,11 +239,10 @@ class GraphClock:
                 self.iterations[-1].clock_ns += self._wall_ns() - began
 
     def _answer(
-        self, call: PendingCall, node: int, rule: AnswerRule, complete: Completion, began: int
+        self, call: PendingCall, node: int, t: int, end: int, complete: Completion, began: int
     ) -> None:
-        """A call whose end the co-simulation ruled ahead: named here, the co-simulation told after."""
-        t = self._to_graph(call.enter_ns)
-        end = rule.end_ns(t)
+        """A call whose end (graph time ``end``) the co-simulation ruled ahead: named here, the
+        co-simulation told after."""
         if self._outbox:
             self._send(Call(node, t, call.async_op, ruled=True))
         else:  # most calls: one row straight into the channel

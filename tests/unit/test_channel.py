@@ -53,11 +53,13 @@ def test_events_pushed_by_another_process_arrive_once_each_in_order(tmp_path: Pa
 def test_a_rule_is_read_only_for_its_pass_and_node(tmp_path: Path) -> None:
     coordinator = Channel.create(tmp_path / "c", 4)
     rank = Channel.open(tmp_path / "c", 4)
-    assert rank.rule(0, 2, 99) is None
-    rule = AnswerRule(99, 1, 2, 0.5, 3.0, 4)
-    coordinator.put_rule(3, 2, rule)
-    assert rank.rule(3, 2, 99) == rule
-    assert rank.rule(5, 2, 99) is None  # the same slot, a later pass: not written yet
-    assert rank.rule(3, 1, 99) is None
-    coordinator.put_rule(5, 2, rule._replace(add=7))
-    assert rank.rule(5, 2, 99).add == 7
+    assert rank.ruled_end(0, 2, 10) is None
+    hedged = AnswerRule(99, 1, 2, 0.5, 3.0, 4)
+    coordinator.put_rule(3, 2, hedged)
+    for t in (0, 1, 10, 10_000):  # the end the rule names, as the co-simulation would
+        assert rank.ruled_end(3, 2, t) == hedged.end_ns(t)
+    assert rank.ruled_end(5, 2, 10) is None  # the same slot, a later pass: not written yet
+    assert rank.ruled_end(3, 1, 10) is None
+    plain = AnswerRule(99, 100, 0, -1.0, 0.0, 7)  # no virtual member late: max(t, floor) + add
+    coordinator.put_rule(5, 2, plain)
+    assert (rank.ruled_end(5, 2, 10), rank.ruled_end(5, 2, 500)) == (107, 507)

@@ -231,7 +231,7 @@ class SharedPort:
     def bind(self, rank: int, on_resolved) -> None:
         pass
 
-    def rule(self, pass_: int, index: int, node: int) -> None:
+    def ruled_end(self, pass_: int, index: int, t_ns: int) -> None:
         return None
 
     def origin(self, wall_ns: int) -> int:
