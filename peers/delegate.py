@@ -97,7 +97,7 @@ def combine(works: list[dist.Work]) -> dist.Work:
 
 
 class ForwardingWork(dist.Work):
-    """Real Works without futures (gloo send/recv): waits on each, then reports completion."""
+    """Real Works seen as one: waits on each, then reports completion (once)."""
 
     def __init__(
         self,
@@ -110,8 +110,21 @@ class ForwardingWork(dist.Work):
         self._on_done, self._on_wait = on_done, on_wait
 
     def _done(self) -> None:
-        if self._on_done is not None:
-            self._on_done()
+        on_done, self._on_done = self._on_done, None
+        if on_done is not None:
+            on_done()
+
+    def get_future(self) -> torch.futures.Future:
+        """The real Works' future (DDP's reducer waits on it, not on the Work), completion reported
+        as it completes; a gloo send or recv has none and raises, as gloo's own Work does."""
+        futures = [w.get_future() for w in self._works]
+        future = futures[0] if len(futures) == 1 else torch.futures.collect_all(futures)
+
+        def done(f: torch.futures.Future) -> object:
+            self._done()
+            return f.value()
+
+        return future.then(done)
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
         if self._on_wait is not None:
@@ -204,6 +217,15 @@ class CallerReleasesWork(ForwardingWork):
         self._release()
         return ok
 
+    def get_future(self) -> torch.futures.Future:
+        # Whoever waits on the future (DDP's reducer, in C++) makes the last free, not this Work:
+        # once it completes the tensors are no longer in flight, with nothing to wait for here.
+        def settled(f: torch.futures.Future) -> object:
+            self._forget_inflight()
+            return f.value()
+
+        return super().get_future().then(settled)
+
     def _release(self) -> None:
         if self._released:
             return
@@ -213,16 +235,22 @@ class CallerReleasesWork(ForwardingWork):
         except RuntimeError:  # not a recv from any source
             self._source = None
         self._works = []  # our reference to the gloo Work: its tensors go with the worker's
+        watched = self._forget_inflight()
+        deadline = time.perf_counter() + _RELEASE_WAIT_S
+        while time.perf_counter() < deadline and any(t._use_count() > n for t, n in watched):
+            time.sleep(0)
+
+    def _forget_inflight(self) -> list[tuple[torch.Tensor, int]]:
+        """Take the call's tensors out of ``_INFLIGHT`` (once); those no other call has in flight,
+        with their reference counts before the call."""
         # A tensor another call still has in flight keeps gloo's references past this one's:
         # that call's wait makes the last free, this one need not wait for it.
         watched = []
-        with _INFLIGHT_LOCK:
-            for t, n in zip(self._payload, self._counts, strict=True):
+        with _INFLIGHT_LOCK:  # the future's callback runs on gloo's thread
+            payload, counts, self._payload, self._counts = self._payload, self._counts, [], []
+            for t, n in zip(payload, counts, strict=True):
                 _INFLIGHT[t._cdata] -= 1
                 if _INFLIGHT[t._cdata] <= 0:
                     del _INFLIGHT[t._cdata]
                     watched.append((t, n))
-        deadline = time.perf_counter() + _RELEASE_WAIT_S
-        while time.perf_counter() < deadline and any(t._use_count() > n for t, n in watched):
-            time.sleep(0)
-        self._payload = []
+        return watched

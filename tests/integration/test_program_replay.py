@@ -96,3 +96,17 @@ def test_every_example_replays_with_its_memory(
     assert result.exit_code == 0, result.output
     report = ReplayReport.from_dict(json.loads((tmp_path / "replay" / "report.json").read_text()))
     assert abs(report.ranks[0].mem_err_pct) < 0.1
+
+
+def test_two_real_ddp_ranks_reduce_their_gradients_for_real(tmp_path: Path) -> None:
+    # dp=2, both ranks real: DDP's reducer waits on the gradient all-reduce's future, which
+    # prism's group takes from the real gloo call between the two processes.
+    layout = ("--tp", "1", "--pp", "1", "--dp", "2")
+    graph = graph_of(tmp_path, layout, str(EXAMPLES / "ddp.py"), *TINY, "--layers", "2")
+    result = replay(graph, tmp_path / "replay", "--rank", "0", "--rank", "1")
+    assert result.exit_code == 0, result.output
+    report = ReplayReport.from_dict(json.loads((tmp_path / "replay" / "report.json").read_text()))
+    assert [r.rank for r in report.ranks] == [0, 1]
+    for rank in report.ranks:
+        assert rank.calls_per_iter >= 1
+        assert abs(rank.mem_err_pct) < 0.1
