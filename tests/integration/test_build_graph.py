@@ -170,6 +170,20 @@ def test_collectives_wait_for_the_captured_ranks_per_call_noise(slice_capture: P
     assert len(tp) > 0 and (tp[gf.SKEW_NS] >= np.floor(expected_max_normal(2) * jitter) - 1).all()
 
 
+def test_the_build_says_how_much_of_each_roles_profiled_iteration_its_correction_takes_out(
+    slice_capture: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "g.parquet"
+    args = [str(slice_capture), "--tp", "2", "--pp", "4", "--dp", "2", "-o", str(out)]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    scales = read_metadata(out).extra["time_scale"]
+    for scale in scales.values():
+        taken = scale["profiled_ms"] - scale["unprofiled_ms"]
+        assert f"{taken:.1f} of a profiled {scale['profiled_ms']:.1f} ms own iteration" in text
+
+
 # -- bad input: one error line, exit 2, nothing written ----------------------------------------
 
 
