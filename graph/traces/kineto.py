@@ -72,7 +72,8 @@ def read_json_file(path: Path) -> dict:
     return data
 
 
-def _ns(ts: list[float], base: int) -> np.ndarray:
+def trace_ns(ts: list[float], base: int) -> np.ndarray:
+    """Kineto times (µs, floats with ns decimals) as int64 ns after ``base``, exact to the ns."""
     t = np.asarray(ts, dtype=np.float64)
     whole = np.floor(t)
     return base + whole.astype(np.int64) * 1000 + np.rint((t - whole) * 1000).astype(np.int64)
@@ -109,7 +110,7 @@ def read_kineto(path: Path) -> KinetoTrace:
                 mid.append(a.get("Device Id", -1))
     except (KeyError, TypeError, ValueError) as e:
         raise NormalizeError(f"{path}: malformed trace event ({type(e).__name__}: {e})") from e
-    start = _ns(ts, base)
+    start = trace_ns(ts, base)
     spans = pd.DataFrame(
         {
             "name": name,
@@ -123,7 +124,7 @@ def read_kineto(path: Path) -> KinetoTrace:
     memory = pd.DataFrame(
         {
             "tid": np.asarray(mtid, dtype=np.int64),
-            "ts_ns": _ns(mts, base),
+            "ts_ns": trace_ns(mts, base),
             "bytes": np.asarray(mbytes, dtype=np.int64),
             "total": np.asarray(mtotal, dtype=np.int64),
             "device_type": np.asarray(mtype, dtype=np.int64),

@@ -6,6 +6,7 @@ local run, e.g. ``PRISM_FUZZ_EXAMPLES=2000 pytest tests/integration/test_fuzz_*.
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from prism.graph.build.normalize import normalize_rank
 from prism.graph.io.parquet import GraphFormatError, read_metadata, read_rank
 from prism.graph.io.validate import validate_graph
 from prism.graph.sim.simulate import SimulationError, load_sim_graph, simulate
+from prism.graph.traces.gpu import dependencies, read_gpu_trace
 from prism.graph.traces.kineto import NormalizeError
 from prism.schemas.cluster import ClusterSpec, ClusterSpecError, preset
 from prism.schemas.comm_log import CommLogError, read_comm_log
@@ -62,6 +64,25 @@ def test_kineto_trace_and_execution_trace(fuzz_capture: Path, tmp_path: Path, da
     try:
         normalize_rank(copy, 0)
     except (NormalizeError, ManifestError, CommLogError):
+        pass
+
+
+GPU_TRACES = Path(__file__).resolve().parents[1] / "data" / "gpu_traces"
+
+
+@fuzz()
+@given(data=st.data())
+def test_gpu_trace(tmp_path: Path, data: st.DataObject) -> None:
+    source = GPU_TRACES / data.draw(st.sampled_from(["event_sync.json.gz", "event_sync_multi_stream.json.gz"]))
+    if data.draw(st.booleans()):
+        path = tmp_path / "trace.json"
+        path.write_bytes(data.draw(corrupted_json(json.loads(gzip.decompress(source.read_bytes())))))
+    else:
+        path = tmp_path / "trace.json.gz"
+        path.write_bytes(data.draw(corrupted_bytes(source.read_bytes())))
+    try:
+        dependencies(read_gpu_trace(path))
+    except NormalizeError:
         pass
 
 
