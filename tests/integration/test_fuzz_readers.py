@@ -73,7 +73,9 @@ GPU_TRACES = Path(__file__).resolve().parents[1] / "data" / "gpu_traces"
 @fuzz()
 @given(data=st.data())
 def test_gpu_trace(tmp_path: Path, data: st.DataObject) -> None:
-    source = GPU_TRACES / data.draw(st.sampled_from(["event_sync.json.gz", "event_sync_multi_stream.json.gz"]))
+    source = GPU_TRACES / data.draw(
+        st.sampled_from(["event_sync.json.gz", "event_sync_multi_stream.json.gz"])
+    )
     if data.draw(st.booleans()):
         path = tmp_path / "trace.json"
         path.write_bytes(data.draw(corrupted_json(json.loads(gzip.decompress(source.read_bytes())))))
