@@ -101,7 +101,7 @@ class GpuTrace:
     stream (a stream wait's waiting stream), wait_on_stream, event_correlation (the
     ``cudaEventRecord`` waited for; -1: none)."""
     steps: pd.DataFrame
-    """``ProfilerStep#N`` spans: step, start_ns, end_ns, in order."""
+    """``ProfilerStep#N`` spans: step, tid (the thread that marked it), start_ns, end_ns, in order."""
     collectives: pd.DataFrame
     """One row per ``record_param_comms`` op: event (row of ``events``), collective, in_nelems,
     out_nelems, dtype, group_size, group_ranks, group_name."""
@@ -135,7 +135,7 @@ def read_gpu_trace(path: Path) -> GpuTrace:
                 ))  # fmt: skip
                 continue
             if cat == USER_ANNOTATION and name.startswith(PROFILER_STEP):
-                steps.append((int(name[len(PROFILER_STEP) :]), *_times(e)))
+                steps.append((int(name[len(PROFILER_STEP) :]), _tid(e["tid"]), *_times(e)))
                 continue
             kind = _CATEGORIES.get(cat)
             if kind is None:
@@ -198,14 +198,12 @@ def _events(rows: list[tuple], base: int) -> pd.DataFrame:
 
 def _steps(steps: list[tuple], base: int) -> pd.DataFrame:
     if not steps:
-        return pd.DataFrame({"step": pd.Series(dtype=np.int64), "start_ns": pd.Series(dtype=np.int64),
-                             "end_ns": pd.Series(dtype=np.int64)})  # fmt: skip
-    step, ts, dur = zip(*steps, strict=True)
+        return pd.DataFrame({c: pd.Series(dtype=np.int64) for c in ("step", "tid", "start_ns", "end_ns")})
+    step, tid, ts, dur = zip(*steps, strict=True)
     start = trace_ns(list(ts), base)
     end = start + np.rint(np.asarray(dur, dtype=np.float64) * 1000).astype(np.int64)
-    return pd.DataFrame({"step": step, "start_ns": start, "end_ns": end}).sort_values(
-        "start_ns", ignore_index=True
-    )
+    steps_df = pd.DataFrame({"step": step, "tid": tid, "start_ns": start, "end_ns": end})
+    return steps_df.sort_values("start_ns", ignore_index=True)
 
 
 def _collectives(comm_args: dict[int, dict], events: pd.DataFrame) -> pd.DataFrame:
