@@ -4,7 +4,7 @@
 
 For each Kineto trace (default: the public GPU traces with ProfilerSteps in tests/data/gpu_traces),
 reads its events and dependency edges (``prism.graph.traces.gpu``), fits the rank's launch and
-stream delays, simulates its timeline (``prism.graph.sim.gpu_timeline``) and prints, per step,
+stream delays, simulates its timeline (``prism.graph.traces.gpu_timeline``) and prints, per step,
 the step and its GPU work as recorded and as simulated.
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from prism.graph.sim.gpu_timeline import simulate_timeline, step_times
 from prism.graph.traces.gpu import dependencies, read_gpu_trace
+from prism.graph.traces.gpu_timeline import simulate_timeline, step_times
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "gpu_traces"
 DEFAULT = [DATA / "event_sync.json.gz", DATA / "nccl_ddp_rank0.json.gz"]

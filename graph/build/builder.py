@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 from prism.graph.build import op_table as T
 from prism.graph.build.bind import bind_ranks, encode_program
@@ -203,6 +205,7 @@ def build_graph(options: BuildOptions, progress: ProgressCallback | None = None)
         prism_version=PRISM_VERSION,
         extra={gf.TIME_SCALE_KEY: scales},
     )  # fmt: skip
+    check_room(options.out, _nodes(stages, layout))
     _write(options, metadata, stages, LayoutTables.build(layout, options.cluster.gpus_per_node), progress)
     return BuildResult(config=cfg, metadata=metadata, report=_validated(options.out))
 
@@ -225,6 +228,7 @@ def _build_program_graph(options: BuildOptions, manifest: CaptureManifest, progr
         )  # fmt: skip
     except TemplateError as e:
         raise BuildError(str(e)) from e
+    check_room(options.out, _nodes(built.stages, layout))
     _write(
         options,
         built.metadata,
@@ -241,6 +245,41 @@ def _validated(out: Path) -> ValidationReport:
         out.unlink(missing_ok=True)
         raise BuildError(f"the built graph is invalid (a prism bug): {report.problems[0]}")
     return report
+
+
+BUILD_BYTES_PER_NODE = 150
+"""Peak memory of a build per node of the graph (writing, then validating it): 3.13 GiB for the
+23.3 M nodes of tp=8 pp=16 dp=64 (``benchmarks/results/build_graph.txt``), rounded up."""
+FILE_BYTES_PER_NODE = 2
+"""Bytes on disk per node, with room: 24.5 MiB for the same 23.3 M nodes (identical ranks compress)."""
+MEMORY_BASE_BYTES = 1 << 30
+"""What a build holds besides the graph (Python, torch, pyarrow, the templates), with room."""
+
+
+def _nodes(stages: list, layout: ParallelLayout) -> int:
+    """Nodes of the whole graph: every stage's program on each of its tp * dp ranks."""
+    return layout.tp * layout.dp * sum(stage.size for stage in stages)
+
+
+def check_room(
+    out: Path, nodes: int, *, available_memory: int | None = None, free_disk: int | None = None
+) -> None:
+    """Stop before writing anything when a graph of ``nodes`` nodes would not fit this machine's
+    free memory or the free space beside ``out`` (one BuildError line, with what it needs)."""
+    memory = MEMORY_BASE_BYTES + BUILD_BYTES_PER_NODE * nodes
+    available = psutil.virtual_memory().available if available_memory is None else available_memory
+    if memory > available:
+        raise BuildError(
+            f"the graph would have {nodes:,} nodes: building it needs about {memory / 2**30:.1f} GiB of memory and "
+            f"{available / 2**30:.1f} GiB are available; build fewer ranks (--dp) or on a larger machine"
+        )
+    disk = FILE_BYTES_PER_NODE * nodes
+    free = shutil.disk_usage(out.resolve().parent).free if free_disk is None else free_disk
+    if disk > free:
+        raise BuildError(
+            f"the graph would have {nodes:,} nodes, about {disk / 2**30:.2f} GiB on disk, and {out.resolve().parent} "
+            f"has {free / 2**30:.2f} GiB free"
+        )
 
 
 def _write(

@@ -207,6 +207,16 @@ def test_missing_capture_directory(tmp_path: Path) -> None:
     )
 
 
+def test_a_graph_too_large_for_the_machine_is_refused_before_anything_is_written(
+    slice_capture: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "g.parquet"
+    # 80 M ranks: terabytes of graph, on any machine.
+    result = run_cli(str(slice_capture), "--tp", "2", "--pp", "4", "--dp", "10000000", "-o", str(out))
+    assert_refused(result, "GiB of memory", out)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_tp_must_match_the_capture(slice_capture: Path, tmp_path: Path) -> None:
     out = tmp_path / "g.parquet"
     assert_refused(

@@ -1,4 +1,4 @@
-"""A GPU rank's timeline simulated from its trace (prism.graph.sim.gpu_timeline) against the trace
+"""A GPU rank's timeline simulated from its trace (prism.graph.traces.gpu_timeline) against the trace
 itself: public traces recorded on real GPUs (tests/data/gpu_traces)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from prism.graph.sim.gpu_timeline import LaunchModel, simulate_timeline, step_times
 from prism.graph.traces.gpu import GPU_KINDS, read_gpu_trace
+from prism.graph.traces.gpu_timeline import LaunchModel, simulate_timeline, step_times
 
 TRACES = Path(__file__).resolve().parents[1] / "data" / "gpu_traces"
 
