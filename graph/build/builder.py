@@ -64,6 +64,9 @@ class BuildOptions:
     """Consecutive ranks per Parquet row group."""
     profiler_correction: Correction = Correction.PHASE
     """How compute and gaps are scaled to the captured ranks' unprofiled iterations (``profiler_overhead``)."""
+    simulated_after: bool = False
+    """The caller simulates the graph once built (``prism-build-graph``'s summary): the up-front
+    room check counts the simulation's memory (the larger) instead of the build's."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,7 +208,7 @@ def build_graph(options: BuildOptions, progress: ProgressCallback | None = None)
         prism_version=PRISM_VERSION,
         extra={gf.TIME_SCALE_KEY: scales},
     )  # fmt: skip
-    check_room(options.out, _nodes(stages, layout))
+    check_room(options.out, _nodes(stages, layout), simulated_after=options.simulated_after)
     _write(options, metadata, stages, LayoutTables.build(layout, options.cluster.gpus_per_node), progress)
     return BuildResult(config=cfg, metadata=metadata, report=_validated(options.out))
 
@@ -228,7 +231,7 @@ def _build_program_graph(options: BuildOptions, manifest: CaptureManifest, progr
         )  # fmt: skip
     except TemplateError as e:
         raise BuildError(str(e)) from e
-    check_room(options.out, _nodes(built.stages, layout))
+    check_room(options.out, _nodes(built.stages, layout), simulated_after=options.simulated_after)
     _write(
         options,
         built.metadata,
@@ -247,9 +250,13 @@ def _validated(out: Path) -> ValidationReport:
     return report
 
 
-BUILD_BYTES_PER_NODE = 150
-"""Peak memory of a build per node of the graph (writing, then validating it): 3.13 GiB for the
-23.3 M nodes of tp=8 pp=16 dp=64 (``benchmarks/results/build_graph.txt``), rounded up."""
+BUILD_BYTES_PER_NODE = 32
+"""Peak memory per node of the graph while it is written and validated: 0.72 GiB for the 23.3 M
+nodes of the default slice at tp=8 pp=16 dp=64 (``prism-build-graph --no-simulate``), of which
+about 0.45 GiB is the process itself; rounded up."""
+SIMULATE_BYTES_PER_NODE = 150
+"""The same when the graph is then simulated (the whole graph in the engine's arrays): 3.3 GiB
+for those 23.3 M nodes (``benchmarks/results/build_graph.txt``); rounded up."""
 FILE_BYTES_PER_NODE = 2
 """Bytes on disk per node, with room: 24.5 MiB for the same 23.3 M nodes (identical ranks compress)."""
 MEMORY_BASE_BYTES = 1 << 30
@@ -262,16 +269,19 @@ def _nodes(stages: list, layout: ParallelLayout) -> int:
 
 
 def check_room(
-    out: Path, nodes: int, *, available_memory: int | None = None, free_disk: int | None = None
-) -> None:
+    out: Path, nodes: int, *, simulated_after: bool = False, available_memory: int | None = None,
+    free_disk: int | None = None,
+) -> None:  # fmt: skip
     """Stop before writing anything when a graph of ``nodes`` nodes would not fit this machine's
     free memory or the free space beside ``out`` (one BuildError line, with what it needs)."""
-    memory = MEMORY_BASE_BYTES + BUILD_BYTES_PER_NODE * nodes
+    per_node = SIMULATE_BYTES_PER_NODE if simulated_after else BUILD_BYTES_PER_NODE
+    memory = MEMORY_BASE_BYTES + per_node * nodes
     available = psutil.virtual_memory().available if available_memory is None else available_memory
     if memory > available:
         raise BuildError(
-            f"the graph would have {nodes:,} nodes: building it needs about {memory / 2**30:.1f} GiB of memory and "
-            f"{available / 2**30:.1f} GiB are available; build fewer ranks (--dp) or on a larger machine"
+            f"the graph would have {nodes:,} nodes: {'building and simulating' if simulated_after else 'building'} it "
+            f"needs about {memory / 2**30:.1f} GiB of memory and {available / 2**30:.1f} GiB are available; build "
+            f"fewer ranks (--dp){', without --simulate' if simulated_after else ''} or on a larger machine"
         )
     disk = FILE_BYTES_PER_NODE * nodes
     free = shutil.disk_usage(out.resolve().parent).free if free_disk is None else free_disk

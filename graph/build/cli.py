@@ -94,7 +94,7 @@ def build(
         options = BuildOptions(
             capture_dir=capture, out=staged, tp=tp, pp=pp, dp=dp, cluster=load_cluster(cluster),
             microbatches=microbatches, layers=layers, ranks_per_row_group=ranks_per_row_group,
-            profiler_correction=profiler_correction,
+            profiler_correction=profiler_correction, simulated_after=simulate,
         )  # fmt: skip
         with Progress(
             TextColumn("[bold]building"), BarColumn(), MofNCompleteColumn(), TextColumn("ranks"),

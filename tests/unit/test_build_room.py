@@ -10,6 +10,7 @@ from prism.graph.build.builder import (
     BUILD_BYTES_PER_NODE,
     FILE_BYTES_PER_NODE,
     MEMORY_BASE_BYTES,
+    SIMULATE_BYTES_PER_NODE,
     BuildError,
     check_room,
 )
@@ -24,10 +25,21 @@ def test_a_graph_that_fits_passes(tmp_path: Path) -> None:
 def test_too_little_memory_names_what_the_graph_needs_and_what_there_is(tmp_path: Path) -> None:
     nodes = 100_000_000
     with pytest.raises(BuildError) as error:
-        check_room(tmp_path / "g.parquet", nodes, available_memory=8 * GIB, free_disk=100 * GIB)
+        check_room(tmp_path / "g.parquet", nodes, available_memory=2 * GIB, free_disk=100 * GIB)
     needed = (MEMORY_BASE_BYTES + BUILD_BYTES_PER_NODE * nodes) / GIB
     assert f"{nodes:,} nodes" in str(error.value) and f"{needed:.1f} GiB" in str(error.value)
-    assert "8.0 GiB are available" in str(error.value)
+    assert "2.0 GiB are available" in str(error.value)
+
+
+def test_a_graph_simulated_after_its_build_needs_the_simulations_memory(tmp_path: Path) -> None:
+    nodes = 50_000_000  # fits a build, not the simulation after it
+    memory = MEMORY_BASE_BYTES + BUILD_BYTES_PER_NODE * nodes + GIB
+    assert memory < MEMORY_BASE_BYTES + SIMULATE_BYTES_PER_NODE * nodes
+    check_room(tmp_path / "g.parquet", nodes, available_memory=memory, free_disk=100 * GIB)
+    with pytest.raises(BuildError, match="building and simulating it.*without --simulate"):
+        check_room(
+            tmp_path / "g.parquet", nodes, simulated_after=True, available_memory=memory, free_disk=100 * GIB
+        )
 
 
 def test_too_little_disk_names_the_directory(tmp_path: Path) -> None:
