@@ -27,7 +27,8 @@ test: install   ## the whole suite, as CI runs it
 	$(BIN)/python -m pytest -q
 
 figures: install   ## run the notebooks; their figures go to docs/figures (the README shows them)
-	$(BIN)/python notebooks/execute.py --figures docs/figures notebooks/pipeline_iteration.py notebooks/replay.py notebooks/what_ifs.py
+	$(BIN)/python notebooks/execute.py --figures docs/figures notebooks/pipeline_iteration.py notebooks/replay.py notebooks/what_ifs.py \
+	    notebooks/gpu_trace.py
 
 test-fast: install   ## unit tests only
 	$(BIN)/python -m pytest -q tests/unit
