@@ -141,7 +141,9 @@ class CommLog:
             for g in data["groups"]
         )
         calls = tuple(CommCall(**{**c, "shape": tuple(c["shape"])}) for c in data["calls"])
-        return cls(rank=data["rank"], world_size=data["world_size"], groups=groups, calls=calls)
+        log = cls(rank=data["rank"], world_size=data["world_size"], groups=groups, calls=calls)
+        check_fields(log)  # every reader gets values of the declared types (TypeError otherwise)
+        return log
 
 
 class Spans:
@@ -228,7 +230,6 @@ def read_comm_log(path: str | os.PathLike) -> CommLog:
         if not isinstance(data, dict):
             raise ValueError(f"a JSON {type(data).__name__}, not an object")
         log = CommLog.from_dict(data)
-        check_fields(log)
     except OSError as e:
         raise CommLogError(f"{path}: cannot read ({e.strerror or e})") from None
     except (ValueError, KeyError, TypeError, AttributeError) as e:

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from prism.graph.traces.kineto import CPU_OP, USER_ANNOTATION, NormalizeError, read_json_file, trace_ns
+from prism.graph.traces.kineto import CPU_OP, USER_ANNOTATION, NormalizeError, read_trace_events, trace_ns
 
 
 class EventKind(enum.StrEnum):
@@ -109,11 +109,7 @@ class GpuTrace:
 
 def read_gpu_trace(path: Path) -> GpuTrace:
     """The events of a Kineto trace with GPU activities; a one-line ``NormalizeError`` otherwise."""
-    data = read_json_file(path)
-    raw = data.get("traceEvents")
-    if not isinstance(raw, list):
-        raise NormalizeError(f"{path}: no traceEvents list: not a Kineto trace")
-    base = int(data.get("baseTimeNanoseconds", 0))
+    data, raw, base = read_trace_events(path)
     rows: list[tuple] = []
     syncs: list[tuple] = []
     steps: list[tuple] = []

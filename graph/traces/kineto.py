@@ -79,13 +79,21 @@ def trace_ns(ts: list[float], base: int) -> np.ndarray:
     return base + whole.astype(np.int64) * 1000 + np.rint((t - whole) * 1000).astype(np.int64)
 
 
-def read_kineto(path: Path) -> KinetoTrace:
-    """The spans and memory events of a Kineto trace."""
+def read_trace_events(path: Path) -> tuple[dict, list, int]:
+    """A Kineto trace's document, its ``traceEvents`` and its time base (ns; 0 if unrecorded)."""
     data = read_json_file(path)
     events = data.get("traceEvents")
     if not isinstance(events, list):
         raise NormalizeError(f"{path}: no traceEvents list: not a Kineto trace")
-    base = int(data.get("baseTimeNanoseconds", 0))
+    base = data.get("baseTimeNanoseconds", 0)
+    if not isinstance(base, int) or isinstance(base, bool):
+        raise NormalizeError(f"{path}: baseTimeNanoseconds is {base!r}, not an integer")
+    return data, events, base
+
+
+def read_kineto(path: Path) -> KinetoTrace:
+    """The spans and memory events of a Kineto trace."""
+    _, events, base = read_trace_events(path)
     name, cat, tid, ts, dur, rf = [], [], [], [], [], []
     mtid, mts, mbytes, mtotal, mtype, mid = [], [], [], [], [], []
     try:
