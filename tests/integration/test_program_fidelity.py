@@ -42,7 +42,10 @@ def test_a_program_is_compared_with_its_own_torchrun_run(tmp_path: Path, program
         # iteration began plus what the iteration allocates at its peak (to the byte, so far).
         assert abs(record["mem_err_pct"]) < 0.1, record
     for record in by_source["replay"]:  # its wall time, the corrected one beside it, its phases
-        assert record["pred_corrected_ms"] <= record["pred_iter_ms"] * 1.001
+        # The corrected time is the co-simulated pass (its Start to its Done, stall taken out), the
+        # wall time the program's step to step: the boundaries differ by the step hook's few µs,
+        # which show where the stall is near zero (a 5.8 ms iteration read 5.795 against 5.787).
+        assert record["pred_corrected_ms"] <= record["pred_iter_ms"] * 1.001 + 0.05
         assert record["phase_err"] and all(p["measured_ms"] >= 0 for p in record["phase_err"].values())
     assert "replay: each replayed rank's time by phase" in done.stdout
     assert [h["rank"] for h in result["hook"]] == [0, 1]
