@@ -16,7 +16,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from prism.graph.traces.gpu import dependencies, read_gpu_trace
+from prism.graph.traces.gpu import read_gpu_trace
 from prism.graph.traces.gpu_timeline import simulate_timeline, step_times
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "gpu_traces"
@@ -35,7 +35,7 @@ def main() -> None:
     for path in args.traces:
         trace = read_gpu_trace(path)
         timeline = simulate_timeline(trace)
-        model, edges = timeline.model, dependencies(trace)
+        model, edges = timeline.model, timeline.edges
         for s in step_times(trace, timeline).itertuples():
             table.add_row(
                 path.name, f"{len(trace.events):,}", f"{len(edges):,}", f"{model.launch_ns / 1e3:.1f}",

@@ -37,7 +37,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from prism.graph.traces.gpu import GPU_KINDS, EdgeKind, EventKind, dependencies, read_gpu_trace
+from prism.graph.traces.gpu import GPU_KINDS, EdgeKind, EventKind, read_gpu_trace
 from prism.graph.traces.gpu_timeline import simulate_timeline, step_times
 
 FIGURES = Path(os.environ.get("PRISM_FIGURES", "figures"))
@@ -75,8 +75,8 @@ print(overlap.to_string(index=False))
 
 # %%
 trace = read_gpu_trace(trace_files[0])
-edges = dependencies(trace)
 timeline = simulate_timeline(trace)
+edges = timeline.edges
 steps = step_times(trace, timeline)
 print(edges["kind"].value_counts().to_string())
 print(

@@ -24,7 +24,7 @@ import mmap
 import struct
 from pathlib import Path
 
-from prism.graph.sim.engine import AnswerRule, ruled_end
+from prism.graph.sim.engine import AnswerRule, rule_end_ns
 from prism.replay.cosim import Call, Done, Event, RealCall, RealEnd, Start
 
 CAPACITY = 1 << 15
@@ -126,9 +126,7 @@ class Channel:
         if self._words[at // 8] != pass_ + 1:  # the stamp first: the rule's words were stored before it
             return None
         _, floor, base, add, mu, sd = _RULE.unpack_from(self._map, at)
-        if mu < 0.0:  # as ``AnswerRule.end_ns``
-            return max(t_ns, floor) + add
-        return int(ruled_end(t_ns, floor, base, mu, sd, add))
+        return rule_end_ns(t_ns, floor, base, mu, sd, add)
 
     # -- the coordinator's side ----------------------------------------------------------------
     def take(self) -> list[Event]:

@@ -283,11 +283,11 @@ def check_room(
             f"needs about {memory / 2**30:.1f} GiB of memory and {available / 2**30:.1f} GiB are available; build "
             f"fewer ranks (--dp){', without --simulate' if simulated_after else ''} or on a larger machine"
         )
-    disk = FILE_BYTES_PER_NODE * nodes
-    free = shutil.disk_usage(out.resolve().parent).free if free_disk is None else free_disk
+    disk, where = FILE_BYTES_PER_NODE * nodes, out.resolve().parent
+    free = shutil.disk_usage(where).free if free_disk is None else free_disk
     if disk > free:
         raise BuildError(
-            f"the graph would have {nodes:,} nodes, about {disk / 2**30:.2f} GiB on disk, and {out.resolve().parent} "
+            f"the graph would have {nodes:,} nodes, about {disk / 2**30:.2f} GiB on disk, and {where} "
             f"has {free / 2**30:.2f} GiB free"
         )
 

@@ -157,6 +157,14 @@ def advance(
     return n_runnable
 
 
+def rule_end_ns(t_ns: int, floor: int, base: int, mu: float, sd: float, add: int) -> int:
+    """``ruled_end`` called from Python; the common rule (no virtual member late: ``mu`` < 0)
+    without the compiled call's dispatch (a replayed rank names most of its calls' ends here)."""
+    if mu < 0.0:
+        return max(t_ns, floor) + add
+    return int(ruled_end(t_ns, floor, base, mu, sd, add))
+
+
 class AnswerRule(NamedTuple):  # a tuple: made at every call of a replayed program
     """A collective or transfer of an external rank whose other members have all arrived: its
     end is a function of the rank's own arrival ``t`` alone, so it can be named at once, where
@@ -171,9 +179,7 @@ class AnswerRule(NamedTuple):  # a tuple: made at every call of a replayed progr
     add: int
 
     def end_ns(self, t_ns: int) -> int:
-        if self.mu < 0.0:  # as ``ruled_end``, without the compiled call's dispatch
-            return max(t_ns, self.floor) + self.add
-        return int(ruled_end(t_ns, self.floor, self.base, self.mu, self.sd, self.add))
+        return rule_end_ns(t_ns, self.floor, self.base, self.mu, self.sd, self.add)
 
 
 @dataclass(frozen=True)

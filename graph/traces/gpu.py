@@ -241,11 +241,12 @@ def dependencies(trace: GpuTrace) -> pd.DataFrame:
     gpu = ev[ev["kind"].isin([k.value for k in GPU_KINDS])]
     runtime = ev[ev["kind"] == EventKind.RUNTIME.value]
     launches = _launches(runtime, gpu)
+    calls = _runtime_by_correlation(runtime)
     parts = [
         launches.rename(columns={"runtime": "src", "gpu": "dst"}).assign(kind=EdgeKind.LAUNCH.value),
         _stream_order(gpu),
-        _stream_waits(trace.syncs, runtime, gpu, launches),
-        _syncs(trace.syncs, runtime, gpu, launches),
+        _stream_waits(trace.syncs, calls, gpu, launches),
+        _syncs(trace.syncs, calls, gpu, launches),
         _comm(trace, runtime, launches),
     ]
     edges = pd.concat([p[["src", "dst", "kind"]] for p in parts], ignore_index=True)
@@ -283,13 +284,14 @@ def _last_launched_before(work: pd.DataFrame, t_ns: int) -> int | None:
 
 
 def _runtime_by_correlation(runtime: pd.DataFrame) -> pd.DataFrame:
-    return runtime[runtime["correlation"] >= 0].drop_duplicates("correlation").set_index("correlation")
+    """The runtime calls by correlation id, each with its row of the events (``row``)."""
+    calls = runtime[runtime["correlation"] >= 0].drop_duplicates("correlation")
+    return calls.rename_axis("row").reset_index().set_index("correlation")
 
 
 def _stream_waits(
-    syncs: pd.DataFrame, runtime: pd.DataFrame, gpu: pd.DataFrame, launches: pd.DataFrame
+    syncs: pd.DataFrame, calls: pd.DataFrame, gpu: pd.DataFrame, launches: pd.DataFrame
 ) -> pd.DataFrame:
-    calls = _runtime_by_correlation(runtime)
     out = []
     for s in syncs[syncs["sync_kind"] == SyncKind.STREAM_WAIT_EVENT.value].itertuples():
         if s.event_correlation not in calls.index or s.correlation not in calls.index:
@@ -304,9 +306,8 @@ def _stream_waits(
 
 
 def _syncs(
-    syncs: pd.DataFrame, runtime: pd.DataFrame, gpu: pd.DataFrame, launches: pd.DataFrame
+    syncs: pd.DataFrame, calls: pd.DataFrame, gpu: pd.DataFrame, launches: pd.DataFrame
 ) -> pd.DataFrame:
-    calls = _runtime_by_correlation(runtime)
     out = []
     for s in syncs.itertuples():
         blocking = BLOCKING_CALLS.get(s.sync_kind)
@@ -315,7 +316,7 @@ def _syncs(
         call = calls.loc[s.correlation]
         if call["name"] != blocking:
             continue
-        dst = int(runtime.index[runtime["correlation"] == s.correlation][0])
+        dst = int(call["row"])
         if s.sync_kind == SyncKind.EVENT_SYNC.value:
             if s.event_correlation not in calls.index:
                 continue

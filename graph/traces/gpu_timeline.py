@@ -29,10 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from prism.graph.traces.gpu import BLOCKING_CALLS, GPU_KINDS, EdgeKind, EventKind, GpuTrace, dependencies
+from prism.graph.traces.gpu import GPU_KINDS, EdgeKind, EventKind, GpuTrace, dependencies
 
 _GPU = [k.value for k in GPU_KINDS]
-_SYNC_CALLS = set(BLOCKING_CALLS.values())
 
 
 @dataclass(frozen=True)
@@ -68,11 +67,13 @@ def _median(values: list[int]) -> int:
 
 @dataclass(frozen=True)
 class Timeline:
-    """Simulated start and end (ns, on the trace's clock) of every event on a lane (NaN: not on one)."""
+    """Simulated start and end (ns, on the trace's clock) of every event on a lane (-1: not on one),
+    under ``model`` and the trace's dependency ``edges``."""
 
     start_ns: np.ndarray
     end_ns: np.ndarray
     model: LaunchModel
+    edges: pd.DataFrame
 
 
 def simulate_timeline(trace: GpuTrace, model: LaunchModel | None = None) -> Timeline:
@@ -94,7 +95,7 @@ def simulate_timeline(trace: GpuTrace, model: LaunchModel | None = None) -> Time
             launch_of[dst] = src
         elif k == EdgeKind.STREAM_WAIT.value:
             waits[dst].append(src)
-        elif k == EdgeKind.SYNC.value and ev.at[dst, "name"] in _SYNC_CALLS:
+        elif k == EdgeKind.SYNC.value:
             syncs[dst].append(src)
     waited = {d: max(rec_end[s] for s in srcs) for d, srcs in syncs.items()}
     preds: dict[int, set[int]] = {n: {p} if p >= 0 else set() for n, p in lane_prev.items()}
@@ -139,7 +140,7 @@ def simulate_timeline(trace: GpuTrace, model: LaunchModel | None = None) -> Time
                 heapq.heappush(ready, (rec_start[m], m))
     if (start[list(needs)] < 0).any():
         raise ValueError(f"{trace.path}: the dependencies have a cycle")
-    return Timeline(start_ns=start, end_ns=end, model=model)
+    return Timeline(start_ns=start, end_ns=end, model=model, edges=edges)
 
 
 def _lane_predecessors(ev: pd.DataFrame, on_gpu: np.ndarray, on_cpu: np.ndarray) -> dict[int, int]:
@@ -161,7 +162,7 @@ def step_times(trace: GpuTrace, timeline: Timeline) -> pd.DataFrame:
     event launched inside it, which a step that does not wait for the GPU can outlast)."""
     ev = trace.events
     on_gpu = ev["kind"].isin(_GPU).to_numpy()
-    launch = dependencies(trace).query("kind == 'launch'")
+    launch = timeline.edges.query("kind == 'launch'")
     launched_at = pd.Series(ev["start_ns"].to_numpy()[launch["src"]], index=launch["dst"].to_numpy())
     rows = []
     for step in trace.steps.itertuples():
