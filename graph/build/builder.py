@@ -21,7 +21,7 @@ from prism.graph.build.templates import RoleTemplate, TemplateError, build_role_
 from prism.graph.comm.model import CommModel
 from prism.graph.comm.placement import LayoutTables
 from prism.graph.io.parquet import GraphWriter
-from prism.graph.io.validate import ValidationReport, validate_graph
+from prism.graph.io.validate import RowGroupValidator, ValidationReport
 from prism.graph.sim.noise import call_jitter_ns, iteration_cv
 from prism.schemas import PRISM_VERSION
 from prism.schemas import graph_format as gf
@@ -209,8 +209,10 @@ def build_graph(options: BuildOptions, progress: ProgressCallback | None = None)
         extra={gf.TIME_SCALE_KEY: scales},
     )  # fmt: skip
     check_room(options.out, _nodes(stages, layout), simulated_after=options.simulated_after)
-    _write(options, metadata, stages, LayoutTables.build(layout, options.cluster.gpus_per_node), progress)
-    return BuildResult(config=cfg, metadata=metadata, report=_validated(options.out))
+    report = _write(
+        options, metadata, stages, LayoutTables.build(layout, options.cluster.gpus_per_node), progress
+    )
+    return BuildResult(config=cfg, metadata=metadata, report=report)
 
 
 def _build_program_graph(options: BuildOptions, manifest: CaptureManifest, progress) -> BuildResult:
@@ -232,22 +234,9 @@ def _build_program_graph(options: BuildOptions, manifest: CaptureManifest, progr
     except TemplateError as e:
         raise BuildError(str(e)) from e
     check_room(options.out, _nodes(built.stages, layout), simulated_after=options.simulated_after)
-    _write(
-        options,
-        built.metadata,
-        built.stages,
-        LayoutTables.build(layout, options.cluster.gpus_per_node),
-        progress,
-    )
-    return BuildResult(config=None, metadata=built.metadata, report=_validated(options.out))
-
-
-def _validated(out: Path) -> ValidationReport:
-    report = validate_graph(out)
-    if not report.ok:
-        out.unlink(missing_ok=True)
-        raise BuildError(f"the built graph is invalid (a prism bug): {report.problems[0]}")
-    return report
+    tables = LayoutTables.build(layout, options.cluster.gpus_per_node)
+    report = _write(options, built.metadata, built.stages, tables, progress)
+    return BuildResult(config=None, metadata=built.metadata, report=report)
 
 
 BUILD_BYTES_PER_NODE = 32
@@ -294,17 +283,27 @@ def check_room(
 
 def _write(
     options: BuildOptions, metadata: GraphMetadata, stages: list, tables: LayoutTables, progress
-) -> None:
+) -> ValidationReport:
+    """Write the graph row group by row group, each validated as it is written (beside the
+    writing, on a thread of its own); nothing is left behind on failure."""
     comm = CommModel(options.cluster)
     layout = tables.layout
     stage_of = np.array([layout.stage(r) for r in range(layout.world_size)])
     step = options.ranks_per_row_group
-    with GraphWriter(options.out, metadata, ranks_per_row_group=step) as writer:
-        for start in range(0, layout.world_size, step):
-            ranks = np.arange(start, min(start + step, layout.world_size))
-            # Runs of consecutive ranks on one stage share a program.
-            cuts = np.flatnonzero(np.diff(stage_of[ranks])) + 1
-            for run in np.split(ranks, cuts):
-                writer.write_ranks(bind_ranks(stages[stage_of[run[0]]], run, tables, comm))
-            if progress is not None:
-                progress(int(ranks[-1]) + 1, layout.world_size)
+    with RowGroupValidator(layout, metadata.model) as validator:
+        with GraphWriter(
+            options.out, metadata, ranks_per_row_group=step, on_row_group=validator.put
+        ) as writer:
+            for start in range(0, layout.world_size, step):
+                ranks = np.arange(start, min(start + step, layout.world_size))
+                # Runs of consecutive ranks on one stage share a program.
+                cuts = np.flatnonzero(np.diff(stage_of[ranks])) + 1
+                for run in np.split(ranks, cuts):
+                    writer.write_ranks(bind_ranks(stages[stage_of[run[0]]], run, tables, comm))
+                if progress is not None:
+                    progress(int(ranks[-1]) + 1, layout.world_size)
+        report = validator.report(str(options.out))
+    if not report.ok:
+        options.out.unlink(missing_ok=True)
+        raise BuildError(f"the built graph is invalid (a prism bug): {report.problems[0]}")
+    return report

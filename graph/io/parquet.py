@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -38,6 +38,10 @@ COMPRESSION = "zstd"
 # their min/max would only grow the footer that each read_rank parses.
 STATISTICS_COLUMNS = [RANK, STAGE]
 SORTING = [pq.SortingColumn(SCHEMA.get_field_index(c)) for c in (RANK, STREAM, INDEX)]
+# Parquet dictionaries only for the string columns: the integer columns repeat with every rank of
+# a stage, which zstd finds as well, and building their dictionaries halved the writer's speed
+# (6-9 against 12-14 M rows/s, files 1.36 against 1.18 bytes a node, on the default graph).
+DICTIONARY_COLUMNS = [f.name for f in SCHEMA if pa.types.is_dictionary(f.type)]
 
 
 class GraphFormatError(ValueError):
@@ -50,9 +54,13 @@ class GraphWriter:
     ``write_ranks`` takes tables sorted by (rank, stream, index) whose ranks continue from the
     previous call (starting at rank 0); tables are buffered until a row group of
     ``ranks_per_row_group`` ranks is complete. Closing checks that every rank of the layout came.
+    ``on_row_group`` is handed each row group as it is written (the build validates them).
     """
 
-    def __init__(self, path: str | os.PathLike, metadata: GraphMetadata, ranks_per_row_group: int = 32):
+    def __init__(
+        self, path: str | os.PathLike, metadata: GraphMetadata, ranks_per_row_group: int = 32,
+        on_row_group: Callable[[pa.Table], None] | None = None,
+    ):  # fmt: skip
         if ranks_per_row_group < 1:
             raise ValueError(f"ranks_per_row_group must be at least 1, got {ranks_per_row_group}")
         self.path = Path(path)
@@ -63,6 +71,7 @@ class GraphWriter:
         self._tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         self._writer: pq.ParquetWriter | None = None
         self._pending: list[pa.Table] = []
+        self._on_row_group = on_row_group
         self._group_first = 0  # first rank of the row group being buffered
         self._next_rank = 0  # rank the next table must start with
         self.row_groups = 0
@@ -72,7 +81,7 @@ class GraphWriter:
             self._tmp,
             schema_with_metadata(self.metadata),
             compression=COMPRESSION,
-            use_dictionary=True,
+            use_dictionary=DICTIONARY_COLUMNS,
             write_statistics=STATISTICS_COLUMNS,
             sorting_columns=SORTING,
             store_schema=True,  # keeps the dictionary types on read
@@ -134,8 +143,11 @@ class GraphWriter:
             self._group_first = self._next_rank
 
     def _write_row_group(self, table: pa.Table) -> None:
-        self._require_open().write_table(_canonical(table), row_group_size=table.num_rows)
+        table = _canonical(table)
+        self._require_open().write_table(table, row_group_size=table.num_rows)
         self.row_groups += 1
+        if self._on_row_group is not None:
+            self._on_row_group(table)
 
     def _require_open(self) -> pq.ParquetWriter:
         if self._writer is None:

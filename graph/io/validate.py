@@ -1,15 +1,23 @@
 """Check that ``graph.parquet`` is a well-formed full-scale graph, streaming over its row groups.
 
 Per row group: sort order, contiguous indices, stage of each rank, ``deps`` pointing backwards.
-Only the comm rows are kept (as numpy arrays) and checked at the end: every collective instance
-has exactly its group's members with equal attributes; every send meets exactly one recv.
+The comm rows are kept (as numpy arrays) until the scan has passed every rank that could hold
+the rest of their collective instance or transfer pair (the last member of the group their row
+names, the later of a send's two ranks), then checked: every collective instance has exactly its
+group's members with equal attributes; every send meets exactly one recv. Rows are sorted by
+rank, so tensor-parallel collectives and pipeline transfers are checked a row group or two after
+they are read and memory stays flat in the world size; only collectives over groups that span
+the world (data parallel, ``world``) wait for the end.
 """
 
 from __future__ import annotations
 
 import os
+import queue
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import TracebackType
 
 import numpy as np
 import pyarrow as pa
@@ -139,6 +147,59 @@ def validate_graph(
     return scan.report(str(path))
 
 
+class RowGroupValidator:
+    """Validates a graph's row groups as they are written, on a thread of its own.
+
+    What ``validate_graph`` checks of a file, checked of the row groups a ``GraphWriter`` hands
+    to ``put`` (its ``on_row_group``), without reading them back. The check runs beside the
+    writing: numpy's array operations and Parquet's encoder release the GIL, so on a machine with
+    two cores or more the build's validation costs little wall time. A context manager: leaving
+    it stops the thread; ``report`` waits for the last row group and gives the verdict.
+    """
+
+    def __init__(self, layout: ParallelLayout, model: dict) -> None:
+        self._scan = _Scan(layout)
+        _check_model(model, layout, self._scan.problems)
+        self._queue: queue.Queue[pa.Table | None] = queue.Queue(maxsize=4)  # bounded: memory stays flat
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="prism-validate", daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> RowGroupValidator:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._stop()
+
+    def put(self, table: pa.Table) -> None:
+        """Check ``table``, the next row group in rank order (queued; returns at once)."""
+        if self._error is not None:
+            raise self._error
+        self._queue.put(table)
+
+    def report(self, path: str) -> ValidationReport:
+        """The verdict on every row group put, once the thread has checked them all."""
+        self._stop()
+        if self._error is not None:
+            raise self._error
+        return self._scan.report(path)
+
+    def _stop(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+
+    def _run(self) -> None:
+        while (table := self._queue.get()) is not None:
+            if self._error is None:  # after a failure keep taking, so that put never blocks
+                try:
+                    self._scan.chunk(table)
+                except BaseException as e:  # handed to the writing thread by put and report
+                    self._error = e
+
+
 def _check_model(model: dict, layout: ParallelLayout, problems: _Problems) -> None:
     for axis in AXES:
         if axis in model and model[axis] != layout.degree(axis):
@@ -155,8 +216,10 @@ class _Scan:
         self.seen = np.zeros(self.world, bool)
         self.last = (-1, -1, -1)  # (rank, stream, index) of the previous row group's last row
         self.nodes = 0
-        self.coll: list[Cols] = []
-        self.p2p: list[Cols] = []
+        self.coll = _Pending(_COLL_KEEP)
+        self.p2p = _Pending(_P2P_KEEP)
+        self.collectives = self.p2p_pairs = 0
+        self.nbytes: dict[str, int] = {}
 
     def chunk(self, table: pa.Table) -> None:
         if table.num_rows == 0:
@@ -172,9 +235,38 @@ class _Scan:
         coll = kind == self.kinds[gf.NodeKind.COLLECTIVE]
         p2p = (kind == self.kinds[gf.NodeKind.SEND]) | (kind == self.kinds[gf.NodeKind.RECV])
         # Collective rows are the bulk of what is kept: int32 where the schema has no more.
-        self.coll.append({k: c[k][coll].astype(_KEPT_TYPES.get(k, np.int32)) for k in _COLL_KEEP})
-        self.p2p.append({k: c[k][p2p] for k in _P2P_KEEP})
+        rows = {k: c[k][coll].astype(_KEPT_TYPES.get(k, np.int32)) for k in _COLL_KEEP}
+        self.coll.add(rows, self._last_member(rows), self.last[0])
+        rows = {k: c[k][p2p] for k in _P2P_KEEP}
+        self.p2p.add(rows, _later_rank(rows, self.world), self.last[0])
         self.last = (int(c[gf.RANK][-1]), int(c[gf.STREAM][-1]), int(c[gf.INDEX][-1]))
+        # A rank's rows may continue in the next row group: only the ranks before the last are done.
+        self._check_settled(self.last[0] - 1)
+
+    def _last_member(self, rows: Cols) -> np.ndarray:
+        """Per collective row, the last rank of the group it names (the world's end for a group the
+        layout has not, -1 without a coll_id: checked at once)."""
+        last = np.full(rows[gf.RANK].size, self.world, np.int64)
+        last[rows[gf.COLL_ID] < 0] = -1
+        kinds, index = rows[gf.GROUP_KIND], rows[gf.GROUP_INDEX]
+        for kind in np.unique(kinds):
+            name = self.strings.names[kind]
+            count = 1 if name == WORLD else self.layout.group_count(name) if name in AXES else 0
+            sel = (kinds == kind) & (index >= 0) & (index < count) & (rows[gf.COLL_ID] >= 0)
+            if sel.any():
+                first, stride, degree = _group_geometry(name, index[sel].astype(np.int64), self.layout)
+                last[sel] = first + (degree - 1) * stride
+        return last
+
+    def _check_settled(self, passed: int) -> None:
+        """Check the collective instances and transfer pairs no rank after ``passed`` can add to."""
+        settled = self.coll.take(passed, _coll_key)
+        if settled:
+            check = _Collectives(settled, self.layout, self.strings, self.problems)
+            self.collectives += check.check(self.nbytes)
+        settled = self.p2p.take(passed, _pair_key)
+        if settled:
+            self.p2p_pairs += _check_p2p(settled, self, self.nbytes)
 
     def _order(self, c: Cols) -> None:
         r, s, i = c[gf.RANK], c[gf.STREAM], c[gf.INDEX]
@@ -232,18 +324,88 @@ class _Scan:
         if missing.size:
             listed = ", ".join(map(str, missing[:10])) + (", ..." if missing.size > 10 else "")
             self.problems.add(f"{missing.size} of {self.world} ranks missing: {listed}")
-        nbytes: dict[str, int] = {}
-        colls = _Collectives(_concat(self.coll), self.layout, self.strings, self.problems).check(nbytes)
-        pairs = _check_p2p(_concat(self.p2p), self, nbytes)
+        self._check_settled(self.world)
         return ValidationReport(
             path=path, problems=tuple(self.problems.lines), problem_count=self.problems.count,
-            ranks=int(self.seen.sum()), nodes=self.nodes, collectives=colls, p2p_pairs=pairs,
-            bytes_by_group=dict(sorted(nbytes.items())),
+            ranks=int(self.seen.sum()), nodes=self.nodes, collectives=self.collectives,
+            p2p_pairs=self.p2p_pairs, bytes_by_group=dict(sorted(self.nbytes.items())),
         )  # fmt: skip
 
 
-def _concat(parts: list[Cols]) -> Cols:
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else {}
+def _later_rank(rows: Cols, world: int) -> np.ndarray:
+    """Per send or recv row, the later of its two ranks (-1 for a peer outside the world: the row
+    is reported at once)."""
+    rank, peer = rows[gf.RANK], rows[gf.PEER]
+    return np.where((peer >= 0) & (peer < world), np.maximum(rank, peer), -1)
+
+
+class _Pending:
+    """Comm rows read but not yet checked, each with the last rank that can complete its set.
+
+    Rows that cannot complete soon (``until`` more than ``FAR_RANKS`` past the scan, e.g. a data
+    parallel group's, whose last member is in the world's last stretch) wait apart, sorted by
+    ``until``, so that each row group's check looks only at the rows near the scan."""
+
+    FAR_RANKS = 4096
+
+    def __init__(self, columns: tuple[str, ...]) -> None:
+        self.columns = columns
+        self.rows: Cols = {}
+        self.until = np.empty(0, np.int64)
+        self.far: list[tuple[np.ndarray, Cols]] = []  # blocks of (until, rows)
+        self.far_min = np.iinfo(np.int64).max
+
+    def add(self, rows: Cols, until: np.ndarray, passed: int) -> None:
+        far = until > passed + self.FAR_RANKS
+        if far.any():
+            self.far.append((until[far], {k: v[far] for k, v in rows.items()}))
+            self.far_min = min(self.far_min, int(until[far].min()))
+            rows, until = {k: v[~far] for k, v in rows.items()}, until[~far]
+        self._join(rows, until)
+
+    def _join(self, rows: Cols, until: np.ndarray) -> None:
+        if not until.size:
+            return
+        self.rows = {k: np.concatenate([self.rows[k], rows[k]]) for k in rows} if self.rows else rows
+        self.until = np.concatenate([self.until, until])
+
+    def _bring_near(self, passed: int) -> None:
+        """Move the far rows that can complete within ``FAR_RANKS`` of ``passed`` to the near ones."""
+        if passed + self.FAR_RANKS < self.far_min:
+            return
+        until = np.concatenate([u for u, _ in self.far])
+        rows = {k: np.concatenate([r[k] for _, r in self.far]) for k in self.columns}
+        near = until <= passed + self.FAR_RANKS
+        self._join({k: v[near] for k, v in rows.items()}, until[near])
+        rest = ~near
+        self.far = [(until[rest], {k: v[rest] for k, v in rows.items()})] if rest.any() else []
+        self.far_min = int(until[rest].min()) if rest.any() else np.iinfo(np.int64).max
+
+    def take(self, passed: int, key: Callable[[Cols], np.ndarray]) -> Cols:
+        """Remove and return the rows of every set (rows of one ``key``) whose near rows all have
+        ``until <= passed``."""
+        self._bring_near(passed)
+        if not self.until.size or int(self.until.min()) > passed:
+            return {}
+        sets, inverse = np.unique(key(self.rows), return_inverse=True)
+        latest = np.full(sets.size, -1, np.int64)
+        np.maximum.at(latest, inverse, self.until)
+        done = latest[inverse] <= passed
+        if not done.any():
+            return {}
+        taken = {k: v[done] for k, v in self.rows.items()}
+        self.rows, self.until = {k: v[~done] for k, v in self.rows.items()}, self.until[~done]
+        return taken
+
+
+def _coll_key(rows: Cols) -> np.ndarray:
+    return rows[gf.COLL_ID]
+
+
+def _pair_key(rows: Cols) -> np.ndarray:
+    """A transfer's (lower rank, higher rank): the n-th send and its recv share it."""
+    rank, peer = rows[gf.RANK].astype(np.int64), rows[gf.PEER].astype(np.int64)
+    return np.minimum(rank, peer) * (1 << 32) + np.maximum(rank, peer)
 
 
 class _Collectives:

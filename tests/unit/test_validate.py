@@ -6,12 +6,21 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 from test_graph_io import DEFAULTS, LAYOUT, graph_rows, metadata, write_graph, write_raw
 from typer.testing import CliRunner
 
-from prism.graph.io.parquet import GraphFormatError
-from prism.graph.io.validate import GraphValidationError, validate_graph
+from prism.graph.io.parquet import GraphFormatError, GraphReader
+from prism.graph.io.validate import (
+    _AMOUNTS,
+    _INTS,
+    _STRINGS,
+    GraphValidationError,
+    _Pending,
+    _Scan,
+    validate_graph,
+)
 from prism.graph.io.validate_cli import app
 from prism.schemas import graph_format as gf
 from prism.schemas.graph_format import NodeKind
@@ -37,7 +46,11 @@ def corrupt(change: Callable[[Rows], None]) -> Rows:
     return rows
 
 
-def test_valid_graph_passes_with_its_counts(tmp_path: Path) -> None:
+@pytest.mark.parametrize("far_ranks", [_Pending.FAR_RANKS, 0], ids=["near", "far"])
+def test_valid_graph_passes_with_its_counts(
+    tmp_path: Path, far_ranks: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_Pending, "FAR_RANKS", far_ranks)
     calls: list[tuple[int, int]] = []
     report = validate_graph(write_graph(tmp_path / "g.parquet"), progress=lambda d, t: calls.append((d, t)))
     assert report.ok, report.problems
@@ -96,7 +109,17 @@ def test_valid_graph_passes_with_its_counts(tmp_path: Path) -> None:
         (lambda rows: find(rows, 6, **{gf.INDEX: 1}).update({gf.GAP_NS: 2**62}), "rank 6: durations, gaps and skews add up to"),
     ],
 )  # fmt: skip
-def test_each_corruption_is_named(tmp_path: Path, change: Callable[[Rows], None], message: str) -> None:
+@pytest.mark.parametrize("far_ranks", [_Pending.FAR_RANKS, 0], ids=["near", "far"])
+def test_each_corruption_is_named(
+    tmp_path: Path,
+    change: Callable[[Rows], None],
+    message: str,
+    far_ranks: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # far_ranks 0: every comm row waits apart until the scan reaches its group's last member, as
+    # a data-parallel group's rows do in a graph of thousands of ranks.
+    monkeypatch.setattr(_Pending, "FAR_RANKS", far_ranks)
     report = validate_graph(write_graph(tmp_path / "g.parquet", corrupt(change)))
     assert not report.ok
     assert any(problem.startswith(message) for problem in report.problems), report.problems
@@ -229,3 +252,20 @@ def test_cli_unreadable_file_is_one_error_line(
 
 def test_layout_fixture_is_the_documented_one() -> None:
     assert LAYOUT.world_size == 8
+
+
+def test_collectives_and_transfers_are_checked_once_the_scan_has_passed_their_ranks(tmp_path: Path) -> None:
+    """Memory flat in the world size: a row group's tp collectives and pp transfers are checked
+    and dropped as soon as the scan has passed their last member, not kept to the end."""
+    path = write_graph(tmp_path / "g.parquet")
+    with GraphReader(path) as reader:
+        scan = _Scan(ParallelLayout.from_dict(reader.metadata.layout))
+        for chunk in reader.iter_rank_chunks([*_INTS, *_STRINGS, *_AMOUNTS, gf.DEPS]):
+            scan.chunk(chunk)
+            passed = scan.last[0] - 1
+            kinds = scan.coll.rows.get(gf.GROUP_KIND, np.empty(0))
+            tp = kinds == scan.strings.id("tp")
+            assert not (scan.coll.until[tp] <= passed).any()
+            assert not (scan.p2p.until <= passed).any()
+    assert scan.collectives > 0 and scan.p2p_pairs > 0  # some were checked before the end
+    assert scan.report(str(path)).ok
