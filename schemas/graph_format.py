@@ -33,6 +33,10 @@ STEADY_FROM_KEY = "steady_from"
 """Key of ``GraphMetadata.extra`` for a program's graph: the first iteration from which the
 program's calls are the graph's (the latest over its captured ranks; before it, set-up and
 one-time calls). A replay co-simulates from there."""
+REPLICA_OF_KEY = "replica_of"
+"""Key of ``GraphMetadata.extra``: for each data-parallel replica (the ranks of one dp index), the
+first replica whose nodes it repeats position for position (itself when none does). A reader
+may then read the representatives alone (``prism.graph.sim.folded``). Absent: not recorded."""
 RECEIVED_VALUES_KEY = "received_values"
 """Key of ``GraphMetadata.extra`` for a pipelined program's graph: per stage (a string key), the
 base64 of its value-pass file (``prism.schemas.received_values``), so that a replay of the

@@ -20,7 +20,7 @@ from prism.graph.build.program_graph import program_stages
 from prism.graph.build.templates import RoleTemplate, TemplateError, build_role_template
 from prism.graph.comm.model import CommModel
 from prism.graph.comm.placement import LayoutTables
-from prism.graph.io.parquet import GraphWriter
+from prism.graph.io.parquet import GraphWriter, ranks_per_row_group
 from prism.graph.io.validate import RowGroupValidator, ValidationReport
 from prism.graph.sim.noise import call_jitter_ns, iteration_cv
 from prism.schemas import PRISM_VERSION
@@ -60,8 +60,8 @@ class BuildOptions:
     """Microbatches per iteration; None keeps the capture's."""
     layers: int | None = None
     """Transformer layers of the model; None keeps the capture's."""
-    ranks_per_row_group: int = 32
-    """Consecutive ranks per Parquet row group."""
+    ranks_per_row_group: int | None = None
+    """Consecutive ranks per Parquet row group; None: ``ranks_per_row_group(world size)``."""
     profiler_correction: Correction = Correction.PHASE
     """How compute and gaps are scaled to the captured ranks' unprofiled iterations (``profiler_overhead``)."""
     simulated_after: bool = False
@@ -204,14 +204,11 @@ def build_graph(options: BuildOptions, progress: ProgressCallback | None = None)
         model=cfg.to_dict(),
         cluster=options.cluster.to_dict(),
         capture_digest=_digest(options.capture_dir),
-        build_options={"microbatches": cfg.microbatches, "layers": cfg.layers, "ranks_per_row_group": options.ranks_per_row_group},
+        build_options={"microbatches": cfg.microbatches, "layers": cfg.layers, "ranks_per_row_group": _row_group_ranks(options, layout)},
         prism_version=PRISM_VERSION,
         extra={gf.TIME_SCALE_KEY: scales},
     )  # fmt: skip
-    check_room(options.out, _nodes(stages, layout), simulated_after=options.simulated_after)
-    report = _write(
-        options, metadata, stages, LayoutTables.build(layout, options.cluster.gpus_per_node), progress
-    )
+    metadata, report = _checked_write(options, metadata, stages, layout, progress)
     return BuildResult(config=cfg, metadata=metadata, report=report)
 
 
@@ -229,27 +226,49 @@ def _build_program_graph(options: BuildOptions, manifest: CaptureManifest, progr
     try:
         built = program_stages(
             options.capture_dir, manifest, cluster=options.cluster.to_dict(), digest=_digest(options.capture_dir),
-            options={"ranks_per_row_group": options.ranks_per_row_group}, correction=options.profiler_correction,
+            options={"ranks_per_row_group": _row_group_ranks(options, layout)}, correction=options.profiler_correction,
         )  # fmt: skip
     except TemplateError as e:
         raise BuildError(str(e)) from e
-    check_room(options.out, _nodes(built.stages, layout), simulated_after=options.simulated_after)
+    metadata, report = _checked_write(options, built.metadata, built.stages, layout, progress)
+    return BuildResult(config=None, metadata=metadata, report=report)
+
+
+def _checked_write(
+    options: BuildOptions, metadata: GraphMetadata, stages: list, layout: ParallelLayout, progress
+) -> tuple[GraphMetadata, ValidationReport]:
+    """Check the room, record the replicas, write and validate: the metadata written, the verdict.
+
+    Every dp replica binds the same stage programs, so two replicas repeat each other exactly
+    where the cluster prices their calls alike (``LayoutTables.replica_of``); a simulation reads
+    each distinct one once."""
     tables = LayoutTables.build(layout, options.cluster.gpus_per_node)
-    report = _write(options, built.metadata, built.stages, tables, progress)
-    return BuildResult(config=None, metadata=built.metadata, report=report)
+    replica_of = tables.replica_of()
+    nodes = _nodes(stages, layout)
+    distinct = nodes * len(np.unique(replica_of)) // layout.dp
+    check_room(options.out, nodes, simulated_nodes=distinct if options.simulated_after else None)
+    metadata = replace(metadata, extra={**metadata.extra, gf.REPLICA_OF_KEY: replica_of.tolist()})
+    return metadata, _write(options, metadata, stages, tables, progress)
 
 
-BUILD_BYTES_PER_NODE = 32
-"""Peak memory per node of the graph while it is written and validated: 0.72 GiB for the 23.3 M
-nodes of the default slice at tp=8 pp=16 dp=64 (``prism-build-graph --no-simulate``), of which
-about 0.45 GiB is the process itself; rounded up."""
+BUILD_BYTES_PER_NODE = 1
+"""Peak memory per node of the graph while it is written and validated, with room: the rows are
+bound, written and checked one row group at a time, so only the row groups (larger past 32,768
+ranks) and the per-rank tables grow: 0.55 GiB at 1,024 ranks (2.9 M nodes), 0.83 GiB at 131,072
+ranks (373 M nodes) with ``--no-simulate`` (``benchmarks/results/scale.txt``)."""
 SIMULATE_BYTES_PER_NODE = 150
-"""The same when the graph is then simulated (the whole graph in the engine's arrays): 3.3 GiB
-for those 23.3 M nodes (``benchmarks/results/build_graph.txt``); rounded up."""
+"""Peak memory per node the simulation holds in the engine's arrays (those of the distinct
+replicas it reads): 3.0 GiB for the 23.3 M nodes of 8,192 ranks read whole
+(``benchmarks/results/scale.txt``); rounded up."""
 FILE_BYTES_PER_NODE = 2
-"""Bytes on disk per node, with room: 24.5 MiB for the same 23.3 M nodes (identical ranks compress)."""
+"""Bytes on disk per node, with room: 1.36 at 8,192 ranks, 1.22 at 131,072 (identical ranks compress)."""
 MEMORY_BASE_BYTES = 1 << 30
 """What a build holds besides the graph (Python, torch, pyarrow, the templates), with room."""
+
+
+def _row_group_ranks(options: BuildOptions, layout: ParallelLayout) -> int:
+    given = options.ranks_per_row_group
+    return ranks_per_row_group(layout.world_size) if given is None else given
 
 
 def _nodes(stages: list, layout: ParallelLayout) -> int:
@@ -258,13 +277,17 @@ def _nodes(stages: list, layout: ParallelLayout) -> int:
 
 
 def check_room(
-    out: Path, nodes: int, *, simulated_after: bool = False, available_memory: int | None = None,
+    out: Path, nodes: int, *, simulated_nodes: int | None = None, available_memory: int | None = None,
     free_disk: int | None = None,
 ) -> None:  # fmt: skip
     """Stop before writing anything when a graph of ``nodes`` nodes would not fit this machine's
-    free memory or the free space beside ``out`` (one BuildError line, with what it needs)."""
-    per_node = SIMULATE_BYTES_PER_NODE if simulated_after else BUILD_BYTES_PER_NODE
-    memory = MEMORY_BASE_BYTES + per_node * nodes
+    free memory or the free space beside ``out`` (one BuildError line, with what it needs).
+    ``simulated_nodes``: the nodes the simulation after the build holds (those of its distinct
+    replicas, ``prism.graph.sim.folded``); None: not simulated."""
+    simulated_after = simulated_nodes is not None
+    memory = MEMORY_BASE_BYTES + max(
+        BUILD_BYTES_PER_NODE * nodes, SIMULATE_BYTES_PER_NODE * (simulated_nodes or 0)
+    )
     available = psutil.virtual_memory().available if available_memory is None else available_memory
     if memory > available:
         raise BuildError(
@@ -289,7 +312,7 @@ def _write(
     comm = CommModel(options.cluster)
     layout = tables.layout
     stage_of = np.array([layout.stage(r) for r in range(layout.world_size)])
-    step = options.ranks_per_row_group
+    step = _row_group_ranks(options, layout)
     with RowGroupValidator(layout, metadata.model) as validator:
         with GraphWriter(
             options.out, metadata, ranks_per_row_group=step, on_row_group=validator.put

@@ -73,7 +73,13 @@ def build(
         int | None, typer.Option(min=1, help="Transformer layers [default: the capture's].")
     ] = None,
     cluster: Annotated[str, typer.Option(help=cli_help.CLUSTER)] = "h100-ib",
-    ranks_per_row_group: Annotated[int, typer.Option(help="Ranks per Parquet row group.")] = 32,
+    ranks_per_row_group: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Ranks per Parquet row group [default: 32, more above 32,768 ranks: at most 1,024 row groups].",
+        ),
+    ] = None,
     simulate: Annotated[
         bool, typer.Option(help="Simulate the graph and write summary.json beside it.")
     ] = True,

@@ -33,3 +33,23 @@ class LayoutTables:
         index["world"] = np.zeros(layout.world_size, np.int32)
         spanned["world"] = np.full(layout.world_size, len(np.unique(node)), np.int32)
         return cls(layout=layout, group_index=index, nodes_spanned=spanned, node_of_rank=node)
+
+    def replica_of(self) -> np.ndarray:
+        """For each dp replica, the first replica whose ranks sit on the nodes alike, position for
+        position: every group of theirs spans as many nodes and every pipeline transfer crosses
+        nodes or not alike, so the comm model prices their calls alike."""
+        layout = self.layout
+        ranks = np.arange(layout.world_size)
+        stride, stage = layout.stride("pp"), (ranks // layout.stride("pp")) % layout.pp
+        crosses = [  # each pipeline neighbour on another node (a transfer's price); none at the ends
+            (stage + step >= 0)
+            & (stage + step < layout.pp)
+            & (self.node_of_rank != self.node_of_rank[np.clip(ranks + step * stride, 0, ranks[-1])])
+            for step in (1, -1)
+        ]
+        signature = np.stack([*(self.nodes_spanned[a] for a in ("tp", "dp", "pp")), *crosses], axis=1)
+        replica = (ranks // layout.stride("dp")) % layout.dp
+        position = ranks - replica * layout.stride("dp")  # the same (tp, pp) in every replica
+        by_replica = signature[np.lexsort((position, replica))].reshape(layout.dp, -1)
+        _, first, inverse = np.unique(by_replica, axis=0, return_index=True, return_inverse=True)
+        return first[inverse.ravel()]

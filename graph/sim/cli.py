@@ -12,7 +12,7 @@ from rich.console import Console
 from prism.graph.io.parquet import GraphFormatError
 from prism.graph.io.validate import validate_graph
 from prism.graph.sim.predict import predict, stage_table
-from prism.graph.sim.simulate import SimulationError, load_sim_graph
+from prism.graph.sim.simulate import SimulationError
 from prism.graph.sim.whatif import WhatIf, parse_delay, parse_slow_rank
 from prism.schemas import cli_help
 from prism.schemas.cli_command import PrismCommand
@@ -56,9 +56,8 @@ def simulate(
             delays=tuple(parse_delay(d) for d in delay),
             cluster=None if cluster is None else load_cluster(cluster),
         )
-        loaded = load_sim_graph(graph)
-        summary = predict(graph, what_if, iterations=iterations, graph=loaded)
-        baseline = None if what_if.empty else predict(graph, iterations=iterations, graph=loaded)
+        summary = predict(graph, what_if, iterations=iterations)
+        baseline = None if what_if.empty else predict(graph, iterations=iterations)
         write_summary(summary, out)
     except (GraphFormatError, SimulationError, ValueError, OSError) as e:
         console.print(f"[bold red]error:[/] {str(e).splitlines()[0]}", highlight=False, soft_wrap=True)

@@ -45,6 +45,8 @@ class Folding:
     full_rank_ptr: np.ndarray
     """The full graph's first row of every rank (and its node count last)."""
     folded: bool
+    kept_ranks: np.ndarray
+    """Rank of the full graph that each rank of ``graph`` is."""
 
     def shift(self, rank: int) -> int:
         """Row of ``graph`` minus row of the full graph, for every node of full rank ``rank``."""
@@ -68,7 +70,7 @@ class Folding:
 
 def no_folding(graph: SimGraph) -> Folding:
     ranks = np.arange(graph.ranks, dtype=np.int64)
-    return Folding(graph=graph, rank_of=ranks, full_rank_ptr=graph.rank_ptr, folded=False)
+    return Folding(graph=graph, rank_of=ranks, full_rank_ptr=graph.rank_ptr, folded=False, kept_ranks=ranks)
 
 
 def fold_replicas(graph: SimGraph, keep: Iterable[int] = ()) -> Folding:
@@ -102,8 +104,9 @@ def fold_replicas(graph: SimGraph, keep: Iterable[int] = ()) -> Folding:
     reduced_id[kept_ranks] = np.arange(len(kept_ranks))
     rank_of = reduced_id[position + representative[replica] * layout.stride("dp")]
     return Folding(
-        graph=_subgraph(graph, kept_ranks), rank_of=rank_of, full_rank_ptr=graph.rank_ptr, folded=True
-    )
+        graph=_subgraph(graph, kept_ranks), rank_of=rank_of, full_rank_ptr=graph.rank_ptr, folded=True,
+        kept_ranks=kept_ranks,
+    )  # fmt: skip
 
 
 def _node_signature(graph: SimGraph, replica: np.ndarray, position: np.ndarray, dp: int) -> np.ndarray | None:

@@ -9,8 +9,10 @@ import numpy as np
 from rich.table import Table
 
 from prism.graph.io.parquet import read_metadata
+from prism.graph.sim.fold import fold_replicas
+from prism.graph.sim.folded import load_folded
 from prism.graph.sim.metrics import breakdown, critical_path
-from prism.graph.sim.simulate import SimGraph, SimResult, load_sim_graph, simulate
+from prism.graph.sim.simulate import SimGraph, SimResult, simulate
 from prism.graph.sim.whatif import WhatIf, apply_what_if
 from prism.schemas.summary import Summary
 
@@ -18,6 +20,8 @@ _KIND_NAMES = ("compute", "collective", "send", "recv")
 
 
 def _critical_path_summary(graph: SimGraph, result: SimResult) -> dict:
+    """The critical path's length in nodes, the ranks it crosses (of the graph simulated: one
+    replica stands for the identical ones) and its time by node kind."""
     path = critical_path(graph, result)
     ranks = np.searchsorted(graph.rank_ptr, path, side="right") - 1
     span = result.end_ns[path] - result.start_ns[path]
@@ -28,23 +32,30 @@ def _critical_path_summary(graph: SimGraph, result: SimResult) -> dict:
 def predict(
     path: str | Path, what_if: WhatIf | None = None, *, iterations: int = 2, graph: SimGraph | None = None
 ) -> Summary:
-    """Simulate ``path`` and return every rank's predicted iteration time, memory and breakdown."""
+    """Simulate ``path`` and return every rank's predicted iteration time, memory and breakdown.
+
+    Identical dp replicas are read and simulated once (``prism.graph.sim.folded``), those the
+    what-if changes alone each on its own; ``graph``: the whole graph already loaded."""
     t0 = time.perf_counter()
     what_if = what_if or WhatIf()
-    graph = graph if graph is not None else load_sim_graph(path)
-    graph = apply_what_if(graph, path, what_if)
+    if graph is not None:
+        folding = fold_replicas(graph, keep=what_if.ranks)
+    else:
+        folding = load_folded(path, keep=what_if.ranks, cluster=what_if.cluster)
+    graph = apply_what_if(folding.graph, path, what_if, folding.kept_ranks)
     result = simulate(graph, iterations=iterations)
     parts = breakdown(graph, result)
     metadata = read_metadata(path)
+    per_rank = folding.per_rank
     ranks = {
-        "rank": list(range(graph.ranks)),
-        "stage": graph.stage[graph.rank_ptr[:-1]].tolist(),
-        "iteration_ns": result.iteration_ns.tolist(),
-        "peak_bytes": result.peak_bytes.tolist(),
-        "compute_ns": parts.compute_ns.tolist(),
-        "overhead_ns": parts.overhead_ns.tolist(),
-        "exposed_comm_ns": parts.exposed_comm_ns.tolist(),
-        "bubble_ns": parts.bubble_ns.tolist(),
+        "rank": list(range(len(folding.rank_of))),
+        "stage": per_rank(graph.stage[graph.rank_ptr[:-1]]).tolist(),
+        "iteration_ns": per_rank(result.iteration_ns).tolist(),
+        "peak_bytes": per_rank(result.peak_bytes).tolist(),
+        "compute_ns": per_rank(parts.compute_ns).tolist(),
+        "overhead_ns": per_rank(parts.overhead_ns).tolist(),
+        "exposed_comm_ns": per_rank(parts.exposed_comm_ns).tolist(),
+        "bubble_ns": per_rank(parts.bubble_ns).tolist(),
     }
     cluster = what_if.cluster.name if what_if.cluster is not None else metadata.cluster.get("name", "")
     return Summary(

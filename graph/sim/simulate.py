@@ -169,21 +169,35 @@ class _Columns:
     INT64 = (gf.DUR_NS, gf.GAP_NS, gf.SKEW_NS, gf.COLL_ID, gf.ALLOC_BYTES, gf.FREE_BYTES)
     INT32 = (gf.RANK, gf.PEER, gf.P2P_SEQ, gf.GROUP_SIZE)
 
-    def __init__(self, n: int, world: int) -> None:
+    def __init__(self, n: int, world: int, *, subset: bool = False) -> None:
+        self.group_kinds: dict[str, int] = {}  # group_kind string -> code, when reading a subset
         self.arrays = {name: np.empty(n, np.int64) for name in self.INT64}
         self.arrays |= {name: np.empty(n, np.int32) for name in self.INT32}
         self.arrays[gf.STAGE] = np.empty(n, np.int16)
         self.arrays[gf.KIND] = np.empty(n, np.int8)
         self.arrays[gf.IS_ASYNC] = np.empty(n, np.bool_)
+        if subset:
+            self.arrays[gf.GROUP_KIND] = np.empty(n, np.int16)
         self.deps_count = np.zeros(n + 1, np.int64)
         self.deps_chunks: list[np.ndarray] = []
         self.first_row = np.full(world, np.iinfo(np.int64).max, np.int64)  # global row of each rank's index 0
+
+    def codes(self, group_kinds: tuple[str, ...]) -> list[int]:
+        """Codes of these group kinds in the group_kind array (those seen)."""
+        return [self.group_kinds[k] for k in group_kinds if k in self.group_kinds]
 
     def fill(self, table: pa.Table, offset: int) -> None:
         rows = slice(offset, offset + table.num_rows)
         for name, array in self.arrays.items():
             if name == gf.KIND:
                 array[rows] = _codes(table[name], _KIND_CODES)
+            elif name == gf.GROUP_KIND:
+                column = table[name].combine_chunks()
+                lookup = [
+                    self.group_kinds.setdefault(v, len(self.group_kinds))
+                    for v in column.dictionary.to_pylist()
+                ]
+                array[rows] = np.asarray(lookup, np.int16)[column.indices.to_numpy()]
             elif name == gf.IS_ASYNC:
                 array[rows] = table[name].to_numpy(zero_copy_only=False)
             else:
@@ -204,28 +218,40 @@ class _Columns:
             self.deps_chunks.append(deps.values.to_numpy().astype(np.int64) + self.first_row[rank[owner]])
 
 
-def load_sim_graph(path: str | Path) -> SimGraph:
+def load_sim_graph(path: str | Path, ranks: np.ndarray | None = None) -> SimGraph:
     """Read the columns the engine needs and index collectives, transfers and dependencies.
 
     Row groups are read one at a time into preallocated arrays, so the peak is the engine's
-    arrays plus one row group, not the whole Arrow table beside them.
+    arrays plus one row group, not the whole Arrow table beside them. ``ranks`` (sorted, whole
+    dp replicas): only those ranks' nodes, read from the row groups that hold them; a collective
+    over data-parallel or world groups then has its members among them (``prism.graph.sim.folded``
+    reads identical replicas once this way).
     """
     with GraphReader(path) as reader:
         metadata = reader.metadata
         layout = ParallelLayout.from_dict(metadata.layout)
         world = layout.world_size
-        columns = _Columns(reader.num_rows, world)
+        if ranks is None:
+            chunks, rows, loaded = reader.iter_rank_chunks(_COLUMNS), reader.num_rows, np.arange(world)
+        else:
+            chunks = rank_tables(reader, ranks, [*_COLUMNS, gf.GROUP_KIND])
+            rows, loaded = sum(t.num_rows for t in chunks), np.asarray(ranks, np.int64)
+        columns = _Columns(rows, world, subset=ranks is not None)
         offset = 0
-        for table in reader.iter_rank_chunks(_COLUMNS):
+        for table in chunks:
             columns.fill(table, offset)
             offset += table.num_rows
             del table
     a = columns.arrays
     rank = a.pop(gf.RANK)
-    rank_ptr = np.searchsorted(rank, np.arange(world + 1)).astype(np.int64)
+    rank_ptr = np.searchsorted(rank, np.r_[loaded, world]).astype(np.int64)
     kind = a.pop(gf.KIND)
     slot, slot_size = _slots(path, kind, a.pop(gf.COLL_ID), rank, a.pop(gf.PEER), a.pop(gf.P2P_SEQ), world)
-    _check_membership(path, kind, slot, slot_size, a.pop(gf.GROUP_SIZE))
+    members = a.pop(gf.GROUP_SIZE)
+    if ranks is not None:  # groups across replicas: their members among the replicas read
+        across = np.isin(a.pop(gf.GROUP_KIND), columns.codes(("dp", "world")))
+        members = np.where(across, members * len(loaded) // world, members)
+    _check_membership(path, kind, slot, slot_size, members)
     del rank
     comm_rows = np.flatnonzero(slot >= 0)  # a few % of the rows: sort only those
     slot_nodes = comm_rows[np.argsort(slot[comm_rows], kind="stable")].astype(np.int64)
@@ -239,6 +265,22 @@ def load_sim_graph(path: str | Path) -> SimGraph:
         slot_nodes_ptr=slot_nodes_ptr, slot_nodes=slot_nodes, deps_ptr=deps_ptr, deps=deps,
         alloc=a[gf.ALLOC_BYTES], free=a[gf.FREE_BYTES],
     )  # fmt: skip
+
+
+def rank_tables(reader: GraphReader, ranks: np.ndarray, columns: list[str]) -> list[pa.Table]:
+    """The rows of ``ranks`` (sorted), one table per row group that holds any of them."""
+    ranks = np.asarray(ranks, np.int64)
+    if len(ranks) and (np.diff(ranks) <= 0).any():
+        raise ValueError("ranks to read must be sorted and distinct")
+    groups = sorted({g for r in ranks.tolist() for g in reader.row_groups_of(r)})
+    read = columns if gf.RANK in columns else [*columns, gf.RANK]
+    tables = []
+    for group in groups:
+        table = reader.read_row_groups([group], read)
+        tables.append(table.filter(pa.array(np.isin(table[gf.RANK].to_numpy(), ranks))).select(columns))
+    if not tables:
+        return [gf.SCHEMA.empty_table().select(columns)]
+    return tables
 
 
 MAX_TOTAL_NS = 2**62
@@ -367,10 +409,16 @@ def simulate(graph: SimGraph, *, iterations: int = 2) -> SimResult:
     )
 
 
-def graph_column(path: str | Path, column: str) -> np.ndarray:
-    """One more column of a graph as numpy (dictionary columns as their strings' codes)."""
+def graph_column(path: str | Path, column: str, ranks: np.ndarray | None = None) -> np.ndarray:
+    """One more column of a graph as numpy (dictionary columns as their strings); ``ranks``
+    (sorted): only those ranks' nodes, as ``load_sim_graph(path, ranks)`` reads them."""
     with GraphReader(path) as reader:
-        values = reader.read_column(column).combine_chunks()
+        if ranks is None:
+            values = reader.read_column(column).combine_chunks()
+        else:
+            values = pa.chunked_array(
+                [t[column] for t in rank_tables(reader, ranks, [column])], gf.SCHEMA.field(column).type
+            ).combine_chunks()
     if pa.types.is_dictionary(values.type):
         return np.asarray(values.dictionary.to_pylist(), dtype=object)[values.indices.to_numpy()]
     return values.to_numpy()

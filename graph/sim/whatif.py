@@ -69,6 +69,13 @@ class WhatIf:
         }
 
     @property
+    def ranks(self) -> tuple[int, ...]:
+        """The ranks it changes alone (the others it changes alike or not at all)."""
+        return tuple(
+            sorted({s.rank for s in self.slow_ranks} | {d.rank for d in self.delays if d.rank is not None})
+        )
+
+    @property
     def empty(self) -> bool:
         return not (self.slow_ranks or self.delays or self.cluster)
 
@@ -99,21 +106,22 @@ def parse_delay(text: str) -> BlockDelay:
     return BlockDelay(phase=match[1], layer=layer, delay_ns=parse_duration(match[3]), rank=rank)
 
 
-def _slow(graph: SimGraph, slow: tuple[SlowRank, ...]) -> np.ndarray:
+def _slow(graph: SimGraph, slow: tuple[SlowRank, ...], ranks: np.ndarray) -> np.ndarray:
     dur = graph.dur.copy()
     for s in slow:
-        if not 0 <= s.rank < graph.ranks:
-            raise WhatIfError(f"slow rank {s.rank} is not in the graph (0..{graph.ranks - 1})")
-        lo, hi = graph.rank_ptr[s.rank], graph.rank_ptr[s.rank + 1]
+        at = int(np.searchsorted(ranks, s.rank))
+        if at == len(ranks) or ranks[at] != s.rank:
+            raise WhatIfError(f"slow rank {s.rank} is not in the graph (0..{graph.layout.world_size - 1})")
+        lo, hi = graph.rank_ptr[at], graph.rank_ptr[at + 1]
         compute = graph.kind[lo:hi] == COMPUTE
         dur[lo:hi][compute] = np.round(dur[lo:hi][compute] * s.factor).astype(np.int64)
     return dur
 
 
-def _delays(graph: SimGraph, path: Path, delays: tuple[BlockDelay, ...]) -> np.ndarray:
+def _delays(graph: SimGraph, path: Path, delays: tuple[BlockDelay, ...], ranks: np.ndarray) -> np.ndarray:
     gap = graph.gap.copy()
-    phase, layer, mb = (graph_column(path, c) for c in (gf.PHASE, gf.LAYER, gf.MB))
-    rank = graph.node_rank()
+    phase, layer, mb = (graph_column(path, c, _subset(graph, ranks)) for c in (gf.PHASE, gf.LAYER, gf.MB))
+    rank = ranks[graph.node_rank()]
     for d in delays:
         mask = phase == d.phase
         if d.layer is not None:
@@ -130,14 +138,15 @@ def _delays(graph: SimGraph, path: Path, delays: tuple[BlockDelay, ...]) -> np.n
     return gap
 
 
-def _recost(graph: SimGraph, path: Path, spec: ClusterSpec) -> np.ndarray:
+def _recost(graph: SimGraph, path: Path, spec: ClusterSpec, ranks: np.ndarray) -> np.ndarray:
     comm = graph.kind != COMPUTE
-    rank = graph.node_rank()[comm]
-    op = graph_column(path, gf.NAME)[comm].astype(str)
-    kind = graph_column(path, gf.GROUP_KIND)[comm].astype(str)
-    nbytes = graph_column(path, gf.BYTES)[comm]
-    size = graph_column(path, gf.GROUP_SIZE)[comm]
-    peer = graph_column(path, gf.PEER)[comm]
+    rank = ranks[graph.node_rank()][comm]
+    subset = _subset(graph, ranks)
+    op = graph_column(path, gf.NAME, subset)[comm].astype(str)
+    kind = graph_column(path, gf.GROUP_KIND, subset)[comm].astype(str)
+    nbytes = graph_column(path, gf.BYTES, subset)[comm]
+    size = graph_column(path, gf.GROUP_SIZE, subset)[comm]
+    peer = graph_column(path, gf.PEER, subset)[comm]
     tables = LayoutTables.build(graph.layout, spec.gpus_per_node)
     spanned = np.ones(len(rank), np.int32)
     for axis, table in tables.nodes_spanned.items():
@@ -152,13 +161,22 @@ def _recost(graph: SimGraph, path: Path, spec: ClusterSpec) -> np.ndarray:
     return dur
 
 
-def apply_what_if(graph: SimGraph, path: str | Path, what_if: WhatIf) -> SimGraph:
-    """``graph`` with the changes of ``what_if`` (the original is not modified)."""
+def _subset(graph: SimGraph, ranks: np.ndarray) -> np.ndarray | None:
+    """The ranks to read columns of: None when ``graph`` holds every rank of the file."""
+    return None if graph.ranks == graph.layout.world_size else ranks
+
+
+def apply_what_if(
+    graph: SimGraph, path: str | Path, what_if: WhatIf, ranks: np.ndarray | None = None
+) -> SimGraph:
+    """``graph`` with the changes of ``what_if`` (the original is not modified). ``ranks``: the
+    rank of the file each rank of ``graph`` is (a folded graph's ``kept_ranks``; default: all)."""
     path = Path(path)
+    ranks = np.arange(graph.ranks) if ranks is None else np.asarray(ranks)
     if what_if.cluster is not None:
-        graph = replace(graph, dur=_recost(graph, path, what_if.cluster))
+        graph = replace(graph, dur=_recost(graph, path, what_if.cluster, ranks))
     if what_if.slow_ranks:
-        graph = replace(graph, dur=_slow(graph, what_if.slow_ranks))
+        graph = replace(graph, dur=_slow(graph, what_if.slow_ranks, ranks))
     if what_if.delays:
-        graph = replace(graph, gap=_delays(graph, path, what_if.delays))
+        graph = replace(graph, gap=_delays(graph, path, what_if.delays, ranks))
     return graph

@@ -25,10 +25,10 @@ def test_a_graph_that_fits_passes(tmp_path: Path) -> None:
 def test_too_little_memory_names_what_the_graph_needs_and_what_there_is(tmp_path: Path) -> None:
     nodes = 100_000_000
     with pytest.raises(BuildError) as error:
-        check_room(tmp_path / "g.parquet", nodes, available_memory=2 * GIB, free_disk=100 * GIB)
+        check_room(tmp_path / "g.parquet", nodes, available_memory=GIB, free_disk=100 * GIB)
     needed = (MEMORY_BASE_BYTES + BUILD_BYTES_PER_NODE * nodes) / GIB
     assert f"{nodes:,} nodes" in str(error.value) and f"{needed:.1f} GiB" in str(error.value)
-    assert "2.0 GiB are available" in str(error.value)
+    assert "1.0 GiB are available" in str(error.value)
 
 
 def test_a_graph_simulated_after_its_build_needs_the_simulations_memory(tmp_path: Path) -> None:
@@ -38,8 +38,16 @@ def test_a_graph_simulated_after_its_build_needs_the_simulations_memory(tmp_path
     check_room(tmp_path / "g.parquet", nodes, available_memory=memory, free_disk=100 * GIB)
     with pytest.raises(BuildError, match="building and simulating it.*without --simulate"):
         check_room(
-            tmp_path / "g.parquet", nodes, simulated_after=True, available_memory=memory, free_disk=100 * GIB
+            tmp_path / "g.parquet", nodes, simulated_nodes=nodes, available_memory=memory, free_disk=100 * GIB
         )
+    # The simulation reads each distinct dp replica once: 1 of 64 fits.
+    check_room(
+        tmp_path / "g.parquet",
+        nodes,
+        simulated_nodes=nodes // 64,
+        available_memory=memory,
+        free_disk=100 * GIB,
+    )
 
 
 def test_too_little_disk_names_the_directory(tmp_path: Path) -> None:

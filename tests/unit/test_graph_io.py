@@ -15,10 +15,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from prism.graph.io.parquet import (
+    MAX_ROW_GROUPS,
     GraphFormatError,
     GraphReader,
     GraphWriter,
     iter_rank_chunks,
+    ranks_per_row_group,
     read_metadata,
     read_rank,
 )
@@ -292,3 +294,12 @@ def test_files_that_are_not_graphs_raise_one_clear_error(tmp_path: Path) -> None
         read_metadata(tmp_path / "other.parquet")
     with pytest.raises(GraphFormatError, match="graph format version 99 is not supported"):
         read_rank(tmp_path / "v99.parquet", 0)
+
+
+@pytest.mark.parametrize(
+    ("world", "per_group"), [(8, 32), (8192, 32), (32768, 32), (32769, 33), (131072, 128), (10**6, 977)]
+)
+def test_row_groups_grow_past_32_ranks_only_to_keep_the_footer_small(world: int, per_group: int) -> None:
+    # Every reader parses the whole footer: a one-shot read of one rank stays fast at any world.
+    assert ranks_per_row_group(world) == per_group
+    assert -(-world // per_group) <= max(MAX_ROW_GROUPS, -(-world // 32))

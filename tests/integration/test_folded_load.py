@@ -1,0 +1,80 @@
+"""Identical dp replicas read once from the file (``prism.graph.sim.folded``) predict exactly what
+the whole graph, loaded and folded in memory, predicts: plain, under what-ifs that change one
+rank alone, and re-costed on another cluster."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from prism.graph.build.builder import BuildOptions, build_graph
+from prism.graph.io.parquet import GraphFormatError, GraphWriter, read_metadata
+from prism.graph.sim.folded import load_folded, recorded_replicas
+from prism.graph.sim.predict import predict
+from prism.graph.sim.simulate import load_sim_graph
+from prism.graph.sim.whatif import BlockDelay, SlowRank, WhatIf
+from prism.schemas import graph_format as gf
+from prism.schemas.cluster import preset
+
+
+@pytest.fixture(scope="module")
+def wide_graph(fuzz_capture: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fuzz capture (tp=1 pp=2) built for dp=8, on 4 'GPUs' a node: replicas 0-1 and 2-3 sit
+    on their nodes alike, so they fold, and pipeline transfers cross nodes."""
+    out = tmp_path_factory.mktemp("folded") / "graph.parquet"
+    cluster = replace(preset("h100-ib"), gpus_per_node=4)
+    build_graph(BuildOptions(capture_dir=fuzz_capture, out=out, tp=1, pp=2, dp=8, cluster=cluster))
+    return out
+
+
+def test_the_build_records_which_replicas_repeat_which(wide_graph: Path) -> None:
+    replica_of = recorded_replicas(wide_graph)
+    assert replica_of is not None and len(replica_of) == 8
+    assert (replica_of[replica_of] == replica_of).all()
+    folding = load_folded(wide_graph)
+    assert folding.folded and folding.graph.ranks < 16
+    assert folding.graph.ranks == 2 * len(np.unique(replica_of))  # each representative's two stages
+
+
+@pytest.mark.parametrize(
+    "what_if",
+    [
+        WhatIf(),
+        WhatIf(slow_ranks=(SlowRank(rank=5, factor=1.5),)),
+        WhatIf(delays=(BlockDelay(phase="bwd", layer=None, delay_ns=200_000, rank=3),)),
+        WhatIf(delays=(BlockDelay(phase="fwd", layer=None, delay_ns=100_000),)),
+        WhatIf(cluster=replace(preset("h100-ib"), gpus_per_node=3)),
+    ],
+    ids=["plain", "slow-rank", "rank-delay", "delay-everywhere", "other-cluster"],
+)
+def test_folded_from_the_file_predicts_what_the_whole_graph_predicts(
+    wide_graph: Path, what_if: WhatIf
+) -> None:
+    whole = predict(wide_graph, what_if, graph=load_sim_graph(wide_graph))
+    folded = predict(wide_graph, what_if)
+    assert folded.ranks == whole.ranks
+    assert folded.ranks["iteration_ns"] != [] and len(folded.ranks["rank"]) == 16
+
+
+def test_a_graph_without_the_record_is_folded_in_memory(wide_graph: Path, tmp_path: Path) -> None:
+    metadata = read_metadata(wide_graph)
+    bare = replace(metadata, extra={k: v for k, v in metadata.extra.items() if k != gf.REPLICA_OF_KEY})
+    out = tmp_path / "bare.parquet"
+    with GraphWriter(out, bare) as writer:
+        writer.write_ranks(pq.read_table(wide_graph, schema=gf.SCHEMA))
+    assert recorded_replicas(out) is None
+    assert predict(out).ranks == predict(wide_graph).ranks
+
+
+def test_a_record_that_does_not_describe_the_replicas_is_refused(wide_graph: Path, tmp_path: Path) -> None:
+    metadata = read_metadata(wide_graph)
+    bad = replace(metadata, extra={**metadata.extra, gf.REPLICA_OF_KEY: [1, 0, 0, 0, 0, 0, 0, 0]})
+    out = tmp_path / "bad.parquet"
+    with GraphWriter(out, bad) as writer:
+        writer.write_ranks(pq.read_table(wide_graph, schema=gf.SCHEMA))
+    with pytest.raises(GraphFormatError, match="replica_of"):
+        load_folded(out)
