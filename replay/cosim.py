@@ -50,9 +50,10 @@ from pathlib import Path
 import numpy as np
 
 from prism.graph.sim.engine import COLLECTIVE, COMPUTE, AnswerRule, Engine, Hedge
-from prism.graph.sim.fold import fold_replicas
+from prism.graph.sim.fold import Folding, fold_replicas
+from prism.graph.sim.folded import load_folded
 from prism.graph.sim.noise import virtual_lateness_ns
-from prism.graph.sim.simulate import SimGraph, SimResult, SimulationError, load_sim_graph, simulate
+from prism.graph.sim.simulate import SimGraph, SimResult, SimulationError, simulate
 from prism.replay.rank_program import DivergenceError, RankProgram
 from prism.replay.spread import spread
 
@@ -117,14 +118,22 @@ class CoSimulation:
     """The engine's side of a replay: one pass per iteration, fed by the real ranks' events."""
 
     def __init__(
-        self, graph: SimGraph, programs: dict[int, RankProgram], *, trace_ranks: tuple[int, ...] = ()
+        self,
+        graph: SimGraph | Folding,
+        programs: dict[int, RankProgram],
+        *,
+        trace_ranks: tuple[int, ...] = (),
     ) -> None:
         self.programs = programs
         self.real = tuple(sorted(programs))
         # The engine runs the graph with identical virtual replicas folded (exact; at dp=64, two
-        # replicas for one real rank instead of 64) and keeps only that. Events and answers
-        # name rows of the full ``graph``.
-        self.folding = fold_replicas(graph, keep=self.real)
+        # replicas for one real rank instead of 64) and keeps only that: ``graph`` folded here, or
+        # already folded with the real ranks' replicas kept (``load_folded``). Events and answers
+        # name rows of the full graph.
+        self.folding = graph if isinstance(graph, Folding) else fold_replicas(graph, keep=self.real)
+        unkept = [r for r in self.real if self.folding.kept_ranks[self.folding.rank_of[r]] != r]
+        if unkept:
+            raise ValueError(f"rank {unkept[0]} is real but its replica was folded into another")
         self._g = self.folding.graph
         self._id = {r: int(self.folding.rank_of[r]) for r in self.real}  # rank of ``_g``
         self._shift = {r: self.folding.shift(r) for r in self.real}  # row of ``_g`` - full row
@@ -133,7 +142,7 @@ class CoSimulation:
         }
         self._external = np.zeros(self._g.ranks, np.bool_)
         self._external[list(self._id.values())] = True
-        self._hedge = self._real_collectives_hedge(graph)
+        self._hedge = self._real_collectives_hedge()
         self._order = nearest_first(self._g, self._external)
         self._engine: Engine | None = None
         # The previous pass's engine, and the one the next pass runs on: ``prepare`` clears the
@@ -353,23 +362,27 @@ class CoSimulation:
             f"{'this rank has' if len(self.real) == 1 else 'the real ranks have'} not done yet (deadlock)"
         )
 
-    def _real_collectives_hedge(self, graph: SimGraph) -> Hedge:
+    def _real_collectives_hedge(self) -> Hedge:
         """The engine's ``Hedge`` for the collectives real ranks are members of.
 
         A collective's skew is the expected wait for the last of its members; the real ones
         arrive when they do, noise included, so only the virtual members' lateness is added
-        (``prism.graph.sim.noise.virtual_lateness_ns``). Worked out on the full graph, where
-        collectives have all their members, and moved onto the folded one."""
-        rows = np.concatenate([np.arange(graph.rank_ptr[r], graph.rank_ptr[r + 1]) for r in self.real])
-        rows = rows[graph.kind[rows] == COLLECTIVE]
-        slots, real_members = np.unique(graph.slot[rows], return_counts=True)
-        skew = np.zeros(len(rows), np.int64) if graph.skew is None else graph.skew[rows]
-        at = np.searchsorted(slots, graph.slot[rows])
-        mu, sd = virtual_lateness_ns(skew, graph.slot_size[graph.slot[rows]], real_members[at])
-        rank = np.searchsorted(graph.rank_ptr, rows, side="right") - 1
-        shift = np.array([self._shift[int(r)] for r in self.real])[np.searchsorted(self.real, rank)]
-        folded_slot = self._g.slot[rows + shift]
-        hedged = np.zeros(len(self._g.slot_size), np.bool_)
+        (``prism.graph.sim.noise.virtual_lateness_ns``), out of the group's members (its size,
+        whatever the fold left of it). Every real rank's replica is kept whole, so a slot of the
+        folded graph has all its real members."""
+        g = self._g
+        rows, sizes = [], []
+        for r in self.real:
+            program = self._program[r]  # its rows of the folded graph
+            at = np.flatnonzero(program.kind == COLLECTIVE)
+            rows.append(program.first_row + at)
+            sizes.append(program.group_size[at])
+        rows, sizes = np.concatenate(rows), np.concatenate(sizes)
+        slots, real_members = np.unique(g.slot[rows], return_counts=True)
+        skew = np.zeros(len(rows), np.int64) if g.skew is None else g.skew[rows]
+        mu, sd = virtual_lateness_ns(skew, sizes, real_members[np.searchsorted(slots, g.slot[rows])])
+        folded_slot = g.slot[rows]
+        hedged = np.zeros(len(g.slot_size), np.bool_)
         hedged[folded_slot] = True
         lateness, spread = np.full(len(hedged), -1.0), np.zeros(len(hedged))
         np.maximum.at(lateness, folded_slot, mu)  # members of one slot agree, up to their own skew
@@ -532,12 +545,16 @@ class RankPrediction:
     phase_ns: dict[str, int]
 
     @classmethod
-    def of(cls, graph: SimGraph, result: SimResult, program: RankProgram) -> RankPrediction:
-        """From ``result = simulate(graph, iterations=PREDICTION_PASSES)``."""
+    def of(
+        cls, graph: SimGraph, result: SimResult, program: RankProgram, rank: int | None = None
+    ) -> RankPrediction:
+        """From ``result = simulate(graph, iterations=PREDICTION_PASSES)``; ``rank``: the program's
+        rank in ``graph`` (in a folded graph, not its own)."""
+        rank = program.rank if rank is None else rank
         return cls(
-            iteration_ns=int(result.iteration_ns[program.rank]),
-            peak_bytes=int(result.peak_bytes[program.rank]),
-            phase_ns=predicted_phase_ns(graph, result, program),
+            iteration_ns=int(result.iteration_ns[rank]),
+            peak_bytes=int(result.peak_bytes[rank]),
+            phase_ns=predicted_phase_ns(graph, result, program, rank),
         )
 
 
@@ -545,12 +562,17 @@ def open_cosimulation(
     path: str | Path, ranks: tuple[int, ...], *, trace_ranks: tuple[int, ...] = ()
 ) -> tuple[CoSimulation, dict[int, RankPrediction]]:
     """The co-simulation of the graph at ``path`` for real ranks ``ranks``, and the offline
-    prediction each is compared with: taken now, so that only the folded graph is kept."""
-    graph = load_sim_graph(path)
+    prediction each is compared with. The graph is read folded (``load_folded``: identical dp
+    replicas once, each real rank's replica on its own), so that a replay's memory grows with
+    the distinct replicas, not with the world."""
+    folding = load_folded(path, keep=ranks)
     programs = {r: RankProgram.read(path, r) for r in ranks}
+    graph = folding.graph
     result = simulate(graph, iterations=PREDICTION_PASSES)
-    predictions = {r: RankPrediction.of(graph, result, p) for r, p in programs.items()}
-    return CoSimulation(graph, programs, trace_ranks=trace_ranks), predictions
+    predictions = {
+        r: RankPrediction.of(graph, result, p, int(folding.rank_of[r])) for r, p in programs.items()
+    }
+    return CoSimulation(folding, programs, trace_ranks=trace_ranks), predictions
 
 
 def summarize(
@@ -572,13 +594,17 @@ def summarize(
     )
 
 
-def predicted_phase_ns(graph: SimGraph, result: SimResult, program: RankProgram) -> dict[str, int]:
-    """The offline simulation's time of one rank by phase: how far each node moves its program on."""
-    lo, hi = graph.rank_ptr[program.rank], graph.rank_ptr[program.rank + 1]
+def predicted_phase_ns(
+    graph: SimGraph, result: SimResult, program: RankProgram, rank: int | None = None
+) -> dict[str, int]:
+    """The offline simulation's time of one rank by phase: how far each node moves its program
+    on. ``rank``: the program's rank in ``graph`` (default: its own)."""
+    rank = program.rank if rank is None else rank
+    lo, hi = graph.rank_ptr[rank], graph.rank_ptr[rank + 1]
     start, end = result.start_ns[lo:hi], result.end_ns[lo:hi].copy()
     is_async, is_comm = graph.is_async[lo:hi], graph.kind[lo:hi] != COMPUTE
     after = np.where(is_async, start, end)  # an async call returns when it is made
-    before = np.r_[result.rank_start_ns[program.rank], after[:-1]]
+    before = np.r_[result.rank_start_ns[rank], after[:-1]]
     # As the clock counts: the time before a call goes to the node before it, the wait to the call.
     lead = np.where(is_comm, start - before, 0)
     phases: dict[str, int] = {}

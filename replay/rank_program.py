@@ -39,6 +39,8 @@ class RankProgram:
     """Group label of collectives ('tp.3'), '' otherwise."""
     bytes: np.ndarray
     peer: np.ndarray
+    group_size: np.ndarray
+    """Members of each collective's group (2 for a transfer, 0 for compute)."""
     phase: np.ndarray
     """Annotation phase of the node's block (fwd, bwd, p2p_wait, grad_sync, optim, ...)."""
     phases: tuple[str, ...]
@@ -52,7 +54,16 @@ class RankProgram:
             world = ParallelLayout.from_dict(reader.metadata.layout).world_size
             if not 0 <= rank < world:
                 raise ValueError(f"rank {rank} is not in the graph (0..{world - 1})")
-            columns = [gf.KIND, gf.NAME, gf.GROUP_KIND, gf.GROUP_INDEX, gf.BYTES, gf.PEER, gf.PHASE]
+            columns = [
+                gf.KIND,
+                gf.NAME,
+                gf.GROUP_KIND,
+                gf.GROUP_INDEX,
+                gf.GROUP_SIZE,
+                gf.BYTES,
+                gf.PEER,
+                gf.PHASE,
+            ]
             table = reader.read_rank(rank, columns)
             first_row = reader.first_row(rank)
         group_kind = table[gf.GROUP_KIND].cast("string").to_numpy(zero_copy_only=False)
@@ -74,6 +85,7 @@ class RankProgram:
             label=label,
             bytes=table[gf.BYTES].to_numpy(),
             peer=table[gf.PEER].to_numpy(),
+            group_size=table[gf.GROUP_SIZE].to_numpy(),
             phase=phase,
             phases=tuple(phases),
             phase_code=codes,

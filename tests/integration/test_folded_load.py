@@ -17,6 +17,7 @@ from prism.graph.sim.folded import load_folded, recorded_replicas
 from prism.graph.sim.predict import predict
 from prism.graph.sim.simulate import load_sim_graph
 from prism.graph.sim.whatif import BlockDelay, SlowRank, WhatIf
+from prism.replay.cosim import open_cosimulation
 from prism.schemas import graph_format as gf
 from prism.schemas.cluster import preset
 
@@ -60,14 +61,29 @@ def test_folded_from_the_file_predicts_what_the_whole_graph_predicts(
     assert folded.ranks["iteration_ns"] != [] and len(folded.ranks["rank"]) == 16
 
 
-def test_a_graph_without_the_record_is_folded_in_memory(wide_graph: Path, tmp_path: Path) -> None:
-    metadata = read_metadata(wide_graph)
+def _without_record(graph: Path, out: Path) -> Path:
+    metadata = read_metadata(graph)
     bare = replace(metadata, extra={k: v for k, v in metadata.extra.items() if k != gf.REPLICA_OF_KEY})
-    out = tmp_path / "bare.parquet"
     with GraphWriter(out, bare) as writer:
-        writer.write_ranks(pq.read_table(wide_graph, schema=gf.SCHEMA))
+        writer.write_ranks(pq.read_table(graph, schema=gf.SCHEMA))
+    return out
+
+
+def test_a_graph_without_the_record_is_folded_in_memory(wide_graph: Path, tmp_path: Path) -> None:
+    out = _without_record(wide_graph, tmp_path / "bare.parquet")
     assert recorded_replicas(out) is None
     assert predict(out).ranks == predict(wide_graph).ranks
+
+
+def test_a_replay_reads_the_distinct_replicas_and_the_real_ranks_own(
+    wide_graph: Path, tmp_path: Path
+) -> None:
+    """The co-simulation of real ranks 5 and 14 (replicas 5 and 6) holds the representatives and
+    those two replicas, and predicts for them what the whole graph folded in memory predicts."""
+    cosim, predictions = open_cosimulation(wide_graph, (5, 14))
+    assert cosim.folding.graph.ranks == 2 * (len(np.unique(recorded_replicas(wide_graph))) + 2)
+    _, whole = open_cosimulation(_without_record(wide_graph, tmp_path / "bare.parquet"), (5, 14))
+    assert predictions == whole
 
 
 def test_a_record_that_does_not_describe_the_replicas_is_refused(wide_graph: Path, tmp_path: Path) -> None:
