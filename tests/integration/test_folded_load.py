@@ -10,16 +10,21 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from typer.testing import CliRunner
 
 from prism.graph.build.builder import BuildOptions, build_graph
-from prism.graph.io.parquet import GraphFormatError, GraphWriter, read_metadata
+from prism.graph.build.cli import app as build_app
+from prism.graph.io.parquet import GraphFormatError, GraphReader, GraphWriter, read_metadata, read_rank
+from prism.graph.sim.cli import app as simulate_app
 from prism.graph.sim.folded import load_folded, recorded_replicas
 from prism.graph.sim.predict import predict
 from prism.graph.sim.simulate import load_sim_graph
 from prism.graph.sim.whatif import BlockDelay, SlowRank, WhatIf
+from prism.replay.cli import app as replay_app
 from prism.replay.cosim import open_cosimulation
 from prism.schemas import graph_format as gf
 from prism.schemas.cluster import preset
+from prism.schemas.summary import read_summary
 
 
 @pytest.fixture(scope="module")
@@ -94,3 +99,41 @@ def test_a_record_that_does_not_describe_the_replicas_is_refused(wide_graph: Pat
         writer.write_ranks(pq.read_table(wide_graph, schema=gf.SCHEMA))
     with pytest.raises(GraphFormatError, match="replica_of"):
         load_folded(out)
+
+
+@pytest.mark.slow
+def test_a_job_of_32768_ranks_is_built_simulated_and_replayed_here(
+    fuzz_capture: Path, tmp_path: Path
+) -> None:
+    """tp=1 pp=2 dp=16384: built row group by row group and validated as written, its summary and
+    a what-if simulated from the distinct replicas, its last rank replayed against them."""
+    graph, world = tmp_path / "graph.parquet", 32_768
+    built = CliRunner().invoke(
+        build_app, [str(fuzz_capture), "--tp", "1", "--pp", "2", "--dp", "16384", "-o", str(graph)]
+    )
+    assert built.exit_code == 0, built.output
+    with GraphReader(graph) as reader:
+        assert reader.num_row_groups == 1024  # 32 ranks each: the footer stays small
+    summary = read_summary(tmp_path / "summary.json")
+    iteration = np.asarray(summary.ranks["iteration_ns"])
+    assert len(iteration) == world and (iteration > 0).all()
+    stage = np.asarray(summary.ranks["stage"])
+    assert all(len(np.unique(iteration[stage == s])) == 1 for s in (0, 1))  # identical replicas alike
+    assert len(read_rank(graph, world - 1)) == len(
+        read_rank(graph, world // 2)
+    )  # both stage 1, first and last replica
+
+    slowed = CliRunner().invoke(
+        simulate_app, [str(graph), "--slow-rank", "30001:x3", "-o", str(tmp_path / "s.json")]
+    )
+    assert slowed.exit_code == 0, slowed.output
+    after = np.asarray(read_summary(tmp_path / "s.json").ranks["iteration_ns"])
+    assert after.max() > iteration.max()  # the slow rank holds its dp peers back at the gradient sync
+
+    out = tmp_path / "replay"
+    replayed = CliRunner().invoke(
+        replay_app,
+        [str(graph), "--rank", str(world - 1), "-o", str(out), "--warmup", "4", "--iterations", "1"],
+    )
+    assert replayed.exit_code == 0, replayed.output
+    assert (out / "report.json").exists()
