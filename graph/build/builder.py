@@ -242,11 +242,12 @@ def _checked_write(
     Every dp replica binds the same stage programs, so two replicas repeat each other exactly
     where the cluster prices their calls alike (``LayoutTables.replica_of``); a simulation reads
     each distinct one once."""
+    nodes = _nodes(stages, layout)
+    check_room(options.out, nodes)  # before the per-rank tables: a world too large stops here
     tables = LayoutTables.build(layout, options.cluster.gpus_per_node)
     replica_of = tables.replica_of()
-    nodes = _nodes(stages, layout)
-    distinct = nodes * len(np.unique(replica_of)) // layout.dp
-    check_room(options.out, nodes, simulated_nodes=distinct if options.simulated_after else None)
+    if options.simulated_after:  # the simulation reads the distinct replicas
+        check_room(options.out, nodes, simulated_nodes=nodes * len(np.unique(replica_of)) // layout.dp)
     metadata = replace(metadata, extra={**metadata.extra, gf.REPLICA_OF_KEY: replica_of.tolist()})
     return metadata, _write(options, metadata, stages, tables, progress)
 
