@@ -124,10 +124,10 @@ def main() -> None:
             simulate = engine_step(
                 [str(bin_dir / "prism-simulate"), str(graph), "-o", str(Path(tmp) / "summary.json")], distinct
             )
-            replay = engine_step(  # the replay's co-simulation still reads the whole graph
+            replay = engine_step(  # the co-simulation: the distinct replicas and the real rank's
                 [str(bin_dir / "prism-replay"), str(graph), "--rank", str(args.replay_rank),
                  "-o", str(Path(tmp) / f"replay-dp{dp}"), "--overwrite"],
-                nodes,
+                distinct + nodes // dp,
             )  # fmt: skip
             rows.append(
                 (ranks, nodes, graph.stat().st_size, build, [float(x) for x in read], simulate, replay)
