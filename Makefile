@@ -42,6 +42,9 @@ results: install
 	$(RECORD) cosim_cost -- $(BIN)/python benchmarks/cosim_cost.py $(GRAPH) --rank 123
 	$(RECORD) simulate_speed -- $(BIN)/python benchmarks/simulate_speed.py --dp 8 64 --repeats 3
 	$(RECORD) build_graph -- $(BIN)/python benchmarks/build_graph.py --dp 64 --repeats 3
+	$(RECORD) scale -- $(BIN)/python benchmarks/scale.py --capture $(OUT)
+	$(BIN)/prism-build-graph $(OUT) --tp 8 --pp 16 --dp 1024 --no-simulate -o graph-131072.parquet
+	$(RECORD) replay_overhead_131072 -- $(BIN)/python benchmarks/replay_overhead.py graph-131072.parquet --rank 123 --repeats 3
 	$(RECORD) graph_io -- $(BIN)/python benchmarks/graph_io.py
 	$(RECORD) capture_cost -- $(BIN)/python benchmarks/capture_cost.py --repeats 3
 	$(RECORD) gpu_trace_timeline -- $(BIN)/python benchmarks/gpu_trace_timeline.py
