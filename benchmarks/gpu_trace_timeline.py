@@ -4,8 +4,9 @@
 
 For each Kineto trace (default: the public GPU traces with ProfilerSteps in tests/data/gpu_traces),
 reads its events and dependency edges (``prism.graph.traces.gpu``), fits the rank's launch and
-stream delays, simulates its timeline (``prism.graph.traces.gpu_timeline``) and prints, per step,
-the step and its GPU work as recorded and as simulated.
+stream delays, simulates its timeline (``prism.graph.traces.gpu_timeline``'s model, on the
+simulation engine: ``prism.graph.build.gpu_lanes``) and prints, per step, the step and its GPU
+work as recorded and as simulated.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from prism.graph.build.gpu_lanes import simulate_lanes
 from prism.graph.traces.gpu import read_gpu_trace
-from prism.graph.traces.gpu_timeline import simulate_timeline, step_times
+from prism.graph.traces.gpu_timeline import step_times
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "gpu_traces"
 DEFAULT = [DATA / "event_sync.json.gz", DATA / "nccl_ddp_rank0.json.gz"]
@@ -34,7 +36,7 @@ def main() -> None:
         table.add_column(column, justify="right")
     for path in args.traces:
         trace = read_gpu_trace(path)
-        timeline = simulate_timeline(trace)
+        timeline = simulate_lanes(trace)
         model, edges = timeline.model, timeline.edges
         for s in step_times(trace, timeline).itertuples():
             table.add_row(

@@ -1,6 +1,6 @@
 """The discrete-event core of the simulation: start and end of every node of every rank.
 
-Semantics (one stream per rank; durations from the graph):
+Semantics (each rank one lane of nodes in program order; durations from the graph):
 
 - A rank runs its nodes in program order. Node ``n`` may start at
   ``ready = max(clock + gap_ns[n], end of every node in deps[n])``, where ``clock`` is when the
@@ -18,6 +18,10 @@ Semantics (one stream per rank; durations from the graph):
   virtual members alone), and ``end = E[max(real arrivals, that)] + dur``.
 - send / recv: a rendezvous, as gloo and NCCL transfers of activations are: the transfer runs
   from the later of the two posts for ``dur``; both nodes end together.
+- a dependency may be on a node of another rank's lane (a GPU stream's kernel waiting for the
+  CPU call that launched it, a synchronizing call waiting for a kernel): the node waits until
+  that node has ended, plus the dependency's ``deps_lag`` (a launch latency; 0 without one), and
+  any number of lanes may wait on one node.
 
 Link contention between concurrent operations is not modelled, so every end time is a pure
 function of the dependencies: ranks are advanced until they block, in any order, and the
@@ -34,19 +38,38 @@ import numba
 import numpy as np
 
 COMPUTE, COLLECTIVE, SEND, RECV = 0, 1, 2, 3
+_NO_LAG = np.zeros(0, np.int64)  # no dependency has a lag
 
 
 @numba.njit(cache=True)
-def _complete(slot, t_end, slot_nodes_ptr, slot_nodes, end, waiting_node, runnable, n_runnable):
+def _wake(node, waiting_node, next_waiter, runnable, n_runnable):
+    """Queue every rank waiting on ``node`` (a chain: ``waiting_node`` then ``next_waiter``)."""
+    r = waiting_node[node]
+    waiting_node[node] = -1
+    while r >= 0:
+        runnable[n_runnable] = r
+        n_runnable += 1
+        following = next_waiter[r]
+        next_waiter[r] = -1
+        r = following
+    return n_runnable
+
+
+@numba.njit(cache=True)
+def _wait_on(node, r, waiting_node, next_waiter):
+    """Rank ``r`` waits until ``node`` has an end."""
+    next_waiter[r] = waiting_node[node]
+    waiting_node[node] = r
+
+
+@numba.njit(cache=True)
+def _complete(slot, t_end, slot_nodes_ptr, slot_nodes, end, waiting_node, next_waiter, runnable, n_runnable):
     """Set the end of every node of a finished collective/transfer and wake ranks waiting on them."""
     for j in range(slot_nodes_ptr[slot], slot_nodes_ptr[slot + 1]):
         node = slot_nodes[j]
         end[node] = t_end
-        r = waiting_node[node]
-        if r >= 0:
-            waiting_node[node] = -1
-            runnable[n_runnable] = r
-            n_runnable += 1
+        if waiting_node[node] >= 0:
+            n_runnable = _wake(node, waiting_node, next_waiter, runnable, n_runnable)
     return n_runnable
 
 
@@ -76,7 +99,7 @@ def ruled_end(t, floor, base, mu, sd, add):
 
 
 @numba.njit(cache=True)
-def _arrive(i, ready, external, dur, slot, slot_size, slot_nodes_ptr, slot_nodes, start, end, arrived, last_arrival, waiting_node, runnable, n_runnable, hedged, mu, sd, pure, real_last):  # fmt: skip
+def _arrive(i, ready, external, dur, slot, slot_size, slot_nodes_ptr, slot_nodes, start, end, arrived, last_arrival, waiting_node, next_waiter, runnable, n_runnable, hedged, mu, sd, pure, real_last):  # fmt: skip
     """Node ``i`` (a collective or transfer) arrives at ``ready``; completes its instance if last.
 
     ``last_arrival`` of a hedged slot holds the virtual members' last arrival only."""
@@ -95,15 +118,17 @@ def _arrive(i, ready, external, dur, slot, slot_size, slot_nodes_ptr, slot_nodes
             t_end = real_last[s] + pure[i]
         else:
             t_end = _hedged_end_ns(real_last[s], last_arrival[s], mu[s], sd[s]) + pure[i]
-        n_runnable = _complete(s, t_end, slot_nodes_ptr, slot_nodes, end, waiting_node, runnable, n_runnable)
+        n_runnable = _complete(
+            s, t_end, slot_nodes_ptr, slot_nodes, end, waiting_node, next_waiter, runnable, n_runnable
+        )
     return n_runnable
 
 
 @numba.njit(cache=True, nogil=True)  # a replay advances it in a thread of the launcher, beside the program
 def advance(
-    rank_ptr, kind, dur, gap, is_async, slot, slot_size, slot_nodes_ptr, slot_nodes, deps_ptr, deps,
-    start, end, arrived, last_arrival, pc, clock, waiting_node, runnable, n_runnable, hedged, mu, sd, pure, real_last,
-    budget, target,
+    rank_ptr, kind, dur, gap, is_async, slot, slot_size, slot_nodes_ptr, slot_nodes, deps_ptr, deps, deps_lag,
+    start, end, arrived, last_arrival, pc, clock, waiting_node, next_waiter, runnable, n_runnable, hedged, mu, sd,
+    pure, real_last, budget, target,
 ):  # fmt: skip
     """Advance every runnable, non-external rank until it blocks or finishes; returns the queue length.
 
@@ -134,17 +159,19 @@ def advance(
                 if end[d] < 0:
                     blocked = d
                     break
-                ready = max(ready, end[d])
+                ready = max(ready, end[d] + (deps_lag[j] if len(deps_lag) else 0))
             if blocked >= 0:
-                waiting_node[blocked] = r
+                _wait_on(blocked, r, waiting_node, next_waiter)
                 break
             if kind[i] == COMPUTE:
                 start[i] = ready
                 end[i] = ready + dur[i]
                 clock[r] = end[i]
                 pc[r] += 1
+                if waiting_node[i] >= 0:  # another lane's node depends on it
+                    n_runnable = _wake(i, waiting_node, next_waiter, runnable, n_runnable)
                 continue
-            n_runnable = _arrive(i, ready, False, dur, slot, slot_size, slot_nodes_ptr, slot_nodes, start, end, arrived, last_arrival, waiting_node, runnable, n_runnable, hedged, mu, sd, pure, real_last)  # fmt: skip
+            n_runnable = _arrive(i, ready, False, dur, slot, slot_size, slot_nodes_ptr, slot_nodes, start, end, arrived, last_arrival, waiting_node, next_waiter, runnable, n_runnable, hedged, mu, sd, pure, real_last)  # fmt: skip
             if is_async[i]:
                 clock[r] = ready
                 pc[r] += 1
@@ -152,7 +179,7 @@ def advance(
                 clock[r] = end[i]
                 pc[r] += 1
             else:
-                waiting_node[i] = r
+                _wait_on(i, r, waiting_node, next_waiter)
                 break
     return n_runnable
 
@@ -217,6 +244,8 @@ class Engine:
         self.arrived, self.last_arrival = (np.empty(len(g.slot_size), np.int64) for _ in range(2))
         self.pc = np.empty(n_ranks, np.int64)
         self.clock = np.empty(n_ranks, np.int64)
+        self.next_waiter = np.empty(n_ranks, np.int64)  # the next rank waiting on the same node
+        self.deps_lag = _NO_LAG if getattr(g, "deps_lag", None) is None else g.deps_lag
         self.external = np.zeros(n_ranks, np.bool_) if external is None else external.astype(np.bool_)
         # A stack: the last rank runs first. ``order`` (nearest the real ranks first) lets a
         # bounded advance reach what the external ranks wait for before the rest.
@@ -230,7 +259,7 @@ class Engine:
     def clear(self) -> None:
         """Forget every node's times: the arrays of a pass, ready for ``restart``. (A co-simulation
         clears a spare engine while it waits, so that a new pass starts without the work.)"""
-        for times in (self.start, self.end, self.waiting_node):
+        for times in (self.start, self.end, self.waiting_node, self.next_waiter):
             times.fill(-1)
         for counts in (self.arrived, self.last_arrival, self.real_last):
             counts.fill(0)
@@ -248,8 +277,9 @@ class Engine:
         g = self.g
         self.n_runnable = advance(
             g.rank_ptr, g.kind, self.busy, g.gap, g.is_async, g.slot, g.slot_size, g.slot_nodes_ptr, g.slot_nodes,
-            g.deps_ptr, g.deps, self.start, self.end, self.arrived, self.last_arrival, self.pc, self.clock,
-            self.waiting_node, self.runnable, self.n_runnable, *self._hedging(), budget, target,
+            g.deps_ptr, g.deps, self.deps_lag, self.start, self.end, self.arrived, self.last_arrival, self.pc,
+            self.clock, self.waiting_node, self.next_waiter, self.runnable, self.n_runnable, *self._hedging(), budget,
+            target,
         )  # fmt: skip
         return self.n_runnable == 0
 
@@ -278,7 +308,8 @@ class Engine:
             return
         self.n_runnable = _arrive(
             i, t_ns, True, self.busy, g.slot, g.slot_size, g.slot_nodes_ptr, g.slot_nodes, self.start, self.end,
-            self.arrived, self.last_arrival, self.waiting_node, self.runnable, self.n_runnable, *self._hedging(),
+            self.arrived, self.last_arrival, self.waiting_node, self.next_waiter, self.runnable, self.n_runnable,
+            *self._hedging(),
         )  # fmt: skip
 
     def answer_rule(self, node: int) -> AnswerRule | None:

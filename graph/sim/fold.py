@@ -194,6 +194,11 @@ def _same_replica(graph: SimGraph, signature: np.ndarray, a: np.ndarray, b: np.n
         deps_a = graph.deps[deps_ptr[lo_a] : deps_ptr[hi_a]] - lo_a
         if not np.array_equal(deps_a, graph.deps[deps_ptr[lo_b] : deps_ptr[hi_b]] - lo_b):
             return False
+        lag = graph.deps_lag
+        if lag is not None and not np.array_equal(
+            lag[deps_ptr[lo_a] : deps_ptr[hi_a]], lag[deps_ptr[lo_b] : deps_ptr[hi_b]]
+        ):
+            return False
     return True
 
 
@@ -213,10 +218,11 @@ def _subgraph(graph: SimGraph, ranks: np.ndarray) -> SimGraph:
     slot_size = np.bincount(new_slot, minlength=len(used)).astype(np.int64)
     slot_nodes = comm[np.argsort(new_slot, kind="stable")].astype(np.int64)
     skew = None if graph.skew is None else graph.skew[rows]
+    deps_lag = None if graph.deps_lag is None else graph.deps_lag[_rows(graph.deps_ptr, rows)]
     return dataclasses.replace(
         graph, rank_ptr=rank_ptr, stage=graph.stage[rows], kind=graph.kind[rows],
         dur=graph.dur[rows], gap=graph.gap[rows], is_async=graph.is_async[rows], slot=slot,
         slot_size=slot_size, slot_nodes_ptr=np.r_[0, np.cumsum(slot_size)].astype(np.int64),
         slot_nodes=slot_nodes, deps_ptr=np.r_[0, np.cumsum(deps_counts)].astype(np.int64), deps=deps,
-        alloc=graph.alloc[rows], free=graph.free[rows], skew=skew,
+        alloc=graph.alloc[rows], free=graph.free[rows], skew=skew, deps_lag=deps_lag,
     )  # fmt: skip

@@ -69,6 +69,8 @@ class SimGraph:
     free: np.ndarray
     skew: np.ndarray | None = None
     """Expected arrival skew of collectives (``prism.graph.sim.noise``); None: none."""
+    deps_lag: np.ndarray | None = None
+    """ns added to each entry of ``deps`` (a launch latency), aligned with it; None: none."""
 
     @cached_property
     def busy_ns(self) -> np.ndarray:

@@ -146,14 +146,21 @@ def simulate_timeline(trace: GpuTrace, model: LaunchModel | None = None) -> Time
 def _lane_predecessors(ev: pd.DataFrame, on_gpu: np.ndarray, on_cpu: np.ndarray) -> dict[int, int]:
     """Each lane event's predecessor on its lane (-1: the first): CPU threads and GPU streams."""
     prev: dict[int, int] = {}
+    for rows in trace_lanes(ev, on_gpu, on_cpu):
+        rows = rows.tolist()
+        prev.update(zip(rows, [-1, *rows[:-1]], strict=True))
+    return prev
+
+
+def trace_lanes(ev: pd.DataFrame, on_gpu: np.ndarray, on_cpu: np.ndarray) -> list[np.ndarray]:
+    """The rows of each lane in start order: the CPU threads' runtime calls, then each
+    (device, stream)'s GPU work."""
     lanes = pd.concat([
         ev[on_cpu].assign(lane_a=-1, lane_b=ev.loc[on_cpu, "tid"]),
         ev[on_gpu].assign(lane_a=ev.loc[on_gpu, "device"], lane_b=ev.loc[on_gpu, "stream"]),
     ])  # fmt: skip
-    for _, lane in lanes.sort_values("start_ns", kind="stable").groupby(["lane_a", "lane_b"], sort=False):
-        rows = lane.index.to_list()
-        prev.update(zip(rows, [-1, *rows[:-1]], strict=True))
-    return prev
+    ordered = lanes.sort_values("start_ns", kind="stable").groupby(["lane_a", "lane_b"], sort=False)
+    return [lane.index.to_numpy() for _, lane in ordered]
 
 
 def step_times(trace: GpuTrace, timeline: Timeline) -> pd.DataFrame:
