@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from prism.graph.io.parquet import read_metadata, read_rank
-from prism.graph.sim.simulate import load_sim_graph, simulate
+from prism.graph.sim.folded import load_folded
+from prism.graph.sim.simulate import simulate
 from prism.schemas import graph_format as gf
 from prism.schemas.annotations import group_label
 from prism.schemas.layout import ParallelLayout
@@ -52,9 +53,10 @@ def rank_trace(path: str | Path, rank: int, *, iterations: int = 2) -> dict:
     """The trace of ``rank`` of the graph at ``path``: its nodes in the last of ``iterations``
     simulated passes (the steady one), with ``distributedInfo``."""
     layout = graph_layout(path, [rank])
-    graph = load_sim_graph(path)
+    folding = load_folded(path)  # identical replicas once: the rank's times are its representative's
+    graph, at = folding.graph, int(folding.rank_of[rank])
     result = simulate(graph, iterations=iterations)
-    rows = slice(int(graph.rank_ptr[rank]), int(graph.rank_ptr[rank + 1]))
+    rows = slice(int(graph.rank_ptr[at]), int(graph.rank_ptr[at + 1]))
     start, end = result.start_ns[rows], result.end_ns[rows]
     nodes = read_rank(path, rank, columns=_COLUMNS).to_pydict()
     events: list[dict] = [
