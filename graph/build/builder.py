@@ -259,8 +259,8 @@ ranks) and the per-rank tables grow: 0.55 GiB at 1,024 ranks (2.9 M nodes), 0.83
 ranks (373 M nodes) with ``--no-simulate`` (``benchmarks/results/scale.txt``)."""
 SIMULATE_BYTES_PER_NODE = 150
 """Peak memory per node the simulation holds in the engine's arrays (those of the distinct
-replicas it reads): 3.0 GiB for the 23.3 M nodes of 8,192 ranks read whole
-(``benchmarks/results/scale.txt``); rounded up."""
+replicas it reads), with room: 2.12 GiB for the 23.3 M nodes of 8,192 ranks loaded whole
+(``benchmarks/results/simulate_speed.txt``)."""
 FILE_BYTES_PER_NODE = 2
 """Bytes on disk per node, with room: 1.36 at 8,192 ranks, 1.22 at 131,072 (identical ranks compress)."""
 MEMORY_BASE_BYTES = 1 << 30
