@@ -15,18 +15,15 @@ dependency one of its cross-lane dependencies:
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
 
 from prism.graph.sim.engine import COMPUTE, Engine
 from prism.graph.sim.simulate import SimGraph
-from prism.graph.traces.gpu import GPU_KINDS, EdgeKind, EventKind, GpuTrace, dependencies
-from prism.graph.traces.gpu_timeline import LaunchModel, Timeline, trace_lanes
+from prism.graph.traces.gpu import GpuTrace, dependencies
+from prism.graph.traces.gpu_timeline import LaunchModel, Timeline, edges_into, on_lanes, trace_lanes
 from prism.schemas.layout import ParallelLayout
-
-_GPU = [k.value for k in GPU_KINDS]
 
 
 @dataclass(frozen=True)
@@ -47,19 +44,8 @@ def lane_graph(trace: GpuTrace, edges, model: LaunchModel) -> LaneGraph:
     """The trace's CPU threads and GPU streams with ``edges`` (``dependencies(trace)``)."""
     ev = trace.events
     rec_start, rec_end = ev["start_ns"].to_numpy(), ev["end_ns"].to_numpy()
-    kind = ev["kind"].to_numpy()
-    on_gpu, on_cpu = np.isin(kind, _GPU), kind == EventKind.RUNTIME.value
-    launch_of: dict[int, int] = {}
-    waits: dict[int, list[int]] = defaultdict(list)
-    syncs: dict[int, list[int]] = defaultdict(list)
-    for src, dst, k in zip(edges["src"], edges["dst"], edges["kind"], strict=True):
-        if k == EdgeKind.LAUNCH.value:
-            launch_of[dst] = src
-        elif k == EdgeKind.STREAM_WAIT.value:
-            waits[dst].append(src)
-        elif k == EdgeKind.SYNC.value:
-            syncs[dst].append(src)
-
+    on_gpu, on_cpu = on_lanes(ev)
+    launch_of, waits, syncs = edges_into(edges)
     lanes = trace_lanes(ev, on_gpu, on_cpu)
     first_node = np.full(len(ev), -1, np.int64)
     last_node = np.full(len(ev), -1, np.int64)

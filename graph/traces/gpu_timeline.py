@@ -82,21 +82,9 @@ def simulate_timeline(trace: GpuTrace, model: LaunchModel | None = None) -> Time
     edges = dependencies(trace)
     model = model or LaunchModel.fit(trace, edges)
     rec_start, rec_end = ev["start_ns"].to_numpy(), ev["end_ns"].to_numpy()
-    kind = ev["kind"].to_numpy()
-    on_gpu = np.isin(kind, _GPU)
-    on_cpu = kind == EventKind.RUNTIME.value
+    on_gpu, on_cpu = on_lanes(ev)
     lane_prev = _lane_predecessors(ev, on_gpu, on_cpu)
-
-    launch_of: dict[int, int] = {}
-    waits: dict[int, list[int]] = defaultdict(list)  # GPU event -> work its stream waits for
-    syncs: dict[int, list[int]] = defaultdict(list)  # call -> GPU work it waits for
-    for src, dst, k in zip(edges["src"], edges["dst"], edges["kind"], strict=True):
-        if k == EdgeKind.LAUNCH.value:
-            launch_of[dst] = src
-        elif k == EdgeKind.STREAM_WAIT.value:
-            waits[dst].append(src)
-        elif k == EdgeKind.SYNC.value:
-            syncs[dst].append(src)
+    launch_of, waits, syncs = edges_into(edges)
     waited = {d: max(rec_end[s] for s in srcs) for d, srcs in syncs.items()}
     preds: dict[int, set[int]] = {n: {p} if p >= 0 else set() for n, p in lane_prev.items()}
     for dst, src in launch_of.items():
@@ -143,6 +131,28 @@ def simulate_timeline(trace: GpuTrace, model: LaunchModel | None = None) -> Time
     return Timeline(start_ns=start, end_ns=end, model=model, edges=edges)
 
 
+def on_lanes(ev: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Which events run on a GPU stream, and which are runtime calls on a CPU thread."""
+    kind = ev["kind"].to_numpy()
+    return np.isin(kind, _GPU), kind == EventKind.RUNTIME.value
+
+
+def edges_into(edges: pd.DataFrame) -> tuple[dict[int, int], dict[int, list[int]], dict[int, list[int]]]:
+    """By the event they lead to: its launch call, the work its stream waits for, and (a
+    synchronizing call) the GPU work it waits for."""
+    launch_of: dict[int, int] = {}
+    waits: dict[int, list[int]] = defaultdict(list)
+    syncs: dict[int, list[int]] = defaultdict(list)
+    for src, dst, k in zip(edges["src"], edges["dst"], edges["kind"], strict=True):
+        if k == EdgeKind.LAUNCH.value:
+            launch_of[dst] = src
+        elif k == EdgeKind.STREAM_WAIT.value:
+            waits[dst].append(src)
+        elif k == EdgeKind.SYNC.value:
+            syncs[dst].append(src)
+    return launch_of, waits, syncs
+
+
 def _lane_predecessors(ev: pd.DataFrame, on_gpu: np.ndarray, on_cpu: np.ndarray) -> dict[int, int]:
     """Each lane event's predecessor on its lane (-1: the first): CPU threads and GPU streams."""
     prev: dict[int, int] = {}
@@ -168,7 +178,7 @@ def step_times(trace: GpuTrace, timeline: Timeline) -> pd.DataFrame:
     thread that marked it) and its GPU work (from the step's start to the end of the last GPU
     event launched inside it, which a step that does not wait for the GPU can outlast)."""
     ev = trace.events
-    on_gpu = ev["kind"].isin(_GPU).to_numpy()
+    on_gpu, _ = on_lanes(ev)
     launch = timeline.edges.query("kind == 'launch'")
     launched_at = pd.Series(ev["start_ns"].to_numpy()[launch["src"]], index=launch["dst"].to_numpy())
     rows = []
