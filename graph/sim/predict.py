@@ -38,11 +38,12 @@ def predict(
     what-if changes alone each on its own; ``graph``: the whole graph already loaded."""
     t0 = time.perf_counter()
     what_if = what_if or WhatIf()
-    if graph is not None:
-        folding = fold_replicas(graph, keep=what_if.ranks)
+    if graph is not None:  # the whole graph: changed first, then folded by what it has become
+        folding = fold_replicas(apply_what_if(graph, path, what_if))
+        graph = folding.graph
     else:
         folding = load_folded(path, keep=what_if.ranks, cluster=what_if.cluster)
-    graph = apply_what_if(folding.graph, path, what_if, folding.kept_ranks)
+        graph = apply_what_if(folding.graph, path, what_if, folding.kept_ranks)
     result = simulate(graph, iterations=iterations)
     parts = breakdown(graph, result)
     metadata = read_metadata(path)
