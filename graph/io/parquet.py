@@ -262,14 +262,24 @@ class GraphReader:
 
     def read_rank(self, rank: int, columns: Sequence[str] | None = None) -> pa.Table:
         """Nodes of one rank (empty if the file has none), reading only its row group(s)."""
+        return pa.concat_tables(self.read_ranks([rank], columns))
+
+    def read_ranks(self, ranks: Sequence[int], columns: Sequence[str] | None = None) -> list[pa.Table]:
+        """Nodes of ``ranks`` (sorted, distinct): one table per row group that holds any of them,
+        read one at a time (a single empty table if none does)."""
         wanted = list(columns) if columns is not None else list(COLUMNS)
         read = wanted if RANK in wanted else [*wanted, RANK]
-        groups = self.row_groups_of(rank)
-        with self._damage_is_format_error():
-            table = self._file.read_row_groups(groups, columns=read) if groups else SCHEMA.empty_table()
-            table.validate(full=True)
-        table = table.filter(pc.equal(table.column(RANK), pa.scalar(rank, pa.int32())))
-        return table.select(wanted)
+        ranks = np.asarray(ranks, np.int64)
+        if len(ranks) and (np.diff(ranks) <= 0).any():
+            raise ValueError("ranks to read must be sorted and distinct")
+        groups = sorted({g for r in ranks.tolist() for g in self.row_groups_of(r)})
+        tables = []
+        for group in groups:
+            table = self.read_row_groups([group], read)
+            tables.append(
+                table.filter(pa.array(np.isin(table.column(RANK).to_numpy(), ranks))).select(wanted)
+            )
+        return tables or [SCHEMA.empty_table().select(wanted)]
 
     def read_row_groups(self, groups: Sequence[int], columns: Sequence[str] | None = None) -> pa.Table:
         """These row groups, checked as ``iter_rank_chunks`` checks each."""

@@ -245,7 +245,7 @@ class Engine:
         self.pc = np.empty(n_ranks, np.int64)
         self.clock = np.empty(n_ranks, np.int64)
         self.next_waiter = np.empty(n_ranks, np.int64)  # the next rank waiting on the same node
-        self.deps_lag = _NO_LAG if getattr(g, "deps_lag", None) is None else g.deps_lag
+        self.deps_lag = _NO_LAG if g.deps_lag is None else g.deps_lag
         self.external = np.zeros(n_ranks, np.bool_) if external is None else external.astype(np.bool_)
         # A stack: the last rank runs first. ``order`` (nearest the real ranks first) lets a
         # bounded advance reach what the external ranks wait for before the rest.

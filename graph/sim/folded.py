@@ -28,7 +28,10 @@ from prism.schemas.layout import ParallelLayout
 def recorded_replicas(path: str | Path) -> np.ndarray | None:
     """Each dp replica's representative as the graph records it, or None where it does not."""
     metadata = read_metadata(path)
-    layout = ParallelLayout.from_dict(metadata.layout)
+    return _recorded(path, metadata, ParallelLayout.from_dict(metadata.layout))
+
+
+def _recorded(path: str | Path, metadata: gf.GraphMetadata, layout: ParallelLayout) -> np.ndarray | None:
     recorded = metadata.extra.get(gf.REPLICA_OF_KEY)
     if recorded is None:
         return None
@@ -51,10 +54,11 @@ def load_folded(path: str | Path, keep: Iterable[int] = (), *, cluster: ClusterS
     """The graph at ``path`` with identical dp replicas read once; the replicas of ``keep``
     ranks stay, each on its own. ``cluster``: replicas must also be priced alike on it (a what-if
     that re-costs communication)."""
-    replica_of = recorded_replicas(path)
+    metadata = read_metadata(path)
+    layout = ParallelLayout.from_dict(metadata.layout)
+    replica_of = _recorded(path, metadata, layout)
     if replica_of is None:
         return fold_replicas(load_sim_graph(path), keep=keep)
-    layout = ParallelLayout.from_dict(read_metadata(path).layout)
     if cluster is not None:  # alike in the file and alike on the new cluster
         again = LayoutTables.build(layout, cluster.gpus_per_node).replica_of()
         _, first, inverse = np.unique(

@@ -236,7 +236,7 @@ def load_sim_graph(path: str | Path, ranks: np.ndarray | None = None) -> SimGrap
         if ranks is None:
             chunks, rows, loaded = reader.iter_rank_chunks(_COLUMNS), reader.num_rows, np.arange(world)
         else:
-            chunks = rank_tables(reader, ranks, [*_COLUMNS, gf.GROUP_KIND])
+            chunks = reader.read_ranks(ranks, [*_COLUMNS, gf.GROUP_KIND])
             rows, loaded = sum(t.num_rows for t in chunks), np.asarray(ranks, np.int64)
         columns = _Columns(rows, world, subset=ranks is not None)
         offset = 0
@@ -267,22 +267,6 @@ def load_sim_graph(path: str | Path, ranks: np.ndarray | None = None) -> SimGrap
         slot_nodes_ptr=slot_nodes_ptr, slot_nodes=slot_nodes, deps_ptr=deps_ptr, deps=deps,
         alloc=a[gf.ALLOC_BYTES], free=a[gf.FREE_BYTES],
     )  # fmt: skip
-
-
-def rank_tables(reader: GraphReader, ranks: np.ndarray, columns: list[str]) -> list[pa.Table]:
-    """The rows of ``ranks`` (sorted), one table per row group that holds any of them."""
-    ranks = np.asarray(ranks, np.int64)
-    if len(ranks) and (np.diff(ranks) <= 0).any():
-        raise ValueError("ranks to read must be sorted and distinct")
-    groups = sorted({g for r in ranks.tolist() for g in reader.row_groups_of(r)})
-    read = columns if gf.RANK in columns else [*columns, gf.RANK]
-    tables = []
-    for group in groups:
-        table = reader.read_row_groups([group], read)
-        tables.append(table.filter(pa.array(np.isin(table[gf.RANK].to_numpy(), ranks))).select(columns))
-    if not tables:
-        return [gf.SCHEMA.empty_table().select(columns)]
-    return tables
 
 
 MAX_TOTAL_NS = 2**62
@@ -419,7 +403,7 @@ def graph_column(path: str | Path, column: str, ranks: np.ndarray | None = None)
             values = reader.read_column(column).combine_chunks()
         else:
             values = pa.chunked_array(
-                [t[column] for t in rank_tables(reader, ranks, [column])], gf.SCHEMA.field(column).type
+                [t[column] for t in reader.read_ranks(ranks, [column])], gf.SCHEMA.field(column).type
             ).combine_chunks()
     if pa.types.is_dictionary(values.type):
         return np.asarray(values.dictionary.to_pylist(), dtype=object)[values.indices.to_numpy()]
