@@ -202,7 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     if paced:
         tables += (records_table(paced, ids, "paced"),)
     if replayed:
-        tables += (records_table(replayed, ids, "replay"), phase_table(replayed, ids))
+        tables += (
+            records_table(replayed, ids, "replay"),
+            phase_table(replayed, ids),
+            phase_table(replayed, ids, key="graph_phase_err"),
+        )
     tables += (summary_table(every, ids),)
     tables += (
         breakdown_table(breakdown, ids),
@@ -280,7 +284,7 @@ def program_main(args: argparse.Namespace, choice: SpecChoice, started: float, a
     ids = case_ids(records)
     tables = (legend_table(ids), records_table(simulated, ids))
     if replayed:
-        tables += (records_table(replayed, ids, "replay"), phase_table(replayed, ids))
+        tables += (records_table(replayed, ids, "replay"), phase_table(replayed, ids, key="graph_phase_err"))
     for table in (*tables, hook_table(hooks, ids)):
         console.print(table)
     elapsed = time.perf_counter() - started

@@ -30,7 +30,7 @@ from prism.capture.workloads.gpt import GPTWorkload
 from prism.peers.backend import BACKEND_NAME, VirtualWorld, activate, current_comm_log, rendezvous_store
 from prism.peers.clock import CommClock, FreeRunningClock
 from prism.schemas.annotations import group_label
-from prism.schemas.comm_log import HeldTime, write_comm_log
+from prism.schemas.comm_log import CollectiveTime, HeldTime, write_comm_log
 from prism.schemas.files import write_json_atomic
 from prism.schemas.layout import ParallelLayout
 from prism.schemas.manifest import CaptureFiles, RankJob, RankResult
@@ -80,11 +80,11 @@ def record_rank(
 ) -> RankResult:
     """End the rank's run: write its comm log, end its process group, and write ``result.json``
     with what the run measured (``fields``: RankResult's iteration times, losses, parameters,
-    ...), the time prism held it in each iteration ``windows``, and per-phase own time from its
-    top-level ``blocks`` when it marked them."""
+    ...), the time prism held it and the time in collective calls in each iteration ``windows``,
+    and per-phase own time from its top-level ``blocks`` when it marked them."""
     log = current_comm_log()
     write_comm_log(log, files.comm(rank))
-    held = HeldTime(log)
+    held, collective = HeldTime(log), CollectiveTime(log)
     if dist.is_initialized():
         dist.destroy_process_group()
     result = RankResult(
@@ -93,6 +93,7 @@ def record_rank(
         peak_device_bytes=torch.cuda.max_memory_allocated() if device == "cuda" else None,
         wall_s=time.perf_counter() - started,
         held_ns=tuple(held.within(s, e) for s, e in windows),
+        collective_ns=tuple(collective.within(s, e) for s, e in windows),
         **fields,
     )
     if blocks is not None:

@@ -74,26 +74,29 @@ def paired_records(
         )  # fmt: skip
         real_own = [run[rank].own_ms for run in real if run[rank].own_ms is not None]
         pred_own = [run[rank].own_ms for run in pred if run[rank].own_ms is not None]
-        if real_own and pred_own:  # a simulation: the iteration by phase against the real run's
+        if real_own and pred_own:  # the iteration by phase against the real run's
             records[-1]["phase_err"] = _own_phase_errors(real_own, pred_own)
         corrected = [run[rank].corrected_ns / 1e6 for run in pred if run[rank].corrected_ns is not None]
-        if corrected:  # a replay: the stall-corrected time beside the wall time, and its phases
+        if (
+            corrected
+        ):  # a replay: the stall-corrected time beside the wall time, its phases against the graph's
             records[-1]["pred_corrected_ms"] = round(_median(corrected), 3)
             records[-1]["corrected_err_pct"] = round(_err_pct(_median(corrected), real_ms), 2)
-            records[-1]["phase_err"] = _phase_errors([run[rank].phases_ms or {} for run in pred])
+            records[-1]["graph_phase_err"] = _phase_errors([run[rank].phases_ms or {} for run in pred])
     return records
 
 
 def _own_phase_errors(real: list[dict[str, float]], pred: list[dict[str, float]]) -> dict[str, dict]:
-    """Per phase (``explain.own_phases_ms``), the real runs' median ms against the prediction's."""
+    """Per phase (``explain.PHASES``), the real runs' median ms against the prediction's (a
+    simulation's, or a replayed rank's as measured)."""
     return _phase_errors(
         [{phase: (r[phase], p.get(phase, 0.0)) for phase in r} for r, p in zip(real, pred, strict=False)]
     )
 
 
 def _phase_errors(repeats: list[dict[str, tuple[float, float]]]) -> dict[str, dict]:
-    """Per phase of a replayed rank, over repeats: its measured ms against the graph's, and the
-    error, so that a total right by cancellation shows as such."""
+    """Per phase, over repeats: the measured ms against the predicted, and the error, so that a
+    total right by cancellation shows as such."""
     out = {}
     for phase in sorted({p for r in repeats for p in r}):
         measured = _median([r[phase][0] for r in repeats if phase in r])

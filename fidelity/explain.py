@@ -20,7 +20,7 @@ import statistics
 import subprocess
 import sys
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -36,30 +36,45 @@ from prism.schemas import graph_format as gf
 from prism.schemas.cluster import ClusterSpec
 from prism.schemas.graph_format import NodeKind
 from prism.schemas.iterations import clean_unprofiled
+from prism.schemas.manifest import RankResult
 
 PHASE_NAMES = {"fwd": "forward", "bwd": "backward", "optim": "optimizer"}
 """Block kinds a fidelity record names; every other kind (transfers, p2p waits, gradient-sync
 copies, glue) is 'other'."""
-COMM = "comm+bubble"
-"""What the iteration spends in process-group calls, waiting on peers included."""
+COMMUNICATION, BUBBLE = "communication", "bubble"
+"""The iteration's time in collective calls (waiting on their members included), and the rest
+of its time in calls: point-to-point transfers, mostly waiting for the pipeline's neighbours."""
+PHASES = (*PHASE_NAMES.values(), "other", COMMUNICATION, BUBBLE)
+"""The parts of an iteration a fidelity record compares, which add up to the iteration."""
 
 
-def own_phases_ms(own_ns: Mapping[str, float], iteration_ns: float) -> dict[str, float]:
-    """A rank's iteration by phase, ms: its own time (compute and Python, calls excluded) in
-    forward, backward, optimizer and other blocks (``own_ns`` by block kind), and ``COMM``, the
-    rest of the iteration."""
-    out = dict.fromkeys([*PHASE_NAMES.values(), "other"], 0.0)
+def own_phases_ms(own_ns: Mapping[str, float], iteration_ns: float, collective_ns: float) -> dict[str, float]:
+    """A rank's iteration by phase (``PHASES``), ms: its own time (compute and Python, calls
+    excluded) in forward, backward, optimizer and other blocks (``own_ns`` by block kind), its
+    time in collectives (``collective_ns``), and ``BUBBLE``, the rest of the iteration."""
+    out = dict.fromkeys(PHASES, 0.0)
     for kind, ns in own_ns.items():
         out[PHASE_NAMES.get(kind, "other")] += ns / 1e6
-    out[COMM] = iteration_ns / 1e6 - sum(out.values())
+    out[COMMUNICATION] = collective_ns / 1e6
+    out[BUBBLE] = iteration_ns / 1e6 - sum(out.values())
     return out
 
 
-def real_own_ns(phase_ns: Sequence[Mapping[str, int]], warmup: int) -> dict[str, float]:
-    """Median own time of each block kind over a real rank's clean unprofiled iterations."""
-    clean = clean_unprofiled(phase_ns, warmup)
-    kinds = {kind for p in clean for kind in p}
-    return {kind: float(statistics.median(p.get(kind, 0) for p in clean)) for kind in kinds}
+def measured_phases_ms(
+    result: RankResult, warmup: int, iteration_ns: float, skip: int = 0
+) -> dict[str, float] | None:
+    """``own_phases_ms`` of a rank that ran (for real, or replayed): its own time and its time in
+    collectives, medians over the clean unprofiled iterations (less the first ``skip``: a
+    program's replay co-simulates from its steady iteration on); None where it recorded neither."""
+    if not result.phase_ns or not result.collective_ns:
+        return None
+    phase_ns = clean_unprofiled(result.phase_ns, warmup)[skip:]
+    collective_ns = clean_unprofiled(result.collective_ns, warmup)[skip:]
+    if not phase_ns:
+        return None
+    kinds = {kind for p in phase_ns for kind in p}
+    own = {kind: float(statistics.median(p.get(kind, 0) for p in phase_ns)) for kind in kinds}
+    return own_phases_ms(own, iteration_ns, statistics.median(collective_ns))
 
 
 def graph_own_ns(graph_path: Path, rank: int) -> dict[str, float]:

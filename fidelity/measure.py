@@ -3,6 +3,7 @@ the replay of each role's rank; what each measured or predicted per rank (``Rank
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -11,19 +12,20 @@ from pathlib import Path
 from typing import TypeVar
 
 from prism.capture.runner import CaptureOptions, RealMode, run_capture
-from prism.fidelity.explain import decompose, graph_own_ns, own_phases_ms, real_own_ns, sim_breakdown
+from prism.fidelity.explain import decompose, graph_own_ns, measured_phases_ms, own_phases_ms, sim_breakdown
 from prism.fidelity.load import MatchedLoad
 from prism.graph.build.builder import BuildOptions, build_graph
 from prism.graph.build.normalize import normalize_rank
 from prism.graph.build.profiler_overhead import Correction
+from prism.graph.sim.metrics import breakdown
 from prism.graph.sim.simulate import load_sim_graph, simulate, static_bytes
 from prism.graph.traces.memory import iteration_memory
 from prism.replay.paced_capture import run_paced_capture
 from prism.replay.runtime import ReplayOptions, run_replay
 from prism.schemas.cluster import ClusterSpec
 from prism.schemas.iterations import MIN_WARMUP, clean_unprofiled
-from prism.schemas.manifest import CaptureFiles, CaptureManifest
-from prism.schemas.replay import RankReport
+from prism.schemas.manifest import CaptureFiles, CaptureManifest, RankResult
+from prism.schemas.replay import RankReport, ReplayFiles, read_replay_stats
 from prism.schemas.workload import GPTConfig
 
 T = TypeVar("T")
@@ -118,9 +120,7 @@ def measure_real(config: GPTConfig, settings: RunSettings, out: Path) -> dict[in
         steady = _steady_ns(manifest, rank)
         runs[rank] = RankRun(
             iter_ns=steady,
-            own_ms=own_phases_ms(real_own_ns(result.phase_ns, settings.warmup), steady)
-            if result.phase_ns
-            else None,
+            own_ms=measured_phases_ms(result, settings.warmup, steady),
             peak_bytes=static_bytes(config, config.layout.stage(rank)) + mem.peak_delta_bytes,
             parts_ms=decompose(normalize_rank(out, rank)),
             profiled_ns=_profiled_ns(manifest, rank),
@@ -202,11 +202,13 @@ def _simulated(config: GPTConfig, graph_path: Path, settings: RunSettings) -> di
     """Every rank's simulated steady iteration, peak memory and time split."""
     graph = load_sim_graph(graph_path)
     result = simulate(graph, iterations=settings.sim_iterations)
-    parts = sim_breakdown(graph, result)
+    parts, exposed_comm = sim_breakdown(graph, result), breakdown(graph, result).exposed_comm_ns
     return {
         rank: RankRun(
             iter_ns=float(result.iteration_ns[rank]),
-            own_ms=own_phases_ms(graph_own_ns(graph_path, rank), float(result.iteration_ns[rank])),
+            own_ms=own_phases_ms(
+                graph_own_ns(graph_path, rank), float(result.iteration_ns[rank]), float(exposed_comm[rank])
+            ),
             peak_bytes=int(result.peak_bytes[rank]),
             parts_ms=parts[rank],
             dynamic_bytes=int(result.peak_bytes[rank]) - static_bytes(config, config.layout.stage(rank)),
@@ -258,16 +260,25 @@ def replay_roles(
         warmup=settings.warmup, iterations=settings.iterations, separately=True,
     )  # fmt: skip
     report = _beside_load(config, settings, partial(run_replay, options), timed_by=out / graph)
-    return {r.rank: replayed_run(r, static_bytes(config, r.stage)) for r in report.ranks}
+    return {
+        r.rank: replayed_run(r, static_bytes(config, r.stage), out / "replay", settings.warmup)
+        for r in report.ranks
+    }
 
 
-def replayed_run(report: RankReport, static: int) -> RankRun:
-    """A replayed rank as a ``RankRun``: its wall time is the measurement."""
+def replayed_run(report: RankReport, static: int, replay_dir: Path, warmup: int) -> RankRun:
+    """A replayed rank as a ``RankRun``: its wall time is the measurement, split by phase as a
+    real rank's is (from the files in ``replay_dir``, over the iterations the report counts)."""
+    wall_ns = report.wall_iter_ms * 1e6
+    files = ReplayFiles(replay_dir)
+    result = RankResult.from_dict(json.loads(files.result(report.rank).read_text()))
+    skip = read_replay_stats(files.replay_stats(report.rank)).simulated_from
     return RankRun(
-        iter_ns=report.wall_iter_ms * 1e6,
+        iter_ns=wall_ns,
         corrected_ns=report.measured_iter_ms * 1e6,
         peak_bytes=int(report.measured_peak_bytes),
         parts_ms={},
         dynamic_bytes=int(report.measured_peak_bytes) - static,
         phases_ms={p.phase: (p.measured_ms, p.predicted_ms) for p in report.phases},
+        own_ms=measured_phases_ms(result, warmup, wall_ns, skip),
     )

@@ -159,7 +159,10 @@ def replay_program(case: ProgramCase, settings: RunSettings, out: Path) -> dict[
     else:
         report = run_replay(options)
     stage_static = static_bytes_of(read_metadata(out / "graph.parquet"), case.layout)
-    return {r.rank: replayed_run(r, int(stage_static[r.stage])) for r in report.ranks}
+    return {
+        r.rank: replayed_run(r, int(stage_static[r.stage]), out / "replay", settings.warmup)
+        for r in report.ranks
+    }
 
 
 def run_program_case(

@@ -101,29 +101,34 @@ def records_table(records: list[dict], ids: dict[str, str], source: str = "simul
     return table
 
 
+_OWN = (
+    "forward/backward/optimizer/other: own time in those blocks (calls excluded; clean unprofiled "
+    "iterations); communication: in collective calls and waits on them; bubble: the rest of the "
+    "iteration (point-to-point calls); error: (predicted - real) / real"
+)
 _PHASE_TITLES = {
-    "simulation": (
-        "simulation: each rank's iteration by phase, real vs simulated",
-        "forward/backward/optimizer/other: own time in those blocks (calls excluded; real: clean unprofiled "
-        "iterations); comm+bubble: the rest of the iteration; error: (simulated - real) / real",
-    ),
-    "replay": (
-        "replay: each replayed rank's time by phase, measured vs the graph's",
-        "measured: the replayed rank's time between its calls, by the phase of the graph's nodes there; "
-        "error: (graph - measured) / measured",
+    ("simulation", "phase_err"): ("simulation: each rank's iteration by phase, real vs simulated", _OWN),
+    ("replay", "phase_err"): ("replay: each replayed rank's wall iteration by phase, real vs replayed", _OWN),
+    ("replay", "graph_phase_err"): (
+        "replay: each replayed rank's time by phase, as replayed vs the graph's",
+        "measured: the replayed rank's time between its calls and in them, by the phase of the graph's "
+        "nodes there; error: (graph - replayed) / replayed",
     ),
 }
 
 
-def phase_table(records: list[dict], ids: dict[str, str], source: str = "replay") -> Table:
-    """Each record's time by phase against its prediction, so that a total right by cancellation
-    shows as such."""
-    title, caption = _PHASE_TITLES[source]
+def phase_table(
+    records: list[dict], ids: dict[str, str], source: str = "replay", key: str = "phase_err"
+) -> Table:
+    """Each record's time by phase against its prediction (``key``: ``phase_err``, against the
+    real run; ``graph_phase_err``, a replay against its graph), so that a total right by
+    cancellation shows as such."""
+    title, caption = _PHASE_TITLES[(source, key)]
     table = Table(title=title)
     for column in ("case", "rank", "phase", "measured ms", "predicted ms", "error"):
         table.add_column(column, justify="left" if column in ("case", "phase") else "right")
     for r in records:
-        for phase, p in (r.get("phase_err") or {}).items():
+        for phase, p in (r.get(key) or {}).items():
             error = "" if p["err_pct"] is None else f"{p['err_pct']:+.1f}%"
             table.add_row(
                 ids[r["case"]],

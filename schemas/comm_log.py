@@ -177,10 +177,22 @@ class Spans:
         return max(0, self.until(end_ns) - self.until(start_ns))
 
 
-def _held_spans(log: CommLog) -> list[tuple[int, int]]:
-    return [(c.wait_ns, c.done_ns) for c in log.calls if c.wait_ns and c.done_ns > c.wait_ns] + [
-        (c.exit_ns - c.clock_ns, c.exit_ns) for c in log.calls if c.clock_ns > 0
+P2P_OPS = frozenset({"send", "recv"})
+"""Point-to-point operations; every other op is a collective."""
+
+
+def _held_spans(calls: Iterable[CommCall]) -> list[tuple[int, int]]:
+    calls = tuple(calls)
+    return [(c.wait_ns, c.done_ns) for c in calls if c.wait_ns and c.done_ns > c.wait_ns] + [
+        (c.exit_ns - c.clock_ns, c.exit_ns) for c in calls if c.clock_ns > 0
     ]
+
+
+def _call_spans(calls: Iterable[CommCall]) -> list[tuple[int, int]]:
+    """When the program was in these calls, waited on a real one's Work or was held in them."""
+    calls = tuple(calls)
+    waits = [(c.first_wait_ns, c.done_ns) for c in calls if c.delegated and 0 < c.first_wait_ns < c.done_ns]
+    return [(c.enter_ns, c.exit_ns) for c in calls] + waits + _held_spans(calls)
 
 
 class HeldTime(Spans):
@@ -192,7 +204,7 @@ class HeldTime(Spans):
     and iteration times, which are to hold the program's own time only."""
 
     def __init__(self, log: CommLog) -> None:
-        super().__init__(_held_spans(log))
+        super().__init__(_held_spans(log.calls))
 
 
 class CommTime(Spans):
@@ -201,10 +213,16 @@ class CommTime(Spans):
     prism (``HeldTime``): what is left of a span is the program's own compute and glue."""
 
     def __init__(self, log: CommLog) -> None:
-        waits = [
-            (c.first_wait_ns, c.done_ns) for c in log.calls if c.delegated and 0 < c.first_wait_ns < c.done_ns
-        ]
-        super().__init__([(c.enter_ns, c.exit_ns) for c in log.calls] + waits + _held_spans(log))
+        super().__init__(_call_spans(log.calls))
+
+
+class CollectiveTime(Spans):
+    """``CommTime`` of the collective calls alone: the time a rank spent communicating, where
+    the rest of its calls (point-to-point: a pipeline's transfers) are mostly the wait for its
+    neighbours' progress, the bubble."""
+
+    def __init__(self, log: CommLog) -> None:
+        super().__init__(_call_spans(c for c in log.calls if c.op not in P2P_OPS))
 
 
 def trace_offset_ns(marks: Iterable[tuple[int, int]]) -> int | None:

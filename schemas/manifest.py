@@ -199,6 +199,10 @@ class RankResult:
     """Own time of every iteration by kind of top-level block (``annotations.block_kind``, and
     ``annotations.GLUE`` for the rest): the blocks' wall time less process-group calls and held
     time (``prism.capture.phase_timer``). Empty in captures made before it was recorded."""
+    collective_ns: tuple[int, ...] = ()
+    """Time of every iteration in collective calls, waits on them and prism's holds in them
+    (``prism.schemas.comm_log.CollectiveTime``); the rest of the time in calls is point-to-point.
+    Empty in captures made before it was recorded."""
 
     @property
     def own_iteration_ns(self) -> tuple[int, ...]:
@@ -215,6 +219,7 @@ class RankResult:
                 "iteration_ns": tuple(data["iteration_ns"]),
                 "losses": tuple(data["losses"]),
                 "held_ns": tuple(data.get("held_ns", ())),
+                "collective_ns": tuple(data.get("collective_ns", ())),
                 "phase_ns": tuple(dict(p) for p in data.get("phase_ns", ())),
             }
         )

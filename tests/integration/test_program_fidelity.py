@@ -46,7 +46,9 @@ def test_a_program_is_compared_with_its_own_torchrun_run(tmp_path: Path, program
         # wall time the program's step to step: the boundaries differ by the step hook's few µs,
         # which show where the stall is near zero (a 5.8 ms iteration read 5.795 against 5.787).
         assert record["pred_corrected_ms"] <= record["pred_iter_ms"] * 1.001 + 0.05
-        assert record["phase_err"] and all(p["measured_ms"] >= 0 for p in record["phase_err"].values())
+        assert record["graph_phase_err"] and all(
+            p["measured_ms"] >= 0 for p in record["graph_phase_err"].values()
+        )
     assert "replay: each replayed rank's time by phase" in done.stdout
     assert [h["rank"] for h in result["hook"]] == [0, 1]
     assert all(0 < h["hook_us"] < 10_000 for h in result["hook"])

@@ -10,9 +10,11 @@ import pytest
 from prism.schemas.comm_log import (
     SCHEMA,
     VERSION,
+    CollectiveTime,
     CommCall,
     CommGroup,
     CommLog,
+    CommTime,
     HeldTime,
     read_comm_log,
     trace_offset_ns,
@@ -162,10 +164,14 @@ def test_overwrite_replaces_content(tmp_path: Path) -> None:
 
 
 # -- held time ----------------------------------------------------------------------------------
-def _call(seq: int, *, enter: int, exit: int, done: int, wait: int = 0, clock: int = 0) -> CommCall:
+def _call(
+    seq: int, *, enter: int, exit: int, done: int, wait: int = 0, clock: int = 0, op: str = "all_reduce",
+    first_wait: int = 0, delegated: bool = False,
+) -> CommCall:  # fmt: skip
     return CommCall(
-        seq=seq, op="all_reduce", group="1", label="tp.0", group_size=2, gseq=seq, bytes=8,
-        dtype="float32", shape=(2,), enter_ns=enter, exit_ns=exit, done_ns=done, wait_ns=wait, clock_ns=clock,
+        seq=seq, op=op, group="1", label="tp.0", group_size=2, gseq=seq, bytes=8, dtype="float32",
+        shape=(2,), enter_ns=enter, exit_ns=exit, done_ns=done, wait_ns=wait, clock_ns=clock,
+        first_wait_ns=first_wait, delegated=delegated,
     )  # fmt: skip
 
 
@@ -185,6 +191,21 @@ def test_held_time_is_the_waits_and_the_clock_merged() -> None:
     assert held.within(125, 200) == 5 + 50
     assert held.within(200, 125) == 0
     assert not HeldTime(CommLog(rank=0, world_size=2, calls=calls[2:]))
+
+
+def test_collective_time_is_comm_time_less_the_point_to_point_calls() -> None:
+    calls = (
+        _call(0, enter=100, exit=130, done=200, wait=150, clock=20),  # in it 100-130, held 150-200
+        _call(1, op="recv", enter=210, exit=220, done=300, wait=220),  # a transfer: held 220-300
+        _call(2, enter=310, exit=320, done=400, first_wait=350, delegated=True),  # real: waited 350-400
+        _call(3, op="send", enter=330, exit=360, done=360),  # overlaps the wait above
+    )
+    log = CommLog(rank=0, world_size=2, calls=calls)
+    collective, every = CollectiveTime(log), CommTime(log)
+    assert (collective.starts, collective.ends) == ([100, 150, 310, 350], [130, 200, 320, 400])
+    assert collective.within(0, 1_000) == 30 + 50 + 10 + 50
+    assert every.within(0, 1_000) == 30 + 50 + 90 + 10 + 70  # + the recv, and the send outside the wait
+    assert collective.within(120, 360) == 10 + 50 + 10 + 10
 
 
 def test_logs_written_before_held_time_read_with_no_hold(tmp_path: Path) -> None:

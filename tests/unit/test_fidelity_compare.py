@@ -49,3 +49,34 @@ def test_mean_errors_are_kept_apart_by_source() -> None:
         "mean_abs_iter_err_pct": 3.0, "mean_abs_paired_err_pct": 1.5, "mean_abs_mem_err_pct": 0.25,
         "replay_mean_abs_iter_err_pct": 3.0, "replay_mean_abs_paired_err_pct": 1.5, "replay_mean_abs_mem_err_pct": 0.1,
     }  # fmt: skip
+
+
+def test_phases_add_up_to_the_iteration_and_show_a_total_right_by_cancellation() -> None:
+    from prism.fidelity.explain import BUBBLE, COMMUNICATION, PHASES, measured_phases_ms, own_phases_ms
+    from prism.schemas.manifest import RankResult
+
+    # Warm-up 4: iterations 1 and 2 are the clean unprofiled ones (0 is cold, 3 the profiler's).
+    phase_ns = [{"fwd": 9_000_000, "bwd": 9_000_000}] + [
+        {"fwd": 30_000_000, "bwd": 50_000_000, "optim": 5_000_000, "glue": 1_000_000}
+    ] * 3
+    result = RankResult(
+        rank=0, iteration_ns=(200_000_000,) * 4, losses=(None,) * 4, parameter_count=1, peak_rss_bytes=1,
+        peak_device_bytes=None, wall_s=1.0, phase_ns=tuple(phase_ns), collective_ns=(0, 20e6, 20e6, 0),
+    )  # fmt: skip
+    real = measured_phases_ms(result, warmup=4, iteration_ns=110e6)
+    assert set(real) == set(PHASES)
+    assert real == pytest.approx(
+        {"forward": 30, "backward": 50, "optimizer": 5, "other": 1, COMMUNICATION: 20, BUBBLE: 4}
+    )
+    assert measured_phases_ms(RankResult(**{**result.__dict__, "collective_ns": ()}), 4, 110e6) is None
+
+    # A prediction whose total is right while its compute is short and its communication long.
+    pred = own_phases_ms({"fwd": 15e6, "bwd": 25e6, "optim": 5e6, "glue": 1e6}, 110e6, collective_ns=60e6)
+
+    def run(ms: float, own: dict[str, float]) -> dict[int, RankRun]:
+        return {0: RankRun(iter_ns=ms * 1e6, peak_bytes=1, parts_ms={}, dynamic_bytes=0, own_ms=own)}
+
+    (record,) = paired_records("c", [run(110, real)], [run(110, pred)])
+    assert record["iter_err_pct"] == 0
+    errors = {phase: p["err_pct"] for phase, p in record["phase_err"].items()}
+    assert errors["forward"] == errors["backward"] == -50 and errors[COMMUNICATION] == 200
