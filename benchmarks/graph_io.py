@@ -96,7 +96,7 @@ def rank_table(rank: int, layout: ParallelLayout, prog: dict) -> dict[str, np.nd
         gf.PEER: np.select([comm == "next", comm == "prev"], [rank + step, rank - step], -1),
         gf.P2P_SEQ: np.where(p2p, prog["seq"], -1), gf.BYTES: prog["bytes"], gf.IS_ASYNC: p2p,
         gf.ALLOC_BYTES: np.where(prog["kind"] == "compute", 1 << 20, 0), gf.FREE_BYTES: np.zeros(n),
-        gf.SRC_RANK: np.full(n, layout.rank(tp=0, dp=0, pp=stage)), gf.SRC_OP: np.arange(n),
+        gf.SRC_RANK: np.full(n, layout.rank(tp=0, dp=0, pp=stage)), gf.SRC_OP: np.arange(n), gf.LANE_DEPS: gf.no_lane_deps(n),
     }  # fmt: skip
 
 

@@ -131,6 +131,11 @@ class CoSimulation:
         # already folded with the real ranks' replicas kept (``load_folded``). Events and answers
         # name rows of the full graph.
         self.folding = graph if isinstance(graph, Folding) else fold_replicas(graph, keep=self.real)
+        if self.folding.graph.lane_rank is not None:
+            raise SimulationError(
+                "the graph's ranks have several streams (CPU threads and GPU streams): prism-replay runs "
+                "graphs of one stream a rank; prism-simulate predicts this one"
+            )
         unkept = [r for r in self.real if self.folding.kept_ranks[self.folding.rank_of[r]] != r]
         if unkept:
             raise ValueError(f"rank {unkept[0]} is real but its replica was folded into another")

@@ -1,10 +1,15 @@
 """``graph.parquet``: the full-scale execution graph, one row per node (an op instance on one rank).
 
 Rows are sorted by (rank, stream, index) and written in row groups of consecutive ranks, so
-that reading one rank prunes every other row group. Program order is the row order within
-(rank, stream); ``deps`` lists extra same-rank dependencies (a wait on earlier asynchronous
-transfers). Cross-rank dependencies are implicit: collective nodes of one instance share a
-``coll_id``; the n-th send from rank a to rank b meets the n-th recv at b from a (``p2p_seq``).
+that reading one rank prunes every other row group. A rank's streams are its lanes of
+execution: stream 0 its main CPU thread, then (in a graph of GPU ranks) its other CPU threads
+and its GPU streams. Program order is the row order within (rank, stream); ``deps`` lists extra
+dependencies on earlier nodes of the same (rank, stream) (a wait on earlier asynchronous
+transfers), ``lane_deps`` dependencies on nodes of the rank's other streams, each with a lag (a
+kernel on the call that launched it, a stream on another's event, a synchronizing call on the
+GPU work it waits for). Cross-rank dependencies are implicit: collective nodes of one instance
+share a ``coll_id``; the n-th send from rank a to rank b meets the n-th recv at b from a
+(``p2p_seq``).
 
 File-level metadata (key ``prism``) is a JSON object: see ``GraphMetadata``.
 """
@@ -15,12 +20,14 @@ import enum
 import json
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
 import pyarrow as pa
 
 SCHEMA_NAME = "prism.graph"
-VERSION = 3
-READABLE_VERSIONS = (2, 3)
-"""Version 3 adds graphs of the user's own programs (``PROGRAM_KEY``, ``STATIC_BYTES_KEY``); version 2 files read unchanged."""
+VERSION = 4
+READABLE_VERSIONS = (2, 3, 4)
+"""Version 4 adds streams beyond the main thread and ``lane_deps``; version 3 added graphs of the
+user's own programs (``PROGRAM_KEY``, ``STATIC_BYTES_KEY``). Earlier files read unchanged."""
 METADATA_KEY = b"prism"
 PROGRAM_KEY = "program"
 """Key of ``GraphMetadata.model`` for a graph of the user's own program (its ``ProgramSpec``)."""
@@ -37,6 +44,15 @@ REPLICA_OF_KEY = "replica_of"
 """Key of ``GraphMetadata.extra``: for each data-parallel replica (the ranks of one dp index), the
 first replica whose nodes it repeats position for position (itself when none does). A reader
 may then read the representatives alone (``prism.graph.sim.folded``). Absent: not recorded."""
+TRACES_KEY = "traces"
+"""Key of ``GraphMetadata.model`` for a graph built from Kineto traces (``--from-traces``): the
+directory, the ProfilerStep built, and each traced rank's file."""
+RECORDED_STEP_KEY = "recorded_step_ns"
+"""Key of ``GraphMetadata.extra`` for a graph built from traces: each traced rank's ProfilerStep
+as the trace recorded it, ns (what its simulation is to reproduce)."""
+STREAMS_KEY = "streams"
+"""Key of ``GraphMetadata.extra`` for a graph whose ranks have several streams: the name of each
+stream number, the same on every rank ("main thread", "thread 2", "cuda stream 7", ...)."""
 RECEIVED_VALUES_KEY = "received_values"
 """Key of ``GraphMetadata.extra`` for a pipelined program's graph: per stage (a string key), the
 base64 of its value-pass file (``prism.schemas.received_values``), so that a replay of the
@@ -80,11 +96,22 @@ FREE_BYTES = "free_bytes"
 DEPS = "deps"
 SRC_RANK = "src_rank"
 SRC_OP = "src_op"
+LANE_DEPS = "lane_deps"
+LANE_DEP_STREAM, LANE_DEP_INDEX, LANE_DEP_LAG_NS = "stream", "index", "lag_ns"
 
 NONE = -1
 """Integer columns use -1 for 'does not apply' (no microbatch, no peer, ...)."""
 
 _DICT = pa.dictionary(pa.int32(), pa.string())
+LANE_DEP = pa.struct(
+    [
+        pa.field(LANE_DEP_STREAM, pa.int16(), nullable=False),
+        pa.field(LANE_DEP_INDEX, pa.int32(), nullable=False),
+        pa.field(LANE_DEP_LAG_NS, pa.int64(), nullable=False),
+    ]
+)
+"""One dependency on a node of another stream of the same rank: its (stream, index), and the ns
+after its end the dependent node may start at the earliest (a launch latency; 0 for most)."""
 
 SCHEMA = pa.schema(
     [
@@ -117,10 +144,16 @@ SCHEMA = pa.schema(
         pa.field(DEPS, pa.list_(pa.int32()), nullable=False),  # indices (same rank, stream) it waits on
         pa.field(SRC_RANK, pa.int32(), nullable=False),  # captured rank the node was taken from
         pa.field(SRC_OP, pa.int64(), nullable=False),  # op of the captured rank's table it copies
+        pa.field(
+            LANE_DEPS, pa.list_(LANE_DEP), nullable=False
+        ),  # nodes of the rank's other streams it waits on
     ]
 )
 
 COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
+ADDED_IN = {LANE_DEPS: 4}
+"""Columns later than the first readable version: a file of an earlier version lacks them, and a
+reader gives them their empty value (no lane dependency)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,3 +197,9 @@ class GraphMetadata:
 
 def schema_with_metadata(metadata: GraphMetadata) -> pa.Schema:
     return SCHEMA.with_metadata({METADATA_KEY: metadata.to_bytes()})
+
+
+def no_lane_deps(rows: int) -> pa.ListArray:
+    """``lane_deps`` of ``rows`` nodes with none (a rank of one stream; a file before version 4)."""
+    offsets = pa.py_buffer(np.zeros(rows + 1, np.int32))  # every list empty; no copy
+    return pa.Array.from_buffers(pa.list_(LANE_DEP), rows, [None, offsets], children=[pa.array([], LANE_DEP)])

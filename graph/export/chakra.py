@@ -52,7 +52,7 @@ COMM_TYPES = {
 
 SCHEMA_VERSION = "0.0.4"
 _COLUMNS = [gf.STREAM, gf.KIND, gf.NAME, gf.PHASE, gf.DUR_NS, gf.GAP_NS, gf.IS_ASYNC, gf.DEPS, gf.GROUP_KIND,
-            gf.GROUP_INDEX, gf.PEER, gf.P2P_SEQ, gf.BYTES]  # fmt: skip
+            gf.GROUP_INDEX, gf.PEER, gf.P2P_SEQ, gf.BYTES, gf.LANE_DEPS]  # fmt: skip
 
 
 def _us(ns: int) -> int:
@@ -62,6 +62,11 @@ def _us(ns: int) -> int:
 def rank_nodes(path: str | Path, rank: int) -> list[Node]:
     """The Chakra nodes of ``rank`` of the graph at ``path``, in program order."""
     t = read_rank(path, rank, columns=_COLUMNS).to_pydict()
+    if any(t[gf.LANE_DEPS]):
+        raise ExportError(
+            f"rank {rank} has dependencies across its streams (a GPU rank's graph): the Chakra export "
+            "writes graphs of one stream a rank; `prism-export trace` shows this one"
+        )
     nodes: list[Node] = []
     id_of: dict[tuple[int, int], int] = {}  # (stream, index within stream) -> node id
     position: dict[int, int] = {}  # per stream: index of the next node
@@ -96,6 +101,12 @@ def rank_nodes(path: str | Path, rank: int) -> list[Node]:
                 Attr(name="comm_tag", int32_val=t[gf.P2P_SEQ][k]),
                 Attr(name="comm_size", int64_val=t[gf.BYTES][k]),
             ])  # fmt: skip
+        missing = [d for d in t[gf.DEPS][k] if (stream, d) not in id_of]
+        if missing:
+            raise ExportError(
+                f"rank {rank} stream {stream} index {index}: deps entry {missing[0]} is no earlier node of its "
+                "stream; the graph is damaged (prism-validate-graph tells more)"
+            )
         explicit = [id_of[(stream, d)] for d in t[gf.DEPS][k]]
         _append(nodes, last, last_blocking, stream, node, blocking=not t[gf.IS_ASYNC][k], deps=explicit)
         id_of[(stream, index)] = node.id

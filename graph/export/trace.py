@@ -23,6 +23,7 @@ from prism.schemas.annotations import group_label
 from prism.schemas.layout import ParallelLayout
 
 _COLUMNS = [
+    gf.STREAM,
     gf.KIND,
     gf.NAME,
     gf.PHASE,
@@ -56,9 +57,11 @@ def rank_trace(path: str | Path, rank: int, *, iterations: int = 2) -> dict:
     folding = load_folded(path)  # identical replicas once: the rank's times are its representative's
     graph, at = folding.graph, int(folding.rank_of[rank])
     result = simulate(graph, iterations=iterations)
-    rows = slice(int(graph.rank_ptr[at]), int(graph.rank_ptr[at + 1]))
+    firsts = np.r_[graph.rank_first_row(), len(graph.kind)]  # the rank's rows: all of its streams
+    rows = slice(int(firsts[at]), int(firsts[at + 1]))
     start, end = result.start_ns[rows], result.end_ns[rows]
     nodes = read_rank(path, rank, columns=_COLUMNS).to_pydict()
+    names = read_metadata(path).extra.get(gf.STREAMS_KEY) or ["main"]
     events: list[dict] = [
         {
             "name": "process_name",
@@ -67,8 +70,12 @@ def rank_trace(path: str | Path, rank: int, *, iterations: int = 2) -> dict:
             "tid": 0,
             "args": {"name": f"rank {rank} (simulated)"},
         },
-        {"name": "thread_name", "ph": "M", "pid": rank, "tid": 1, "args": {"name": "main"}},
     ]
+    events += [  # one thread row a stream (tid 0 is the process's)
+        {"name": "thread_name", "ph": "M", "pid": rank, "tid": s + 1,
+         "args": {"name": names[s] if s < len(names) else f"stream {s}"}}
+        for s in sorted(set(nodes[gf.STREAM]))
+    ]  # fmt: skip
     for k in np.argsort(start, kind="stable"):
         k = int(k)
         compute = nodes[gf.KIND][k] == gf.NodeKind.COMPUTE.value
@@ -78,7 +85,7 @@ def rank_trace(path: str | Path, rank: int, *, iterations: int = 2) -> dict:
                 "cat": "cpu_op" if compute else "user_annotation",
                 "name": nodes[gf.NAME][k] if compute else _comm_name(nodes, k),
                 "pid": rank,
-                "tid": 1,
+                "tid": nodes[gf.STREAM][k] + 1,
                 "ts": int(start[k]) / 1e3,
                 "dur": max(int(end[k]) - int(start[k]), 0) / 1e3,
                 "args": {"node": k, "phase": nodes[gf.PHASE][k], "microbatch": nodes[gf.MB][k],

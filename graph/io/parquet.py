@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from prism.schemas.graph_format import (
+    ADDED_IN,
     COLUMNS,
     INDEX,
     METADATA_KEY,
@@ -29,6 +30,7 @@ from prism.schemas.graph_format import (
     STAGE,
     STREAM,
     GraphMetadata,
+    no_lane_deps,
     schema_with_metadata,
 )
 from prism.schemas.layout import ParallelLayout
@@ -235,7 +237,7 @@ class GraphReader:
         except (pa.ArrowException, OSError, UnicodeDecodeError) as e:  # a footer's names can decode badly
             raise GraphFormatError(f"{self.path}: not a Parquet file ({e})") from None
         self.metadata = _parse_metadata(self.path, self._file.schema_arrow)
-        _check_columns(self.path, self._file.schema_arrow)
+        self._absent = _check_columns(self.path, self._file.schema_arrow, self.metadata.version)
         self._bounds: dict[int, tuple[int, int]] = {}
 
     def __enter__(self) -> GraphReader:
@@ -283,20 +285,33 @@ class GraphReader:
 
     def read_row_groups(self, groups: Sequence[int], columns: Sequence[str] | None = None) -> pa.Table:
         """These row groups, checked as ``iter_rank_chunks`` checks each."""
+        wanted = list(columns) if columns is not None else list(COLUMNS)
         with self._damage_is_format_error():
-            table = self._file.read_row_groups(
-                list(groups), columns=list(columns) if columns is not None else None
-            )
+            table = self._file.read_row_groups(list(groups), columns=self._stored(wanted))
             table.validate(full=True)
-        return table
+        return self._completed(table, wanted)
 
     def iter_rank_chunks(self, columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
         """One row group (``ranks_per_row_group`` consecutive ranks) at a time."""
+        wanted = list(columns) if columns is not None else list(COLUMNS)
         for i in range(self.num_row_groups):
             with self._damage_is_format_error():
-                chunk = self._file.read_row_group(i, columns=list(columns) if columns is not None else None)
+                chunk = self._file.read_row_group(i, columns=self._stored(wanted))
                 chunk.validate(full=True)
-            yield chunk
+            yield self._completed(chunk, wanted)
+
+    def _stored(self, wanted: list[str]) -> list[str]:
+        """The columns of ``wanted`` the file holds (one of an earlier version lacks later ones)."""
+        return [c for c in wanted if c not in self._absent]
+
+    def _completed(self, table: pa.Table, wanted: list[str]) -> pa.Table:
+        """``table`` with the columns the file lacks given their empty value, in ``wanted``'s order."""
+        if not self._absent or not any(c in self._absent for c in wanted):
+            return table
+        for name in wanted:
+            if name in self._absent:  # (lane_deps, the one column added since)
+                table = table.append_column(SCHEMA.field(name), no_lane_deps(table.num_rows))
+        return table.select(wanted)
 
     @property
     def num_rows(self) -> int:
@@ -304,6 +319,8 @@ class GraphReader:
 
     def read_column(self, column: str) -> pa.ChunkedArray:
         """One column of every node of the graph."""
+        if column in self._absent:
+            return pa.chunked_array([no_lane_deps(self.num_rows)])
         with self._damage_is_format_error():
             table = self._file.read(columns=[column])
             table.validate(full=True)
@@ -351,13 +368,19 @@ def _parse_metadata(path: Path, schema: pa.Schema) -> GraphMetadata:
         raise GraphFormatError(f"{path}: {e}") from None
 
 
-def _check_columns(path: Path, schema: pa.Schema) -> None:
+def _check_columns(path: Path, schema: pa.Schema, version: int) -> frozenset[str]:
+    """Every column of the file's version is there with its type; returns the later ones it lacks."""
+    absent = set()
     for field in SCHEMA:
         if field.name not in schema.names:
+            if version < ADDED_IN.get(field.name, 0):
+                absent.add(field.name)
+                continue
             raise GraphFormatError(f"{path}: column {field.name!r} is missing")
         found = schema.field(field.name).type
         if found != field.type:
             raise GraphFormatError(f"{path}: column {field.name!r} has type {found}, expected {field.type}")
+    return frozenset(absent)
 
 
 def read_metadata(path: str | os.PathLike) -> GraphMetadata:

@@ -1,6 +1,7 @@
 """Check that ``graph.parquet`` is a well-formed full-scale graph, streaming over its row groups.
 
-Per row group: sort order, contiguous indices, stage of each rank, ``deps`` pointing backwards.
+Per row group: sort order, contiguous indices, stage of each rank, ``deps`` pointing backwards,
+``lane_deps`` pointing at nodes of the rank's other streams.
 The comm rows are kept (as numpy arrays) until the scan has passed every rank that could hold
 the rest of their collective instance or transfer pair (the last member of the group their row
 names, the later of a send's two ranks), then checked: every collective instance has exactly its
@@ -136,10 +137,10 @@ def validate_graph(
             return ValidationReport(
                 path=str(path), problems=(f"metadata layout is invalid: {e}",), problem_count=1
             )
-        scan = _Scan(layout)
+        scan = _Scan(layout, streams=gf.STREAMS_KEY in reader.metadata.extra)
         _check_model(reader.metadata.model, layout, scan.problems)
         for done, chunk in enumerate(
-            reader.iter_rank_chunks([*_INTS, *_STRINGS, *_AMOUNTS, gf.DEPS]), start=1
+            reader.iter_rank_chunks([*_INTS, *_STRINGS, *_AMOUNTS, gf.DEPS, gf.LANE_DEPS]), start=1
         ):
             scan.chunk(chunk)
             if progress is not None:
@@ -209,8 +210,9 @@ def _check_model(model: dict, layout: ParallelLayout, problems: _Problems) -> No
 class _Scan:
     """Per-row-group checks; keeps the comm rows for the cross-rank checks at the end."""
 
-    def __init__(self, layout: ParallelLayout) -> None:
+    def __init__(self, layout: ParallelLayout, *, streams: bool = False) -> None:
         self.layout, self.world = layout, layout.world_size
+        self.streams = streams  # the metadata names several streams a rank
         self.problems, self.strings = _Problems(), _Strings()
         self.kinds = {k: self.strings.id(k.value) for k in gf.NodeKind}
         self.seen = np.zeros(self.world, bool)
@@ -230,6 +232,12 @@ class _Scan:
         self._order(c)
         self._ranks_stages_kinds(c)
         self._deps(c, table.column(gf.DEPS).combine_chunks())
+        self._lane_deps(c, table.column(gf.LANE_DEPS).combine_chunks())
+        if not self.streams:  # read as one stream a rank: nothing may be off stream 0
+            r, s, index = c[gf.RANK], c[gf.STREAM], c[gf.INDEX]
+            self.problems.per_rank(s != 0, r, lambda k: (
+                f"rank {r[k]} stream {s[k]} index {index[k]}: a stream beyond 0 in a graph whose metadata "
+                f"names no streams ({gf.STREAMS_KEY!r})"))  # fmt: skip
         self._amounts(c, table)
         kind = c[gf.KIND]
         coll = kind == self.kinds[gf.NodeKind.COLLECTIVE]
@@ -318,6 +326,27 @@ class _Scan:
         self.problems.per_rank(bad, rank, lambda k: (
             f"rank {rank[k]} stream {stream[k]} index {index[k]}: deps entry {target[k]} "
             "does not point to an earlier node of its (rank, stream)"))  # fmt: skip
+
+    def _lane_deps(self, c: Cols, lane_deps: pa.ListArray) -> None:
+        parent = pc.list_parent_indices(lane_deps).to_numpy()
+        if not len(parent):
+            return
+        values = pc.list_flatten(lane_deps).flatten()
+        to_stream, to_index, lag = (v.to_numpy().astype(np.int64) for v in values)
+        r, s = c[gf.RANK], c[gf.STREAM]
+        rank, stream, index = (c[k][parent] for k in (gf.RANK, gf.STREAM, gf.INDEX))
+        # The row group's lanes (rank, stream) and their lengths: the target must be one of them.
+        key = r * 65536 + s
+        starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+        lanes, lengths = key[starts], np.diff(np.r_[starts, len(key)])
+        wanted = rank * 65536 + to_stream
+        at = np.minimum(np.searchsorted(lanes, wanted), len(lanes) - 1)
+        bad = (to_stream == stream) | (lanes[at] != wanted) | (to_index < 0) | (to_index >= lengths[at])
+        self.problems.per_rank(bad, rank, lambda k: (
+            f"rank {rank[k]} stream {stream[k]} index {index[k]}: lane_deps entry (stream {to_stream[k]}, "
+            f"index {to_index[k]}) is no node of another stream of the rank"))  # fmt: skip
+        self.problems.per_rank(lag < 0, rank, lambda k: (
+            f"rank {rank[k]} stream {stream[k]} index {index[k]}: lane_deps lag {lag[k]} is negative"))  # fmt: skip
 
     def report(self, path: str) -> ValidationReport:
         missing = np.flatnonzero(~self.seen)

@@ -235,7 +235,7 @@ class Engine:
         self, g, start_clock: np.ndarray, external: np.ndarray | None = None, hedge: Hedge | None = None,
         order: np.ndarray | None = None,
     ) -> None:  # fmt: skip
-        n, n_ranks = len(g.kind), g.ranks
+        n, n_ranks = len(g.kind), g.lanes
         self.g = g
         self.hedge = hedge or Hedge.none()
         self.busy = g.busy_ns  # duration, plus the expected arrival skew of collectives (cached)

@@ -34,8 +34,8 @@ def _idle_before(graph: SimGraph, result: SimResult) -> np.ndarray:
     progress = np.where(graph.is_async, start, end)  # where the program was after each node
     reached = np.empty_like(start)
     reached[1:] = progress[:-1]
-    firsts = graph.rank_ptr[:-1]
-    reached[firsts] = result.rank_start_ns
+    firsts = graph.rank_ptr[:-1]  # of every lane: it starts when its rank does
+    reached[firsts] = result.rank_start_ns[graph.rank_of_lane()]
     return start - (reached + graph.gap)
 
 
@@ -50,14 +50,22 @@ def _waits_on_transfers(graph: SimGraph) -> np.ndarray:
 
 
 def breakdown(graph: SimGraph, result: SimResult) -> RankBreakdown:
+    """The split of each rank's iteration; of a rank of several streams, of its main thread's
+    (stream 0: its CUDA calls as compute, the CPU work between them as overhead, and its waits
+    for the GPU as exposed communication)."""
     rank = graph.node_rank()
     idle = _idle_before(graph, result)
     span = result.end_ns - result.start_ns
     sync_coll = (graph.kind == COLLECTIVE) & ~graph.is_async
     on_transfers = _waits_on_transfers(graph)
+    counted = None
+    if graph.lane_rank is not None:
+        main = np.searchsorted(graph.lane_rank, np.arange(graph.ranks))  # each rank's first lane
+        counted = np.isin(graph.node_lane(), main)
 
     def per_rank(values: np.ndarray) -> np.ndarray:
-        return np.bincount(rank, weights=values, minlength=graph.ranks).astype(np.int64)
+        weights = values if counted is None else np.where(counted, values, 0)
+        return np.bincount(rank, weights=weights, minlength=graph.ranks).astype(np.int64)
 
     compute = per_rank(np.where(graph.kind == COMPUTE, graph.dur, 0))
     overhead = per_rank(graph.gap.astype(np.float64))
@@ -83,10 +91,12 @@ def critical_path(graph: SimGraph, result: SimResult) -> np.ndarray:
         if slot >= 0:
             members = graph.slot_nodes[graph.slot_nodes_ptr[slot] : graph.slot_nodes_ptr[slot + 1]]
             node = int(members[np.argmax(start[members])])  # the last to arrive held everyone up
-        deps = graph.deps[graph.deps_ptr[node] : graph.deps_ptr[node + 1]]
-        latest = int(deps[np.argmax(end[deps])]) if len(deps) else -1
-        if latest >= 0 and end[latest] == start[node]:
-            node = latest
+        span = slice(graph.deps_ptr[node], graph.deps_ptr[node + 1])
+        deps = graph.deps[span]
+        ready = end[deps] + (0 if graph.deps_lag is None else graph.deps_lag[span])
+        latest = int(np.argmax(ready)) if len(deps) else -1
+        if latest >= 0 and ready[latest] == start[node]:
+            node = int(deps[latest])
         elif firsts[node]:
             break
         else:

@@ -23,7 +23,7 @@ def _critical_path_summary(graph: SimGraph, result: SimResult) -> dict:
     """The critical path's length in nodes, the ranks it crosses (of the graph simulated: one
     replica stands for the identical ones) and its time by node kind."""
     path = critical_path(graph, result)
-    ranks = np.searchsorted(graph.rank_ptr, path, side="right") - 1
+    ranks = graph.rank_of_lane()[np.searchsorted(graph.rank_ptr, path, side="right") - 1]
     span = result.end_ns[path] - result.start_ns[path]
     by_kind = {name: int(span[graph.kind[path] == code].sum()) for code, name in enumerate(_KIND_NAMES)}
     return {"nodes": len(path), "ranks": len(np.unique(ranks)), "ns_by_kind": by_kind}
@@ -50,7 +50,7 @@ def predict(
     per_rank = folding.per_rank
     ranks = {
         "rank": list(range(len(folding.rank_of))),
-        "stage": per_rank(graph.stage[graph.rank_ptr[:-1]]).tolist(),
+        "stage": per_rank(graph.stage[graph.rank_first_row()]).tolist(),
         "iteration_ns": per_rank(result.iteration_ns).tolist(),
         "peak_bytes": per_rank(result.peak_bytes).tolist(),
         "compute_ns": per_rank(parts.compute_ns).tolist(),

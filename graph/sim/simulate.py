@@ -37,7 +37,9 @@ _KIND_CODES = {
 }
 _COLUMNS = [gf.RANK, gf.STAGE, gf.KIND, gf.DUR_NS, gf.GAP_NS, gf.SKEW_NS, gf.IS_ASYNC, gf.COLL_ID, gf.PEER]
 _COLUMNS += [gf.P2P_SEQ, gf.GROUP_SIZE]
-_COLUMNS += [gf.DEPS, gf.ALLOC_BYTES, gf.FREE_BYTES]
+_COLUMNS += [gf.DEPS, gf.ALLOC_BYTES, gf.FREE_BYTES, gf.STREAM]
+_LANE_COLUMNS = [gf.LANE_DEPS]
+"""Read only from a graph of several streams a rank (its metadata names them, ``STREAMS_KEY``)."""
 
 
 class SimulationError(RuntimeError):
@@ -46,13 +48,16 @@ class SimulationError(RuntimeError):
 
 @dataclass(frozen=True, kw_only=True)
 class SimGraph:
-    """A graph as the engine's arrays (all ranks, rows in (rank, index) order)."""
+    """A graph as the engine's arrays (all ranks, rows in (rank, stream, index) order).
+
+    The engine runs lanes: each rank's streams (``lane_rank``), or one lane a rank."""
 
     layout: ParallelLayout
     """The graph's layout (every rank of it)."""
     stage_static_bytes: np.ndarray
     """Bytes a rank of each stage holds across iterations (``static_bytes_of``)."""
     rank_ptr: np.ndarray
+    """First row of each lane, and the row count last (with one lane a rank: of each rank)."""
     stage: np.ndarray
     kind: np.ndarray
     dur: np.ndarray
@@ -71,6 +76,9 @@ class SimGraph:
     """Expected arrival skew of collectives (``prism.graph.sim.noise``); None: none."""
     deps_lag: np.ndarray | None = None
     """ns added to each entry of ``deps`` (a launch latency), aligned with it; None: none."""
+    lane_rank: np.ndarray | None = None
+    """The rank (of the ranks held, 0 ...) each lane belongs to, where ranks have several
+    streams; None: one lane a rank, ``rank_ptr`` indexes ranks."""
 
     @cached_property
     def busy_ns(self) -> np.ndarray:
@@ -81,12 +89,31 @@ class SimGraph:
         return self.dur if self.skew is None else self.dur + self.skew
 
     @property
-    def ranks(self) -> int:
+    def lanes(self) -> int:
         return len(self.rank_ptr) - 1
+
+    @property
+    def ranks(self) -> int:
+        return self.lanes if self.lane_rank is None else int(self.lane_rank[-1]) + 1 if self.lanes else 0
+
+    def rank_of_lane(self) -> np.ndarray:
+        """The rank of every lane."""
+        return np.arange(self.lanes) if self.lane_rank is None else self.lane_rank
 
     def node_rank(self) -> np.ndarray:
         """The rank of every node (rows are grouped by rank)."""
-        return np.repeat(np.arange(self.ranks), np.diff(self.rank_ptr))
+        return np.repeat(self.rank_of_lane(), np.diff(self.rank_ptr))
+
+    def node_lane(self) -> np.ndarray:
+        """The lane of every node."""
+        return np.repeat(np.arange(self.lanes), np.diff(self.rank_ptr))
+
+    def rank_first_row(self) -> np.ndarray:
+        """The first row of every rank."""
+        if self.lane_rank is None:
+            return self.rank_ptr[:-1]
+        first_lane = np.searchsorted(self.lane_rank, np.arange(self.ranks))
+        return self.rank_ptr[first_lane]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -171,18 +198,23 @@ class _Columns:
     INT64 = (gf.DUR_NS, gf.GAP_NS, gf.SKEW_NS, gf.COLL_ID, gf.ALLOC_BYTES, gf.FREE_BYTES)
     INT32 = (gf.RANK, gf.PEER, gf.P2P_SEQ, gf.GROUP_SIZE)
 
-    def __init__(self, n: int, world: int, *, subset: bool = False) -> None:
+    def __init__(self, n: int, world: int, *, subset: bool = False, lanes: bool = False) -> None:
+        self.world = world
+        self.lanes = lanes
         self.group_kinds: dict[str, int] = {}  # group_kind string -> code, when reading a subset
         self.arrays = {name: np.empty(n, np.int64) for name in self.INT64}
         self.arrays |= {name: np.empty(n, np.int32) for name in self.INT32}
         self.arrays[gf.STAGE] = np.empty(n, np.int16)
+        self.arrays[gf.STREAM] = np.empty(n, np.int16)
         self.arrays[gf.KIND] = np.empty(n, np.int8)
         self.arrays[gf.IS_ASYNC] = np.empty(n, np.bool_)
         if subset:
             self.arrays[gf.GROUP_KIND] = np.empty(n, np.int16)
         self.deps_count = np.zeros(n + 1, np.int64)
         self.deps_chunks: list[np.ndarray] = []
-        self.first_row = np.full(world, np.iinfo(np.int64).max, np.int64)  # global row of each rank's index 0
+        self.lane_deps: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (owner, target, lag) rows
+        self.lane_starts: list[np.ndarray] = []  # global first row of each lane
+        self.last_rank = -1
 
     def codes(self, group_kinds: tuple[str, ...]) -> list[int]:
         """Codes of these group kinds in the group_kind array (those seen)."""
@@ -204,20 +236,63 @@ class _Columns:
                 array[rows] = table[name].to_numpy(zero_copy_only=False)
             else:
                 array[rows] = table[name].to_numpy()
-        rank = self.arrays[gf.RANK][rows]
-        if len(rank) and (rank[0] < 0 or rank[-1] >= len(self.first_row) or (np.diff(rank) < 0).any()):
+        rank, stream = self.arrays[gf.RANK][rows], self.arrays[gf.STREAM][rows]
+        if not len(rank):
+            return
+        same_rank = rank[1:] == rank[:-1]
+        if (
+            rank[0] <= self.last_rank  # a rank's rows in two row groups, or ranks out of order
+            or rank[-1] >= self.world
+            or (np.diff(rank) < 0).any()
+            or (stream < 0).any()
+            or (np.diff(stream.astype(np.int32))[same_rank] < 0).any()
+            or (not self.lanes and stream.any())  # streams the metadata does not name
+        ):
             raise SimulationError(
-                f"ranks out of order or outside the world of {len(self.first_row)} in the rows from global row "
-                f"{offset}; the graph is damaged or was not written by prism-build-graph"
+                f"ranks or streams out of order, ranks outside the world of {self.world}, or streams the metadata "
+                f"does not name, in the rows from global row {offset}; the graph is damaged or was not written "
+                "by prism-build-graph"
             )
-        starts = np.flatnonzero(np.r_[True, rank[1:] != rank[:-1]])  # rows are sorted by rank
-        self.first_row[rank[starts]] = np.minimum(self.first_row[rank[starts]], offset + starts)
+        self.last_rank = int(rank[-1])
+        new_lane = np.r_[True, ~same_rank | (stream[1:] != stream[:-1])]
+        lane_start = np.flatnonzero(new_lane)
+        self.lane_starts.append(offset + lane_start)
+        lane_of_row = np.cumsum(new_lane) - 1
+        first_of_row = offset + lane_start[lane_of_row]
         deps = table[gf.DEPS].combine_chunks()
         counts = np.diff(deps.offsets.to_numpy())
         self.deps_count[offset + 1 : offset + 1 + table.num_rows] = counts
-        if counts.any():  # same-rank indices -> global rows
+        if counts.any():  # same-lane indices -> global rows
             owner = np.repeat(np.arange(table.num_rows), counts)
-            self.deps_chunks.append(deps.values.to_numpy().astype(np.int64) + self.first_row[rank[owner]])
+            self.deps_chunks.append(deps.values.to_numpy().astype(np.int64) + first_of_row[owner])
+        if self.lanes:
+            self._fill_lane_deps(table, offset, rank, stream, lane_start)
+
+    def _fill_lane_deps(
+        self, table: pa.Table, offset: int, rank: np.ndarray, stream: np.ndarray, lane_start: np.ndarray
+    ) -> None:
+        """Dependencies on other streams of the same rank, as global rows with their lags."""
+        column = table[gf.LANE_DEPS].combine_chunks()
+        counts = np.diff(column.offsets.to_numpy())
+        if not counts.any():
+            return
+        values = column.values.flatten()  # stream, index, lag_ns
+        first = column.offsets[0].as_py()
+        to_stream, index, lag = (v.to_numpy()[first : first + counts.sum()].astype(np.int64) for v in values)
+        owner = np.repeat(np.arange(table.num_rows), counts)
+        keys = rank[lane_start].astype(np.int64) * 65536 + stream[lane_start]
+        wanted = rank[owner].astype(np.int64) * 65536 + to_stream
+        lane = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)
+        lane_len = np.diff(np.r_[lane_start, len(rank)])[lane]
+        bad = np.flatnonzero((keys[lane] != wanted) | (index < 0) | (index >= lane_len) | (lag < 0))
+        if len(bad):
+            raise SimulationError(
+                f"a lane dependency on no node of another stream of the same rank, or with a negative lag "
+                f"({len(bad)} of them, first at global row {offset + owner[bad[0]]}); the graph is damaged "
+                "(prism-validate-graph tells more)"
+            )
+        target = offset + lane_start[lane] + index
+        self.lane_deps.append((offset + owner, target, lag))
 
 
 def load_sim_graph(path: str | Path, ranks: np.ndarray | None = None) -> SimGraph:
@@ -227,18 +302,22 @@ def load_sim_graph(path: str | Path, ranks: np.ndarray | None = None) -> SimGrap
     arrays plus one row group, not the whole Arrow table beside them. ``ranks`` (sorted, whole
     dp replicas): only those ranks' nodes, read from the row groups that hold them; a collective
     over data-parallel or world groups then has its members among them (``prism.graph.sim.folded``
-    reads identical replicas once this way).
+    reads identical replicas once this way). Each rank's streams are lanes of the engine, in a
+    graph whose metadata names its streams (``STREAMS_KEY``; without it every node is on
+    stream 0, as the validator checks).
     """
     with GraphReader(path) as reader:
         metadata = reader.metadata
         layout = ParallelLayout.from_dict(metadata.layout)
         world = layout.world_size
+        lanes = gf.STREAMS_KEY in metadata.extra
+        wanted = [*_COLUMNS, *(_LANE_COLUMNS if lanes else ())]
         if ranks is None:
-            chunks, rows, loaded = reader.iter_rank_chunks(_COLUMNS), reader.num_rows, np.arange(world)
+            chunks, rows, loaded = reader.iter_rank_chunks(wanted), reader.num_rows, np.arange(world)
         else:
-            chunks = reader.read_ranks(ranks, [*_COLUMNS, gf.GROUP_KIND])
+            chunks = reader.read_ranks(ranks, [*wanted, gf.GROUP_KIND])
             rows, loaded = sum(t.num_rows for t in chunks), np.asarray(ranks, np.int64)
-        columns = _Columns(rows, world, subset=ranks is not None)
+        columns = _Columns(rows, world, subset=ranks is not None, lanes=lanes)
         offset = 0
         for table in chunks:
             columns.fill(table, offset)
@@ -246,7 +325,16 @@ def load_sim_graph(path: str | Path, ranks: np.ndarray | None = None) -> SimGrap
             del table
     a = columns.arrays
     rank = a.pop(gf.RANK)
-    rank_ptr = np.searchsorted(rank, np.r_[loaded, world]).astype(np.int64)
+    stream = a.pop(gf.STREAM)
+    lane_rank = None
+    if stream.any():  # several streams a rank: each one lane of the engine
+        lane_first = np.concatenate(columns.lane_starts) if columns.lane_starts else np.zeros(0, np.int64)
+        rank_ptr = np.r_[lane_first, rows].astype(np.int64)
+        lane_rank = np.searchsorted(loaded, rank[lane_first]).astype(np.int64)
+        if len(np.unique(lane_rank)) != len(loaded):
+            raise SimulationError(f"{path}: a rank of the graph has no node; the graph is damaged")
+    else:
+        rank_ptr = np.searchsorted(rank, np.r_[loaded, world]).astype(np.int64)
     kind = a.pop(gf.KIND)
     slot, slot_size = _slots(path, kind, a.pop(gf.COLL_ID), rank, a.pop(gf.PEER), a.pop(gf.P2P_SEQ), world)
     members = a.pop(gf.GROUP_SIZE)
@@ -261,12 +349,31 @@ def load_sim_graph(path: str | Path, ranks: np.ndarray | None = None) -> SimGrap
     deps_ptr = np.cumsum(columns.deps_count)
     deps = np.concatenate(columns.deps_chunks) if columns.deps_chunks else np.zeros(0, np.int64)
     _check_structure(path, a, columns.deps_count[1:], deps, rank_ptr, layout.pp)
+    deps_ptr, deps, deps_lag = _with_lane_deps(deps_ptr, deps, columns.lane_deps)
     return SimGraph(
         layout=layout, stage_static_bytes=static_bytes_of(metadata, layout), rank_ptr=rank_ptr, stage=a[gf.STAGE], kind=kind, dur=a[gf.DUR_NS], gap=a[gf.GAP_NS],
         skew=_skew_or_none(a[gf.SKEW_NS]), is_async=a[gf.IS_ASYNC], slot=slot, slot_size=slot_size,
         slot_nodes_ptr=slot_nodes_ptr, slot_nodes=slot_nodes, deps_ptr=deps_ptr, deps=deps,
-        alloc=a[gf.ALLOC_BYTES], free=a[gf.FREE_BYTES],
+        alloc=a[gf.ALLOC_BYTES], free=a[gf.FREE_BYTES], deps_lag=deps_lag, lane_rank=lane_rank,
     )  # fmt: skip
+
+
+def _with_lane_deps(
+    deps_ptr: np.ndarray, deps: np.ndarray, lane_deps: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Each node's same-lane dependencies (lag 0) followed by its lane dependencies (checked to
+    stay inside their rank as they were read), in one CSR."""
+    if not lane_deps:
+        return deps_ptr, deps, None
+    owner, target, lag = (np.concatenate(parts) for parts in zip(*lane_deps, strict=True))
+    n = len(deps_ptr) - 1
+    same_owner = np.repeat(np.arange(n), np.diff(deps_ptr))
+    all_owner = np.r_[same_owner, owner]
+    order = np.argsort(all_owner, kind="stable")
+    merged = np.r_[deps, target][order]
+    merged_lag = np.r_[np.zeros(len(deps), np.int64), lag][order]
+    ptr = np.r_[0, np.cumsum(np.bincount(all_owner, minlength=n))].astype(np.int64)
+    return ptr, merged.astype(np.int64), merged_lag
 
 
 MAX_TOTAL_NS = 2**62
@@ -302,7 +409,7 @@ def _check_structure(
     rank_of_owner = np.searchsorted(rank_ptr, owner, side="right") - 1
     outside = np.flatnonzero((deps < rank_ptr[rank_of_owner]) | (deps >= owner))
     if len(outside):
-        raise bad("a dependency on no earlier node of the same rank", owner[outside])
+        raise bad("a dependency on no earlier node of the same rank and stream", owner[outside])
 
 
 def _check_membership(
@@ -337,9 +444,12 @@ def _skew_or_none(skew: np.ndarray) -> np.ndarray | None:
 
 def static_bytes_of(metadata: gf.GraphMetadata, layout: ParallelLayout) -> np.ndarray:
     """Static bytes of a rank of each stage: measured at capture for a program's graph
-    (``gf.STATIC_BYTES_KEY``), computed from the model for the built-in GPT's."""
+    (``gf.STATIC_BYTES_KEY``), computed from the model for the built-in GPT's, none for a graph
+    built from traces."""
     if gf.PROGRAM_KEY in metadata.model:
         return np.asarray(metadata.extra[gf.STATIC_BYTES_KEY], np.int64)
+    if gf.TRACES_KEY in metadata.model:  # a trace's memory is not read
+        return np.zeros(layout.pp, np.int64)
     config = GPTConfig.from_dict(metadata.model)
     return np.array([static_bytes(config, s) for s in range(layout.pp)], np.int64)
 
@@ -354,16 +464,20 @@ def static_bytes(config: GPTConfig, stage: int) -> int:
 
 
 def peak_bytes(graph: SimGraph) -> np.ndarray:
-    """Static bytes plus the highest running total of each rank's allocations, in program order."""
+    """Static bytes plus the highest running total of each rank's allocations, in program order
+    (a rank of several streams: the sum of each stream's highest)."""
     delta = graph.alloc - graph.free
     running = np.cumsum(delta)
     before = running - delta  # total before each node
-    rank_of = graph.node_rank()
-    base = np.concatenate([[0], running])[graph.rank_ptr[:-1]]  # running total at each rank's start
-    high = np.full(graph.ranks, 0, np.int64)
-    np.maximum.at(high, rank_of, before - base[rank_of] + graph.alloc)
-    stages = graph.stage[graph.rank_ptr[:-1]]
-    static = graph.stage_static_bytes[stages]
+    lane_of = graph.node_lane()
+    base = np.concatenate([[0], running])[graph.rank_ptr[:-1]]  # running total at each lane's start
+    high = np.full(graph.lanes, 0, np.int64)
+    np.maximum.at(high, lane_of, before - base[lane_of] + graph.alloc)
+    if graph.lane_rank is not None:
+        per_rank = np.zeros(graph.ranks, np.int64)
+        np.add.at(per_rank, graph.lane_rank, high)
+        high = per_rank
+    static = graph.stage_static_bytes[graph.stage[graph.rank_first_row()]]
     return static + high
 
 
@@ -371,21 +485,28 @@ def simulate(graph: SimGraph, *, iterations: int = 2) -> SimResult:
     """Run ``iterations`` back-to-back passes; the last one gives the steady state.
 
     Identical dp replicas are simulated once (``prism.graph.sim.fold``: exact, every rank's times
-    are its representative's)."""
+    are its representative's). A rank of several streams starts each pass on all of them at once,
+    when the last of them ended the pass before."""
     check_total_time(graph, iterations)
     folding = fold_replicas(graph)
     g = folding.graph
+    lane_rank = g.rank_of_lane()
     clock = np.zeros(g.ranks, np.int64)
     previous = clock
     for _ in range(iterations):
-        engine = Engine(g, clock)
+        engine = Engine(g, clock[lane_rank])
         engine.advance()
         start, end, pc = engine.start, engine.end, engine.pc
         stuck = np.flatnonzero(pc < g.rank_ptr[1:])
         if len(stuck):
-            stuck = np.flatnonzero(np.isin(folding.rank_of, stuck))  # as ranks of the full graph
+            stuck = np.flatnonzero(np.isin(folding.rank_of, lane_rank[stuck]))  # as ranks of the full graph
             raise SimulationError(f"deadlock: {len(stuck)} rank(s) cannot finish, first rank {stuck[0]}")
-        previous, clock = clock, np.maximum.reduceat(end, g.rank_ptr[:-1])
+        lane_end = np.maximum.reduceat(end, g.rank_ptr[:-1])
+        if g.lane_rank is not None:
+            rank_end = np.full(g.ranks, np.iinfo(np.int64).min, np.int64)
+            np.maximum.at(rank_end, g.lane_rank, lane_end)
+            lane_end = rank_end
+        previous, clock = clock, lane_end
     return SimResult(
         start_ns=folding.per_node(start),
         end_ns=folding.per_node(end),

@@ -78,6 +78,12 @@ def _cell_value(field: pa.Field) -> st.SearchStrategy:
         return st.sampled_from([k.value for k in gf.NodeKind]) | st.text(max_size=12)
     if pa.types.is_boolean(field.type):
         return st.booleans()
+    if field.name == gf.LANE_DEPS:
+        entry = st.fixed_dictionaries({
+            gf.LANE_DEP_STREAM: st.integers(-2, 8), gf.LANE_DEP_INDEX: st.integers(-3, 5000),
+            gf.LANE_DEP_LAG_NS: st.sampled_from([-1, 0, 20_000, 2**62]),
+        })  # fmt: skip
+        return st.lists(entry, max_size=3)
     if pa.types.is_list(field.type):
         return st.lists(st.integers(-3, 5000), max_size=3)
     top = _INT_BOUNDS[field.type]

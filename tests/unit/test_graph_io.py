@@ -33,7 +33,7 @@ DEFAULTS = {
     gf.STREAM: 0, gf.PHASE: "", gf.MB: -1, gf.LAYER: -1, gf.PART: "", gf.DUR_NS: 1000, gf.GAP_NS: 0, gf.SKEW_NS: 0,
     gf.COLL_ID: -1, gf.GROUP_KIND: "", gf.GROUP_INDEX: -1, gf.GROUP_SIZE: 0, gf.PEER: -1, gf.P2P_SEQ: -1,
     gf.BYTES: 0, gf.DTYPE: "", gf.IS_ASYNC: False, gf.ALLOC_BYTES: 0, gf.FREE_BYTES: 0, gf.DEPS: [],
-    gf.SRC_RANK: 0, gf.SRC_OP: 0,
+    gf.SRC_RANK: 0, gf.SRC_OP: 0, gf.LANE_DEPS: [],
 }  # fmt: skip
 
 
@@ -41,7 +41,7 @@ def metadata(layout: ParallelLayout = LAYOUT, **changes: object) -> GraphMetadat
     values = dict(
         layout=layout.to_dict(), model={"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "layers": 4},
         cluster={"name": "test"}, capture_digest="0" * 64, build_options={"microbatches": 1},
-        prism_version="0.1.0",
+        prism_version="0.1.0", extra={gf.STREAMS_KEY: ["main thread", "thread 2"]},  # a side thread
     )  # fmt: skip
     return GraphMetadata(**{**values, **changes})
 

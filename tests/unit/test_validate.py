@@ -237,7 +237,7 @@ def _text_file(path: Path) -> Path:
     [
         (lambda p: p, "no such file"),
         (_text_file, "not a Parquet file"),
-        (_wrong_version, f"graph format version {gf.VERSION + 1} is not supported (reads 2, 3)"),
+        (_wrong_version, f"graph format version {gf.VERSION + 1} is not supported (reads 2, 3, 4)"),
     ],
 )
 def test_cli_unreadable_file_is_one_error_line(
@@ -259,8 +259,8 @@ def test_collectives_and_transfers_are_checked_once_the_scan_has_passed_their_ra
     and dropped as soon as the scan has passed their last member, not kept to the end."""
     path = write_graph(tmp_path / "g.parquet")
     with GraphReader(path) as reader:
-        scan = _Scan(ParallelLayout.from_dict(reader.metadata.layout))
-        for chunk in reader.iter_rank_chunks([*_INTS, *_STRINGS, *_AMOUNTS, gf.DEPS]):
+        scan = _Scan(ParallelLayout.from_dict(reader.metadata.layout), streams=True)
+        for chunk in reader.iter_rank_chunks([*_INTS, *_STRINGS, *_AMOUNTS, gf.DEPS, gf.LANE_DEPS]):
             scan.chunk(chunk)
             passed = scan.last[0] - 1
             kinds = scan.coll.rows.get(gf.GROUP_KIND, np.empty(0))

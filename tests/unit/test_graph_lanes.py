@@ -1,0 +1,143 @@
+"""Graphs whose ranks have several streams (format version 4): a GPU rank's CPU thread and GPU
+streams as lanes, dependencies across them with lags, read, validated and simulated."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from test_simulate import DEFAULTS, collective, compute, config
+
+from prism.graph.export.chakra import rank_nodes
+from prism.graph.export.trace import ExportError, rank_trace
+from prism.graph.io.parquet import GraphReader, GraphWriter
+from prism.graph.io.validate import validate_graph
+from prism.graph.sim.predict import predict
+from prism.graph.sim.simulate import SimulationError, load_sim_graph, simulate
+from prism.schemas import graph_format as gf
+from prism.schemas.graph_format import GraphMetadata
+
+LAUNCH_NS = 20
+
+
+def on(stream: int, index: int, lag: int = 0) -> dict:
+    return {gf.LANE_DEP_STREAM: stream, gf.LANE_DEP_INDEX: index, gf.LANE_DEP_LAG_NS: lag}
+
+
+def gpu_rank(kernel_ns: int) -> list[list[dict]]:
+    """A CPU thread that launches a kernel and an NCCL all-reduce, then synchronizes; a GPU stream
+    that runs them, each no earlier than its launch's end plus the launch latency."""
+    cpu = [compute(10), compute(10), compute(5, **{gf.LANE_DEPS: [on(1, 1)]})]
+    gpu = [
+        compute(kernel_ns, **{gf.LANE_DEPS: [on(0, 0, LAUNCH_NS)]}),
+        collective(7, 50, 2, **{gf.LANE_DEPS: [on(0, 1, LAUNCH_NS)], gf.GROUP_INDEX: 0}),
+    ]
+    return [cpu, gpu]
+
+
+def metadata(version: int = gf.VERSION) -> GraphMetadata:
+    cfg = config(tp=2)
+    return GraphMetadata(
+        layout=cfg.layout.to_dict(), model=cfg.to_dict(), cluster={}, capture_digest="0" * 64,
+        build_options={}, prism_version="test", version=version,
+        extra={gf.STREAMS_KEY: ["main thread", "cuda stream 7"]},
+    )  # fmt: skip
+
+
+def rows(ranks: list[list[list[dict]]]) -> pa.Table:
+    out = [
+        {**DEFAULTS, **node, gf.RANK: rank, gf.STREAM: stream, gf.INDEX: i, gf.STAGE: 0}
+        for rank, streams in enumerate(ranks)
+        for stream, nodes in enumerate(streams)
+        for i, node in enumerate(nodes)
+    ]
+    schema = pa.schema([f.with_type(pa.string()) if pa.types.is_dictionary(f.type) else f for f in gf.SCHEMA])
+    return pa.Table.from_pylist(out, schema=schema).cast(gf.SCHEMA)
+
+
+def write(path: Path, ranks: list[list[list[dict]]]) -> Path:
+    with GraphWriter(path, metadata(), ranks_per_row_group=1) as writer:
+        writer.write_ranks(rows(ranks))
+    return path
+
+
+def test_gpu_lanes_wait_for_launches_collectives_and_syncs(tmp_path: Path) -> None:
+    path = write(tmp_path / "g.parquet", [gpu_rank(100), gpu_rank(300)])
+    graph = load_sim_graph(path)
+    assert graph.lanes == 4 and graph.ranks == 2 and list(graph.lane_rank) == [0, 0, 1, 1]
+    result = simulate(graph, iterations=2)
+    # Rank 0's kernel runs 30-130 (launch ended at 10, + 20), rank 1's 30-330; the all-reduce
+    # starts on both streams when the later one arrives (330) and ends at 380; each CPU thread's
+    # synchronize returns 5 ns after that.
+    for rank, kernel_end in ((0, 130), (1, 330)):
+        first = int(graph.rank_first_row()[rank])
+        cpu, gpu = slice(first, first + 3), slice(first + 3, first + 5)
+        start = result.start_ns - result.rank_start_ns[rank]
+        end = result.end_ns - result.rank_start_ns[rank]
+        assert list(start[gpu]) == [30, kernel_end]
+        assert list(end[gpu]) == [kernel_end, 380]
+        assert list(start[cpu]) == [0, 10, 380] and list(end[cpu]) == [10, 20, 385]
+    # Each pass starts every stream of a rank when its last one ended the pass before.
+    assert list(result.iteration_ns) == [385, 385]
+    assert list(result.rank_start_ns) == [385, 385]
+    summary = predict(path)
+    assert summary.ranks["iteration_ns"] == [385, 385]
+    assert summary.ranks["stage"] == [0, 0]
+    assert validate_graph(path).ok
+    # Its exported trace: a thread row a stream, named as the graph names them.
+    events = rank_trace(path, 1)["traceEvents"]
+    assert {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"} == {
+        1: "main thread",
+        2: "cuda stream 7",
+    }
+    spans = sorted((e["tid"], e["ts"], e["dur"]) for e in events if e["ph"] == "X")
+    assert spans == [(1, 0.385, 0.01), (1, 0.395, 0.01), (1, 0.765, 0.005), (2, 0.415, 0.3), (2, 0.715, 0.05)]
+    with pytest.raises(ExportError, match="dependencies across its streams"):
+        rank_nodes(path, 0)
+
+
+def test_a_lane_dependency_on_no_node_is_refused(tmp_path: Path) -> None:
+    bad = gpu_rank(100)
+    bad[0][2] = compute(5, **{gf.LANE_DEPS: [on(1, 9)]})  # the GPU stream has 2 nodes
+    path = write(tmp_path / "g.parquet", [bad, gpu_rank(100)])
+    with pytest.raises(SimulationError, match="lane dependency on no node"):
+        load_sim_graph(path)
+    report = validate_graph(path)
+    assert not report.ok
+    assert any("lane_deps entry (stream 1, index 9)" in p for p in report.problems)
+
+
+def test_streams_the_metadata_does_not_name_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "g.parquet"
+    unnamed = metadata()
+    unnamed = GraphMetadata(**{**unnamed.__dict__, "extra": {}})
+    with GraphWriter(path, unnamed, ranks_per_row_group=1) as writer:
+        writer.write_ranks(rows([gpu_rank(100), gpu_rank(100)]))
+    with pytest.raises(SimulationError, match="streams the metadata does not name"):
+        load_sim_graph(path)
+    assert any("names no streams" in p for p in validate_graph(path).problems)
+
+
+def test_a_file_of_version_3_reads_with_no_lane_dependency(tmp_path: Path) -> None:
+    tp = {gf.GROUP_INDEX: 0}
+    one_stream = [
+        [compute(100), collective(7, 50, 2, **tp), compute(10)],
+        [compute(300), collective(7, 50, 2, **tp), compute(10)],
+    ]
+    table = rows([[nodes] for nodes in one_stream]).drop_columns([gf.LANE_DEPS])
+    schema = table.schema.with_metadata({gf.METADATA_KEY: metadata(version=3).to_bytes()})
+    path = tmp_path / "v3.parquet"
+    pq.write_table(table.replace_schema_metadata(schema.metadata), path, row_group_size=3)
+    with GraphReader(path) as reader:
+        assert reader.read_rank(1)[gf.LANE_DEPS].to_pylist() == [[], [], []]
+    graph = load_sim_graph(path)
+    assert graph.lane_rank is None and graph.deps_lag is None
+    assert list(simulate(graph, iterations=1).iteration_ns) == [360, 360]
+    assert validate_graph(path).ok
+    # A version 4 file must have the column.
+    schema = table.schema.with_metadata({gf.METADATA_KEY: metadata().to_bytes()})
+    pq.write_table(table.replace_schema_metadata(schema.metadata), path, row_group_size=3)
+    with pytest.raises(ValueError, match="column 'lane_deps' is missing"):
+        load_sim_graph(path)
