@@ -1,4 +1,5 @@
-"""``prism-build-graph``: extrapolate a capture into the full-scale execution graph (Parquet)."""
+"""``prism-build-graph``: extrapolate a capture into the full-scale execution graph (Parquet), or
+build one from Kineto traces recorded by anyone (``--from-traces``)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import dataclasses
 import os
 import signal
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -14,8 +15,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from prism.graph.build.builder import BuildError, BuildOptions, BuildResult, build_graph
+from prism.graph.build.from_traces import TraceBuild, build_from_traces
 from prism.graph.build.profiler_overhead import Correction
 from prism.graph.io.parquet import GraphFormatError
+from prism.graph.io.validate import validate_graph
 from prism.graph.sim.predict import predict, stage_table
 from prism.graph.sim.simulate import SimulationError
 from prism.graph.traces.kineto import NormalizeError
@@ -23,7 +26,7 @@ from prism.schemas import cli_help
 from prism.schemas.cli_command import PrismCommand
 from prism.schemas.cluster import load_cluster
 from prism.schemas.iterations import MIN_WARMUP
-from prism.schemas.summary import write_summary
+from prism.schemas.summary import Summary, write_summary
 from prism.schemas.termination import TERMINATION_SIGNALS, stop_on_termination
 
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -61,10 +64,13 @@ def _correction(scale: dict) -> str:
 
 @app.command(cls=PrismCommand)
 def build(
-    capture: Annotated[Path, typer.Argument(help="Capture directory written by prism-capture.")],
-    tp: Annotated[int, typer.Option(help=f"{cli_help.TP} Must equal the capture's.")],
-    pp: Annotated[int, typer.Option(help=cli_help.PP)],
-    dp: Annotated[int, typer.Option(help=cli_help.DP)],
+    capture: Annotated[
+        Path | None,
+        typer.Argument(help="Capture directory written by prism-capture (or give --from-traces)."),
+    ] = None,
+    tp: Annotated[int | None, typer.Option(help=f"{cli_help.TP} Must equal the capture's.")] = None,
+    pp: Annotated[int | None, typer.Option(help=cli_help.PP)] = None,
+    dp: Annotated[int | None, typer.Option(help=cli_help.DP)] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="graph.parquet to write.")] = Path("graph.parquet"),
     microbatches: Annotated[
         int | None, typer.Option(min=1, help="Microbatches per iteration [default: the capture's].")
@@ -90,34 +96,65 @@ def build(
             "each phase by its own ratio (CPU captures; else as 'role'), one ratio per role, or none."
         ),
     ] = Correction.PHASE,
+    from_traces: Annotated[
+        Path | None,
+        typer.Option(
+            help="Build from a directory of Kineto traces recorded by anyone (torch.profiler with CUDA "
+            "activities), one file per rank, instead of a capture: layout from their distributedInfo."
+        ),
+    ] = None,
+    step: Annotated[
+        int | None,
+        typer.Option(
+            help="With --from-traces: the ProfilerStep to build [default: the last every trace holds]."
+        ),
+    ] = None,
 ) -> None:
     """Build the full-scale graph of the captured job at the target layout, then validate it."""
+    if (capture is None) == (from_traces is None):
+        _fail("give a capture directory, or --from-traces DIR (not both)")
+    if from_traces is not None and (tp, pp, dp, microbatches, layers) != (None,) * 5:
+        _fail(
+            "--from-traces takes the layout from the traces: give no --tp/--pp/--dp/--microbatches/--layers"
+        )
+    if capture is not None and None in (tp, pp, dp):
+        _fail("--tp, --pp and --dp are required with a capture")
+    if capture is None and step is not None and from_traces is None:
+        _fail("--step is for --from-traces")
     # graph.parquet and its summary.json are built beside their places and put there together.
     summary_path = out.with_name("summary.json")
     staged, staged_summary = (p.with_name(f".{p.name}.{os.getpid()}.new") for p in (out, summary_path))
     placed = False
     try:
-        options = BuildOptions(
-            capture_dir=capture, out=staged, tp=tp, pp=pp, dp=dp, cluster=load_cluster(cluster),
-            microbatches=microbatches, layers=layers, ranks_per_row_group=ranks_per_row_group,
-            profiler_correction=profiler_correction, simulated_after=simulate,
-        )  # fmt: skip
         with Progress(
             TextColumn("[bold]building"), BarColumn(), MofNCompleteColumn(), TextColumn("ranks"),
             TimeElapsedColumn(), console=console,
         ) as progress:  # fmt: skip
             task = progress.add_task("build", total=None)
-            result = build_graph(
-                options, lambda done, total: progress.update(task, completed=done, total=total)
-            )
+            on_rank = lambda done, total: progress.update(task, completed=done, total=total)  # noqa: E731
+            if from_traces is not None:
+                result: BuildResult | TraceBuild = build_from_traces(
+                    from_traces, staged, step=step, on_rank=on_rank
+                )
+                report = validate_graph(staged)
+                if not report.ok:
+                    raise ValueError(f"the graph built from the traces is not valid: {report.problems[0]}")
+                title = f"graph of {result.layout} from the traces' ProfilerStep#{result.step}"
+            else:
+                options = BuildOptions(
+                    capture_dir=capture, out=staged, tp=tp, pp=pp, dp=dp, cluster=load_cluster(cluster),
+                    microbatches=microbatches, layers=layers, ranks_per_row_group=ranks_per_row_group,
+                    profiler_correction=profiler_correction, simulated_after=simulate,
+                )  # fmt: skip
+                result = build_graph(options, on_rank)
+                title = f"predicted iteration of {result.layout} on {options.cluster.name}"
         summary = dataclasses.replace(predict(staged), graph=str(out)) if simulate else None
         if summary is not None:
             write_summary(summary, staged_summary)
         _put_in_place(staged, out, staged_summary if summary is not None else None, summary_path)
         placed = True
     except (BuildError, NormalizeError, GraphFormatError, SimulationError, ValueError, OSError) as e:
-        console.print(f"[bold red]error:[/] {str(e).splitlines()[0]}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        _fail(str(e))
     except KeyboardInterrupt:
         what = (
             "written" if placed else f"not written (a {out.name} and summary there before are as they were)"
@@ -127,18 +164,46 @@ def build(
     finally:
         staged.unlink(missing_ok=True)
         staged_summary.unlink(missing_ok=True)
-    console.print(_summary(result, out))
-    if profiler_correction != Correction.NONE and result.time_scales is None:
-        console.print(
-            f"[yellow]warning:[/] the capture ran fewer than {MIN_WARMUP} warm-up iterations, so it has no "
-            "clean unprofiled one: predictions are of profiled iterations (capture with --warmup 5)",
-            highlight=False,
-        )
+    if isinstance(result, TraceBuild):
+        console.print(_traces_table(result, out, summary))
+    else:
+        console.print(_summary(result, out))
+        if profiler_correction != Correction.NONE and result.time_scales is None:
+            console.print(
+                f"[yellow]warning:[/] the capture ran fewer than {MIN_WARMUP} warm-up iterations, so it has no "
+                "clean unprofiled one: predictions are of profiled iterations (capture with --warmup 5)",
+                highlight=False,
+            )
     if summary is not None:
-        console.print(
-            stage_table(summary, f"predicted iteration of {result.layout} on {options.cluster.name}")
-        )
+        console.print(stage_table(summary, title))
         console.print(f"wrote {summary_path}")
+
+
+def _fail(message: str) -> NoReturn:
+    console.print(f"[bold red]error:[/] {message.splitlines()[0]}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _traces_table(result: TraceBuild, out: Path, summary: Summary | None) -> Table:
+    """Each traced rank: its file, the step as recorded and as simulated."""
+    table = Table(
+        title=f"graph of {result.layout} from traces — {out} ({out.stat().st_size / 2**20:.1f} MiB)"
+    )
+    for column in ("rank", "trace", "streams", "recorded step ms", "simulated ms", "error"):
+        table.add_column(column, justify="left" if column in ("trace", "streams") else "right")
+    for rank, traced in result.traced.items():
+        simulated = summary.ranks["iteration_ns"][rank] if summary is not None else None
+        table.add_row(
+            str(rank), traced.path.name, str(len(traced.lanes)), f"{traced.recorded_ns / 1e6:.3f}",
+            "" if simulated is None else f"{simulated / 1e6:.3f}",
+            "" if simulated is None else f"{100 * (simulated / traced.recorded_ns - 1):+.2f}%",
+        )  # fmt: skip
+    if result.filled_from:
+        sources = sorted(set(result.filled_from.values()))
+        table.caption = (
+            f"{len(result.filled_from)} rank(s) without a trace took the rows of rank(s) {sources}"
+        )
+    return table
 
 
 def _put_in_place(staged: Path, out: Path, staged_summary: Path | None, summary_path: Path) -> None:

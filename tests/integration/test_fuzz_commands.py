@@ -54,10 +54,11 @@ def _damaged_graph(data: st.DataObject, graph: Path, out: Path) -> tuple[Path, s
 @fuzz()
 @given(data=st.data())
 def test_prism_simulate_validate_and_export_on_a_damaged_graph(
-    fuzz_graph: Path, tmp_path: Path, data: st.DataObject
+    fuzz_graph: Path, fuzz_lane_graph: Path, tmp_path: Path, data: st.DataObject
 ) -> None:
     out = fresh_dir(tmp_path / "out")
-    damaged, what = _damaged_graph(data, fuzz_graph, out)
+    source = data.draw(st.sampled_from([fuzz_graph, fuzz_lane_graph]))  # one stream a rank, or GPU streams
+    damaged, what = _damaged_graph(data, source, out)
     clean_exit(CliRunner().invoke(simulate_app, [str(damaged)]), out, "summary.json", what)
     clean_exit(CliRunner().invoke(validate_app, [str(damaged)]), out, None, what)
     trace = ["trace", str(damaged), "--rank", "1", "-o", str(out / "t.json.gz")]

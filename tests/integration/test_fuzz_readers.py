@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from fuzzing import copy_capture, corrupted_bytes, corrupted_json, edited_graph,
 from hypothesis import given
 from hypothesis import strategies as st
 
+from prism.graph.build.from_traces import TraceGraphError, build_from_traces
 from prism.graph.build.normalize import normalize_rank
 from prism.graph.io.parquet import GraphFormatError, read_metadata, read_rank
 from prism.graph.io.validate import validate_graph
@@ -90,6 +92,34 @@ def test_gpu_trace(tmp_path: Path, data: st.DataObject) -> None:
 
 @fuzz()
 @given(data=st.data())
+def test_trace_directory(tmp_path: Path, data: st.DataObject) -> None:
+    # One or two traces, each whole or corrupted, as prism-build-graph --from-traces reads them.
+    directory = tmp_path / "traces"
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir()
+    for k in range(data.draw(st.integers(1, 2))):
+        source = GPU_TRACES / data.draw(
+            st.sampled_from(["event_sync.json.gz", "event_sync_multi_stream.json.gz"])
+        )
+        raw = json.loads(gzip.decompress(source.read_bytes()))
+        if data.draw(st.booleans()):  # as a rank of a job of two
+            raw["distributedInfo"] = {"rank": data.draw(st.sampled_from([0, 1, 1, 2, -1])), "world_size": 2}
+        text = json.dumps(raw).encode()
+        if data.draw(st.booleans()):
+            text = data.draw(corrupted_json(json.loads(text)))
+        (directory / f"rank{k}.json").write_bytes(text)
+    try:
+        build_from_traces(
+            directory, tmp_path / "graph.parquet", step=data.draw(st.sampled_from([None, 100, 7]))
+        )
+        assert validate_graph(tmp_path / "graph.parquet").ok
+        simulate(load_sim_graph(tmp_path / "graph.parquet"), iterations=1)
+    except (NormalizeError, TraceGraphError):
+        pass
+
+
+@fuzz()
+@given(data=st.data())
 def test_cluster_spec(tmp_path: Path, data: st.DataObject) -> None:
     text = preset("h100-ib").save(tmp_path / "spec.toml").read_text()
     lines = text.splitlines()
@@ -109,12 +139,13 @@ def test_cluster_spec(tmp_path: Path, data: st.DataObject) -> None:
 
 @fuzz()
 @given(data=st.data())
-def test_graph_file(fuzz_graph: Path, tmp_path: Path, data: st.DataObject) -> None:
+def test_graph_file(fuzz_graph: Path, fuzz_lane_graph: Path, tmp_path: Path, data: st.DataObject) -> None:
     path = tmp_path / "graph.parquet"
+    source = data.draw(st.sampled_from([fuzz_graph, fuzz_lane_graph]))  # one stream a rank, or GPU streams
     if data.draw(st.booleans()):
-        path.write_bytes(data.draw(corrupted_bytes(fuzz_graph.read_bytes())))
+        path.write_bytes(data.draw(corrupted_bytes(source.read_bytes())))
     else:
-        data.draw(edited_graph(fuzz_graph, path))
+        data.draw(edited_graph(source, path))
     try:
         read_metadata(path)
         read_rank(path, 1)

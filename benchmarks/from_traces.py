@@ -1,0 +1,96 @@
+"""Graphs built from GPU traces (``prism-build-graph --from-traces``) against the traces' own steps.
+
+    .venv/bin/python benchmarks/from_traces.py [DIR ...]
+
+For each directory of Kineto traces (default: the public GPU traces of tests/data/gpu_traces, a
+directory per job), builds the graph of the last ProfilerStep every trace holds, simulates it
+as ``prism-simulate`` does, and prints per traced rank the step as recorded and as simulated,
+and the end of the step's GPU work as the trace's own timeline puts it and as simulated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from prism.graph.build.from_traces import build_from_traces
+from prism.graph.io.parquet import read_rank
+from prism.graph.sim.predict import predict
+from prism.graph.sim.simulate import SimGraph, SimResult, load_sim_graph, simulate
+from prism.graph.traces.gpu import read_gpu_trace
+from prism.graph.traces.gpu_timeline import simulate_timeline, step_times
+from prism.schemas import graph_format as gf
+
+DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "gpu_traces"
+JOBS = {
+    "one GPU, stream/event/device syncs": ["event_sync.json.gz"],
+    "rank 0 of a 2-rank NCCL DDP job": ["nccl_ddp_rank0.json.gz"],
+    "ranks 0 and 1 of a 128-rank job": ["sampled_rank0.json.gz", "sampled_rank1.json.gz"],
+}
+
+
+def _job_dirs(root: Path) -> dict[str, Path]:
+    dirs = {}
+    for name, files in JOBS.items():
+        d = root / name.replace(" ", "_").replace(",", "").replace("/", "-")
+        d.mkdir()
+        for f in files:
+            shutil.copy(DATA / f, d / f)
+        dirs[name] = d
+    return dirs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dirs", nargs="*", type=Path)
+    args = parser.parse_args()
+    table = Table(title="graphs from traces: each traced rank's ProfilerStep, recorded vs simulated")
+    columns = ("job", "ranks", "nodes", "build s", "rank", "step", "recorded ms", "simulated ms", "err %",
+               "GPU work: trace's timeline ms", "graph ms", "err %")  # fmt: skip
+    for column in columns:
+        table.add_column(column, justify="left" if column == "job" else "right")
+    with tempfile.TemporaryDirectory() as tmp:
+        dirs = {d.name: d for d in args.dirs} if args.dirs else _job_dirs(Path(tmp))
+        for name, directory in dirs.items():
+            out = Path(tmp) / f"{directory.name}.parquet"
+            t0 = time.perf_counter()
+            built = build_from_traces(directory, out)
+            took = time.perf_counter() - t0
+            summary = predict(out)
+            graph = load_sim_graph(out)
+            result = simulate(graph, iterations=1)
+            for rank, traced in built.traced.items():
+                simulated = summary.ranks["iteration_ns"][rank]
+                trace = read_gpu_trace(traced.path)
+                recorded_gpu = (
+                    step_times(trace, simulate_timeline(trace))
+                    .set_index("step")
+                    .at[built.step, "gpu_recorded_ms"]
+                )
+                gpu = _gpu_end_ms(graph, result, rank, built.streams, out)
+                table.add_row(
+                    name, f"{built.layout.world_size:,}", f"{len(graph.kind):,}", f"{took:.1f}", str(rank),
+                    str(built.step), f"{traced.recorded_ns / 1e6:.3f}", f"{simulated / 1e6:.3f}",
+                    f"{100 * (simulated / traced.recorded_ns - 1):+.3f}", f"{recorded_gpu:.3f}", f"{gpu:.3f}",
+                    f"{100 * (gpu / recorded_gpu - 1):+.3f}" if recorded_gpu else "",
+                )  # fmt: skip
+    Console(width=200).print(table)
+
+
+def _gpu_end_ms(graph: SimGraph, result: SimResult, rank: int, streams: list[str], path: Path) -> float:
+    """When the rank's last GPU work ends after its step began, in one simulated pass."""
+    stream = read_rank(path, rank, columns=[gf.STREAM])[gf.STREAM].to_numpy()
+    on_gpu = np.array([streams[s].startswith("cuda") for s in stream], bool)
+    rows = int(graph.rank_first_row()[rank]) + np.flatnonzero(on_gpu)
+    return float(result.end_ns[rows].max() - result.rank_start_ns[rank]) / 1e6 if len(rows) else 0.0
+
+
+if __name__ == "__main__":
+    main()

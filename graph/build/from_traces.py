@@ -1,0 +1,391 @@
+"""A graph from Kineto traces recorded by anyone: ``prism-build-graph --from-traces DIR``.
+
+Many users already have ``torch.profiler`` traces of their jobs, one file per rank. Each rank's
+trace gives one iteration, a ``ProfilerStep`` of it (the last one every trace holds, or the one
+asked for), as lanes of the graph (``prism.graph.build.gpu_lanes``):
+
+- the step's CUDA runtime calls on every CPU thread (stream 0 the thread that marked the step,
+  then the others), the CPU work between them kept as recorded gaps, and after the last call
+  of the marking thread the rest of the step;
+- the GPU work those calls launched, on its stream (``cuda stream N``), after its launch by the
+  rank's fitted launch latency, in order on the stream, after the work it waits for;
+- a synchronizing call waits for the GPU work it synchronizes with;
+- each NCCL kernel of a ``record_param_comms`` collective is a collective node: the n-th one of
+  the step on every rank is one instance, which starts when every member's kernel has arrived
+  and lasts as long as the kernel took in the trace (its recorded duration: the graph
+  reproduces the trace before any what-if changes it).
+
+The layout is data parallel over ``distributedInfo.world_size`` ranks (collectives must span
+every rank). A rank without a trace takes the rows of the nearest traced rank below it (or the
+first one): in a data-parallel job every rank has the same role. Memory is not read (zero).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from prism.graph.build.gpu_lanes import lane_graph
+from prism.graph.io.parquet import GraphWriter, ranks_per_row_group
+from prism.graph.traces.gpu import EdgeKind, GpuTrace, dependencies, read_gpu_trace
+from prism.graph.traces.gpu_timeline import LaunchModel, on_lanes, trace_lanes
+from prism.schemas import PRISM_VERSION
+from prism.schemas import graph_format as gf
+from prism.schemas.layout import ParallelLayout
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+MAIN = "main thread"
+_ITEMSIZE = {
+    "Float": 4,
+    "Half": 2,
+    "BFloat16": 2,
+    "Double": 8,
+    "Int": 4,
+    "Long": 8,
+    "Byte": 1,
+    "Char": 1,
+    "Bool": 1,
+}
+_STRING_COLUMNS = [f.name for f in gf.SCHEMA if pa.types.is_dictionary(f.type)]
+
+
+class TraceGraphError(ValueError):
+    """Traces a graph cannot be built from; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class TracedRank:
+    """One rank's step as rows of the graph, before streams are numbered across ranks."""
+
+    rank: int
+    path: Path
+    step: int
+    recorded_ns: int
+    """The step's span as the trace recorded it."""
+    model: LaunchModel
+    lanes: list[str]
+    """Each lane's stream name, in the order of ``rows``' ``lane`` column."""
+    rows: pd.DataFrame
+    """One row per node: lane, index, kind, name, dur_ns, gap_ns, coll (-1 or the collective's n
+    within the step), bytes, lane_deps ((lane, index, lag) each)."""
+
+
+def trace_files(directory: Path) -> list[Path]:
+    """The Kineto trace files of ``directory`` (not its subdirectories), sorted by name."""
+    if not directory.is_dir():
+        raise TraceGraphError(f"{directory}: not a directory")
+    files = sorted(p for p in directory.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+    if not files:
+        raise TraceGraphError(f"{directory}: no trace files (*.json, *.json.gz)")
+    return files
+
+
+def read_ranks(files: list[Path]) -> tuple[dict[int, GpuTrace], int]:
+    """Each trace by its rank (``distributedInfo``; a lone trace without a world size is rank 0
+    of 1), and the world size."""
+    traces = [read_gpu_trace(f) for f in files]
+    if len(traces) == 1 and (traces[0].rank is None or traces[0].world_size is None):
+        return {0: traces[0]}, 1
+    worlds = {t.world_size for t in traces}
+    missing = [t.path.name for t in traces if t.rank is None or t.world_size is None]
+    if missing:
+        raise TraceGraphError(
+            f"{missing[0]}: no distributedInfo rank and world_size (several traces need them)"
+        )
+    if len(worlds) != 1:
+        raise TraceGraphError(f"the traces disagree on the world size: {sorted(worlds)}")
+    world = worlds.pop()
+    by_rank: dict[int, GpuTrace] = {}
+    for t in traces:
+        if not 0 <= t.rank < world:
+            raise TraceGraphError(f"{t.path.name}: rank {t.rank} outside the world of {world}")
+        if t.rank in by_rank:
+            raise TraceGraphError(f"{t.path.name} and {by_rank[t.rank].path.name} are both rank {t.rank}")
+        by_rank[t.rank] = t
+    return dict(sorted(by_rank.items())), world
+
+
+def common_step(traces: dict[int, GpuTrace], step: int | None) -> int:
+    """The step to build: ``step``, or the last one every trace holds."""
+    held = [set(t.steps["step"].tolist()) for t in traces.values()]
+    common = set.intersection(*held) if held else set()
+    if step is not None:
+        lacking = [t.path.name for t in traces.values() if step not in set(t.steps["step"].tolist())]
+        if lacking:
+            raise TraceGraphError(f"{lacking[0]} has no ProfilerStep#{step}")
+        return step
+    if not common:
+        raise TraceGraphError(
+            "the traces have no ProfilerStep in common (record them with torch.profiler's schedule)"
+        )
+    return max(common)
+
+
+def traced_rank(rank: int, trace: GpuTrace, step_no: int, world: int) -> TracedRank:
+    """The rows of ``trace``'s step ``step_no``."""
+    ev = trace.events
+    step = trace.steps[trace.steps["step"] == step_no].iloc[0]
+    begin, finish = int(step["start_ns"]), int(step["end_ns"])
+    edges = dependencies(trace)
+    model = LaunchModel.fit(trace, edges)
+    on_gpu, on_cpu = on_lanes(ev)
+    start = ev["start_ns"].to_numpy()
+    calls = on_cpu & (start >= begin) & (start < finish)
+    launch = edges[edges["kind"] == EdgeKind.LAUNCH.value]
+    launched = launch["dst"].to_numpy()[calls[launch["src"].to_numpy()]]
+    keep = calls.copy()
+    keep[launched] = True
+    kept = np.flatnonzero(keep)
+    new_row = np.full(len(ev), -1, np.int64)
+    new_row[kept] = np.arange(len(kept))
+    inside = (new_row[edges["src"].to_numpy()] >= 0) & (new_row[edges["dst"].to_numpy()] >= 0)
+    sub_edges = edges[inside].assign(src=lambda e: new_row[e["src"]], dst=lambda e: new_row[e["dst"]])
+    sub = dataclasses.replace(trace, events=ev.iloc[kept].reset_index(drop=True))
+    lanes = lane_graph(sub, sub_edges, model)
+    g = lanes.graph
+    sub_ev = sub.events
+    sub_gpu, sub_cpu = on_lanes(sub_ev)
+    lane_rows = trace_lanes(sub_ev, sub_gpu, sub_cpu)
+    names = _lane_names(sub_ev, [rows[0] for rows in lane_rows], int(step["tid"]))
+    node_event = np.full(len(g.dur), -1, np.int64)  # the event each node stands for
+    for e in range(len(sub_ev)):
+        if lanes.first_node[e] >= 0:
+            node_event[lanes.first_node[e] : lanes.last_node[e] + 1] = e
+    coll, nbytes, coll_name = _collectives(trace, edges, new_row, lanes.first_node, len(g.dur), world)
+    node_lane = np.repeat(np.arange(g.lanes), np.diff(g.rank_ptr))
+    index = np.arange(len(g.dur)) - g.rank_ptr[node_lane]
+    gap = g.gap.copy()
+    for lane, rows in enumerate(lane_rows):  # each CPU lane starts with the step, as recorded
+        if not sub_gpu[rows[0]]:
+            gap[g.rank_ptr[lane]] = int(sub_ev.at[rows[0], "start_ns"]) - begin
+    lane_deps = [
+        [
+            (int(node_lane[d]), int(index[d]), int(lag))
+            for d, lag in zip(g.deps[a:b], g.deps_lag[a:b], strict=True)
+        ]
+        for a, b in zip(g.deps_ptr[:-1], g.deps_ptr[1:], strict=True)
+    ]
+    names_of = sub_ev["name"].to_numpy()
+    rows = pd.DataFrame({
+        "lane": node_lane, "index": index, "kind": np.where(coll >= 0, gf.NodeKind.COLLECTIVE.value, gf.NodeKind.COMPUTE.value),
+        "name": np.where(coll >= 0, coll_name, names_of[node_event]), "dur_ns": g.dur, "gap_ns": gap,
+        "coll": coll, "bytes": nbytes, "lane_deps": lane_deps,
+    })  # fmt: skip
+    rows = _with_step_end(rows, names, begin, finish, sub_ev, lane_rows)
+    return TracedRank(
+        rank=rank,
+        path=trace.path,
+        step=step_no,
+        recorded_ns=finish - begin,
+        model=model,
+        lanes=names,
+        rows=rows,
+    )
+
+
+def _lane_names(ev: pd.DataFrame, firsts: list[int], step_tid: int) -> list[str]:
+    """Each lane's stream name: the thread that marked the step, the rank's other threads by
+    thread id ("thread 2", ...: ids differ between ranks), its GPU streams by number."""
+    tids = sorted({int(ev.at[r, "tid"]) for r in firsts if ev.at[r, "stream"] < 0} - {step_tid})
+    names = []
+    for r in firsts:
+        if ev.at[r, "stream"] >= 0:
+            names.append(f"cuda stream {int(ev.at[r, 'stream'])}")
+        elif int(ev.at[r, "tid"]) == step_tid:
+            names.append(MAIN)
+        else:
+            names.append(f"thread {tids.index(int(ev.at[r, 'tid'])) + 2}")
+    return names
+
+
+def _with_step_end(
+    rows: pd.DataFrame,
+    names: list[str],
+    begin: int,
+    finish: int,
+    ev: pd.DataFrame,
+    lane_rows: list[np.ndarray],
+) -> pd.DataFrame:
+    """The marking thread's CPU work after its last call, to the step's end: a node of no
+    duration after that gap (the thread gets a lane of its own if it made no call)."""
+    if MAIN in names:
+        lane = names.index(MAIN)
+        last_event = lane_rows[lane][-1]
+        after = finish - int(ev.at[last_event, "end_ns"])
+        index = int(rows.loc[rows["lane"] == lane, "index"].max()) + 1
+    else:
+        lane, after, index = len(names), finish - begin, 0
+        names.append(MAIN)
+    end = {"lane": lane, "index": index, "kind": gf.NodeKind.COMPUTE.value, "name": "ProfilerStep end",
+           "dur_ns": 0, "gap_ns": max(after, 0), "coll": -1, "bytes": 0, "lane_deps": []}  # fmt: skip
+    return pd.concat([rows, pd.DataFrame([end])], ignore_index=True)
+
+
+def _collectives(
+    trace: GpuTrace, edges: pd.DataFrame, new_row: np.ndarray, first_node: np.ndarray, nodes: int, world: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per node: its collective's n within the step (-1: not an NCCL kernel), bytes, op name."""
+    coll = np.full(nodes, -1, np.int64)
+    nbytes = np.zeros(nodes, np.int64)
+    names = np.full(nodes, "", dtype=object)
+    comm = edges[edges["kind"] == EdgeKind.COMM.value]
+    by_op = trace.collectives.set_index("event")
+    found = []
+    for op, kernel in zip(comm["src"].to_numpy(), comm["dst"].to_numpy(), strict=True):
+        if new_row[kernel] < 0:
+            continue
+        c = by_op.loc[op]
+        members = _group_ranks(c["group_ranks"], int(c["group_size"]), world)
+        if members != list(range(world)):
+            raise TraceGraphError(
+                f"{trace.path.name}: a {c['collective']} over ranks {members}: graphs from traces take "
+                f"collectives over every rank (0..{world - 1}) so far"
+            )
+        node = int(first_node[new_row[kernel]])
+        found.append((int(trace.events.at[kernel, "start_ns"]), node))
+        nbytes[node] = max(int(c["in_nelems"]), 0) * _ITEMSIZE.get(str(c["dtype"]), 0)
+        names[node] = _op_name(str(c["collective"])) or _op_of_kernel(str(trace.events.at[kernel, "name"]))
+    for n, (_, node) in enumerate(sorted(found)):  # the step's n-th, in the order the GPU ran them
+        coll[node] = n
+    return coll, nbytes, names
+
+
+def _group_ranks(text: object, size: int, world: int) -> list[int]:
+    """``Process Group Ranks`` as recorded ("[0, 1]"); all of 0..size-1 where only the size is,
+    and the world where neither is (traces of older PyTorch record no arguments)."""
+    try:
+        ranks = ast.literal_eval(str(text))
+        if isinstance(ranks, list | tuple) and all(isinstance(r, int) for r in ranks) and ranks:
+            return sorted(ranks)
+    except (ValueError, SyntaxError):
+        pass
+    return list(range(size if size > 0 else world))
+
+
+_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "barrier", "reduce", "gather",
+        "scatter", "send", "recv")  # fmt: skip
+
+
+def _op_name(recorded: str) -> str:
+    """prism's name of a recorded collective ("allreduce", "_allgather_base",
+    "reduce_scatter_tensor" -> all_reduce, all_gather, reduce_scatter); "" if none fits."""
+    squashed = "".join(ch for ch in recorded.lower() if ch.isalpha())
+    return next((op for op in _OPS if squashed.startswith(op.replace("_", ""))), "")
+
+
+_KERNEL_OPS = {"AllReduce": "all_reduce", "AllGather": "all_gather", "ReduceScatter": "reduce_scatter",
+               "Broadcast": "broadcast", "Reduce": "reduce", "SendRecv": "send_recv", "AllToAll": "all_to_all"}  # fmt: skip
+
+
+def _op_of_kernel(kernel: str) -> str:
+    """The collective an NCCL kernel runs, from its name (``ncclKernel_AllReduce_RING_LL_Sum_float``)."""
+    for word, op in _KERNEL_OPS.items():
+        if f"_{word}_" in f"{kernel}_" or f"nccl{word}" in kernel:
+            return op
+    return "collective"
+
+
+def stream_names(ranks: list[TracedRank]) -> list[str]:
+    """Every stream name of the traces, numbered alike on every rank: the main thread, the other
+    CPU threads, then the GPU streams."""
+
+    def order(name: str) -> tuple[int, int]:
+        if name == MAIN:
+            return (0, 0)
+        kind, _, number = name.rpartition(" ")
+        return (1 if kind == "thread" else 2, int(number))
+
+    return sorted({n for r in ranks for n in r.lanes}, key=order)
+
+
+def rank_table(traced: TracedRank, rank: int, streams: list[str], world: int) -> pa.Table:
+    """The graph rows of ``rank`` (``traced``'s, or a copy of them for a rank without a trace)."""
+    rows = traced.rows
+    number = np.array([streams.index(n) for n in traced.lanes], np.int16)
+    stream = number[rows["lane"].to_numpy()]
+    order = np.lexsort((rows["index"].to_numpy(), stream))
+    coll = rows["coll"].to_numpy()
+    is_coll = coll >= 0
+    n = len(rows)
+    columns = {
+        gf.RANK: np.full(n, rank, np.int32), gf.STREAM: stream, gf.INDEX: rows["index"].to_numpy(np.int32),
+        gf.KIND: rows["kind"].to_numpy(), gf.NAME: rows["name"].astype(str).to_numpy(), gf.PHASE: np.full(n, ""),
+        gf.STAGE: np.zeros(n, np.int16), gf.MB: np.full(n, -1, np.int32), gf.LAYER: np.full(n, -1, np.int32),
+        gf.PART: np.full(n, ""), gf.DUR_NS: rows["dur_ns"].to_numpy(np.int64), gf.GAP_NS: rows["gap_ns"].to_numpy(np.int64),
+        gf.SKEW_NS: np.zeros(n, np.int64), gf.COLL_ID: coll,
+        gf.GROUP_KIND: np.where(is_coll, "dp", ""), gf.GROUP_INDEX: np.where(is_coll, 0, -1).astype(np.int32),
+        gf.GROUP_SIZE: np.where(is_coll, world, 0).astype(np.int32), gf.PEER: np.full(n, -1, np.int32),
+        gf.P2P_SEQ: np.full(n, -1, np.int32), gf.BYTES: rows["bytes"].to_numpy(np.int64), gf.DTYPE: np.full(n, ""),
+        gf.IS_ASYNC: np.zeros(n, np.bool_), gf.ALLOC_BYTES: np.zeros(n, np.int64), gf.FREE_BYTES: np.zeros(n, np.int64),
+        gf.DEPS: [[] for _ in range(n)], gf.SRC_RANK: np.full(n, traced.rank, np.int32), gf.SRC_OP: np.arange(n),
+        gf.LANE_DEPS: [
+            [{gf.LANE_DEP_STREAM: int(number[lane]), gf.LANE_DEP_INDEX: i, gf.LANE_DEP_LAG_NS: lag} for lane, i, lag in deps]
+            for deps in rows["lane_deps"]
+        ],
+    }  # fmt: skip
+    schema = pa.schema([f.with_type(pa.string()) if f.name in _STRING_COLUMNS else f for f in gf.SCHEMA])
+    return pa.table(columns, schema=schema).take(pa.array(order)).cast(gf.SCHEMA)
+
+
+@dataclass(frozen=True)
+class TraceBuild:
+    """What ``build_from_traces`` made."""
+
+    layout: ParallelLayout
+    step: int
+    traced: dict[int, TracedRank]
+    filled_from: dict[int, int]
+    """Each rank without a trace and the traced rank whose rows it took."""
+    streams: list[str]
+
+
+def build_from_traces(
+    directory: Path, out: Path, *, step: int | None = None, on_rank: Callable[[int, int], None] | None = None
+) -> TraceBuild:
+    """Write the graph of the traces in ``directory`` to ``out`` (see the module's docstring)."""
+    by_rank, world = read_ranks(trace_files(directory))
+    step_no = common_step(by_rank, step)
+    traced = {r: traced_rank(r, t, step_no, world) for r, t in by_rank.items()}
+    _check_collectives_match(traced)
+    streams = stream_names(list(traced.values()))
+    present = sorted(traced)
+    filled_from = {
+        r: max((p for p in present if p <= r), default=present[0]) for r in range(world) if r not in traced
+    }
+    layout = ParallelLayout(tp=1, pp=1, dp=world)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    metadata = gf.GraphMetadata(
+        layout=layout.to_dict(),
+        model={gf.TRACES_KEY: {"directory": str(directory), "step": step_no,
+                               "files": {str(r): t.path.name for r, t in traced.items()}}},
+        cluster={}, capture_digest="", build_options={"from_traces": str(directory), "step": step_no},
+        prism_version=PRISM_VERSION,
+        extra={
+            gf.STREAMS_KEY: streams,
+            gf.RECORDED_STEP_KEY: {str(r): t.recorded_ns for r, t in traced.items()},
+            "filled_from": {str(r): p for r, p in filled_from.items()},
+            "launch_model": {str(r): dataclasses.asdict(t.model) for r, t in traced.items()},
+        },
+    )  # fmt: skip
+    with GraphWriter(out, metadata, ranks_per_row_group(world)) as writer:
+        for rank in range(world):
+            source = traced[rank] if rank in traced else traced[filled_from[rank]]
+            writer.write_ranks(rank_table(source, rank, streams, world))
+            if on_rank is not None:
+                on_rank(rank + 1, world)
+    return TraceBuild(layout=layout, step=step_no, traced=traced, filled_from=filled_from, streams=streams)
+
+
+def _check_collectives_match(traced: dict[int, TracedRank]) -> None:
+    """Every traced rank ran the same collectives in the step (the n-th of each is one instance)."""
+    counts = {r: int((t.rows["coll"] >= 0).sum()) for r, t in traced.items()}
+    if len(set(counts.values())) > 1:
+        listed = ", ".join(f"rank {r}: {n}" for r, n in counts.items())
+        raise TraceGraphError(f"the traced ranks ran different numbers of collectives in the step ({listed})")

@@ -1,0 +1,135 @@
+"""``prism-build-graph --from-traces``: graphs of public GPU traces recorded on real hardware
+(tests/data/gpu_traces), simulated as they are, reproduce each traced rank's ProfilerStep."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from prism.graph.build.cli import app
+from prism.graph.io.parquet import read_metadata, read_rank
+from prism.graph.sim.simulate import load_sim_graph, simulate
+from prism.graph.traces.gpu import EdgeKind, dependencies, read_gpu_trace
+from prism.graph.traces.gpu_timeline import simulate_timeline, step_times
+from prism.schemas import graph_format as gf
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "gpu_traces"
+runner = CliRunner()
+
+# name -> (trace files, world size, traced ranks)
+TRACES = {
+    "event_sync": (["event_sync.json.gz"], 1, [0]),
+    "nccl_ddp": (["nccl_ddp_rank0.json.gz"], 2, [0]),
+    "sampled": (["sampled_rank0.json.gz", "sampled_rank1.json.gz"], 128, [0, 1]),
+}
+
+
+def _directory(tmp_path: Path, files: list[str]) -> Path:
+    directory = tmp_path / "traces"
+    directory.mkdir()
+    for name in files:
+        shutil.copy(DATA / name, directory / name)
+    return directory
+
+
+@pytest.mark.parametrize("name", TRACES)
+def test_a_graph_from_traces_reproduces_each_traced_step(tmp_path: Path, name: str) -> None:
+    files, world, traced = TRACES[name]
+    out = tmp_path / "graph.parquet"
+    done = runner.invoke(app, ["--from-traces", str(_directory(tmp_path, files)), "-o", str(out)])
+    assert done.exit_code == 0, done.output
+    metadata = read_metadata(out)
+    assert metadata.layout["dp"] == world and metadata.version == gf.VERSION
+    recorded = {int(r): ns for r, ns in metadata.extra[gf.RECORDED_STEP_KEY].items()}
+    assert sorted(recorded) == traced
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    iteration = summary["ranks"]["iteration_ns"]
+    assert len(iteration) == world
+    for rank, ns in recorded.items():  # the step as the trace recorded it, within 1 %
+        assert iteration[rank] == pytest.approx(ns, rel=0.01)
+    # A rank without a trace took the rows of the traced rank below it: it runs the same step.
+    filled = {int(r): p for r, p in metadata.extra["filled_from"].items()}
+    assert sorted(filled) == [r for r in range(world) if r not in traced]
+    for rank, source in filled.items():
+        assert iteration[rank] == pytest.approx(recorded[source], rel=0.01)
+
+
+@pytest.mark.parametrize("name", ["event_sync", "nccl_ddp"])
+def test_the_gpu_streams_and_their_dependencies_are_the_traces(tmp_path: Path, name: str) -> None:
+    (file,), _, _ = TRACES[name]
+    out = tmp_path / "graph.parquet"
+    done = runner.invoke(
+        app, ["--from-traces", str(_directory(tmp_path, [file])), "-o", str(out), "--no-simulate"]
+    )
+    assert done.exit_code == 0, done.output
+    trace = read_gpu_trace(DATA / file)
+    metadata = read_metadata(out)
+    step = metadata.build_options["step"]
+    span = trace.steps[trace.steps["step"] == step].iloc[0]
+    streams = metadata.extra[gf.STREAMS_KEY]
+    assert streams[0] == "main thread"
+    # The step: the runtime calls it made on any thread, and the GPU work they launched.
+    edges = dependencies(trace)
+    ev = trace.events
+    calls = (
+        (ev["kind"] == "runtime") & (ev["start_ns"] >= span["start_ns"]) & (ev["start_ns"] < span["end_ns"])
+    )
+    launch = edges[edges["kind"] == EdgeKind.LAUNCH.value]
+    launched = launch["dst"][calls.to_numpy()[launch["src"]]]
+    in_step = set(np.flatnonzero(calls.to_numpy())) | set(launched)
+    rows = read_rank(out, 0, columns=[gf.STREAM, gf.LANE_DEPS, gf.KIND]).to_pydict()
+    used = {streams[s] for s in rows[gf.STREAM]}
+    assert {s for s in used if s.startswith("cuda")} == {
+        f"cuda stream {s}" for s in ev.loc[launched, "stream"]
+    }
+    # Every launch, stream wait and synchronization among them is one lane dependency, and each
+    # NCCL kernel of a collective one collective node.
+    kinds = [EdgeKind.LAUNCH.value, EdgeKind.STREAM_WAIT.value, EdgeKind.SYNC.value]
+    expected = edges[edges["kind"].isin(kinds) & edges["src"].isin(in_step) & edges["dst"].isin(in_step)]
+    assert sum(len(d) for d in rows[gf.LANE_DEPS]) == len(expected)
+    nccl = edges[(edges["kind"] == EdgeKind.COMM.value) & edges["dst"].isin(in_step)]
+    assert sum(k == gf.NodeKind.COLLECTIVE.value for k in rows[gf.KIND]) == len(nccl)
+    assert len(nccl) > 0 or name == "event_sync"  # (a one-GPU trace)
+    # The GPU work of the step ends where the trace's own timeline puts it (within 1 %).
+    graph = load_sim_graph(out)
+    result = simulate(graph, iterations=1)
+    gpu_lanes = [
+        lane for lane in range(graph.lanes)
+        if graph.lane_rank[lane] == 0 and streams[graph_stream(out, graph, lane)].startswith("cuda")
+    ]  # fmt: skip
+    gpu_end = max(result.end_ns[graph.rank_ptr[lane] : graph.rank_ptr[lane + 1]].max() for lane in gpu_lanes)
+    steps = step_times(trace, simulate_timeline(trace)).set_index("step")
+    assert gpu_end / 1e6 == pytest.approx(steps.at[step, "gpu_recorded_ms"], rel=0.01)
+
+
+def graph_stream(path: Path, graph, lane: int) -> int:
+    """The stream number of a lane of rank 0."""
+    streams = read_rank(path, 0, columns=[gf.STREAM])[gf.STREAM].to_numpy()
+    return int(streams[graph.rank_ptr[lane] - graph.rank_ptr[0]])
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--from-traces", "{empty}"], "no trace files"),
+        (["{capture}", "--from-traces", "{traces}"], "not both"),
+        (["--from-traces", "{traces}", "--dp", "4"], "takes the layout from the traces"),
+        (["--from-traces", "{traces}", "--step", "99"], "has no ProfilerStep#99"),
+        (["{capture}"], "--tp, --pp and --dp are required"),
+        ([], "give a capture directory"),
+    ],
+)
+def test_bad_requests_are_one_error_line(tmp_path: Path, argv: list[str], needle: str) -> None:
+    (tmp_path / "empty").mkdir()
+    traces = _directory(tmp_path, ["event_sync.json.gz"])
+    names = {"empty": tmp_path / "empty", "traces": traces, "capture": tmp_path / "empty"}
+    done = runner.invoke(app, [a.format(**names) for a in argv] + ["-o", str(tmp_path / "g.parquet")])
+    assert done.exit_code == 2
+    lines = [line for line in done.output.splitlines() if line.strip()]
+    assert lines[-1].startswith("error: ") and needle in done.output, done.output
+    assert not (tmp_path / "g.parquet").exists()
