@@ -96,7 +96,7 @@ def rank_table(rank: int, layout: ParallelLayout, prog: dict) -> dict[str, np.nd
         gf.PEER: np.select([comm == "next", comm == "prev"], [rank + step, rank - step], -1),
         gf.P2P_SEQ: np.where(p2p, prog["seq"], -1), gf.BYTES: prog["bytes"], gf.IS_ASYNC: p2p,
         gf.ALLOC_BYTES: np.where(prog["kind"] == "compute", 1 << 20, 0), gf.FREE_BYTES: np.zeros(n),
-        gf.SRC_RANK: np.full(n, layout.rank(tp=0, dp=0, pp=stage)), gf.SRC_OP: np.arange(n), gf.LANE_DEPS: gf.no_lane_deps(n),
+        gf.SRC_RANK: np.full(n, layout.rank(tp=0, dp=0, pp=stage)), gf.SRC_OP: np.arange(n),
     }  # fmt: skip
 
 
@@ -120,7 +120,8 @@ def chunk_table(ranks: range, layout: ParallelLayout, programs: list[dict], stri
     deps = np.concatenate([programs[layout.stage(r)]["dep"] for r in ranks])
     offsets = np.r_[0, np.cumsum(deps >= 0)].astype(np.int32)
     cols[gf.DEPS] = pa.ListArray.from_arrays(offsets, pa.array(deps[deps >= 0], pa.int32()))
-    return pa.table([cols[c] for c in gf.COLUMNS], schema=gf.SCHEMA)
+    names = [c for c in gf.COLUMNS if c in cols]  # one stream a rank: no lane_deps
+    return pa.table([cols[c] for c in names], schema=pa.schema([gf.SCHEMA.field(c) for c in names]))
 
 
 def peak_rss_mib() -> float:

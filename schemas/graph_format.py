@@ -154,6 +154,10 @@ COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
 ADDED_IN = {LANE_DEPS: 4}
 """Columns later than the first readable version: a file of an earlier version lacks them, and a
 reader gives them their empty value (no lane dependency)."""
+LANE_COLUMNS = (LANE_DEPS,)
+"""Held only by a graph whose metadata names several streams a rank (``STREAMS_KEY``): a graph
+of one stream a rank has no lane dependency to hold, and leaves them out (readers give them
+their empty value), which keeps its writes and reads as fast as before they existed."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,8 +199,18 @@ class GraphMetadata:
         return cls(**values)
 
 
+def stored_columns(metadata: GraphMetadata) -> tuple[str, ...]:
+    """The columns a file of this metadata holds (``LANE_COLUMNS`` only where it names streams)."""
+    lanes = STREAMS_KEY in metadata.extra
+    return tuple(c for c in COLUMNS if lanes or c not in LANE_COLUMNS)
+
+
 def schema_with_metadata(metadata: GraphMetadata) -> pa.Schema:
-    return SCHEMA.with_metadata({METADATA_KEY: metadata.to_bytes()})
+    """The schema of a file of this metadata: its ``stored_columns``, the metadata attached."""
+    stored = stored_columns(metadata)
+    return pa.schema([f for f in SCHEMA if f.name in stored]).with_metadata(
+        {METADATA_KEY: metadata.to_bytes()}
+    )
 
 
 def no_lane_deps(rows: int) -> pa.ListArray:

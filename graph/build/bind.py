@@ -191,6 +191,5 @@ def bind_ranks(e: EncodedProgram, ranks: np.ndarray, tables: LayoutTables, comm:
         ),
         gf.SRC_RANK: np.full(k * n, e.program.src_rank, np.int32),
         gf.SRC_OP: _tile(e.columns[ot.SEQ], k),
-        gf.LANE_DEPS: gf.no_lane_deps(k * n),
-    }
-    return pa.table(columns, schema=gf.SCHEMA)
+    }  # (no lane_deps: one stream a rank)
+    return pa.table(columns, schema=pa.schema([f for f in gf.SCHEMA if f.name in columns]))

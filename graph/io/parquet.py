@@ -24,14 +24,17 @@ from prism.schemas.graph_format import (
     ADDED_IN,
     COLUMNS,
     INDEX,
+    LANE_COLUMNS,
     METADATA_KEY,
     RANK,
     SCHEMA,
     STAGE,
     STREAM,
+    STREAMS_KEY,
     GraphMetadata,
     no_lane_deps,
     schema_with_metadata,
+    stored_columns,
 )
 from prism.schemas.layout import ParallelLayout
 
@@ -79,6 +82,7 @@ class GraphWriter:
         self.metadata = metadata
         self.ranks_per_row_group = ranks_per_row_group
         self.world_size = ParallelLayout.from_dict(metadata.layout).world_size
+        self._schema = schema_with_metadata(metadata).remove_metadata()
         # The temporary name never reaches the file's bytes: only the rename knows it.
         self._tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         self._writer: pq.ParquetWriter | None = None
@@ -91,7 +95,7 @@ class GraphWriter:
     def __enter__(self) -> GraphWriter:
         self._writer = pq.ParquetWriter(
             self._tmp,
-            schema_with_metadata(self.metadata),
+            self._schema.with_metadata(schema_with_metadata(self.metadata).metadata),
             compression=COMPRESSION,
             use_dictionary=DICTIONARY_COLUMNS,
             write_statistics=STATISTICS_COLUMNS,
@@ -122,7 +126,7 @@ class GraphWriter:
     def write_ranks(self, table: pa.Table) -> None:
         """Append the nodes of one or more consecutive ranks."""
         self._require_open()
-        table = _conform(table)
+        table = _conform(table, self._schema)
         if table.num_rows == 0:
             return
         ranks = table.column(RANK).to_numpy()
@@ -173,19 +177,25 @@ class GraphWriter:
         self._tmp.unlink(missing_ok=True)
 
 
-def _conform(table: pa.Table) -> pa.Table:
-    missing = [c for c in COLUMNS if c not in table.column_names]
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with the columns of ``schema``, in its order and types (``LANE_COLUMNS`` may be
+    left out of a table of a graph that does not hold them)."""
+    names = schema.names
+    missing = [c for c in names if c not in table.column_names]
     extra = [c for c in table.column_names if c not in COLUMNS]
     if missing or extra:
         raise ValueError(f"table does not match the graph schema: missing {missing}, unknown {extra}")
-    table = table.select(list(COLUMNS))
-    nulls = [c for c in COLUMNS if table.column(c).null_count]
+    dropped = [c for c in LANE_COLUMNS if c in table.column_names and c not in names]
+    if any(len(table.column(c).combine_chunks().flatten()) for c in dropped):
+        raise ValueError(f"lane dependencies in a graph whose metadata names no streams ({STREAMS_KEY!r})")
+    table = table.select(names)
+    nulls = [c for c in names if table.column(c).null_count]
     if nulls:
         raise ValueError(f"graph columns may not hold nulls (use -1 / '' for 'does not apply'): {nulls}")
-    if table.schema.equals(SCHEMA):
+    if table.schema.equals(schema):
         return table
     try:
-        return table.cast(SCHEMA)
+        return table.cast(schema)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
         raise ValueError(f"table does not match the graph schema: {e}") from None
 
@@ -237,7 +247,7 @@ class GraphReader:
         except (pa.ArrowException, OSError, UnicodeDecodeError) as e:  # a footer's names can decode badly
             raise GraphFormatError(f"{self.path}: not a Parquet file ({e})") from None
         self.metadata = _parse_metadata(self.path, self._file.schema_arrow)
-        self._absent = _check_columns(self.path, self._file.schema_arrow, self.metadata.version)
+        self._absent = _check_columns(self.path, self._file.schema_arrow, self.metadata)
         self._bounds: dict[int, tuple[int, int]] = {}
 
     def __enter__(self) -> GraphReader:
@@ -368,12 +378,14 @@ def _parse_metadata(path: Path, schema: pa.Schema) -> GraphMetadata:
         raise GraphFormatError(f"{path}: {e}") from None
 
 
-def _check_columns(path: Path, schema: pa.Schema, version: int) -> frozenset[str]:
-    """Every column of the file's version is there with its type; returns the later ones it lacks."""
+def _check_columns(path: Path, schema: pa.Schema, metadata: GraphMetadata) -> frozenset[str]:
+    """Every column the file is to hold is there with its type (``stored_columns``; one of an
+    earlier version lacks the later ones); returns the columns it lacks."""
     absent = set()
+    stored = stored_columns(metadata)
     for field in SCHEMA:
         if field.name not in schema.names:
-            if version < ADDED_IN.get(field.name, 0):
+            if metadata.version < ADDED_IN.get(field.name, 0) or field.name not in stored:
                 absent.add(field.name)
                 continue
             raise GraphFormatError(f"{path}: column {field.name!r} is missing")

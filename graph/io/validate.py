@@ -232,7 +232,8 @@ class _Scan:
         self._order(c)
         self._ranks_stages_kinds(c)
         self._deps(c, table.column(gf.DEPS).combine_chunks())
-        self._lane_deps(c, table.column(gf.LANE_DEPS).combine_chunks())
+        if gf.LANE_DEPS in table.column_names:
+            self._lane_deps(c, table.column(gf.LANE_DEPS).combine_chunks())
         if not self.streams:  # read as one stream a rank: nothing may be off stream 0
             r, s, index = c[gf.RANK], c[gf.STREAM], c[gf.INDEX]
             self.problems.per_rank(s != 0, r, lambda k: (

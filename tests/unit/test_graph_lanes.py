@@ -111,10 +111,14 @@ def test_a_lane_dependency_on_no_node_is_refused(tmp_path: Path) -> None:
 
 def test_streams_the_metadata_does_not_name_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "g.parquet"
-    unnamed = metadata()
-    unnamed = GraphMetadata(**{**unnamed.__dict__, "extra": {}})
-    with GraphWriter(path, unnamed, ranks_per_row_group=1) as writer:
+    unnamed = GraphMetadata(**{**metadata().__dict__, "extra": {}})
+    with pytest.raises(ValueError, match="names no streams"), GraphWriter(path, unnamed) as writer:
         writer.write_ranks(rows([gpu_rank(100), gpu_rank(100)]))
+    assert not path.exists()
+    # Streams beyond 0 without their names (and so without lane dependencies): refused on reading.
+    with GraphWriter(path, unnamed, ranks_per_row_group=1) as writer:
+        writer.write_ranks(rows([gpu_rank(100), gpu_rank(100)]).drop_columns([gf.LANE_DEPS]))
+    assert gf.LANE_DEPS not in pq.read_schema(path).names
     with pytest.raises(SimulationError, match="streams the metadata does not name"):
         load_sim_graph(path)
     assert any("names no streams" in p for p in validate_graph(path).problems)
@@ -136,7 +140,13 @@ def test_a_file_of_version_3_reads_with_no_lane_dependency(tmp_path: Path) -> No
     assert graph.lane_rank is None and graph.deps_lag is None
     assert list(simulate(graph, iterations=1).iteration_ns) == [360, 360]
     assert validate_graph(path).ok
-    # A version 4 file must have the column.
+    # A graph of version 4 with one stream a rank leaves the column out too, as prism writes it.
+    one = GraphMetadata(**{**metadata().__dict__, "extra": {}})
+    with GraphWriter(tmp_path / "v4.parquet", one, ranks_per_row_group=1) as writer:
+        writer.write_ranks(table)
+    assert gf.LANE_DEPS not in pq.read_schema(tmp_path / "v4.parquet").names
+    assert list(simulate(load_sim_graph(tmp_path / "v4.parquet"), iterations=1).iteration_ns) == [360, 360]
+    # One that names its streams must have the column.
     schema = table.schema.with_metadata({gf.METADATA_KEY: metadata().to_bytes()})
     pq.write_table(table.replace_schema_metadata(schema.metadata), path, row_group_size=3)
     with pytest.raises(ValueError, match="column 'lane_deps' is missing"):
