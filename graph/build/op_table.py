@@ -47,8 +47,8 @@ IS_ASYNC = "is_async"  # CommCall.async_op
 FIRST_WAIT_NS = "first_wait_ns"  # CommCall.first_wait_ns: where the program waited for it (0: unseen)
 
 # -- memory (one device: the accelerator when the trace has its events, else the CPU) ---------
-ALLOC_BYTES = "alloc_bytes"  # bytes allocated inside the unit's span
-FREE_BYTES = "free_bytes"  # bytes freed inside the unit's span (positive number)
+ALLOC_BYTES = "alloc_bytes"  # how far allocated bytes rise inside the unit's span, at their highest
+FREE_BYTES = "free_bytes"  # how far they fall from there by the unit's end (positive number)
 GAP_ALLOC_BYTES = "gap_alloc_bytes"  # allocated in the gap before the unit (between ops)
 GAP_FREE_BYTES = "gap_free_bytes"  # freed in the gap before the unit
 ALLOC_TOTAL_AT_START = "alloc_total_at_start"  # allocator's Total Allocated just before the unit

@@ -7,9 +7,12 @@ thread allocates during backward. Either way the units of a rank never overlap i
 events are attributed *by time*, whatever their tid: an event inside a unit's [start, end]
 belongs to that unit, one between two units of an iteration to the gap before the next unit
 (``gap_alloc_bytes`` / ``gap_free_bytes``: Python frees tensors between ops), and one after
-the last unit of an iteration or outside every iteration to nothing. So, within an iteration,
-``alloc_total_at_start`` of unit i+1 equals that of unit i plus its alloc - free plus unit
-i+1's gap_alloc - gap_free.
+the last unit of an iteration or outside every iteration to nothing. A unit's ``alloc_bytes``
+is how far the total rises inside it at its highest, its ``free_bytes`` how far it falls from
+there by its end: the simulation's running total (allocations before frees, node by node) then
+peaks where the allocator did, also for an op that frees a temporary before allocating again.
+So, within an iteration, ``alloc_total_at_start`` of unit i+1 equals that of unit i plus its
+alloc - free plus unit i+1's gap_alloc - gap_free.
 
 One device only: the accelerator when the trace has its events (Total Allocated is per
 device), else the CPU. On CPU the profiler only knows blocks allocated while it records, so
@@ -70,14 +73,33 @@ def attribute_memory(
     nxt = u + 1
     in_gap = ~in_unit & (nxt < n) & (t >= window_start[np.minimum(nxt, n - 1)]) if n else in_unit
     alloc, free = np.maximum(b, 0), np.maximum(-b, 0)
+    rise, fall = _rise_and_fall(u[in_unit], b[in_unit], n)
     return UnitMemory(
-        alloc_bytes=_sum_by(u[in_unit], alloc[in_unit], n),
-        free_bytes=_sum_by(u[in_unit], free[in_unit], n),
+        alloc_bytes=rise,
+        free_bytes=fall,
         gap_alloc_bytes=_sum_by(nxt[in_gap], alloc[in_gap], n),
         gap_free_bytes=_sum_by(nxt[in_gap], free[in_gap], n),
         total_at_start=total_before(mem, start),
         device=device,
     )
+
+
+def _rise_and_fall(unit: np.ndarray, nbytes: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per unit (its events in time order): how far its running total rises at its highest above
+    where the unit began, and how far it falls from there by the unit's end. A unit that
+    allocates a temporary, frees it and allocates again peaks at the larger of the two, not at
+    their sum, as a plain sum of its allocations would have it."""
+    rise, fall = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    if not len(unit):
+        return rise, fall
+    starts = np.flatnonzero(np.r_[True, unit[1:] != unit[:-1]])
+    running = np.cumsum(nbytes.astype(np.int64))
+    before = np.r_[0, running[:-1]][starts]  # total before each unit's first event
+    within = running - np.repeat(before, np.diff(np.r_[starts, len(unit)]))
+    peak = np.maximum(np.maximum.reduceat(within, starts), 0)
+    net = np.add.reduceat(nbytes.astype(np.int64), starts)
+    rise[unit[starts]], fall[unit[starts]] = peak, peak - net
+    return rise, fall
 
 
 def _sum_by(index: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:

@@ -261,9 +261,13 @@ def test_memory_events_split_into_units_and_gaps(cap: Capture) -> None:
     cap.memory(70, 8, 66)  # after the last unit: belongs to no unit
     cap.mark("prism:iter|iter=1", 200, 100)
     cap.op("aten::mul", 210, 10)
+    cap.memory(211, 30, 96)  # a temporary, freed inside the op, then the result
+    cap.memory(213, -30, 66)
+    cap.memory(215, 20, 86)
     df = normalize_rank(cap.write(), RANK)
-    assert df[T.ALLOC_BYTES].tolist() == [1000, 8, 0]
-    assert df[T.FREE_BYTES].tolist() == [100, 0, 0]
+    # Each unit: how far the total rose at its highest, and fell from there by its end.
+    assert df[T.ALLOC_BYTES].tolist() == [1000, 8, 30]
+    assert df[T.FREE_BYTES].tolist() == [100, 0, 10]
     assert df[T.GAP_ALLOC_BYTES].tolist() == [50, 0, 0]
     assert df[T.GAP_FREE_BYTES].tolist() == [0, 1000, 0]
     assert df[T.ALLOC_TOTAL_AT_START].tolist() == [150, 50, 66]
