@@ -130,24 +130,11 @@ def common_step(traces: dict[int, GpuTrace], step: int | None) -> int:
 
 def traced_rank(rank: int, trace: GpuTrace, step_no: int, world: int) -> TracedRank:
     """The rows of ``trace``'s step ``step_no``."""
-    ev = trace.events
     step = trace.steps[trace.steps["step"] == step_no].iloc[0]
     begin, finish = int(step["start_ns"]), int(step["end_ns"])
     edges = dependencies(trace)
     model = LaunchModel.fit(trace, edges)
-    on_gpu, on_cpu = on_lanes(ev)
-    start = ev["start_ns"].to_numpy()
-    calls = on_cpu & (start >= begin) & (start < finish)
-    launch = edges[edges["kind"] == EdgeKind.LAUNCH.value]
-    launched = launch["dst"].to_numpy()[calls[launch["src"].to_numpy()]]
-    keep = calls.copy()
-    keep[launched] = True
-    kept = np.flatnonzero(keep)
-    new_row = np.full(len(ev), -1, np.int64)
-    new_row[kept] = np.arange(len(kept))
-    inside = (new_row[edges["src"].to_numpy()] >= 0) & (new_row[edges["dst"].to_numpy()] >= 0)
-    sub_edges = edges[inside].assign(src=lambda e: new_row[e["src"]], dst=lambda e: new_row[e["dst"]])
-    sub = dataclasses.replace(trace, events=ev.iloc[kept].reset_index(drop=True))
+    sub, sub_edges, new_row = _step_events(trace, edges, begin, finish)
     lanes = lane_graph(sub, sub_edges, model)
     g = lanes.graph
     sub_ev = sub.events
@@ -190,14 +177,37 @@ def traced_rank(rank: int, trace: GpuTrace, step_no: int, world: int) -> TracedR
     )
 
 
+def _step_events(
+    trace: GpuTrace, edges: pd.DataFrame, begin: int, finish: int
+) -> tuple[GpuTrace, pd.DataFrame, np.ndarray]:
+    """The step's part of the trace: the runtime calls that began in [begin, finish) on any
+    thread and the GPU work they launched; the edges among them; each event's new row (-1: out)."""
+    ev = trace.events
+    _, on_cpu = on_lanes(ev)
+    start = ev["start_ns"].to_numpy()
+    calls = on_cpu & (start >= begin) & (start < finish)
+    launch = edges[edges["kind"] == EdgeKind.LAUNCH.value]
+    keep = calls.copy()
+    keep[launch["dst"].to_numpy()[calls[launch["src"].to_numpy()]]] = True
+    kept = np.flatnonzero(keep)
+    new_row = np.full(len(ev), -1, np.int64)
+    new_row[kept] = np.arange(len(kept))
+    inside = (new_row[edges["src"].to_numpy()] >= 0) & (new_row[edges["dst"].to_numpy()] >= 0)
+    sub_edges = edges[inside].assign(src=lambda e: new_row[e["src"]], dst=lambda e: new_row[e["dst"]])
+    return dataclasses.replace(trace, events=ev.iloc[kept].reset_index(drop=True)), sub_edges, new_row
+
+
 def _lane_names(ev: pd.DataFrame, firsts: list[int], step_tid: int) -> list[str]:
     """Each lane's stream name: the thread that marked the step, the rank's other threads by
-    thread id ("thread 2", ...: ids differ between ranks), its GPU streams by number."""
+    thread id ("thread 2", ...: ids differ between ranks), its GPU streams by number (and device,
+    where the rank ran work on more than one)."""
     tids = sorted({int(ev.at[r, "tid"]) for r in firsts if ev.at[r, "stream"] < 0} - {step_tid})
+    devices = {int(ev.at[r, "device"]) for r in firsts if ev.at[r, "stream"] >= 0}
     names = []
     for r in firsts:
         if ev.at[r, "stream"] >= 0:
-            names.append(f"cuda stream {int(ev.at[r, 'stream'])}")
+            device = f" {int(ev.at[r, 'device'])}" if len(devices) > 1 else ""
+            names.append(f"cuda{device} stream {int(ev.at[r, 'stream'])}")
         elif int(ev.at[r, "tid"]) == step_tid:
             names.append(MAIN)
         else:
@@ -296,11 +306,11 @@ def stream_names(ranks: list[TracedRank]) -> list[str]:
     """Every stream name of the traces, numbered alike on every rank: the main thread, the other
     CPU threads, then the GPU streams."""
 
-    def order(name: str) -> tuple[int, int]:
+    def order(name: str) -> tuple[int, int, str]:
         if name == MAIN:
-            return (0, 0)
+            return (0, 0, name)
         kind, _, number = name.rpartition(" ")
-        return (1 if kind == "thread" else 2, int(number))
+        return (1 if kind == "thread" else 2, int(number), name)
 
     return sorted({n for r in ranks for n in r.lanes}, key=order)
 
