@@ -2,18 +2,21 @@
 
     .venv/bin/python benchmarks/clock_cost.py [--calls 2000] [--repeats 10]
 
-A ``GraphClock`` answers each of ``--calls`` calls of an iteration from an answer rule already in
-its shared-memory ``Channel`` (as 99 % of a replay's calls are), writing the call's row for the
-co-simulation, with nothing else in the process. Printed: its time per call (``clock_ns``, as a
-replay's comm log counts it), median over ``--repeats`` iterations, back to back and with a
-GPT-like block of compute (a 128x256 @ 256x512 matmul and a GELU) before each call, which leaves
-the interpreter's caches cold as a program does. The difference to a replay's per-call time
-(``benchmarks/replay_overhead.py``) is what the replay's process adds around the clock.
+A ``GraphClock`` answers each of ``--calls`` synchronous calls of an iteration from an answer rule
+already in its shared-memory ``Channel`` (as 99 % of a replay's calls are), writing the call's row
+for the co-simulation and naming the end to the call's ``VirtualCompletion`` (50 µs after the
+call: the modelled wait), with nothing else in the process. Printed: the time in ``submit`` per
+call, as the process group counts it into a replay's comm log (``clock_ns``), median over
+``--repeats`` iterations, back to back and with a GPT-like block of compute (a 128x256 @ 256x512
+matmul and a GELU) before each call, which leaves the interpreter's caches cold as a program
+does. The difference to a replay's per-call time (``benchmarks/replay_overhead.py``) is what the
+replay's process adds around the clock.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import tempfile
 import time
@@ -27,12 +30,14 @@ from rich.table import Table
 
 from prism.graph.sim.engine import AnswerRule
 from prism.peers.clock import PendingCall
+from prism.peers.recorder import CallRecord
+from prism.peers.virtual_work import VirtualCompletion
 from prism.replay.channel import Channel
 from prism.replay.graph_clock import GraphClock
 from prism.replay.rank_program import RankProgram
 
 CALL = PendingCall(op="all_reduce", group="1", label="tp.0", group_size=2, gseq=0, bytes=4096, enter_ns=0)
-RULE = AnswerRule(0, 0, 0, -1.0, 0.0, 100)  # every member arrived: the end is the arrival plus 100 ns
+RULE = AnswerRule(0, 0, 0, -1.0, 0.0, 50_000)  # every member arrived: the end is the arrival plus 50 µs
 
 
 @dataclass
@@ -85,14 +90,27 @@ def per_call_us(calls: int, repeats: int, compute: bool) -> float:
             for i in range(calls):
                 channel.put_rule(len(clock.iterations), i, RULE)
             clock.iteration_started(time.time_ns())
+            spent = 0
             for _ in range(calls):
                 if compute:
                     torch.nn.functional.gelu(a @ b)
-                clock.submit(CALL, lambda due: None)
+                call = dataclasses.replace(CALL, enter_ns=time.time_ns())
+                record = CallRecord(**_RECORD, enter_ns=call.enter_ns)
+                completion = VirtualCompletion(record, torch.futures.Future(), None)
+                began = time.time_ns()  # as the process group counts it
+                clock.submit(call, completion.at)
+                spent += time.time_ns() - began
             clock.iteration_done(time.time_ns())
             channel.take()  # what the coordinator would read
-            costs.append(clock.iterations[-1].clock_ns / calls / 1e3)
+            costs.append(spent / calls / 1e3)
         return statistics.median(costs[2:])
+
+
+_RECORD = {
+    "seq": 0, "op": CALL.op, "group": CALL.group, "label": CALL.label, "group_size": 2, "gseq": 0, "bytes": 4096,
+    "dtype": "float32", "shape": (1024,), "peer": None, "tag": None, "reduce_op": "sum", "async_op": False,
+    "delegated": False, "exit_ns": 0, "done_ns": 0, "wait_ns": 0, "first_wait_ns": 0, "clock_ns": 0,
+}  # fmt: skip
 
 
 def main() -> None:
