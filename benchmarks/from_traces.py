@@ -20,12 +20,13 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from prism.graph.build.from_traces import build_from_traces
+from prism.graph.build.from_traces import TraceGraphError, build_from_traces
 from prism.graph.io.parquet import read_rank
 from prism.graph.sim.predict import predict
 from prism.graph.sim.simulate import SimGraph, SimResult, load_sim_graph, simulate
 from prism.graph.traces.gpu import read_gpu_trace
 from prism.graph.traces.gpu_timeline import simulate_timeline, step_times
+from prism.graph.traces.kineto import NormalizeError
 from prism.schemas import graph_format as gf
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "gpu_traces"
@@ -61,7 +62,10 @@ def main() -> None:
         for name, directory in dirs.items():
             out = Path(tmp) / f"{directory.name}.parquet"
             t0 = time.perf_counter()
-            built = build_from_traces(directory, out)
+            try:
+                built = build_from_traces(directory, out)
+            except (TraceGraphError, NormalizeError) as e:
+                raise SystemExit(f"error: {e}") from None
             took = time.perf_counter() - t0
             summary = predict(out)
             graph = load_sim_graph(out)
