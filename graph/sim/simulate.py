@@ -284,7 +284,8 @@ class _Columns:
         wanted = rank[owner].astype(np.int64) * 65536 + to_stream
         lane = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)
         lane_len = np.diff(np.r_[lane_start, len(rank)])[lane]
-        bad = np.flatnonzero((keys[lane] != wanted) | (index < 0) | (index >= lane_len) | (lag < 0))
+        own = to_stream == stream[owner]
+        bad = np.flatnonzero((keys[lane] != wanted) | own | (index < 0) | (index >= lane_len) | (lag < 0))
         if len(bad):
             raise SimulationError(
                 f"a lane dependency on no node of another stream of the same rank, or with a negative lag "

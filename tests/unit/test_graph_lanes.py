@@ -98,15 +98,19 @@ def test_gpu_lanes_wait_for_launches_collectives_and_syncs(tmp_path: Path) -> No
         rank_nodes(path, 0)
 
 
-def test_a_lane_dependency_on_no_node_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "dep", [on(1, 9), on(0, 0), on(3, 0)], ids=["past-the-stream", "own-stream", "no-stream"]
+)
+def test_a_lane_dependency_on_no_node_of_another_stream_is_refused(tmp_path: Path, dep: dict) -> None:
     bad = gpu_rank(100)
-    bad[0][2] = compute(5, **{gf.LANE_DEPS: [on(1, 9)]})  # the GPU stream has 2 nodes
+    bad[0][2] = compute(5, **{gf.LANE_DEPS: [dep]})  # on the CPU thread; the GPU stream has 2 nodes
     path = write(tmp_path / "g.parquet", [bad, gpu_rank(100)])
     with pytest.raises(SimulationError, match="lane dependency on no node"):
         load_sim_graph(path)
     report = validate_graph(path)
     assert not report.ok
-    assert any("lane_deps entry (stream 1, index 9)" in p for p in report.problems)
+    where = f"lane_deps entry (stream {dep[gf.LANE_DEP_STREAM]}, index {dep[gf.LANE_DEP_INDEX]})"
+    assert any(where in p for p in report.problems)
 
 
 def test_streams_the_metadata_does_not_name_are_refused(tmp_path: Path) -> None:
