@@ -23,7 +23,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from prism.graph.sim.simulate import SimGraph, load_sim_graph
+from prism.graph.sim.load import load_sim_graph
+from prism.graph.sim.simulate import SimGraph
 from prism.replay.graph_clock import GraphClock
 from prism.replay.scripted import FakeWall, play
 

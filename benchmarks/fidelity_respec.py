@@ -29,7 +29,8 @@ from rich.table import Table
 
 from prism.fidelity import RunSettings, build_case_graph, case_dir, parse_case
 from prism.graph.build.profiler_overhead import Correction
-from prism.graph.sim.simulate import load_sim_graph, simulate
+from prism.graph.sim.load import load_sim_graph
+from prism.graph.sim.simulate import simulate
 from prism.schemas.cluster import ClusterSpec
 
 console = Console(width=max(120, Console().width))

@@ -22,8 +22,9 @@ from rich.table import Table
 
 from prism.graph.build.from_traces import TraceGraphError, build_from_traces
 from prism.graph.io.parquet import read_rank
+from prism.graph.sim.load import load_sim_graph
 from prism.graph.sim.predict import predict
-from prism.graph.sim.simulate import SimGraph, SimResult, load_sim_graph, simulate
+from prism.graph.sim.simulate import SimGraph, SimResult, simulate
 from prism.graph.traces.gpu import read_gpu_trace
 from prism.graph.traces.gpu_timeline import simulate_timeline, step_times
 from prism.graph.traces.kineto import NormalizeError

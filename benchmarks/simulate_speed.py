@@ -27,7 +27,8 @@ from prism.schemas.workload import GPTConfig
 
 CHILD = """
 import json, resource, sys, time
-from prism.graph.sim.simulate import load_sim_graph, simulate
+from prism.graph.sim.simulate import simulate
+from prism.graph.sim.load import load_sim_graph
 path, repeats = sys.argv[1], int(sys.argv[2])
 t0 = time.perf_counter(); graph = load_sim_graph(path); load_s = time.perf_counter() - t0
 simulate(graph)  # compiles the engine (cached on disk after the first run)

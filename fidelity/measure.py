@@ -17,8 +17,9 @@ from prism.fidelity.load import MatchedLoad
 from prism.graph.build.builder import BuildOptions, build_graph
 from prism.graph.build.normalize import normalize_rank
 from prism.graph.build.profiler_overhead import Correction
+from prism.graph.sim.load import load_sim_graph, static_bytes
 from prism.graph.sim.metrics import breakdown
-from prism.graph.sim.simulate import load_sim_graph, simulate, static_bytes
+from prism.graph.sim.simulate import simulate
 from prism.graph.traces.memory import iteration_memory
 from prism.replay.paced_capture import run_paced_capture
 from prism.replay.runtime import ReplayOptions, run_replay

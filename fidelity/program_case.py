@@ -40,7 +40,8 @@ from prism.fidelity.measure import RankRun, RunSettings, replayed_run
 from prism.fidelity.timed_run import TimedRun, result_path, trace_path
 from prism.graph.build.builder import BuildOptions, build_graph
 from prism.graph.io.parquet import read_metadata
-from prism.graph.sim.simulate import load_sim_graph, simulate, static_bytes_of
+from prism.graph.sim.load import load_sim_graph, static_bytes_of
+from prism.graph.sim.simulate import simulate
 from prism.graph.traces.memory import iteration_memory
 from prism.replay.runtime import ReplayOptions, run_replay
 from prism.schemas.cluster import ClusterSpec

@@ -36,7 +36,8 @@ from prism.capture.runner import CaptureOptions, run_capture
 from prism.graph.build.builder import BuildOptions, build_graph
 from prism.graph.sim.engine import COLLECTIVE, COMPUTE
 from prism.graph.sim.metrics import breakdown, critical_path
-from prism.graph.sim.simulate import graph_column, load_sim_graph, simulate
+from prism.graph.sim.simulate import simulate
+from prism.graph.sim.load import graph_column, load_sim_graph
 from prism.schemas.cluster import preset
 from prism.schemas.workload import GPTConfig
 

@@ -34,7 +34,8 @@ import matplotlib.ticker
 from prism.capture.runner import CaptureOptions, run_capture
 from prism.graph.build.builder import BuildOptions, build_graph
 from prism.graph.sim.metrics import breakdown
-from prism.graph.sim.simulate import load_sim_graph, simulate
+from prism.graph.sim.simulate import simulate
+from prism.graph.sim.load import load_sim_graph
 from prism.graph.sim.whatif import SlowRank, WhatIf, apply_what_if
 from prism.schemas.cluster import preset
 from prism.schemas.workload import GPTConfig

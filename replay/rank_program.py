@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 
 from prism.graph.io.parquet import GraphReader
 from prism.graph.sim.engine import COLLECTIVE, COMPUTE, RECV, SEND
-from prism.graph.sim.simulate import kind_codes
+from prism.graph.sim.load import kind_codes
 from prism.peers.clock import PendingCall
 from prism.schemas import graph_format as gf
 from prism.schemas.annotations import group_label

@@ -32,7 +32,7 @@ from pathlib import Path
 from prism.capture.launch import LaunchError, RankLaunch, run_processes
 from prism.capture.runner import CaptureHooks
 from prism.graph.io.parquet import GraphFormatError, read_metadata
-from prism.graph.sim.simulate import static_bytes_of
+from prism.graph.sim.load import static_bytes_of
 from prism.graph.sim.whatif import BlockDelay
 from prism.graph.traces.memory import iteration_memory
 from prism.replay.coordinator import Coordinator

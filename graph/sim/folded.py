@@ -19,7 +19,7 @@ import numpy as np
 from prism.graph.comm.placement import LayoutTables
 from prism.graph.io.parquet import GraphFormatError, read_metadata
 from prism.graph.sim.fold import Folding, fold_replicas
-from prism.graph.sim.simulate import load_sim_graph
+from prism.graph.sim.load import load_sim_graph
 from prism.schemas import graph_format as gf
 from prism.schemas.cluster import ClusterSpec
 from prism.schemas.layout import ParallelLayout

@@ -14,7 +14,8 @@ def cosim_cost(benchmark_script):
 
 
 def test_scripted_program_plays_every_iteration(cosim_cost) -> None:
-    from prism.graph.sim.simulate import load_sim_graph, simulate
+    from prism.graph.sim.load import load_sim_graph
+    from prism.graph.sim.simulate import simulate
     from prism.replay.graph_clock import GraphClock
     from prism.replay.scripted import FakeWall
 

@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from prism.graph.export.cli import app as export_app
 from prism.graph.io.parquet import read_rank
-from prism.graph.sim.simulate import load_sim_graph, simulate
+from prism.graph.sim.load import load_sim_graph
+from prism.graph.sim.simulate import simulate
 from prism.replay.cli import app as replay_app
 from prism.schemas import graph_format as gf
 from prism.schemas.manifest import CaptureFiles

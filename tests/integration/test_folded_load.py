@@ -17,8 +17,8 @@ from prism.graph.build.cli import app as build_app
 from prism.graph.io.parquet import GraphFormatError, GraphReader, GraphWriter, read_metadata, read_rank
 from prism.graph.sim.cli import app as simulate_app
 from prism.graph.sim.folded import load_folded, recorded_replicas
+from prism.graph.sim.load import load_sim_graph
 from prism.graph.sim.predict import predict
-from prism.graph.sim.simulate import load_sim_graph
 from prism.graph.sim.whatif import BlockDelay, SlowRank, WhatIf
 from prism.replay.cli import app as replay_app
 from prism.replay.cosim import open_cosimulation

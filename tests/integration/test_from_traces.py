@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from prism.graph.build.cli import app
 from prism.graph.io.parquet import read_metadata, read_rank
-from prism.graph.sim.simulate import load_sim_graph, simulate
+from prism.graph.sim.load import load_sim_graph
+from prism.graph.sim.simulate import simulate
 from prism.graph.traces.gpu import EdgeKind, dependencies, read_gpu_trace
 from prism.graph.traces.gpu_timeline import simulate_timeline, step_times
 from prism.schemas import graph_format as gf

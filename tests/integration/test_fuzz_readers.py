@@ -20,7 +20,8 @@ from prism.graph.build.from_traces import TraceGraphError, build_from_traces
 from prism.graph.build.normalize import normalize_rank
 from prism.graph.io.parquet import GraphFormatError, read_metadata, read_rank
 from prism.graph.io.validate import validate_graph
-from prism.graph.sim.simulate import SimulationError, load_sim_graph, simulate
+from prism.graph.sim.load import load_sim_graph
+from prism.graph.sim.simulate import SimulationError, simulate
 from prism.graph.traces.gpu import dependencies, read_gpu_trace
 from prism.graph.traces.kineto import NormalizeError
 from prism.schemas.cluster import ClusterSpec, ClusterSpecError, preset

@@ -12,7 +12,8 @@ from prism.capture.cli import app as capture_app
 from prism.graph.build.cli import app as build_app
 from prism.graph.io.parquet import read_rank
 from prism.graph.io.validate import validate_graph
-from prism.graph.sim.simulate import load_sim_graph, simulate
+from prism.graph.sim.load import load_sim_graph
+from prism.graph.sim.simulate import simulate
 from prism.schemas import graph_format as gf
 from prism.schemas.iterations import clean_unprofiled
 from prism.schemas.manifest import read_manifest

@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 from prism.capture.cli import app
 from prism.graph.build.cli import app as build_app
 from prism.graph.io.validate import validate_graph
-from prism.graph.sim.simulate import load_sim_graph, simulate
+from prism.graph.sim.load import load_sim_graph
+from prism.graph.sim.simulate import simulate
 from prism.schemas.comm_log import read_comm_log
 from prism.schemas.manifest import CaptureFiles, read_manifest
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from prism.graph.sim.simulate import load_sim_graph, simulate
+from prism.graph.sim.load import load_sim_graph
+from prism.graph.sim.simulate import simulate
 from prism.graph.sim.whatif import BlockDelay, WhatIf, apply_what_if
 from prism.graph.traces.kineto import read_json_file
 from prism.replay.cli import app

@@ -9,7 +9,8 @@ import pytest
 from test_simulate import collective, compute, config, one_f_one_b_programs, write
 
 from prism.graph.sim.engine import COMPUTE, Engine
-from prism.graph.sim.simulate import SimGraph, load_sim_graph
+from prism.graph.sim.load import load_sim_graph
+from prism.graph.sim.simulate import SimGraph
 
 
 def drive(graph: SimGraph, external: list[int], slowdown: float = 1.0) -> Engine:

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from test_simulate import config, one_f_one_b_programs, write
 
 from prism.graph.sim.engine import Engine
-from prism.graph.sim.simulate import load_sim_graph
+from prism.graph.sim.load import load_sim_graph
 
 
 def graph(tmp_path_factory) -> object:

@@ -13,7 +13,8 @@ from test_simulate import collective, compute, config, one_f_one_b_programs, wri
 import prism.replay.cosim as cosim_module
 from prism.graph.sim.engine import Engine
 from prism.graph.sim.fold import fold_replicas, no_folding
-from prism.graph.sim.simulate import SimGraph, load_sim_graph, peak_bytes, simulate
+from prism.graph.sim.load import load_sim_graph
+from prism.graph.sim.simulate import SimGraph, peak_bytes, simulate
 from prism.graph.sim.whatif import SlowRank, WhatIf, apply_what_if
 from prism.replay.graph_clock import GraphClock
 from prism.replay.scripted import FakeWall, play

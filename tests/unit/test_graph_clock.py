@@ -16,7 +16,8 @@ import pytest
 from test_simulate import collective, compute, config, one_f_one_b_programs, write
 
 from prism.graph.sim.engine import COMPUTE, Engine
-from prism.graph.sim.simulate import SimGraph, load_sim_graph, simulate
+from prism.graph.sim.load import load_sim_graph
+from prism.graph.sim.simulate import SimGraph, simulate
 from prism.graph.sim.whatif import SlowRank, WhatIf, apply_what_if
 from prism.peers.clock import PendingCall
 from prism.replay.cosim import CoSimulation, predicted_phase_ns

@@ -14,8 +14,9 @@ from prism.graph.export.chakra import rank_nodes
 from prism.graph.export.trace import ExportError, rank_trace
 from prism.graph.io.parquet import GraphReader, GraphWriter
 from prism.graph.io.validate import validate_graph
+from prism.graph.sim.load import load_sim_graph
 from prism.graph.sim.predict import predict
-from prism.graph.sim.simulate import SimulationError, load_sim_graph, simulate
+from prism.graph.sim.simulate import SimulationError, simulate
 from prism.schemas import graph_format as gf
 from prism.schemas.graph_format import GraphMetadata
 

@@ -100,7 +100,7 @@ def test_graph_wide_intervals_equal_each_programs_own() -> None:
     from pathlib import Path
 
     from prism.graph.sim.engine import COMPUTE
-    from prism.graph.sim.simulate import load_sim_graph
+    from prism.graph.sim.load import load_sim_graph
 
     graph = load_sim_graph(Path(__file__).parents[1] / "data" / "tiny_graph.parquet")
     comm = graph.kind != COMPUTE

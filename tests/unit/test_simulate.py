@@ -9,7 +9,8 @@ import pyarrow as pa
 import pytest
 
 from prism.graph.io.parquet import GraphWriter
-from prism.graph.sim.simulate import SimulationError, load_sim_graph, simulate, static_bytes
+from prism.graph.sim.load import load_sim_graph, static_bytes
+from prism.graph.sim.simulate import SimulationError, simulate
 from prism.schemas import graph_format as gf
 from prism.schemas.graph_format import GraphMetadata, NodeKind
 from prism.schemas.pipeline_schedule import Action, one_f_one_b

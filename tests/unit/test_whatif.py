@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from test_simulate import collective, compute, config, write
 
-from prism.graph.sim.simulate import load_sim_graph, simulate
+from prism.graph.sim.load import load_sim_graph
+from prism.graph.sim.simulate import simulate
 from prism.graph.sim.whatif import (
     BlockDelay,
     SlowRank,
