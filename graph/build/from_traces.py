@@ -33,6 +33,7 @@ import pandas as pd
 import pyarrow as pa
 
 from prism.graph.build.gpu_lanes import lane_graph
+from prism.graph.comm.model import OPS
 from prism.graph.io.parquet import GraphWriter, ranks_per_row_group
 from prism.graph.traces.gpu import EdgeKind, GpuTrace, dependencies, read_gpu_trace
 from prism.graph.traces.gpu_timeline import LaunchModel, on_lanes, trace_lanes
@@ -279,15 +280,12 @@ def _group_ranks(text: object, size: int, world: int) -> list[int]:
     return list(range(size if size > 0 else world))
 
 
-_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "barrier", "reduce", "gather",
-        "scatter", "send", "recv")  # fmt: skip
-
-
 def _op_name(recorded: str) -> str:
     """prism's name of a recorded collective ("allreduce", "_allgather_base",
     "reduce_scatter_tensor" -> all_reduce, all_gather, reduce_scatter); "" if none fits."""
     squashed = "".join(ch for ch in recorded.lower() if ch.isalpha())
-    return next((op for op in _OPS if squashed.startswith(op.replace("_", ""))), "")
+    # (OPS lists reduce_scatter before reduce and all_gather before gather: the longer name wins)
+    return next((op for op in OPS if squashed.startswith(op.replace("_", ""))), "")
 
 
 _KERNEL_OPS = {"AllReduce": "all_reduce", "AllGather": "all_gather", "ReduceScatter": "reduce_scatter",

@@ -47,6 +47,7 @@ from __future__ import annotations
 import numpy as np
 
 from prism.schemas.cluster import ClusterSpec
+from prism.schemas.comm_log import P2P_OPS
 from prism.schemas.layout import ParallelLayout
 
 OPS: tuple[str, ...] = (
@@ -63,7 +64,6 @@ OPS: tuple[str, ...] = (
     "recv",
 )
 """Operation names of the comm log."""
-P2P_OPS = frozenset({"send", "recv"})
 _CHAIN_OPS = ("all_gather", "reduce_scatter", "broadcast", "reduce")
 
 
