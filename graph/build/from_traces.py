@@ -313,8 +313,8 @@ def stream_names(ranks: list[TracedRank]) -> list[str]:
     return sorted({n for r in ranks for n in r.lanes}, key=order)
 
 
-def rank_table(traced: TracedRank, rank: int, streams: list[str], world: int) -> pa.Table:
-    """The graph rows of ``rank`` (``traced``'s, or a copy of them for a rank without a trace)."""
+def rank_table(traced: TracedRank, streams: list[str], world: int) -> pa.Table:
+    """The graph rows of ``traced``'s rank (``as_rank`` copies them for a rank without a trace)."""
     rows = traced.rows
     number = np.array([streams.index(n) for n in traced.lanes], np.int16)
     stream = number[rows["lane"].to_numpy()]
@@ -323,7 +323,7 @@ def rank_table(traced: TracedRank, rank: int, streams: list[str], world: int) ->
     is_coll = coll >= 0
     n = len(rows)
     columns = {
-        gf.RANK: np.full(n, rank, np.int32), gf.STREAM: stream, gf.INDEX: rows["index"].to_numpy(np.int32),
+        gf.RANK: np.full(n, traced.rank, np.int32), gf.STREAM: stream, gf.INDEX: rows["index"].to_numpy(np.int32),
         gf.KIND: rows["kind"].to_numpy(), gf.NAME: rows["name"].astype(str).to_numpy(), gf.PHASE: np.full(n, ""),
         gf.STAGE: np.zeros(n, np.int16), gf.MB: np.full(n, -1, np.int32), gf.LAYER: np.full(n, -1, np.int32),
         gf.PART: np.full(n, ""), gf.DUR_NS: rows["dur_ns"].to_numpy(np.int64), gf.GAP_NS: rows["gap_ns"].to_numpy(np.int64),
@@ -340,6 +340,12 @@ def rank_table(traced: TracedRank, rank: int, streams: list[str], world: int) ->
     }  # fmt: skip
     schema = pa.schema([f.with_type(pa.string()) if f.name in _STRING_COLUMNS else f for f in gf.SCHEMA])
     return pa.table(columns, schema=schema).take(pa.array(order)).cast(gf.SCHEMA)
+
+
+def as_rank(table: pa.Table, rank: int) -> pa.Table:
+    """A rank's rows as those of ``rank`` (which took them for want of a trace of its own)."""
+    at = table.schema.get_field_index(gf.RANK)
+    return table.set_column(at, gf.SCHEMA.field(gf.RANK), pa.array(np.full(table.num_rows, rank, np.int32)))
 
 
 @dataclass(frozen=True)
@@ -383,9 +389,11 @@ def build_from_traces(
         },
     )  # fmt: skip
     with GraphWriter(out, metadata, ranks_per_row_group(world)) as writer:
+        source: pa.Table | None = None  # the rows of the last traced rank, which the next ranks may copy
         for rank in range(world):
-            source = traced[rank] if rank in traced else traced[filled_from[rank]]
-            writer.write_ranks(rank_table(source, rank, streams, world))
+            if rank in traced or source is None:
+                source = rank_table(traced[filled_from.get(rank, rank)], streams, world)
+            writer.write_ranks(source if rank in traced else as_rank(source, rank))
             if on_rank is not None:
                 on_rank(rank + 1, world)
     return TraceBuild(layout=layout, step=step_no, traced=traced, filled_from=filled_from, streams=streams)
