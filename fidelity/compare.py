@@ -77,9 +77,8 @@ def paired_records(
         if real_own and pred_own:  # the iteration by phase against the real run's
             records[-1]["phase_err"] = _own_phase_errors(real_own, pred_own)
         corrected = [run[rank].corrected_ns / 1e6 for run in pred if run[rank].corrected_ns is not None]
-        if (
-            corrected
-        ):  # a replay: the stall-corrected time beside the wall time, its phases against the graph's
+        # A replay: the stall-corrected time beside the wall time, its phases against the graph's.
+        if corrected:
             records[-1]["pred_corrected_ms"] = round(_median(corrected), 3)
             records[-1]["corrected_err_pct"] = round(_err_pct(_median(corrected), real_ms), 2)
             records[-1]["graph_phase_err"] = _phase_errors([run[rank].phases_ms or {} for run in pred])

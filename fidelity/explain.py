@@ -30,8 +30,7 @@ from prism.graph.build import op_table as ot
 from prism.graph.comm.call_latency import CallLatency
 from prism.graph.comm.model import CommModel
 from prism.graph.io.parquet import read_rank
-from prism.graph.sim.metrics import breakdown
-from prism.graph.sim.simulate import SimGraph, SimResult
+from prism.graph.sim.metrics import RankBreakdown
 from prism.schemas import graph_format as gf
 from prism.schemas.cluster import ClusterSpec
 from prism.schemas.graph_format import NodeKind
@@ -106,16 +105,16 @@ def decompose(ops: pd.DataFrame) -> dict[str, float]:
     return {key: float(statistics.median(p[key] for p in parts)) / 1e6 for key in parts[0]}
 
 
-def sim_breakdown(graph: SimGraph, result: SimResult) -> list[dict[str, float]]:
-    """Per rank: compute / comm_wait (exposed comm + bubble) / glue (gaps) of the simulation, in ms."""
-    b = breakdown(graph, result)
+def sim_breakdown(b: RankBreakdown) -> list[dict[str, float]]:
+    """Per rank: compute / comm_wait (exposed comm + bubble) / glue (gaps) of a simulation's
+    breakdown (``prism.graph.sim.metrics.breakdown``), in ms."""
     return [
         {
             "compute": float(b.compute_ns[r]) / 1e6,
             "comm_wait": float(b.exposed_comm_ns[r] + b.bubble_ns[r]) / 1e6,
             "glue": float(b.overhead_ns[r]) / 1e6,
         }
-        for r in range(graph.ranks)
+        for r in range(len(b.compute_ns))
     ]
 
 

@@ -203,7 +203,8 @@ def _simulated(config: GPTConfig, graph_path: Path, settings: RunSettings) -> di
     """Every rank's simulated steady iteration, peak memory and time split."""
     graph = load_sim_graph(graph_path)
     result = simulate(graph, iterations=settings.sim_iterations)
-    parts, exposed_comm = sim_breakdown(graph, result), breakdown(graph, result).exposed_comm_ns
+    split = breakdown(graph, result)
+    parts, exposed_comm = sim_breakdown(split), split.exposed_comm_ns
     return {
         rank: RankRun(
             iter_ns=float(result.iteration_ns[rank]),

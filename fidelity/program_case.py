@@ -41,6 +41,7 @@ from prism.fidelity.timed_run import TimedRun, result_path, trace_path
 from prism.graph.build.builder import BuildOptions, build_graph
 from prism.graph.io.parquet import read_metadata
 from prism.graph.sim.load import load_sim_graph, static_bytes_of
+from prism.graph.sim.metrics import breakdown
 from prism.graph.sim.simulate import simulate
 from prism.graph.traces.memory import iteration_memory
 from prism.replay.runtime import ReplayOptions, run_replay
@@ -133,7 +134,7 @@ def predict_program(
     )
     graph = load_sim_graph(graph_path)
     result = simulate(graph, iterations=settings.sim_iterations)
-    parts = sim_breakdown(graph, result)
+    parts = sim_breakdown(breakdown(graph, result))
     static = graph.stage_static_bytes
     return {
         rank: RankRun(
