@@ -57,8 +57,7 @@ def rank_trace(path: str | Path, rank: int, *, iterations: int = 2) -> dict:
     folding = load_folded(path)  # identical replicas once: the rank's times are its representative's
     graph, at = folding.graph, int(folding.rank_of[rank])
     result = simulate(graph, iterations=iterations)
-    firsts = np.r_[graph.rank_first_row(), len(graph.kind)]  # the rank's rows: all of its streams
-    rows = slice(int(firsts[at]), int(firsts[at + 1]))
+    rows = graph.rank_rows(at)
     start, end = result.start_ns[rows], result.end_ns[rows]
     nodes = read_rank(path, rank, columns=_COLUMNS).to_pydict()
     names = read_metadata(path).extra.get(gf.STREAMS_KEY) or ["main"]

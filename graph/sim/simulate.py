@@ -97,6 +97,13 @@ class SimGraph:
         first_lane = np.searchsorted(self.lane_rank, np.arange(self.ranks))
         return self.rank_ptr[first_lane]
 
+    def rank_rows(self, rank: int) -> slice:
+        """The rows of ``rank``, all of its streams (a rank's lanes are consecutive)."""
+        if self.lane_rank is None:
+            return slice(int(self.rank_ptr[rank]), int(self.rank_ptr[rank + 1]))
+        lanes = np.searchsorted(self.lane_rank, [rank, rank + 1])
+        return slice(int(self.rank_ptr[lanes[0]]), int(self.rank_ptr[lanes[1]]))
+
 
 @dataclass(frozen=True, kw_only=True)
 class SimResult:

@@ -109,17 +109,13 @@ def parse_delay(text: str) -> BlockDelay:
 
 def _slow(graph: SimGraph, slow: tuple[SlowRank, ...], ranks: np.ndarray) -> np.ndarray:
     dur = graph.dur.copy()
-    node_rank = graph.node_rank() if graph.lane_rank is not None else None
     for s in slow:
         at = int(np.searchsorted(ranks, s.rank))
         if at == len(ranks) or ranks[at] != s.rank:
             raise WhatIfError(f"slow rank {s.rank} is not in the graph (0..{graph.layout.world_size - 1})")
-        if node_rank is None:
-            rows = np.arange(graph.rank_ptr[at], graph.rank_ptr[at + 1])
-        else:  # every stream of the rank
-            rows = np.flatnonzero(node_rank == at)
-        compute = rows[graph.kind[rows] == COMPUTE]
-        dur[compute] = np.round(dur[compute] * s.factor).astype(np.int64)
+        rows = graph.rank_rows(at)  # every stream of the rank
+        compute = graph.kind[rows] == COMPUTE
+        dur[rows][compute] = np.round(dur[rows][compute] * s.factor).astype(np.int64)
     return dur
 
 
