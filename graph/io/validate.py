@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from prism.graph.io.lanes import lane_dep_rows
 from prism.graph.io.parquet import GraphReader
 from prism.graph.io.validate_comm import (
     _COLL_KEEP,
@@ -300,16 +301,9 @@ class _Scan:
             return
         values = pc.list_flatten(lane_deps).flatten()
         to_stream, to_index, lag = (v.to_numpy().astype(np.int64) for v in values)
-        r, s = c[gf.RANK], c[gf.STREAM]
         rank, stream, index = (c[k][parent] for k in (gf.RANK, gf.STREAM, gf.INDEX))
-        # The row group's lanes (rank, stream) and their lengths: the target must be one of them.
-        key = r * 65536 + s
-        starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
-        lanes, lengths = key[starts], np.diff(np.r_[starts, len(key)])
-        wanted = rank * 65536 + to_stream
-        at = np.minimum(np.searchsorted(lanes, wanted), len(lanes) - 1)
-        bad = (to_stream == stream) | (lanes[at] != wanted) | (to_index < 0) | (to_index >= lengths[at])
-        self.problems.per_rank(bad, rank, lambda k: (
+        _, named = lane_dep_rows(c[gf.RANK], c[gf.STREAM], parent, to_stream, to_index)
+        self.problems.per_rank(~named, rank, lambda k: (
             f"rank {rank[k]} stream {stream[k]} index {index[k]}: lane_deps entry (stream {to_stream[k]}, "
             f"index {to_index[k]}) is no node of another stream of the rank"))  # fmt: skip
         self.problems.per_rank(lag < 0, rank, lambda k: (

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from prism.graph.io.lanes import lane_dep_rows
 from prism.graph.io.parquet import GraphReader
 from prism.graph.sim.engine import COLLECTIVE, COMPUTE, RECV, SEND
 from prism.graph.sim.simulate import SimGraph, SimulationError
@@ -169,11 +170,9 @@ class _Columns:
             owner = np.repeat(np.arange(table.num_rows), counts)
             self.deps_chunks.append(deps.values.to_numpy().astype(np.int64) + first_of_row[owner])
         if self.lanes:
-            self._fill_lane_deps(table, offset, rank, stream, lane_start)
+            self._fill_lane_deps(table, offset, rank, stream)
 
-    def _fill_lane_deps(
-        self, table: pa.Table, offset: int, rank: np.ndarray, stream: np.ndarray, lane_start: np.ndarray
-    ) -> None:
+    def _fill_lane_deps(self, table: pa.Table, offset: int, rank: np.ndarray, stream: np.ndarray) -> None:
         """Dependencies on other streams of the same rank, as global rows with their lags."""
         column = table[gf.LANE_DEPS].combine_chunks()
         counts = np.diff(column.offsets.to_numpy())
@@ -183,20 +182,15 @@ class _Columns:
         first = column.offsets[0].as_py()
         to_stream, index, lag = (v.to_numpy()[first : first + counts.sum()].astype(np.int64) for v in values)
         owner = np.repeat(np.arange(table.num_rows), counts)
-        keys = rank[lane_start].astype(np.int64) * 65536 + stream[lane_start]
-        wanted = rank[owner].astype(np.int64) * 65536 + to_stream
-        lane = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)
-        lane_len = np.diff(np.r_[lane_start, len(rank)])[lane]
-        own = to_stream == stream[owner]
-        bad = np.flatnonzero((keys[lane] != wanted) | own | (index < 0) | (index >= lane_len) | (lag < 0))
+        target, named = lane_dep_rows(rank, stream, owner, to_stream, index)
+        bad = np.flatnonzero(~named | (lag < 0))
         if len(bad):
             raise SimulationError(
                 f"a lane dependency on no node of another stream of the same rank, or with a negative lag "
                 f"({len(bad)} of them, first at global row {offset + owner[bad[0]]}); the graph is damaged "
                 "(prism-validate-graph tells more)"
             )
-        target = offset + lane_start[lane] + index
-        self.lane_deps.append((offset + owner, target, lag))
+        self.lane_deps.append((offset + owner, offset + target, lag))
 
 
 def load_sim_graph(path: str | Path, ranks: np.ndarray | None = None) -> SimGraph:
