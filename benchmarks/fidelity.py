@@ -74,6 +74,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     for axis in ("tp", "pp", "dp"):
         parser.add_argument(f"--{axis}", type=int, default=1, help=f"{axis} degree of --program cases")
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu",
+        help="where --program cases run (cuda: one GPU per rank; the program must place itself on it)",
+    )  # fmt: skip
     parser.add_argument("--repeats", type=int, default=3, help="runs of each side per case (medians kept)")
     parser.add_argument("--json", type=Path, default=None, help="also write the records here")
     parser.add_argument(
@@ -271,7 +275,7 @@ def program_main(args: argparse.Namespace, choice: SpecChoice, started: float, a
     )
     records, hooks = [], []
     for text in args.program:
-        case = ProgramCase(argv=tuple(shlex.split(text)), layout=layout)
+        case = ProgramCase(argv=tuple(shlex.split(text)), layout=layout, device=args.device)
         try:
             result = run_program_case(case, args.repeats, choice.spec, settings, progress=_log)
         except ProgramRunFailed as e:

@@ -1,49 +1,85 @@
 #!/usr/bin/env bash
 # Every check that needs a GPU, in one go, so that a GPU host's time goes to measuring.
 #
-#   bash benchmarks/gpu_checks.sh [OUT]        # OUT: where logs and results go (default gpu-checks/)
+#   bash benchmarks/gpu_checks.sh [OUT] [ARCHIVE]
 #
-# Each step runs on, whatever the one before did; its log is OUT/<step>.log and one line per step
-# goes to OUT/summary.txt. On a machine whose python has torch, pandas, pyarrow, numba, typer and
-# rich but not prism, prism is installed first without dependencies (PY=... picks the python).
+# OUT: where logs and results go (default gpu-checks/). ARCHIVE: a .tgz refreshed after every
+# step with OUT's logs and results (not the captures' traces), so that what ran is kept even if
+# the whole run is cut short. Each step runs on, whatever the one before did, under its own time
+# limit; its log is OUT/<step>.log and one line per step goes to OUT/summary.txt. On a machine
+# whose python has torch, pandas, pyarrow, numba, typer and rich but not prism, prism is
+# installed first without dependencies (PY=... picks the python). DEVICE=cpu and DDP_MODEL=...
+# (smaller sizes) run the same steps on a machine without a GPU, to check the script itself.
 # Steps:
-#   gpu_tests    pytest tests/gpu (CUDA capture; a real NCCL pair where there are two GPUs; the
-#                graph of a GPU trace recorded here reproduces its step within 1 %)
-#   trace_job    benchmarks/gpu_trace_job.py: a 1-GPU training job's torch.profiler trace, a trace
-#                prism was not developed on
-#   from_traces  benchmarks/from_traces.py on it: each step recorded vs its graph's simulation
-#   capture, build, simulate, replay
-#                the built-in GPT on CUDA: a slice of tp=2 pp=2 dp=4 captured with --device cuda,
-#                its graph built and simulated, ranks 0 and 3 replayed on the GPU against it
+#   trace_job     benchmarks/gpu_trace_job.py: a 1-GPU training job's torch.profiler trace, a
+#                 trace prism was not developed on
+#   from_traces   benchmarks/from_traces.py on it: each step recorded vs its graph's simulation
+#   gpu_tests     pytest tests/gpu (CUDA capture; a real NCCL pair where there are two GPUs; the
+#                 graph of a GPU trace recorded here reproduces its step within 1 %)
+#   gpt_*         the built-in GPT on CUDA: a slice of tp=2 pp=2 dp=4 captured with --device
+#                 cuda, its graph built and simulated, ranks 0 and 3 replayed on the GPU
+#   ddp_*         examples/ddp.py on CUDA (NCCL), an unmodified program: a slice of dp=8
+#                 captured, its graph built and simulated, rank 3 replayed against 7 virtual peers
+#   ddp_fidelity  benchmarks/fidelity.py on examples/ddp.py at dp=1 (one GPU): its real run under
+#                 torchrun against the simulation and the replay of its graph, 3 interleaved repeats
 set -u
 OUT=${1:-${OUT:-gpu-checks}}
-PY=${PY:-python3}
+ARCHIVE=${2:-}
+export PY=${PY:-python3}
+DEVICE=${DEVICE:-cuda}
+read -r -a DDP_MODEL <<< "${DDP_MODEL:---hidden 1024 --layers 8 --vocab 4096 --batch 16 --seq 256}"
 mkdir -p "$OUT"
 : > "$OUT/summary.txt"
 
-step() {
-  local name=$1; shift
-  local began=$SECONDS
-  echo "== $name: $*"
-  if "$@" > "$OUT/$name.log" 2>&1; then status=ok; else status="FAILED (exit $?)"; fi
-  echo "$name: $status in $((SECONDS - began)) s" | tee -a "$OUT/summary.txt"
-  tail -n 15 "$OUT/$name.log"
+archive() {
+  [ -n "$ARCHIVE" ] && tar czf "$ARCHIVE" -C "$(dirname "$OUT")" --exclude='*cap' --exclude='replay*' \
+    --exclude='*.parquet' --exclude='fidelity_work' "$(basename "$OUT")" 2>/dev/null
+  return 0
 }
 
-{ date -u; nvidia-smi 2>&1 || echo "no nvidia-smi"; "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"; } > "$OUT/machine.txt" 2>&1
+# step NAME SECONDS COMMAND...: run COMMAND under a time limit, log it, record how it went.
+step() {
+  local name=$1 limit=$2; shift 2
+  local began=$SECONDS status
+  echo "== $name (limit ${limit}s): $*"
+  if timeout -k 10 "$limit" "$@" > "$OUT/$name.log" 2>&1; then status=ok
+  else
+    local code=$?
+    if [ "$code" = 124 ]; then status="TIMED OUT after ${limit} s"; else status="FAILED (exit $code)"; fi
+  fi
+  echo "$name: $status in $((SECONDS - began)) s" | tee -a "$OUT/summary.txt"
+  tail -n 12 "$OUT/$name.log"
+  archive
+}
+
+# cli MODULE ARGS...: a prism command line, whether or not its console script is on PATH.
+cli() { "$PY" -c "import sys; from $1 import main; sys.argv[0] = '$1'; sys.exit(main())" "${@:2}"; }
+export -f cli
+
+{ date -u; nvidia-smi 2>&1 || echo "no nvidia-smi"; "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"; nproc; } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 if ! "$PY" -c "import prism.graph" 2>/dev/null; then
-  step install "$PY" -m pip install -q --no-deps --no-build-isolation -e .
+  step install 120 "$PY" -m pip install -q --no-deps --no-build-isolation -e .
 fi
-run() { "$PY" -c "import sys; from $1 import main; sys.argv[0] = '$1'; sys.exit(main())" "${@:2}"; }
 
-step gpu_tests "$PY" -m pytest -q -rs tests/gpu
-step trace_job "$PY" benchmarks/gpu_trace_job.py --out "$OUT/traces"
-step from_traces "$PY" benchmarks/from_traces.py "$OUT/traces"
-MODEL=(--layers 4 --hidden 256 --heads 4 --seq-len 128 --microbatches 4 --vocab 4096)
-step capture run prism.capture.cli --device cuda --tp 2 --pp 2 --dp 4 "${MODEL[@]}" --warmup 5 --iterations 2 -o "$OUT/cap"
-step build run prism.graph.build.cli "$OUT/cap" --tp 2 --pp 2 --dp 4 -o "$OUT/graph.parquet"
-step simulate run prism.graph.sim.cli "$OUT/graph.parquet" -o "$OUT/simulate.json"
-step replay run prism.replay.cli "$OUT/graph.parquet" --rank 0 --rank 3 --device cuda --warmup 5 --iterations 2 -o "$OUT/replay"
-cp "$OUT/replay/report.json" "$OUT/replay_report.json" 2>/dev/null || true
+step trace_job 90 "$PY" benchmarks/gpu_trace_job.py --out "$OUT/traces"
+step from_traces 90 "$PY" benchmarks/from_traces.py "$OUT/traces"
+step gpu_tests 180 "$PY" -m pytest -q -rs -p no:cacheprovider tests/gpu
+
+GPT=(--layers 4 --hidden 256 --heads 4 --seq-len 128 --microbatches 4 --vocab 4096)
+step gpt_capture 120 bash -c 'cli "$@"' cli prism.capture.cli --device $DEVICE --tp 2 --pp 2 --dp 4 "${GPT[@]}" --warmup 5 --iterations 2 -o "$OUT/gpt_cap"
+step gpt_build 60 bash -c 'cli "$@"' cli prism.graph.build.cli "$OUT/gpt_cap" --tp 2 --pp 2 --dp 4 -o "$OUT/gpt.parquet"
+step gpt_simulate 60 bash -c 'cli "$@"' cli prism.graph.sim.cli "$OUT/gpt.parquet" -o "$OUT/gpt_simulate.json"
+step gpt_replay 120 bash -c 'cli "$@"' cli prism.replay.cli "$OUT/gpt.parquet" --rank 0 --rank 3 --device $DEVICE --warmup 5 --iterations 2 -o "$OUT/replay_gpt"
+cp "$OUT/replay_gpt/report.json" "$OUT/gpt_replay_report.json" 2>/dev/null
+
+DDP=(examples/ddp.py --device "$DEVICE" --steps 40 --log-every 1 "${DDP_MODEL[@]}")
+step ddp_capture 120 bash -c 'cli "$@"' cli prism.capture.cli --device $DEVICE --tp 1 --pp 1 --dp 8 --warmup 5 --iterations 2 -o "$OUT/ddp_cap" -- "${DDP[@]}"
+step ddp_build 60 bash -c 'cli "$@"' cli prism.graph.build.cli "$OUT/ddp_cap" --tp 1 --pp 1 --dp 8 -o "$OUT/ddp.parquet"
+step ddp_simulate 60 bash -c 'cli "$@"' cli prism.graph.sim.cli "$OUT/ddp.parquet" -o "$OUT/ddp_simulate.json"
+step ddp_replay 120 bash -c 'cli "$@"' cli prism.replay.cli "$OUT/ddp.parquet" --rank 3 --warmup 5 --iterations 2 -o "$OUT/replay_ddp"
+cp "$OUT/replay_ddp/report.json" "$OUT/ddp_replay_report.json" 2>/dev/null
+step ddp_fidelity 240 "$PY" benchmarks/fidelity.py --device $DEVICE --dp 1 --repeats 3 --warmup 10 \
+  --work-dir "$OUT/fidelity_work" --json "$OUT/ddp_fidelity.json" --program "${DDP[*]}"
 echo "summary:"; cat "$OUT/summary.txt"
+archive

@@ -1,9 +1,11 @@
 """Data-parallel training with DistributedDataParallel, as a user writes it.
 
     torchrun --nproc-per-node 2 examples/ddp.py [--steps 20] [--hidden 256] [--layers 4] [--batch 8]
+                                                [--device cuda] [--log-every 10]
 
 A small MLP language-model stand-in trained on random tokens; every rank runs the same model on
-its own batch and DDP all-reduces the gradients in buckets during backward.
+its own batch and DDP all-reduces the gradients in buckets during backward. On CPU over gloo; with
+``--device cuda`` each rank on GPU ``LOCAL_RANK`` over NCCL, its batch copied from the host each step.
 """
 
 from __future__ import annotations
@@ -38,22 +40,31 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument(
+        "--log-every", type=int, default=10, help="rank 0 prints the loss (a host sync) every N steps"
+    )
     args = parser.parse_args()
 
-    dist.init_process_group("gloo")
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    model = DistributedDataParallel(build_model(args.vocab, args.hidden, args.layers))
+    model = DistributedDataParallel(build_model(args.vocab, args.hidden, args.layers).to(device))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(rank)
     for step in range(args.steps):
-        tokens = torch.randint(args.vocab, (args.batch, args.seq + 1), generator=generator)
+        tokens = torch.randint(args.vocab, (args.batch, args.seq + 1), generator=generator).to(device)
         logits = model(tokens[:, :-1])
         loss = nn.functional.cross_entropy(logits.reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        if rank == 0 and step % 10 == 0:
+        if rank == 0 and step % args.log_every == 0:
             print(
                 f"step {step} loss {loss.item():.3f} (world {world}, local rank {os.environ.get('LOCAL_RANK')})"
             )

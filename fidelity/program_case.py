@@ -65,6 +65,8 @@ class ProgramCase:
     argv: tuple[str, ...]
     """``("train.py", *args)`` or ``("-m", "package.module", *args)``."""
     layout: ParallelLayout
+    device: str = "cpu"
+    """Where the program runs, real and captured alike: cpu, or cuda (one GPU per rank)."""
 
     @property
     def label(self) -> str:
@@ -87,7 +89,8 @@ def measure_real_program(
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
         "-m", "prism.fidelity.timed_run", "--out", str(out),
-        "--warmup", str(settings.warmup), "--iterations", str(settings.iterations), "--", *case.argv,
+        "--warmup", str(settings.warmup), "--iterations", str(settings.iterations), "--device", case.device,
+        "--", *case.argv,
     ]  # fmt: skip
     env = os.environ | {"OMP_NUM_THREADS": "1"}  # what torchrun sets for several processes per node
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600)
@@ -114,7 +117,7 @@ def predict_program(
     case: ProgramCase, spec: ClusterSpec, settings: RunSettings, out: Path
 ) -> dict[int, RankRun]:
     """Capture the program at its layout, build its graph at that layout, simulate every rank."""
-    program = ProgramSpec(argv=case.argv, cwd=os.getcwd(), layout=case.layout)
+    program = ProgramSpec(argv=case.argv, cwd=os.getcwd(), layout=case.layout, device=case.device)
     capture = out / "capture"
     options = CaptureOptions(
         program=program, real=RealMode.ROLES, warmup=settings.warmup, iterations=settings.iterations,
@@ -154,7 +157,7 @@ def replay_program(case: ProgramCase, settings: RunSettings, out: Path) -> dict[
         graph=out / "graph.parquet", ranks=ranks, out_dir=out / "replay", warmup=settings.warmup,
         iterations=settings.iterations, separately=True,
     )  # fmt: skip
-    program = ProgramSpec(argv=case.argv, cwd=os.getcwd(), layout=case.layout)
+    program = ProgramSpec(argv=case.argv, cwd=os.getcwd(), layout=case.layout, device=case.device)
     if settings.matched_load:
         with MatchedLoad(program=program, warmup=settings.warmup, iterations=settings.iterations) as load:
             report = run_replay(options, hooks=load)

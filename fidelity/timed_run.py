@@ -2,7 +2,8 @@
 
 The ground truth for a program's fidelity: the unmodified program under plain torchrun, every
 rank real, its own backend (gloo), no prism backend. A global optimizer post-hook times each
-iteration (from one optimizer step's end to the next) and measures its own cost. After the
+iteration (from one optimizer step's end to the next; on CUDA after waiting for the device, as
+prism's capture does) and measures its own cost. After the
 warm-up it records the live tensor bytes and profiles memory only (no shapes, stacks or
 Execution Trace) for the remaining iterations; then it ends the program and writes
 ``DIR/rank{r}.json`` (``TimedRun``) and ``DIR/rank{r}.trace.json.gz`` (the memory trace).
@@ -58,13 +59,15 @@ def result_path(out: Path, rank: int) -> Path:
 class IterationTimer:
     """The optimizer post-hook: times iterations, then profiles memory for the last ones."""
 
-    def __init__(self, run: TimedRun, *, warmup: int, total: int, out: Path) -> None:
-        self.run, self._warmup, self._total, self._out = run, warmup, total, out
+    def __init__(self, run: TimedRun, *, warmup: int, total: int, out: Path, cuda: bool = False) -> None:
+        self.run, self._warmup, self._total, self._out, self._cuda = run, warmup, total, out, cuda
         self._profiler: torch.profiler.profile | None = None
         self._mark = None
         self._t0 = time.perf_counter_ns()
 
     def __call__(self, *_: object) -> None:
+        if self._cuda:  # an iteration ends when its device work does
+            torch.cuda.synchronize()
         entered = time.perf_counter_ns()
         self.run.iteration_ns.append(entered - self._t0)
         done = len(self.run.iteration_ns)
@@ -72,10 +75,11 @@ class IterationTimer:
             self._mark.__exit__(None, None, None)
             self._mark = None
         if done == self._warmup:
-            self.run.static_bytes = live_tensor_bytes(cuda=False, buckets_in_python=False)
-            self._profiler = torch.profiler.profile(
-                activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
-            )
+            self.run.static_bytes = live_tensor_bytes(cuda=self._cuda, buckets_in_python=False)
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if self._cuda:
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self._profiler = torch.profiler.profile(activities=activities, profile_memory=True)
             self._profiler.__enter__()
         if done == self._total:
             self._stop_profiler()
@@ -99,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--warmup", type=int, required=True)
     parser.add_argument("--iterations", type=int, required=True)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the program runs")
     parser.add_argument("program", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     argv_program = args.program[1:] if args.program[:1] == ["--"] else args.program
@@ -108,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args.out.mkdir(parents=True, exist_ok=True)
     run = TimedRun(rank=rank)
-    timer = IterationTimer(run, warmup=args.warmup, total=args.warmup + args.iterations, out=args.out)
+    timer = IterationTimer(
+        run, warmup=args.warmup, total=args.warmup + args.iterations, out=args.out, cuda=args.device == "cuda"
+    )
     hook = register_optimizer_step_post_hook(timer)
     try:
         run_program(program)
