@@ -9,15 +9,17 @@
 # limit; its log is OUT/<step>.log and one line per step goes to OUT/summary.txt. On a machine
 # whose python has torch, pandas, pyarrow, numba, typer and rich but not prism, prism is
 # installed first without dependencies (PY=... picks the python). DEVICE=cpu and DDP_MODEL=...
-# (smaller sizes) run the same steps on a machine without a GPU, to check the script itself.
+# (smaller sizes) run the same steps on a machine without a GPU, to check the script itself;
+# ONLY="step step ..." runs those steps alone (a rerun of the ones that failed).
 # Steps:
 #   trace_job     benchmarks/gpu_trace_job.py: a 1-GPU training job's torch.profiler trace, a
-#                 trace prism was not developed on
-#   from_traces   benchmarks/from_traces.py on it: each step recorded vs its graph's simulation
+#                 trace prism was not developed on (trace_job_wide: the same job 4x wider)
+#   from_traces   benchmarks/from_traces.py on both: each step recorded vs its graph's simulation
 #   gpu_tests     pytest tests/gpu (CUDA capture; a real NCCL pair where there are two GPUs; the
 #                 graph of a GPU trace recorded here reproduces its step within 1 %)
 #   gpt_*         the built-in GPT on CUDA: a slice of tp=2 pp=2 dp=4 captured with --device
-#                 cuda, its graph built and simulated, ranks 0 and 3 replayed on the GPU
+#                 cuda, its graph built and simulated, ranks 0 and 3 replayed on the GPU (one
+#                 after the other where the host has one GPU)
 #   ddp_*         examples/ddp.py on CUDA (NCCL), an unmodified program: a slice of dp=8
 #                 captured, its graph built and simulated, rank 3 replayed against 7 virtual peers
 #   ddp_fidelity  benchmarks/fidelity.py on examples/ddp.py at dp=1 (one GPU): its real run under
@@ -41,6 +43,7 @@ archive() {
 step() {
   local name=$1 limit=$2; shift 2
   local began=$SECONDS status
+  [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $name "* ]] || return 0
   echo "== $name (limit ${limit}s): $*"
   if timeout -k 10 "$limit" "$@" > "$OUT/$name.log" 2>&1; then status=ok
   else
@@ -63,14 +66,16 @@ if ! "$PY" -c "import prism.graph" 2>/dev/null; then
 fi
 
 step trace_job 90 "$PY" benchmarks/gpu_trace_job.py --out "$OUT/traces"
-step from_traces 90 "$PY" benchmarks/from_traces.py "$OUT/traces"
+step trace_job_wide 90 "$PY" benchmarks/gpu_trace_job.py --out "$OUT/traces_wide" --hidden 4096 --layers 4 --batch 8 --seq 512
+step from_traces 90 "$PY" benchmarks/from_traces.py "$OUT/traces" "$OUT/traces_wide"
 step gpu_tests 180 "$PY" -m pytest -q -rs -p no:cacheprovider tests/gpu
 
 GPT=(--layers 4 --hidden 256 --heads 4 --seq-len 128 --microbatches 4 --vocab 4096)
 step gpt_capture 120 bash -c 'cli "$@"' cli prism.capture.cli --device $DEVICE --tp 2 --pp 2 --dp 4 "${GPT[@]}" --warmup 5 --iterations 2 -o "$OUT/gpt_cap"
 step gpt_build 60 bash -c 'cli "$@"' cli prism.graph.build.cli "$OUT/gpt_cap" --tp 2 --pp 2 --dp 4 -o "$OUT/gpt.parquet"
 step gpt_simulate 60 bash -c 'cli "$@"' cli prism.graph.sim.cli "$OUT/gpt.parquet" -o "$OUT/gpt_simulate.json"
-step gpt_replay 120 bash -c 'cli "$@"' cli prism.replay.cli "$OUT/gpt.parquet" --rank 0 --rank 3 --device $DEVICE --warmup 5 --iterations 2 -o "$OUT/replay_gpt"
+TOGETHER=$([ "$DEVICE" = cpu ] || [ "$("$PY" -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ] || echo --separately)
+step gpt_replay 120 bash -c 'cli "$@"' cli prism.replay.cli "$OUT/gpt.parquet" --rank 0 --rank 3 $TOGETHER --device $DEVICE --warmup 5 --iterations 2 -o "$OUT/replay_gpt"
 cp "$OUT/replay_gpt/report.json" "$OUT/gpt_replay_report.json" 2>/dev/null
 
 DDP=(examples/ddp.py --device "$DEVICE" --steps 40 --log-every 1 "${DDP_MODEL[@]}")
@@ -80,6 +85,6 @@ step ddp_simulate 60 bash -c 'cli "$@"' cli prism.graph.sim.cli "$OUT/ddp.parque
 step ddp_replay 120 bash -c 'cli "$@"' cli prism.replay.cli "$OUT/ddp.parquet" --rank 3 --warmup 5 --iterations 2 -o "$OUT/replay_ddp"
 cp "$OUT/replay_ddp/report.json" "$OUT/ddp_replay_report.json" 2>/dev/null
 step ddp_fidelity 240 "$PY" benchmarks/fidelity.py --device $DEVICE --dp 1 --repeats 3 --warmup 10 \
-  --work-dir "$OUT/fidelity_work" --json "$OUT/ddp_fidelity.json" --program "${DDP[*]}"
+  --cluster-spec benchmarks/results/fidelity-programs-spec.toml --work-dir "$OUT/fidelity_work" --json "$OUT/ddp_fidelity.json" --program "${DDP[*]}"
 echo "summary:"; cat "$OUT/summary.txt"
 archive

@@ -161,6 +161,12 @@ def check_inputs(options: ReplayOptions) -> ReplayTarget:
         raise ReplayInputError("a --rank is named twice")
     if job.device == "cuda" and not _cuda_available():
         raise ReplayInputError("the program runs on cuda, but no CUDA device is available (use --device cpu)")
+    together = 1 if options.separately else len(options.ranks)
+    if job.device == "cuda" and together > _cuda_devices():
+        raise ReplayInputError(
+            f"{together} real ranks at once need a GPU each, and this machine has {_cuda_devices()}: "
+            "replay them one after another (--separately) or on a machine with more GPUs"
+        )
     if options.warmup < MIN_WARMUP:
         raise ReplayInputError(
             f"--warmup must be at least {MIN_WARMUP}: the steady time needs clean iterations"
@@ -189,6 +195,12 @@ def _cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def _cuda_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def run_replay(

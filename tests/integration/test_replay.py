@@ -193,6 +193,21 @@ def test_a_program_that_cannot_start_here_is_refused(tmp_path: Path) -> None:
     assert "no CUDA device is available" in error_line(result)
 
 
+def test_more_real_cuda_ranks_at_once_than_gpus_is_refused(tmp_path: Path, monkeypatch) -> None:
+    # Two real ranks at once each take a GPU (LOCAL_RANK 0 and 1); on a one-GPU host the second
+    # would fail inside its process with an invalid device ordinal, after the first had started.
+    from prism.replay import runtime
+
+    monkeypatch.setattr(runtime, "_cuda_available", lambda: True)
+    monkeypatch.setattr(runtime, "_cuda_devices", lambda: 1)
+    args = (str(TINY), "--rank", "0", "--rank", "1", "--device", "cuda", "-o", str(tmp_path / "out"))
+    result = run_cli(*args)
+    assert result.exit_code == 2
+    assert "2 real ranks at once need a GPU each, and this machine has 1" in error_line(result)
+    assert "--separately" in error_line(result)
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_straggler_moves_its_virtual_peers_as_the_offline_what_if(tmp_path: Path, replayed: Path) -> None:
     # The same rank replayed with and without a delay: the virtual ranks must move by what the
     # offline what-if with that delay predicts. The delay dwarfs the tiny job's own iteration
