@@ -62,7 +62,7 @@ export -f cli
 { date -u; nvidia-smi 2>&1 || echo "no nvidia-smi"; "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"; nproc; } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 if ! "$PY" -c "import prism.graph" 2>/dev/null; then
-  step install 120 "$PY" -m pip install -q --no-deps --no-build-isolation -e .
+  ONLY= step install 120 "$PY" -m pip install -q --no-deps --no-build-isolation -e .
 fi
 
 step trace_job 90 "$PY" benchmarks/gpu_trace_job.py --out "$OUT/traces"
