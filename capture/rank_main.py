@@ -111,6 +111,7 @@ class _Timings:
     windows: list[tuple[int, int]] = field(default_factory=list)  # wall-clock span (comm log's clock)
     blocks: list[list[BlockSpan]] = field(default_factory=list)  # top-level blocks
     losses: list[float | None] = field(default_factory=list)
+    static_bytes: int | None = None  # on CUDA: the allocator's live bytes as profiling begins
 
 
 def _train(workload: GPTWorkload, job: RankJob, rank: int, spec: ProfileSpec, clock: CommClock) -> _Timings:
@@ -122,6 +123,10 @@ def _train(workload: GPTWorkload, job: RankJob, rank: int, spec: ProfileSpec, cl
     try:
         with profiled(spec) as prof:
             for it in range(total):
+                if it == job.warmup and job.config.device == "cuda":
+                    # What the device holds between iterations: the model's state and what CUDA
+                    # libraries keep in the allocator (cuBLAS workspaces), which no model counts.
+                    timings.static_bytes = torch.cuda.memory_allocated()
                 began = time.time_ns()
                 clock.iteration_started(began)
                 t0 = time.perf_counter_ns()
@@ -167,7 +172,7 @@ def run_rank(job: RankJob, rank: int, out_dir: Path, *, clock: CommClock | None 
     return record_rank(
         files, rank, started=started, device=job.device, windows=timings.windows, blocks=timings.blocks,
         iteration_ns=tuple(timings.iteration_ns), losses=tuple(timings.losses),
-        parameter_count=workload.parameter_count,
+        parameter_count=workload.parameter_count, static_bytes=timings.static_bytes,
     )  # fmt: skip
 
 

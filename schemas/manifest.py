@@ -190,7 +190,8 @@ class RankResult:
     static_bytes: int | None = None
     """A program's capture: bytes of the distinct tensor storages the program held when its profiled
     iterations began (weights, gradients, optimizer state; ``torch.cuda.memory_allocated`` on
-    CUDA). None for the built-in GPT, whose static bytes are computed from its model."""
+    CUDA). The built-in GPT: ``torch.cuda.memory_allocated`` then on CUDA (which also counts
+    what CUDA libraries keep, cuBLAS workspaces), None on CPU, where its model gives them."""
     steady_from: int | None = None
     """A program's capture: the first iteration from which every iteration made the same calls as
     the last (``prism.schemas.iterations.steady_from``); a replay co-simulates from there. None

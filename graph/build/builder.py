@@ -22,6 +22,7 @@ from prism.graph.comm.model import CommModel
 from prism.graph.comm.placement import LayoutTables
 from prism.graph.io.parquet import GraphWriter, ranks_per_row_group
 from prism.graph.io.validate import RowGroupValidator, ValidationReport
+from prism.graph.sim.load import static_bytes
 from prism.graph.sim.noise import call_jitter_ns, iteration_cv
 from prism.schemas import PRISM_VERSION
 from prism.schemas import graph_format as gf
@@ -206,10 +207,25 @@ def build_graph(options: BuildOptions, progress: ProgressCallback | None = None)
         capture_digest=_digest(options.capture_dir),
         build_options={"microbatches": cfg.microbatches, "layers": cfg.layers, "ranks_per_row_group": _row_group_ranks(options, layout)},
         prism_version=PRISM_VERSION,
-        extra={gf.TIME_SCALE_KEY: scales},
+        extra={gf.TIME_SCALE_KEY: scales} | _measured_static(manifest, cfg),
     )  # fmt: skip
     metadata, report = _checked_write(options, metadata, stages, layout, progress)
     return BuildResult(config=cfg, metadata=metadata, report=report)
+
+
+def _measured_static(manifest: CaptureManifest, cfg: GPTConfig) -> dict:
+    """On CUDA, each target stage's static bytes: its model's, plus what the device held beyond
+    the model in the captured rank of its role (CUDA libraries' buffers, cuBLAS workspaces, kept
+    in the same allocator). Nothing on CPU, where the model's count is the whole of it."""
+    layout, captured = cfg.layout, manifest.job.config
+    beyond = {}
+    for role in {layout.role_of_stage(s) for s in range(cfg.pp)}:
+        rank = manifest.rank_of_role(role)
+        if rank is None or rank.result.static_bytes is None:
+            return {}
+        beyond[role] = rank.result.static_bytes - static_bytes(captured, rank.stage)
+    stages = [static_bytes(cfg, s) + beyond[layout.role_of_stage(s)] for s in range(cfg.pp)]
+    return {gf.STATIC_BYTES_KEY: stages}
 
 
 def _build_program_graph(options: BuildOptions, manifest: CaptureManifest, progress) -> BuildResult:

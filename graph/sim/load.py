@@ -325,10 +325,10 @@ def _skew_or_none(skew: np.ndarray) -> np.ndarray | None:
 
 
 def static_bytes_of(metadata: gf.GraphMetadata, layout: ParallelLayout) -> np.ndarray:
-    """Static bytes of a rank of each stage: measured at capture for a program's graph
-    (``gf.STATIC_BYTES_KEY``), computed from the model for the built-in GPT's, none for a graph
-    built from traces."""
-    if gf.PROGRAM_KEY in metadata.model:
+    """Static bytes of a rank of each stage: measured at capture for a program's graph and for
+    the built-in GPT's on CUDA (``gf.STATIC_BYTES_KEY``), computed from the model for the
+    built-in GPT's on CPU, none for a graph built from traces."""
+    if gf.PROGRAM_KEY in metadata.model or gf.STATIC_BYTES_KEY in metadata.extra:
         return np.asarray(metadata.extra[gf.STATIC_BYTES_KEY], np.int64)
     if gf.TRACES_KEY in metadata.model:  # a trace's memory is not read
         return np.zeros(layout.pp, np.int64)

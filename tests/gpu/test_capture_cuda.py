@@ -10,6 +10,10 @@ import pytest
 import torch
 
 from prism.capture.runner import CaptureOptions, RealMode, run_capture
+from prism.graph.build.builder import BuildOptions, build_graph
+from prism.graph.sim.load import load_sim_graph
+from prism.graph.sim.simulate import simulate
+from prism.schemas.cluster import preset
 from prism.schemas.comm_log import read_comm_log
 from prism.schemas.manifest import CaptureFiles, read_manifest
 from prism.schemas.workload import GPTConfig
@@ -35,6 +39,21 @@ def test_slice_on_cuda_records_kernels(tmp_path: Path) -> None:
     for r in manifest.ranks:
         assert len(kernels(files.kineto(r.rank))) > 50
         assert r.result.peak_device_bytes and r.result.peak_device_bytes > 0
+        assert r.result.static_bytes and 0 < r.result.static_bytes < r.result.peak_device_bytes
+
+
+def test_the_graph_of_a_cuda_slice_predicts_its_peak_device_memory(tmp_path: Path) -> None:
+    # The device holds more than the model's state (cuBLAS workspaces): the graph takes each
+    # stage's static bytes as captured, and predicts each captured rank's peak allocator bytes.
+    config = GPTConfig(**SMALL, tp=2, pp=2, dp=2)
+    out = tmp_path / "cap"
+    run_capture(CaptureOptions(config=config, out_dir=out, warmup=3, iterations=2))
+    graph = tmp_path / "graph.parquet"
+    build_graph(BuildOptions(capture_dir=out, out=graph, tp=2, pp=2, dp=2, cluster=preset("h100-ib")))
+    result = simulate(load_sim_graph(graph))
+    for r in read_manifest(out).ranks:
+        measured = r.result.peak_device_bytes
+        assert abs(int(result.peak_bytes[r.rank]) - measured) <= 0.001 * measured
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs for a real NCCL pair")
