@@ -5,7 +5,10 @@ training thread in its profiled iterations (inside ``prism:iter`` marks), in pro
 
 - a top-level cpu_op, or
 - a process-group call: a ``prism:comm`` mark, the backend's ops inside it absorbed, joined to
-  its ``CommCall`` of the comm log on (group name, gseq).
+  its ``CommCall`` of the comm log on (group name, gseq), or
+- the iteration's end (``ITERATION_END``): from its last unit's end to the end of its mark. On
+  CUDA that is where the iteration waits for its device work (the capture synchronizes there,
+  in a runtime call that is no cpu_op), often the larger part of a GPU-bound iteration.
 
 A cpu_op that contains a comm mark (``_ReduceFromTP`` around the tensor-parallel all-reduce,
 ``autograd::engine::evaluate_function: _CopyToTPBackward`` around its backward one) is opened:
@@ -60,6 +63,9 @@ __all__ = [
     "normalize_rank",
 ]
 
+ITERATION_END = "prism::iteration_end"
+"""The unit from an iteration's last op to its end (every iteration has one, possibly 0 ns)."""
+
 _MARK_FIELDS = (T.STAGE, T.MB, T.LAYER, T.BUCKET, T.PART, T.DIR)
 _ABSENT = (-1, -1, -1, -1, "", "")
 
@@ -83,8 +89,8 @@ def normalize_rank(capture_dir: str | os.PathLike, rank: int) -> pd.DataFrame:
     log = _read_comm_log(files.comm(rank), rank)
     trace = read_kineto(files.kineto(rank))
     marks = find_marks(trace)
-    units = select_units(training_spans(trace, marks.iterations)).reset_index(drop=True)
     its = marks.iterations
+    units = _with_iteration_ends(select_units(training_spans(trace, its)), its)
     win = units["window"].to_numpy()
     start, end = units["start_ns"].to_numpy(), units["end_ns"].to_numpy()
     df = pd.DataFrame(
@@ -125,6 +131,27 @@ def _read_comm_log(path: Path, rank: int) -> CommLog:
     if log.rank != rank:
         raise NormalizeError(f"{path}: comm log of rank {log.rank}, expected rank {rank}")
     return log
+
+
+def _with_iteration_ends(units: pd.DataFrame, its: pd.DataFrame) -> pd.DataFrame:
+    """``units`` with each iteration's end unit after its last one, in program order."""
+    if units.empty:
+        return units.reset_index(drop=True)
+    last = units.groupby("window")["end_ns"].max()
+    ends = its["end_ns"].to_numpy()[last.index]
+    tails = pd.DataFrame(
+        {
+            "name": ITERATION_END,
+            "tid": its["tid"].to_numpy()[last.index],
+            "start_ns": last.to_numpy(),
+            "end_ns": np.maximum(ends, last.to_numpy()),
+            "rf_id": -1,
+            "is_comm": False,
+            "window": last.index.to_numpy(),
+        }
+    )
+    both = pd.concat([units, tails.astype({c: units[c].dtype for c in tails.columns})], ignore_index=True)
+    return both.sort_values(["window", "start_ns", "end_ns"], kind="stable").reset_index(drop=True)
 
 
 def _gaps(start: np.ndarray, end: np.ndarray, win: np.ndarray, win_start: np.ndarray) -> np.ndarray:
@@ -285,7 +312,7 @@ def _add_et(df: pd.DataFrame, path: Path) -> None:
 
 def et_join_coverage(df: pd.DataFrame) -> float:
     """Share of compute (non-comm) units that found their ET node; 1.0 when there are none."""
-    compute = df[~df[T.IS_COMM]]
+    compute = df[~df[T.IS_COMM] & (df[T.NAME] != ITERATION_END)]
     return 1.0 if compute.empty else float((compute[T.ET_INPUT_TYPES] != "").mean())
 
 

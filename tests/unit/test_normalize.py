@@ -12,6 +12,7 @@ import pytest
 
 from prism.graph.build import op_table as T
 from prism.graph.build.normalize import (
+    ITERATION_END,
     NormalizeError,
     baseline_bytes,
     block_signatures,
@@ -22,6 +23,7 @@ from prism.graph.build.normalize import (
 from prism.schemas.comm_log import CommCall, CommGroup, CommLog, write_comm_log
 from prism.schemas.manifest import CaptureFiles
 
+END = ITERATION_END
 RANK = 5
 TID = 100
 BASE_NS = 1_700_000_000_000_000_000
@@ -119,6 +121,11 @@ def _et_text(nodes: list[tuple[int, list, list]], torch_layout: bool) -> str:
     return head + body + '\n  ],\n  "finish_ts": 9\n}'
 
 
+def ops(df: pd.DataFrame) -> pd.DataFrame:
+    """The table without its iterations' end units."""
+    return df[df[T.NAME] != END].reset_index(drop=True)
+
+
 def ns(us: float) -> int:
     return BASE_NS + round(us * 1000)
 
@@ -139,20 +146,22 @@ def test_top_level_ops_in_iterations_only(cap: Capture) -> None:
     cap.op("aten::mul", 125, 4)
     df = normalize_rank(cap.write(), RANK)
     T.check_op_table(df)
-    assert df[T.NAME].tolist() == ["aten::linear", "aten::relu", "aten::mul"]
-    assert df[T.ITERATION].tolist() == [3, 3, 4]
-    assert df[T.SEQ].tolist() == [0, 1, 2]
-    assert df[T.START_NS].tolist() == [ns(12), ns(40), ns(125)]
-    assert df[T.DUR_NS].tolist() == [20_000, 5_500, 4_000]
+    # Each iteration ends with a unit from its last op to the end of its mark.
+    assert df[T.NAME].tolist() == ["aten::linear", "aten::relu", END, "aten::mul", END]
+    assert df[T.ITERATION].tolist() == [3, 3, 3, 4, 4]
+    assert df[T.SEQ].tolist() == [0, 1, 2, 3, 4]
+    assert df[T.START_NS].tolist() == [ns(12), ns(40), ns(45.5), ns(125), ns(129)]
+    assert df[T.DUR_NS].tolist() == [20_000, 5_500, 64_500, 4_000, 41_000]
     # The first unit of an iteration counts its gap from the iteration mark.
-    assert df[T.GAP_NS].tolist() == [2_000, 8_000, 5_000]
+    assert df[T.GAP_NS].tolist() == [2_000, 8_000, 0, 5_000, 0]
     assert (df[T.PHASE] == "iter").all() and (df[T.RANK] == RANK).all()
+    assert not df[T.IS_COMM].any()
 
 
 def test_fractional_timestamps_stay_exact_ns(cap: Capture) -> None:
     cap.mark("prism:iter|iter=0", 4463270010090.254, 1000)
     cap.op("aten::mm", 4463270010090.257, 0.123)
-    df = normalize_rank(cap.write(), RANK)
+    df = ops(normalize_rank(cap.write(), RANK))
     assert df[T.START_NS].tolist() == [BASE_NS + 4463270010090257]
     assert df[T.DUR_NS].tolist() == [123] and df[T.GAP_NS].tolist() == [3]
 
@@ -162,7 +171,7 @@ def test_comm_mark_absorbs_its_ops_and_joins_the_log(cap: Capture) -> None:
     cap.op("aten::add", 1, 2)
     cap.comm(10, 8, gseq=7)
     cap.op("aten::copy_", 11, 3)  # the backend's own work: absorbed
-    df = normalize_rank(cap.write(), RANK)
+    df = ops(normalize_rank(cap.write(), RANK))
     assert df[T.NAME].tolist() == ["aten::add", "all_reduce"]
     comm = df.iloc[1]
     assert comm[T.IS_COMM] and comm[T.COMM_OP] == "all_reduce" and comm[T.DUR_NS] == 8_000
@@ -181,7 +190,7 @@ def test_op_wrapping_a_comm_is_opened(cap: Capture) -> None:
     cap.comm(15, 20, gseq=0)
     cap.op("aten::view", 40, 3)
     cap.op("aten::as_strided", 41, 1)
-    df = normalize_rank(cap.write(), RANK)
+    df = ops(normalize_rank(cap.write(), RANK))
     assert df[T.NAME].tolist() == ["aten::contiguous", "all_reduce", "aten::view"]
     assert df[T.GAP_NS].tolist() == [11_000, 2_000, 5_000]
 
@@ -198,7 +207,7 @@ def test_innermost_mark_sets_each_field(cap: Capture) -> None:
     cap.mark("prism:grad_sync|bucket=2", 700, 50)
     cap.op("aten::div_", 710, 5)
     cap.op("aten::zero_", 800, 5)
-    df = normalize_rank(cap.write(), RANK).set_index(T.SEQ)
+    df = ops(normalize_rank(cap.write(), RANK)).set_index(T.SEQ)
     fields = [T.PHASE, T.STAGE, T.MB, T.LAYER, T.PART, T.BUCKET, T.DIR]
     assert df[fields].values.tolist() == [
         ["bwd", 1, 3, -1, "", -1, ""],
@@ -222,7 +231,7 @@ def test_op_straddling_a_hook_mark_belongs_to_the_mark_holding_its_end(cap: Capt
     # Closing layer 3 and opening layer 2 are two Python calls apart: the op's midpoint (150)
     # falls between the two marks; its end is in layer 2.
     cap.mark("prism:bwd|stage=1|mb=0|layer=2", 160, 100)
-    df = normalize_rank(cap.write(), RANK)
+    df = ops(normalize_rank(cap.write(), RANK))
     assert df[T.LAYER].tolist() == [3, 3, 2]
     assert df[T.PHASE].tolist() == ["bwd"] * 3
 
@@ -237,7 +246,7 @@ def test_backward_on_an_autograd_device_thread_is_merged_in_time(cap: Capture) -
     cap.op("aten::mm", 70, 10, tid=200)
     cap.op("aten::copy_", 65, 10, tid=300)  # a helper thread with no autograd work: not training
     cap.op("aten::add_", 400, 5)
-    df = normalize_rank(cap.write(), RANK)
+    df = ops(normalize_rank(cap.write(), RANK))
     assert df[T.NAME].tolist() == [
         "aten::linear",
         "autograd::engine::evaluate_function: MmBackward0",
@@ -258,19 +267,20 @@ def test_memory_events_split_into_units_and_gaps(cap: Capture) -> None:
     cap.memory(35, -1000, 50)  # Python freed a tensor between two ops
     cap.op("aten::add", 40, 10)
     cap.memory(45, 8, 58)
-    cap.memory(70, 8, 66)  # after the last unit: belongs to no unit
+    cap.memory(70, 8, 66)  # after the last op: the iteration's end
     cap.mark("prism:iter|iter=1", 200, 100)
     cap.op("aten::mul", 210, 10)
     cap.memory(211, 30, 96)  # a temporary, freed inside the op, then the result
     cap.memory(213, -30, 66)
     cap.memory(215, 20, 86)
     df = normalize_rank(cap.write(), RANK)
+    assert df[T.NAME].tolist() == ["aten::empty", "aten::add", END, "aten::mul", END]
     # Each unit: how far the total rose at its highest, and fell from there by its end.
-    assert df[T.ALLOC_BYTES].tolist() == [1000, 8, 30]
-    assert df[T.FREE_BYTES].tolist() == [100, 0, 10]
-    assert df[T.GAP_ALLOC_BYTES].tolist() == [50, 0, 0]
-    assert df[T.GAP_FREE_BYTES].tolist() == [0, 1000, 0]
-    assert df[T.ALLOC_TOTAL_AT_START].tolist() == [150, 50, 66]
+    assert df[T.ALLOC_BYTES].tolist() == [1000, 8, 8, 30, 0]
+    assert df[T.FREE_BYTES].tolist() == [100, 0, 0, 10, 0]
+    assert df[T.GAP_ALLOC_BYTES].tolist() == [50, 0, 0, 0, 0]
+    assert df[T.GAP_FREE_BYTES].tolist() == [0, 1000, 0, 0, 0]
+    assert df[T.ALLOC_TOTAL_AT_START].tolist() == [150, 50, 58, 66, 86]
     assert baseline_bytes(df, 0) == 100 and baseline_bytes(df, 1) == 66
     with pytest.raises(KeyError):
         baseline_bytes(df, 7)
@@ -282,7 +292,7 @@ def test_et_join_by_record_function_id(cap: Capture, torch_layout: bool) -> None
     rf = cap.op("aten::mm", 1, 2)
     cap.op("aten::lost", 5, 2, et=False)
     cap.comm(10, 5, gseq=0)
-    df = normalize_rank(cap.write(torch_layout=torch_layout), RANK)
+    df = ops(normalize_rank(cap.write(torch_layout=torch_layout), RANK))
     assert df[T.RF_ID].iloc[0] == rf
     assert df[T.ET_INPUT_SHAPES].tolist() == ["[[2,3]]", "", ""]
     assert df[T.ET_INPUT_TYPES].tolist() == ['["Tensor(aten::mm)"]', "", ""]
@@ -298,6 +308,7 @@ def test_block_signatures_compare_instances(cap: Capture) -> None:
     cap.mark("prism:fwd|stage=0|mb=2|layer=1", 200, 50)
     cap.op("aten::linear", 201, 10)
     sig = block_signatures(normalize_rank(cap.write(), RANK))
+    sig = sig[sig[T.MB] >= 0]  # the iteration's end is a unit of no block
     assert sig[T.MB].tolist() == [0, 1, 2]
     assert sig["units"].tolist() == [2, 2, 1]
     assert sig["names"].iloc[0] == ("aten::linear", "aten::gelu")
@@ -361,7 +372,7 @@ def test_shared_label_is_resolved_by_op_and_bytes_or_refused(cap: Capture) -> No
     cap.mark("prism:iter|iter=0", 0, 100)
     cap.comm(10, 5, gseq=0)
     cap.comm(20, 5, gseq=0, group=twin, op="send")  # same label and gseq, other op
-    df = normalize_rank(cap.write(), RANK)
+    df = ops(normalize_rank(cap.write(), RANK))
     assert df[T.GROUP_NAME].tolist() == ["g-tp", "g-twin"]
     cap.calls[1] = CommCall(**{**cap.calls[1].__dict__, "op": "all_reduce"})
     cap.events[-1]["name"] = cap.events[-1]["name"].replace("op=send", "op=all_reduce")

@@ -112,5 +112,7 @@ class GPTWorkload:
             self.grad_sync()
             with annotate.optimizer():
                 self.optimizer.step()
+            if self.device.type == "cuda":  # the iteration ends when its device work does
+                torch.cuda.synchronize(self.device)
         loss = torch.stack(losses).mean().item() if losses else None
         return StepResult(loss=loss)
