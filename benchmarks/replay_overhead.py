@@ -1,17 +1,19 @@
 """What replay costs beyond the program: per-call time of the timed process group, engine time, memory.
 
     .venv/bin/python benchmarks/replay_overhead.py [GRAPH ...] [--rank R] [--capture DIR] [--repeats 3]
+                                                   [--pin on|off|both]
 
 For each graph (default: the checked-in tiny graph), replays rank R (default 0) ``--repeats``
-times and prints medians over the repeats of (per clean iteration unless said):
+times (with ``--pin both``, pinned and unpinned in turn, ``prism.replay.cores``) and prints
+medians over the repeats of (per clean iteration unless said):
 
 - the program's time in the replay's clock per virtual call (``clock_ns`` of the comm log:
   matching the call to the graph, reading its answer rule, telling the co-simulation), median
   and 90th percentile over all its calls, and the share of calls answered ahead by a rule;
 - the wall iteration, and the stall: the time the replay held the program beyond what the job
   would have (the clock's work where the program would have run on, answers that came after a
-  call's modelled end), in ms and as a share of the wall iteration, and how much of it was
-  answers that came late;
+  call's modelled end), in ms and as a share of the wall iteration (with the worst replay's),
+  and how much of it was answers that came late;
 - the co-simulation's engine time per iteration (beside the program, in the launcher's process);
 - the memory the graph and the engine add to the process they run in, the time to load them,
   and the rank process's peak RSS.
@@ -52,8 +54,10 @@ def call_us(comm_path: Path, field: str = "clock") -> np.ndarray:
     return np.array([(c.exit_ns - c.enter_ns) / 1e3 for c in calls])
 
 
-def replay_once(graph: Path, rank: int, out: Path) -> dict:
-    run_replay(ReplayOptions(graph=graph, ranks=(rank,), out_dir=out, warmup=WARMUP, iterations=1))
+def replay_once(graph: Path, rank: int, out: Path, pin: bool = True) -> dict:
+    report = run_replay(
+        ReplayOptions(graph=graph, ranks=(rank,), out_dir=out, warmup=WARMUP, iterations=1, pin=pin)
+    )
     files = ReplayFiles(out)
     stats = read_replay_stats(files.replay_stats(rank))
     result = RankResult.from_dict(json.loads(files.result(rank).read_text()))
@@ -72,6 +76,7 @@ def replay_once(graph: Path, rank: int, out: Path) -> dict:
         "replay_mib": stats.replay_rss_bytes / 2**20,
         "peak_rss_mib": result.peak_rss_bytes / 2**20,
         "load_s": stats.graph_load_s,
+        "pinned": report.cores is not None,
     }
 
 
@@ -83,24 +88,34 @@ def main(argv: list[str] | None = None) -> int:
         "--capture", type=Path, default=None, help="a capture of the same job, for comparison"
     )
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--pin", choices=("on", "off", "both"), default="on",
+        help="hold the rank and the co-simulation to cores of their own (both: pinned and not, in turn)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    placements = {"on": (True,), "off": (False,), "both": (True, False)}[args.pin]
     table = Table(title=f"replay overhead, rank {args.rank} (medians over {args.repeats} replays)")
-    columns = ("graph", "clock µs/call median", "p90", "answered ahead %", "wall iteration ms", "stall ms",
-               "stall %", "of it late ms", "engine ms", "graph load s", "co-sim MiB", "rank peak RSS MiB")  # fmt: skip
+    columns = ("graph", "pinned", "clock µs/call median", "p90", "answered ahead %", "wall iteration ms", "stall ms",
+               "stall %", "worst stall %", "of it late ms", "engine ms", "graph load s", "co-sim MiB",
+               "rank peak RSS MiB")  # fmt: skip
     for c in columns:
         table.add_column(c, justify="left" if c == "graph" else "right")
     for graph in args.graphs:
-        runs = []
+        runs: dict[bool, list[dict]] = {pin: [] for pin in placements}
         for _ in range(args.repeats):
-            with tempfile.TemporaryDirectory(prefix="prism-overhead-") as tmp:
-                runs.append(replay_once(graph, args.rank, Path(tmp) / "out"))
-        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-        table.add_row(
-            graph.name, f"{med['call_median_us']:.1f}", f"{med['call_p90_us']:.1f}", f"{med['ahead_pct']:.1f}",
-            f"{med['iteration_ms']:.1f}", f"{med['stall_ms']:.2f}", f"{med['stall_pct']:.2f}", f"{med['late_ms']:.2f}",
-            f"{med['engine_ms']:.1f}",
-            f"{med['load_s']:.2f}", f"{med['replay_mib']:.0f}", f"{med['peak_rss_mib']:.0f}",
-        )  # fmt: skip
+            for pin in placements:  # in turn, so that the machine's drift falls on both alike
+                with tempfile.TemporaryDirectory(prefix="prism-overhead-") as tmp:
+                    runs[pin].append(replay_once(graph, args.rank, Path(tmp) / "out", pin))
+        for done in runs.values():
+            med = {k: statistics.median(r[k] for r in done) for k in done[0]}
+            pinned = "yes" if all(r["pinned"] for r in done) else "no"
+            table.add_row(
+                graph.name, pinned, f"{med['call_median_us']:.1f}", f"{med['call_p90_us']:.1f}",
+                f"{med['ahead_pct']:.1f}", f"{med['iteration_ms']:.1f}", f"{med['stall_ms']:.2f}",
+                f"{med['stall_pct']:.2f}", f"{max(r['stall_pct'] for r in done):.2f}", f"{med['late_ms']:.2f}",
+                f"{med['engine_ms']:.1f}", f"{med['load_s']:.2f}", f"{med['replay_mib']:.0f}",
+                f"{med['peak_rss_mib']:.0f}",
+            )  # fmt: skip
     console.print(table)
     if args.capture is not None:
         captured = [call_us(CaptureFiles(args.capture).comm(r), "in") for r in _captured_ranks(args.capture)]

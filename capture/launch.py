@@ -37,6 +37,8 @@ class RankLaunch:
     """Where its stdout and stderr go."""
     local_rank: int = 0
     """Index of the process on this machine (selects the CUDA device)."""
+    cpus: frozenset[int] | None = None
+    """Cores the process and every thread it starts are held to; None: wherever the scheduler puts them."""
 
 
 def free_port() -> int:
@@ -83,6 +85,14 @@ def _pump(proc: subprocess.Popen, rank: int, log_path: Path, events: queue.Queue
                 except json.JSONDecodeError:
                     pass
     events.put({"rank": rank, "event": "exit", "code": proc.wait()})
+
+
+def _held_to(cpus: frozenset[int] | None) -> Callable[[], None] | None:
+    """What the child runs before its program: pin itself (its threads, started later, inherit
+    it), set there so that no thread of the program ever runs elsewhere."""
+    if cpus is None:
+        return None
+    return lambda: os.sched_setaffinity(0, cpus)
 
 
 def _how_it_ended(code: int) -> str:
@@ -136,8 +146,9 @@ def run_processes(
                 "PYTHONUNBUFFERED": "1",
             }
             proc = subprocess.Popen(
-                launch.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=proc_env
-            )
+                launch.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=proc_env,
+                preexec_fn=_held_to(launch.cpus),
+            )  # fmt: skip
             procs[launch.rank] = proc
             threading.Thread(
                 target=_pump, args=(proc, launch.rank, launch.log_path, events), daemon=True

@@ -49,6 +49,13 @@ def replay(
         bool,
         typer.Option(help="Run several --rank one after another, each the only real rank, not all at once."),
     ] = False,
+    pin: Annotated[
+        bool,
+        typer.Option(
+            help="On CPU, hold each real rank to cores of its own and the co-simulation to the rest, "
+            "where a core is left for it."
+        ),
+    ] = True,
     overwrite: Annotated[bool, typer.Option(help=cli_help.OVERWRITE)] = False,
     rank_timeout: Annotated[float, typer.Option(min=1.0, help=cli_help.RANK_TIMEOUT)] = 1800.0,
     validate: Annotated[
@@ -71,7 +78,7 @@ def replay(
     options = ReplayOptions(
         graph=graph, ranks=tuple(rank), out_dir=out, warmup=warmup, iterations=iterations, device=device,
         threads=threads, trace_peers=parse_ranks(trace_peers), delays=delays, separately=separately, overwrite=overwrite, timeout_s=rank_timeout,
-        program=tuple(program or ()),
+        program=tuple(program or ()), pin=pin,
     )  # fmt: skip
     try:  # bad input is one line, before anything starts
         check_inputs(options)

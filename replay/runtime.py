@@ -36,6 +36,7 @@ from prism.graph.sim.load import static_bytes_of
 from prism.graph.sim.whatif import BlockDelay
 from prism.graph.traces.memory import iteration_memory
 from prism.replay.coordinator import Coordinator
+from prism.replay.cores import CorePlan, launcher_on, plan_cores
 from prism.schemas import graph_format as gf
 from prism.schemas.files import write_json_atomic
 from prism.schemas.iterations import MIN_WARMUP, clean_unprofiled
@@ -97,6 +98,10 @@ class ReplayOptions:
     program: tuple[str, ...] = ()
     """A program graph's program to run (``train.py ARGS`` or ``-m module ARGS``); empty: the one
     the graph was captured from, as it was started."""
+    pin: bool = True
+    """On CPU, hold each real rank's process to cores of its own and the co-simulation to the
+    rest, where the machine has a core to spare (``prism.replay.cores``); GPU ranks are not
+    pinned (the driver's and NCCL's threads run beside the program's)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -218,17 +223,23 @@ def run_replay(
         _write_received_values(target, CaptureFiles(tmp))
         hooks = hooks or CaptureHooks()
         alone = options.separately or len(options.ranks) == 1
+        cores = _core_plan(options, target, 1 if alone else len(options.ranks))
         for batch in [(rank,) for rank in options.ranks] if alone else [options.ranks]:
-            with Coordinator(options.graph, batch, trace_ranks=options.trace_peers) as coordinator:
+            # The coordinator's thread starts inside: it takes the launcher's cores.
+            with (
+                launcher_on(cores.launcher if cores else None),
+                Coordinator(options.graph, batch, trace_ranks=options.trace_peers) as coordinator,
+            ):
                 job = replace(
                     _job(options, target, real_ranks=() if alone else batch), coordinator=coordinator.address
                 )
                 write_json_atomic(files.job, job.to_dict())
-                _run_batch(files, batch, options, target, on_event, hooks, coordinator)
+                _run_batch(files, batch, options, target, on_event, hooks, coordinator, cores)
         reports = [rank_report(files, rank, target, warmup=options.warmup) for rank in options.ranks]
         report = ReplayReport(
             graph=str(options.graph), layout=str(target.layout), device=target.job.device,
             warmup=options.warmup, iterations=options.iterations, ranks=tuple(reports),
+            cores=cores.to_dict() if cores else None,
         )  # fmt: skip
         write_json_atomic(files.report, report.to_dict())
         if options.out_dir.exists():
@@ -237,6 +248,12 @@ def run_replay(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return report
+
+
+def _core_plan(options: ReplayOptions, target: ReplayTarget, ranks_at_once: int) -> CorePlan | None:
+    if not options.pin or target.job.device == "cuda":
+        return None
+    return plan_cores(ranks_at_once, options.threads)
 
 
 def _job(options: ReplayOptions, target: ReplayTarget, *, real_ranks: tuple[int, ...]) -> ReplayJob:
@@ -257,7 +274,7 @@ def _write_received_values(target: ReplayTarget, files: CaptureFiles) -> None:
 
 def _run_batch(
     files: ReplayFiles, ranks: tuple[int, ...], options: ReplayOptions, target: ReplayTarget,
-    on_event: Progress | None, hooks: CaptureHooks, coordinator: Coordinator,
+    on_event: Progress | None, hooks: CaptureHooks, coordinator: Coordinator, cores: CorePlan | None,
 ) -> None:  # fmt: skip
     """Run the processes of ``ranks`` at once, served by ``coordinator``."""
     errors: list[str] = []
@@ -272,6 +289,7 @@ def _run_batch(
         RankLaunch(
             rank=rank,
             local_rank=i,
+            cpus=cores.ranks[i] if cores else None,
             log_path=files.log(rank),
             argv=(
                 sys.executable,

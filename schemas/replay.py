@@ -200,6 +200,9 @@ class ReplayReport:
     iterations: int
     ranks: tuple[RankReport, ...]
     version: int = REPORT_VERSION
+    cores: dict | None = None
+    """The cores each real rank run at once and the co-simulation were held to
+    (``{"ranks": [[0]], "launcher": [1]}``), or None where they were not pinned."""
 
     def to_dict(self) -> dict:
         return asdict(self)

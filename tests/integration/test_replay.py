@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from prism.graph.sim.simulate import simulate
 from prism.graph.sim.whatif import BlockDelay, WhatIf, apply_what_if
 from prism.graph.traces.kineto import read_json_file
 from prism.replay.cli import app
+from prism.replay.cores import can_pin
 from prism.replay.wait_spans import WAIT_CATEGORY
 from prism.schemas import graph_format as gf
 from prism.schemas.comm_log import read_comm_log
@@ -97,6 +99,12 @@ def test_ranks_replayed_together_share_real_groups_and_one_cosimulation(replayed
 def test_replay_reports_every_real_rank_against_the_prediction(replayed: Path) -> None:
     report = ReplayReport.from_dict(json.loads((replayed / "report.json").read_text()))
     assert [r.rank for r in report.ranks] == [0, 7]
+    # One rank at a time: on a machine of two cores or more, it and the co-simulation had their own.
+    cores = sorted(os.sched_getaffinity(0)) if can_pin() else []
+    if len(cores) >= 2:
+        assert report.cores == {"ranks": [cores[:1]], "launcher": cores[1:]}
+    else:
+        assert report.cores is None
     assert [r.role for r in report.ranks] == ["first", "last"]
     for r in report.ranks:
         assert r.measured_iter_ms > 0 and r.predicted_iter_ms > 0

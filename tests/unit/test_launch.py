@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 
 from prism.capture.launch import LaunchError, RankLaunch, run_processes
 from prism.capture.progress import PROGRESS_PREFIX
+from prism.replay.cores import can_pin
 
 
 def launch(tmp_path: Path, rank: int, code: str) -> RankLaunch:
@@ -51,3 +53,21 @@ def test_timeout_kills_stuck_ranks(tmp_path: Path) -> None:
     with pytest.raises(LaunchError, match=r"still running after 1 s[\s\S]*waiting for rank 7") as error:
         run_processes([launch(tmp_path, 0, stuck)], world_size=1, timeout_s=1)
     assert str(tmp_path) not in str(error.value)
+
+
+@pytest.mark.skipif(not can_pin(), reason="this platform cannot pin processes to cores")
+def test_a_pinned_rank_and_the_threads_it_starts_run_on_its_cores_only(tmp_path: Path) -> None:
+    core = min(os.sched_getaffinity(0))
+    code = (
+        "import os, threading; seen = []; "
+        "t = threading.Thread(target=lambda: seen.append(sorted(os.sched_getaffinity(0)))); t.start(); t.join(); "
+        "print('main', sorted(os.sched_getaffinity(0)), 'thread', seen[0])"
+    )
+    pinned = RankLaunch(rank=0, argv=(sys.executable, "-c", code), log_path=tmp_path / "rank0.log",
+                        cpus=frozenset({core}))  # fmt: skip
+    run_processes([pinned], world_size=1, timeout_s=60)
+    assert f"main [{core}] thread [{core}]" in (tmp_path / "rank0.log").read_text()
+    # Unpinned, the process may run wherever this one may.
+    run_processes([launch(tmp_path, 1, code)], world_size=1, timeout_s=60)
+    everywhere = sorted(os.sched_getaffinity(0))
+    assert f"main {everywhere} thread {everywhere}" in (tmp_path / "rank1.log").read_text()
