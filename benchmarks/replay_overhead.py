@@ -1,7 +1,7 @@
 """What replay costs beyond the program: per-call time of the timed process group, engine time, memory.
 
     .venv/bin/python benchmarks/replay_overhead.py [GRAPH ...] [--rank R] [--capture DIR] [--repeats 3]
-                                                   [--pin on|off|both]
+                                                   [--pin off|on|both]
 
 For each graph (default: the checked-in tiny graph), replays rank R (default 0) ``--repeats``
 times (with ``--pin both``, pinned and unpinned in turn, ``prism.replay.cores``) and prints
@@ -54,7 +54,7 @@ def call_us(comm_path: Path, field: str = "clock") -> np.ndarray:
     return np.array([(c.exit_ns - c.enter_ns) / 1e3 for c in calls])
 
 
-def replay_once(graph: Path, rank: int, out: Path, pin: bool = True) -> dict:
+def replay_once(graph: Path, rank: int, out: Path, pin: bool = False) -> dict:
     report = run_replay(
         ReplayOptions(graph=graph, ranks=(rank,), out_dir=out, warmup=WARMUP, iterations=1, pin=pin)
     )
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
-        "--pin", choices=("on", "off", "both"), default="on",
+        "--pin", choices=("on", "off", "both"), default="off",
         help="hold the rank and the co-simulation to cores of their own (both: pinned and not, in turn)",
     )  # fmt: skip
     args = parser.parse_args(argv)

@@ -55,7 +55,7 @@ def replay(
             help="On CPU, hold each real rank to cores of its own and the co-simulation to the rest, "
             "where a core is left for it."
         ),
-    ] = True,
+    ] = False,
     overwrite: Annotated[bool, typer.Option(help=cli_help.OVERWRITE)] = False,
     rank_timeout: Annotated[float, typer.Option(min=1.0, help=cli_help.RANK_TIMEOUT)] = 1800.0,
     validate: Annotated[

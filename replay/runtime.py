@@ -98,7 +98,7 @@ class ReplayOptions:
     program: tuple[str, ...] = ()
     """A program graph's program to run (``train.py ARGS`` or ``-m module ARGS``); empty: the one
     the graph was captured from, as it was started."""
-    pin: bool = True
+    pin: bool = False
     """On CPU, hold each real rank's process to cores of its own and the co-simulation to the
     rest, where the machine has a core to spare (``prism.replay.cores``); GPU ranks are not
     pinned (the driver's and NCCL's threads run beside the program's)."""

@@ -99,12 +99,7 @@ def test_ranks_replayed_together_share_real_groups_and_one_cosimulation(replayed
 def test_replay_reports_every_real_rank_against_the_prediction(replayed: Path) -> None:
     report = ReplayReport.from_dict(json.loads((replayed / "report.json").read_text()))
     assert [r.rank for r in report.ranks] == [0, 7]
-    # One rank at a time: on a machine of two cores or more, it and the co-simulation had their own.
-    cores = sorted(os.sched_getaffinity(0)) if can_pin() else []
-    if len(cores) >= 2:
-        assert report.cores == {"ranks": [cores[:1]], "launcher": cores[1:]}
-    else:
-        assert report.cores is None
+    assert report.cores is None  # left to the scheduler unless --pin
     assert [r.role for r in report.ranks] == ["first", "last"]
     for r in report.ranks:
         assert r.measured_iter_ms > 0 and r.predicted_iter_ms > 0
@@ -117,6 +112,17 @@ def test_replay_reports_every_real_rank_against_the_prediction(replayed: Path) -
         measured_total = sum(p.measured_ms for p in r.phases)
         assert measured_total == pytest.approx(r.measured_iter_ms, rel=0.25)  # phases cover the iteration
         assert r.replay_rss_bytes > 0
+
+
+@pytest.mark.skipif(not can_pin() or len(os.sched_getaffinity(0)) < 2, reason="needs two cores to pin")
+def test_a_pinned_replay_holds_the_rank_and_the_cosimulation_to_cores_of_their_own(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = run_cli(str(TINY), "--rank", "0", "-o", str(out), "--warmup", "4", "--iterations", "1", "--pin")
+    assert result.exit_code == 0, result.output
+    report = ReplayReport.from_dict(json.loads((out / "report.json").read_text()))
+    cores = sorted(os.sched_getaffinity(0))
+    assert report.cores == {"ranks": [cores[:1]], "launcher": cores[1:]}
+    assert report.ranks[0].wall_iter_ms > 0
 
 
 def test_replay_writes_the_real_ranks_trace_and_the_cosimulation(replayed: Path) -> None:
