@@ -11,19 +11,22 @@ asked for), as lanes of the graph (``prism.graph.build.gpu_lanes``):
   rank's fitted launch latency, in order on the stream, after the work it waits for;
 - a synchronizing call waits for the GPU work it synchronizes with;
 - each NCCL kernel of a ``record_param_comms`` collective is a collective node: the n-th one of
-  the step on every rank is one instance, which starts when every member's kernel has arrived
-  and lasts as long as the kernel took in the trace (its recorded duration: the graph
-  reproduces the trace before any what-if changes it).
+  a group in the step is one instance on every member, which starts when every member's kernel
+  has arrived and lasts as long as the kernel took in the trace (its recorded duration: the
+  graph reproduces the trace before any what-if changes it).
 
-The layout is data parallel over ``distributedInfo.world_size`` ranks (collectives must span
-every rank). A rank without a trace takes the rows of the nearest traced rank below it (or the
-first one): in a data-parallel job every rank has the same role. Memory is not read (zero).
+The layout is the one the collectives' groups fit (``prism.graph.build.trace_groups``): data
+parallel over ``distributedInfo.world_size`` ranks when they all span the world, else tensor
+and data parallel. A rank without a trace takes the rows of the nearest traced rank below it
+(or the first one), each of its collectives on its own group of that kind: in a job without
+pipeline stages every rank has the same role. Memory is not read (zero).
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +36,13 @@ import pandas as pd
 import pyarrow as pa
 
 from prism.graph.build.gpu_lanes import lane_graph
+from prism.graph.build.trace_groups import (
+    CollectiveIds,
+    GroupError,
+    group_kind,
+    infer_layout,
+    number_in_groups,
+)
 from prism.graph.comm.model import OPS
 from prism.graph.io.parquet import GraphWriter, ranks_per_row_group
 from prism.graph.traces.gpu import EdgeKind, GpuTrace, dependencies, read_gpu_trace
@@ -75,7 +85,8 @@ class TracedRank:
     """Each lane's stream name, in the order of ``rows``' ``lane`` column."""
     rows: pd.DataFrame
     """One row per node: lane, index, kind, name, dur_ns, gap_ns, coll (-1 or the collective's n
-    within the step), bytes, lane_deps ((lane, index, lag) each)."""
+    within the step), members (a collective's group, sorted; () elsewhere), bytes, lane_deps
+    ((lane, index, lag) each)."""
 
 
 def trace_files(directory: Path) -> list[Path]:
@@ -146,7 +157,9 @@ def traced_rank(rank: int, trace: GpuTrace, step_no: int, world: int) -> TracedR
     for e in range(len(sub_ev)):
         if lanes.first_node[e] >= 0:
             node_event[lanes.first_node[e] : lanes.last_node[e] + 1] = e
-    coll, nbytes, coll_name = _collectives(trace, edges, new_row, lanes.first_node, len(g.dur), world)
+    coll, nbytes, coll_name, members = _collectives(
+        trace, edges, new_row, lanes.first_node, len(g.dur), world
+    )
     node_lane = np.repeat(np.arange(g.lanes), np.diff(g.rank_ptr))
     index = np.arange(len(g.dur)) - g.rank_ptr[node_lane]
     gap = g.gap.copy()
@@ -164,7 +177,7 @@ def traced_rank(rank: int, trace: GpuTrace, step_no: int, world: int) -> TracedR
     rows = pd.DataFrame({
         "lane": node_lane, "index": index, "kind": np.where(coll >= 0, gf.NodeKind.COLLECTIVE.value, gf.NodeKind.COMPUTE.value),
         "name": np.where(coll >= 0, coll_name, names_of[node_event]), "dur_ns": g.dur, "gap_ns": gap,
-        "coll": coll, "bytes": nbytes, "lane_deps": lane_deps,
+        "coll": coll, "members": members, "bytes": nbytes, "lane_deps": lane_deps,
     })  # fmt: skip
     rows = _with_step_end(rows, names, begin, finish, sub_ev, lane_rows)
     return TracedRank(
@@ -235,17 +248,20 @@ def _with_step_end(
         lane, after, index = len(names), finish - begin, 0
         names.append(MAIN)
     end = {"lane": lane, "index": index, "kind": gf.NodeKind.COMPUTE.value, "name": "ProfilerStep end",
-           "dur_ns": 0, "gap_ns": max(after, 0), "coll": -1, "bytes": 0, "lane_deps": []}  # fmt: skip
+           "dur_ns": 0, "gap_ns": max(after, 0), "coll": -1, "members": (), "bytes": 0, "lane_deps": []}  # fmt: skip
     return pd.concat([rows, pd.DataFrame([end])], ignore_index=True)
 
 
 def _collectives(
     trace: GpuTrace, edges: pd.DataFrame, new_row: np.ndarray, first_node: np.ndarray, nodes: int, world: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per node: its collective's n within the step (-1: not an NCCL kernel), bytes, op name."""
+    """Per node: its collective's n within the step (-1: not an NCCL kernel), bytes, op name, and
+    the collective's group (sorted ranks; () elsewhere)."""
     coll = np.full(nodes, -1, np.int64)
     nbytes = np.zeros(nodes, np.int64)
     names = np.full(nodes, "", dtype=object)
+    groups = np.empty(nodes, dtype=object)
+    groups[:] = [()] * nodes
     comm = edges[edges["kind"] == EdgeKind.COMM.value]
     by_op = trace.collectives.set_index("event")
     found = []
@@ -254,18 +270,18 @@ def _collectives(
             continue
         c = by_op.loc[op]
         members = _group_ranks(c["group_ranks"], int(c["group_size"]), world)
-        if members != list(range(world)):
+        if not all(0 <= r < world for r in members):
             raise TraceGraphError(
-                f"{trace.path.name}: a {c['collective']} over ranks {members}: graphs from traces take "
-                f"collectives over every rank (0..{world - 1}) so far"
+                f"{trace.path.name}: a {c['collective']} over ranks {members}, outside the world of {world}"
             )
         node = int(first_node[new_row[kernel]])
+        groups[node] = tuple(members)
         found.append((int(trace.events.at[kernel, "start_ns"]), node))
         nbytes[node] = max(int(c["in_nelems"]), 0) * _ITEMSIZE.get(str(c["dtype"]), 0)
         names[node] = _op_name(str(c["collective"])) or _op_of_kernel(str(trace.events.at[kernel, "name"]))
     for n, (_, node) in enumerate(sorted(found)):  # the step's n-th, in the order the GPU ran them
         coll[node] = n
-    return coll, nbytes, names
+    return coll, nbytes, names, groups
 
 
 def _group_ranks(text: object, size: int, world: int) -> list[int]:
@@ -313,23 +329,26 @@ def stream_names(ranks: list[TracedRank]) -> list[str]:
     return sorted({n for r in ranks for n in r.lanes}, key=order)
 
 
-def rank_table(traced: TracedRank, streams: list[str], world: int) -> pa.Table:
+def rank_table(traced: TracedRank, streams: list[str], ids: CollectiveIds) -> pa.Table:
     """The graph rows of ``traced``'s rank (``as_rank`` copies them for a rank without a trace)."""
     rows = traced.rows
     number = np.array([streams.index(n) for n in traced.lanes], np.int16)
     stream = number[rows["lane"].to_numpy()]
     order = np.lexsort((rows["index"].to_numpy(), stream))
     coll = rows["coll"].to_numpy()
-    is_coll = coll >= 0
+    kinds = np.array(
+        [group_kind(ids.layout, m) if c >= 0 else "" for c, m in zip(coll, rows["members"], strict=True)]
+    )
+    group_index = ids.group_index(traced.rank, kinds)
     n = len(rows)
     columns = {
         gf.RANK: np.full(n, traced.rank, np.int32), gf.STREAM: stream, gf.INDEX: rows["index"].to_numpy(np.int32),
         gf.KIND: rows["kind"].to_numpy(), gf.NAME: rows["name"].astype(str).to_numpy(), gf.PHASE: np.full(n, ""),
         gf.STAGE: np.zeros(n, np.int16), gf.MB: np.full(n, -1, np.int32), gf.LAYER: np.full(n, -1, np.int32),
         gf.PART: np.full(n, ""), gf.DUR_NS: rows["dur_ns"].to_numpy(np.int64), gf.GAP_NS: rows["gap_ns"].to_numpy(np.int64),
-        gf.SKEW_NS: np.zeros(n, np.int64), gf.COLL_ID: coll,
-        gf.GROUP_KIND: np.where(is_coll, "dp", ""), gf.GROUP_INDEX: np.where(is_coll, 0, -1).astype(np.int32),
-        gf.GROUP_SIZE: np.where(is_coll, world, 0).astype(np.int32), gf.PEER: np.full(n, -1, np.int32),
+        gf.SKEW_NS: np.zeros(n, np.int64), gf.COLL_ID: ids.coll_id(kinds, group_index, number_in_groups(kinds, coll)),
+        gf.GROUP_KIND: kinds, gf.GROUP_INDEX: group_index,
+        gf.GROUP_SIZE: ids.group_size(kinds), gf.PEER: np.full(n, -1, np.int32),
         gf.P2P_SEQ: np.full(n, -1, np.int32), gf.BYTES: rows["bytes"].to_numpy(np.int64), gf.DTYPE: np.full(n, ""),
         gf.IS_ASYNC: np.zeros(n, np.bool_), gf.ALLOC_BYTES: np.zeros(n, np.int64), gf.FREE_BYTES: np.zeros(n, np.int64),
         gf.DEPS: [[] for _ in range(n)], gf.SRC_RANK: np.full(n, traced.rank, np.int32), gf.SRC_OP: np.arange(n),
@@ -342,10 +361,17 @@ def rank_table(traced: TracedRank, streams: list[str], world: int) -> pa.Table:
     return pa.table(columns, schema=schema).take(pa.array(order)).cast(gf.SCHEMA)
 
 
-def as_rank(table: pa.Table, rank: int) -> pa.Table:
-    """A rank's rows as those of ``rank`` (which took them for want of a trace of its own)."""
-    at = table.schema.get_field_index(gf.RANK)
-    return table.set_column(at, gf.SCHEMA.field(gf.RANK), pa.array(np.full(table.num_rows, rank, np.int32)))
+def as_rank(table: pa.Table, rank: int, ids: CollectiveIds) -> pa.Table:
+    """A rank's rows as those of ``rank`` (which took them for want of a trace of its own): its
+    collectives on ``rank``'s groups of their kinds, the n-th of each group as in the rows."""
+    kinds = np.asarray(table.column(gf.GROUP_KIND).to_pylist(), dtype=object)
+    index = ids.group_index(rank, kinds)
+    coll_id = ids.coll_id(kinds, index, ids.n_of(table.column(gf.COLL_ID).to_numpy()))
+    for name, values in ((gf.RANK, np.full(table.num_rows, rank, np.int32)), (gf.GROUP_INDEX, index),
+                         (gf.COLL_ID, coll_id)):  # fmt: skip
+        at = table.schema.get_field_index(name)
+        table = table.set_column(at, gf.SCHEMA.field(name), pa.array(values, gf.SCHEMA.field(name).type))
+    return table
 
 
 @dataclass(frozen=True)
@@ -367,13 +393,17 @@ def build_from_traces(
     by_rank, world = read_ranks(trace_files(directory))
     step_no = common_step(by_rank, step)
     traced = {r: traced_rank(r, t, step_no, world) for r, t in by_rank.items()}
-    _check_collectives_match(traced)
+    try:
+        layout = infer_layout({m for t in traced.values() for m in t.rows["members"] if m}, world)
+    except GroupError as e:
+        raise TraceGraphError(str(e)) from None
+    ids = CollectiveIds(layout)
+    _check_collectives_match(traced, layout)
     streams = stream_names(list(traced.values()))
     present = sorted(traced)
     filled_from = {
         r: max((p for p in present if p <= r), default=present[0]) for r in range(world) if r not in traced
     }
-    layout = ParallelLayout(tp=1, pp=1, dp=world)
     out.parent.mkdir(parents=True, exist_ok=True)
     metadata = gf.GraphMetadata(
         layout=layout.to_dict(),
@@ -392,16 +422,22 @@ def build_from_traces(
         source: pa.Table | None = None  # the rows of the last traced rank, which the next ranks may copy
         for rank in range(world):
             if rank in traced or source is None:
-                source = rank_table(traced[filled_from.get(rank, rank)], streams, world)
-            writer.write_ranks(source if rank in traced else as_rank(source, rank))
+                source = rank_table(traced[filled_from.get(rank, rank)], streams, ids)
+            writer.write_ranks(source if rank in traced else as_rank(source, rank, ids))
             if on_rank is not None:
                 on_rank(rank + 1, world)
     return TraceBuild(layout=layout, step=step_no, traced=traced, filled_from=filled_from, streams=streams)
 
 
-def _check_collectives_match(traced: dict[int, TracedRank]) -> None:
-    """Every traced rank ran the same collectives in the step (the n-th of each is one instance)."""
-    counts = {r: int((t.rows["coll"] >= 0).sum()) for r, t in traced.items()}
-    if len(set(counts.values())) > 1:
-        listed = ", ".join(f"rank {r}: {n}" for r, n in counts.items())
-        raise TraceGraphError(f"the traced ranks ran different numbers of collectives in the step ({listed})")
+def _check_collectives_match(traced: dict[int, TracedRank], layout: ParallelLayout) -> None:
+    """Every traced rank ran as many collectives of each group kind in the step (the n-th of a
+    group is one instance)."""
+
+    def counts(t: TracedRank) -> str:
+        kinds = Counter(group_kind(layout, m) for m in t.rows["members"] if m)
+        return ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items())) or "none"
+
+    seen = {r: counts(t) for r, t in traced.items()}
+    if len(set(seen.values())) > 1:
+        listed = "; ".join(f"rank {r}: {c}" for r, c in seen.items())
+        raise TraceGraphError(f"the traced ranks ran different collectives in the step ({listed})")

@@ -3,16 +3,19 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 from pathlib import Path
 
 import numpy as np
+import pyarrow.compute as pc
 import pytest
 from typer.testing import CliRunner
 
 from prism.graph.build.cli import app
 from prism.graph.io.parquet import read_metadata, read_rank
+from prism.graph.io.validate import validate_graph
 from prism.graph.sim.load import load_sim_graph
 from prism.graph.sim.simulate import simulate
 from prism.graph.traces.gpu import EdgeKind, dependencies, read_gpu_trace
@@ -135,4 +138,59 @@ def test_bad_requests_are_one_error_line(tmp_path: Path, argv: list[str], needle
     assert done.exit_code == 2
     lines = [line for line in done.output.splitlines() if line.strip()]
     assert lines[-1].startswith("error: ") and needle in done.output, done.output
+    assert not (tmp_path / "g.parquet").exists()
+
+
+def _regrouped(tmp_path: Path, world: int, groups: list[list[int]]) -> Path:
+    """The public DDP trace as rank 0 of a world of ``world``, its collectives in turn on each of
+    ``groups`` (what a job of tensor- and data-parallel groups records)."""
+    data = json.loads(gzip.decompress((DATA / "nccl_ddp_rank0.json.gz").read_bytes()))
+    data["distributedInfo"]["world_size"] = world
+    comms = [e for e in data["traceEvents"] if e.get("name") == "record_param_comms"]
+    for i, event in enumerate(e for e in comms if e["args"].get("Process Group Ranks") not in (None, "[]")):
+        group = groups[i % len(groups)]
+        event["args"]["Process Group Ranks"] = str(group)
+        event["args"]["Group size"] = len(group)
+    directory = tmp_path / "traces"
+    directory.mkdir()
+    (directory / "rank0.json.gz").write_bytes(gzip.compress(json.dumps(data).encode()))
+    return directory
+
+
+def test_collectives_on_tensor_and_data_parallel_groups_give_their_layout(tmp_path: Path) -> None:
+    # Rank 0 of a tp=2 dp=2 job: its collectives alternate between its tp group {0, 1} and its
+    # dp group {0, 2}. The other ranks take its rows, each collective on their own group.
+    out = tmp_path / "graph.parquet"
+    done = runner.invoke(
+        app, ["--from-traces", str(_regrouped(tmp_path, 4, [[0, 1], [0, 2]])), "-o", str(out)]
+    )
+    assert done.exit_code == 0, done.output
+    metadata = read_metadata(out)
+    assert (metadata.layout["tp"], metadata.layout["dp"], metadata.layout["pp"]) == (2, 2, 1)
+    coll = {}
+    for rank in range(4):
+        rows = read_rank(out, rank, columns=[gf.COLL_ID, gf.GROUP_KIND, gf.GROUP_INDEX, gf.GROUP_SIZE])
+        rows = rows.filter(pc.greater_equal(rows[gf.COLL_ID], 0)).to_pydict()
+        assert set(rows[gf.GROUP_KIND]) == {"tp", "dp"} and set(rows[gf.GROUP_SIZE]) == {2}
+        coll[rank] = {
+            k: [c for c, g in zip(rows[gf.COLL_ID], rows[gf.GROUP_KIND], strict=True) if g == k]
+            for k in ("tp", "dp")
+        }
+        index = {g: i for g, i in zip(rows[gf.GROUP_KIND], rows[gf.GROUP_INDEX], strict=True)}
+        assert index == {"tp": rank // 2, "dp": rank % 2}  # tp groups {0,1} {2,3}; dp groups {0,2} {1,3}
+    # Members of one group share its instances; other groups' instances are their own.
+    assert coll[0]["tp"] == coll[1]["tp"] and coll[2]["tp"] == coll[3]["tp"] != coll[0]["tp"]
+    assert coll[0]["dp"] == coll[2]["dp"] and coll[1]["dp"] == coll[3]["dp"] != coll[0]["dp"]
+    # Every rank's step is the trace's, within 1 %, and the graph is a valid one.
+    recorded = metadata.extra[gf.RECORDED_STEP_KEY]["0"]
+    iteration = json.loads((tmp_path / "summary.json").read_text())["ranks"]["iteration_ns"]
+    assert iteration == pytest.approx([recorded] * 4, rel=0.01)
+    assert validate_graph(out).ok
+
+
+def test_collectives_on_groups_no_layout_has_are_refused(tmp_path: Path) -> None:
+    traces = _regrouped(tmp_path, 4, [[0, 1], [0, 3]])
+    done = runner.invoke(app, ["--from-traces", str(traces), "-o", str(tmp_path / "g.parquet")])
+    assert done.exit_code == 2
+    assert "collectives over ranks [0, 3] fit no layout of 4 ranks" in done.output, done.output
     assert not (tmp_path / "g.parquet").exists()
