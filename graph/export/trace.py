@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from prism.graph.io.parquet import read_metadata, read_rank
+from prism.graph.io.parquet import GraphReader, read_metadata
 from prism.graph.sim.folded import load_folded
 from prism.graph.sim.simulate import simulate
 from prism.schemas import graph_format as gf
@@ -43,7 +43,11 @@ class ExportError(ValueError):
 
 def graph_layout(path: str | Path, ranks: Iterable[int]) -> ParallelLayout:
     """The layout of the graph at ``path``, which must have every rank of ``ranks``."""
-    layout = ParallelLayout.from_dict(read_metadata(path).layout)
+    return _layout_with(read_metadata(path), ranks)
+
+
+def _layout_with(metadata: gf.GraphMetadata, ranks: Iterable[int]) -> ParallelLayout:
+    layout = ParallelLayout.from_dict(metadata.layout)
     bad = [r for r in ranks if not 0 <= r < layout.world_size]
     if bad:
         raise ExportError(f"rank {bad[0]} is not in the graph (0..{layout.world_size - 1})")
@@ -53,14 +57,15 @@ def graph_layout(path: str | Path, ranks: Iterable[int]) -> ParallelLayout:
 def rank_trace(path: str | Path, rank: int, *, iterations: int = 2) -> dict:
     """The trace of ``rank`` of the graph at ``path``: its nodes in the last of ``iterations``
     simulated passes (the steady one), with ``distributedInfo``."""
-    layout = graph_layout(path, [rank])
+    with GraphReader(path) as reader:  # one footer for the layout, the streams and the rank's rows
+        layout = _layout_with(reader.metadata, [rank])
+        names = reader.metadata.extra.get(gf.STREAMS_KEY) or ["main"]
+        nodes = reader.read_rank(rank, columns=_COLUMNS).to_pydict()
     folding = load_folded(path)  # identical replicas once: the rank's times are its representative's
     graph, at = folding.graph, int(folding.rank_of[rank])
     result = simulate(graph, iterations=iterations)
     rows = graph.rank_rows(at)
     start, end = result.start_ns[rows], result.end_ns[rows]
-    nodes = read_rank(path, rank, columns=_COLUMNS).to_pydict()
-    names = read_metadata(path).extra.get(gf.STREAMS_KEY) or ["main"]
     events: list[dict] = [
         {
             "name": "process_name",
