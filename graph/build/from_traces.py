@@ -37,6 +37,7 @@ import pyarrow as pa
 
 from prism.graph.build.gpu_lanes import lane_graph
 from prism.graph.build.trace_groups import (
+    KINDS,
     CollectiveIds,
     GroupError,
     group_kind,
@@ -254,7 +255,7 @@ def _with_step_end(
 
 def _collectives(
     trace: GpuTrace, edges: pd.DataFrame, new_row: np.ndarray, first_node: np.ndarray, nodes: int, world: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per node: its collective's n within the step (-1: not an NCCL kernel), bytes, op name, and
     the collective's group (sorted ranks; () elsewhere)."""
     coll = np.full(nodes, -1, np.int64)
@@ -330,7 +331,7 @@ def stream_names(ranks: list[TracedRank]) -> list[str]:
 
 
 def rank_table(traced: TracedRank, streams: list[str], ids: CollectiveIds) -> pa.Table:
-    """The graph rows of ``traced``'s rank (``as_rank`` copies them for a rank without a trace)."""
+    """The graph rows of ``traced``'s rank (``RankCopies`` copies them for a rank without a trace)."""
     rows = traced.rows
     number = np.array([streams.index(n) for n in traced.lanes], np.int16)
     stream = number[rows["lane"].to_numpy()]
@@ -361,17 +362,31 @@ def rank_table(traced: TracedRank, streams: list[str], ids: CollectiveIds) -> pa
     return pa.table(columns, schema=schema).take(pa.array(order)).cast(gf.SCHEMA)
 
 
-def as_rank(table: pa.Table, rank: int, ids: CollectiveIds) -> pa.Table:
-    """A rank's rows as those of ``rank`` (which took them for want of a trace of its own): its
-    collectives on ``rank``'s groups of their kinds, the n-th of each group as in the rows."""
-    kinds = np.asarray(table.column(gf.GROUP_KIND).to_pylist(), dtype=object)
-    index = ids.group_index(rank, kinds)
-    coll_id = ids.coll_id(kinds, index, ids.n_of(table.column(gf.COLL_ID).to_numpy()))
-    for name, values in ((gf.RANK, np.full(table.num_rows, rank, np.int32)), (gf.GROUP_INDEX, index),
-                         (gf.COLL_ID, coll_id)):  # fmt: skip
-        at = table.schema.get_field_index(name)
-        table = table.set_column(at, gf.SCHEMA.field(name), pa.array(values, gf.SCHEMA.field(name).type))
-    return table
+class RankCopies:
+    """A traced rank's graph rows, and the same rows as those of a rank without a trace: its
+    collectives on that rank's own groups of their kinds, the n-th of each group as in the rows."""
+
+    def __init__(self, table: pa.Table, ids: CollectiveIds) -> None:
+        self.table, self._ids = table, ids
+        kinds = np.asarray(table.column(gf.GROUP_KIND).to_pylist(), dtype=object)
+        self._of_kind = {k: np.flatnonzero(kinds == k) for k in KINDS if (kinds == k).any()}
+        self._span_n = ids.n_of(table.column(gf.COLL_ID).to_numpy()) * ids.span
+
+    def as_rank(self, rank: int) -> pa.Table:
+        n = self.table.num_rows
+        index, coll_id = np.full(n, -1, np.int32), np.full(n, -1, np.int64)
+        for kind, rows in self._of_kind.items():
+            index[rows] = self._ids.index_of(rank, kind)
+            coll_id[rows] = self._span_n[rows] + self._ids.key(kind, int(index[rows[0]]))
+        table = self.table
+        for name, values in (
+            (gf.RANK, np.full(n, rank, np.int32)),
+            (gf.GROUP_INDEX, index),
+            (gf.COLL_ID, coll_id),
+        ):
+            at = table.schema.get_field_index(name)
+            table = table.set_column(at, gf.SCHEMA.field(name), pa.array(values, gf.SCHEMA.field(name).type))
+        return table
 
 
 @dataclass(frozen=True)
@@ -419,11 +434,11 @@ def build_from_traces(
         },
     )  # fmt: skip
     with GraphWriter(out, metadata, ranks_per_row_group(world)) as writer:
-        source: pa.Table | None = None  # the rows of the last traced rank, which the next ranks may copy
+        source: RankCopies | None = None  # the rows of the last traced rank, which the next ranks may copy
         for rank in range(world):
             if rank in traced or source is None:
-                source = rank_table(traced[filled_from.get(rank, rank)], streams, ids)
-            writer.write_ranks(source if rank in traced else as_rank(source, rank, ids))
+                source = RankCopies(rank_table(traced[filled_from.get(rank, rank)], streams, ids), ids)
+            writer.write_ranks(source.table if rank in traced else source.as_rank(rank))
             if on_rank is not None:
                 on_rank(rank + 1, world)
     return TraceBuild(layout=layout, step=step_no, traced=traced, filled_from=filled_from, streams=streams)

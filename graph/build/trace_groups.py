@@ -67,9 +67,17 @@ class CollectiveIds:
         self._base = {WORLD: 0, "tp": 1, "dp": 1 + layout.group_count("tp")}
         self.span = 1 + layout.group_count("tp") + layout.group_count("dp")
 
+    def index_of(self, rank: int, kind: str) -> int:
+        """Index of ``rank``'s group of ``kind`` among that kind's groups (0 for the world)."""
+        return 0 if kind == WORLD else self.layout.group_index(rank, kind)
+
+    def key(self, kind: str, index: int) -> int:
+        """The id of the first instance of group ``index`` of ``kind`` (the n-th adds n * span)."""
+        return self._base[kind] + index
+
     def group_index(self, rank: int, kinds: np.ndarray) -> np.ndarray:
         """Index of ``rank``'s group of each kind (0 for the world; -1 where the kind is "")."""
-        index = {k: (0 if k == WORLD else self.layout.group_index(rank, k)) for k in KINDS}
+        index = {k: self.index_of(rank, k) for k in KINDS}
         return np.array([index.get(k, -1) for k in kinds], np.int32)
 
     def group_size(self, kinds: np.ndarray) -> np.ndarray:
