@@ -5,7 +5,8 @@
 #
 # OUT: where logs and results go (default gpu-checks/). ARCHIVE: a .tgz refreshed after every
 # step with OUT's logs and results (not the captures' traces), so that what ran is kept even if
-# the whole run is cut short. Each step runs on, whatever the one before did, under its own time
+# the whole run is cut short; at the end ARCHIVE's name with -captures before .tgz holds the
+# captures, graphs and replay directories, to look into on another machine. Each step runs on, whatever the one before did, under its own time
 # limit; its log is OUT/<step>.log and one line per step goes to OUT/summary.txt. On a machine
 # whose python has torch, pandas, pyarrow, numba, typer and rich but not prism, prism is
 # installed first without dependencies (PY=... picks the python). DEVICE=cpu and DDP_MODEL=...
@@ -88,3 +89,6 @@ step ddp_fidelity 240 "$PY" benchmarks/fidelity.py --device $DEVICE --dp 1 --rep
   --cluster-spec benchmarks/results/fidelity-programs-spec.toml --work-dir "$OUT/fidelity_work" --json "$OUT/ddp_fidelity.json" --program "${DDP[*]}"
 echo "summary:"; cat "$OUT/summary.txt"
 archive
+if [ -n "$ARCHIVE" ]; then
+  (cd "$OUT" && tar czf "${ARCHIVE%.tgz}-captures.tgz" $(ls -d gpt_cap ddp_cap gpt.parquet ddp.parquet replay_gpt replay_ddp 2>/dev/null))
+fi
