@@ -164,14 +164,17 @@ def check_inputs(options: ReplayOptions) -> ReplayTarget:
         raise ReplayInputError("name at least one --rank to run for real")
     if len(set(options.ranks)) != len(options.ranks):
         raise ReplayInputError("a --rank is named twice")
-    if job.device == "cuda" and not _cuda_available():
-        raise ReplayInputError("the program runs on cuda, but no CUDA device is available (use --device cpu)")
-    together = 1 if options.separately else len(options.ranks)
-    if job.device == "cuda" and together > _cuda_devices():
-        raise ReplayInputError(
-            f"{together} real ranks at once need a GPU each, and this machine has {_cuda_devices()}: "
-            "replay them one after another (--separately) or on a machine with more GPUs"
-        )
+    if job.device == "cuda":
+        gpus, together = _cuda_devices(), 1 if options.separately else len(options.ranks)
+        if gpus == 0:
+            raise ReplayInputError(
+                "the program runs on cuda, but no CUDA device is available (use --device cpu)"
+            )
+        if together > gpus:
+            raise ReplayInputError(
+                f"{together} real ranks at once need a GPU each, and this machine has {gpus}: "
+                "replay them one after another (--separately) or on a machine with more GPUs"
+            )
     if options.warmup < MIN_WARMUP:
         raise ReplayInputError(
             f"--warmup must be at least {MIN_WARMUP}: the steady time needs clean iterations"
@@ -196,16 +199,11 @@ def check_inputs(options: ReplayOptions) -> ReplayTarget:
     )
 
 
-def _cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def _cuda_devices() -> int:
+    """GPUs this machine has (0 without CUDA)."""
     import torch
 
-    return torch.cuda.device_count()
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def run_replay(

@@ -212,7 +212,6 @@ def test_more_real_cuda_ranks_at_once_than_gpus_is_refused(tmp_path: Path, monke
     # would fail inside its process with an invalid device ordinal, after the first had started.
     from prism.replay import runtime
 
-    monkeypatch.setattr(runtime, "_cuda_available", lambda: True)
     monkeypatch.setattr(runtime, "_cuda_devices", lambda: 1)
     args = (str(TINY), "--rank", "0", "--rank", "1", "--device", "cuda", "-o", str(tmp_path / "out"))
     result = run_cli(*args)
