@@ -113,9 +113,9 @@ def _slow(graph: SimGraph, slow: tuple[SlowRank, ...], ranks: np.ndarray) -> np.
         at = int(np.searchsorted(ranks, s.rank))
         if at == len(ranks) or ranks[at] != s.rank:
             raise WhatIfError(f"slow rank {s.rank} is not in the graph (0..{graph.layout.world_size - 1})")
-        rows = graph.rank_rows(at)  # every stream of the rank
-        compute = graph.kind[rows] == COMPUTE
-        dur[rows][compute] = np.round(dur[rows][compute] * s.factor).astype(np.int64)
+        rows = graph.rank_rows(at)  # a slice: every stream of the rank
+        rank_dur, compute = dur[rows], graph.kind[rows] == COMPUTE  # rank_dur: a view into dur
+        rank_dur[compute] = np.round(rank_dur[compute] * s.factor).astype(np.int64)
     return dur
 
 
