@@ -286,9 +286,17 @@ def program_main(args: argparse.Namespace, choice: SpecChoice, started: float, a
     simulated = [r for r in records if r["source"] == "simulation"]
     replayed = [r for r in records if r["source"] == "replay"]
     ids = case_ids(records)
-    tables = (legend_table(ids), records_table(simulated, ids))
+    tables = (
+        legend_table(ids),
+        records_table(simulated, ids),
+        phase_table(simulated, ids, "simulation", "block_err"),
+    )
     if replayed:
-        tables += (records_table(replayed, ids, "replay"), phase_table(replayed, ids, key="graph_phase_err"))
+        tables += (
+            records_table(replayed, ids, "replay"),
+            phase_table(replayed, ids, key="block_err"),
+            phase_table(replayed, ids, key="graph_phase_err"),
+        )
     for table in (*tables, hook_table(hooks, ids)):
         console.print(table)
     elapsed = time.perf_counter() - started

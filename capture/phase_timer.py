@@ -65,6 +65,18 @@ class PhaseTimer:
         return spans
 
 
+def block_wall_ns(spans_by_iteration: Sequence[Sequence[BlockSpan]]) -> tuple[dict[str, int], ...]:
+    """Each iteration's wall time in its top-level blocks by kind, the calls made inside them
+    and any hold included: what a run without prism's process group can measure of itself."""
+    phases = []
+    for spans in spans_by_iteration:
+        by_kind: dict[str, int] = defaultdict(int)
+        for span in spans:
+            by_kind[span.kind] += span.end_ns - span.start_ns
+        phases.append(dict(by_kind))
+    return tuple(phases)
+
+
 def own_phase_ns(
     spans_by_iteration: Sequence[Sequence[BlockSpan]], log: CommLog, own_iteration_ns: Sequence[int]
 ) -> tuple[dict[str, int], ...]:

@@ -21,7 +21,6 @@ What is in no mark (zeroing gradients, the loss outside a module, data loading) 
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import threading
 from collections.abc import Callable
@@ -58,7 +57,7 @@ class ProgramPhases:
         self._thread = threading.get_ident()
         self._forward_depth = 0
         self._backward_depth = 0
-        self._open: dict[Phase, contextlib.AbstractContextManager[None]] = {}
+        self._open: dict[Phase, object] = {}  # what ``_enter`` opened for each open phase
         self._handles: list[RemovableHandle] = []
         self._engine_run_backward: Callable | None = None
         self._rooted = False

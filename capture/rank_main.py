@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from prism.capture import annotate
 from prism.capture.launch import parse_rank_args
-from prism.capture.phase_timer import BlockSpan, PhaseTimer, own_phase_ns
+from prism.capture.phase_timer import BlockSpan, PhaseTimer, block_wall_ns, own_phase_ns
 from prism.capture.profiling import ProfileSpec, profiled
 from prism.capture.progress import report
 from prism.capture.workloads.gpt import GPTWorkload
@@ -81,7 +81,7 @@ def record_rank(
     """End the rank's run: write its comm log, end its process group, and write ``result.json``
     with what the run measured (``fields``: RankResult's iteration times, losses, parameters,
     ...), the time prism held it and the time in collective calls in each iteration ``windows``,
-    and per-phase own time from its top-level ``blocks`` when it marked them."""
+    and per-phase own and wall time from its top-level ``blocks`` when it marked them."""
     log = current_comm_log()
     write_comm_log(log, files.comm(rank))
     held, collective = HeldTime(log), CollectiveTime(log)
@@ -97,7 +97,11 @@ def record_rank(
         **fields,
     )
     if blocks is not None:
-        result = replace(result, phase_ns=own_phase_ns(blocks, log, result.own_iteration_ns))
+        result = replace(
+            result,
+            phase_ns=own_phase_ns(blocks, log, result.own_iteration_ns),
+            block_ns=block_wall_ns(blocks),
+        )
     write_json_atomic(files.result(rank), asdict(result))
     report(rank=rank, event="done")
     return result

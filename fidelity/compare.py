@@ -76,6 +76,10 @@ def paired_records(
         pred_own = [run[rank].own_ms for run in pred if run[rank].own_ms is not None]
         if real_own and pred_own:  # the iteration by phase against the real run's
             records[-1]["phase_err"] = _own_phase_errors(real_own, pred_own)
+        real_blocks = [run[rank].blocks_ms for run in real if run[rank].blocks_ms is not None]
+        pred_blocks = [run[rank].blocks_ms for run in pred if run[rank].blocks_ms is not None]
+        if real_blocks and pred_blocks:  # a program's iteration by block, calls inside each
+            records[-1]["block_err"] = _own_phase_errors(real_blocks, pred_blocks)
         corrected = [run[rank].corrected_ns / 1e6 for run in pred if run[rank].corrected_ns is not None]
         # A replay: the stall-corrected time beside the wall time, its phases against the graph's.
         if corrected:

@@ -20,7 +20,7 @@ import statistics
 import subprocess
 import sys
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -74,6 +74,38 @@ def measured_phases_ms(
     kinds = {kind for p in phase_ns for kind in p}
     own = {kind: float(statistics.median(p.get(kind, 0) for p in phase_ns)) for kind in kinds}
     return own_phases_ms(own, iteration_ns, statistics.median(collective_ns))
+
+
+BLOCK_PHASES = (*PHASE_NAMES.values(), "other")
+"""The parts of an iteration a program's record compares by block (``block_phases_ms``)."""
+
+
+def block_phases_ms(wall_ns: Mapping[str, float], iteration_ns: float) -> dict[str, float]:
+    """An iteration by block (``BLOCK_PHASES``), ms: its wall time in forward, backward and
+    optimizer blocks, each with the calls made inside it (``wall_ns`` by block kind), and
+    'other', the rest (glue between blocks, transfers outside them). What a run without prism's
+    process group can split of itself: a DDP bucket's all-reduce, issued from C++, is in the
+    backward it overlaps."""
+    out = dict.fromkeys(BLOCK_PHASES, 0.0)
+    for kind, name in PHASE_NAMES.items():
+        out[name] = wall_ns.get(kind, 0) / 1e6
+    out["other"] = iteration_ns / 1e6 - sum(out.values())
+    return out
+
+
+def measured_blocks_ms(
+    block_ns: Sequence[Mapping[str, int]], warmup: int, iteration_ns: float, skip: int = 0
+) -> dict[str, float] | None:
+    """``block_phases_ms`` of a rank that ran (for real, or replayed) from its blocks' wall times
+    (``RankResult.block_ns``, ``TimedRun.block_ns``), medians over the clean unprofiled
+    iterations less the first ``skip``; None where it recorded none."""
+    clean = clean_unprofiled(list(block_ns), warmup)[skip:] if block_ns else []
+    if not clean:
+        return None
+    kinds = {kind for b in clean for kind in b}
+    return block_phases_ms(
+        {k: float(statistics.median(b.get(k, 0) for b in clean)) for k in kinds}, iteration_ns
+    )
 
 
 def graph_own_ns(graph_path: Path, rank: int) -> dict[str, float]:

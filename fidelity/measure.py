@@ -12,7 +12,14 @@ from pathlib import Path
 from typing import TypeVar
 
 from prism.capture.runner import CaptureOptions, RealMode, run_capture
-from prism.fidelity.explain import decompose, graph_own_ns, measured_phases_ms, own_phases_ms, sim_breakdown
+from prism.fidelity.explain import (
+    decompose,
+    graph_own_ns,
+    measured_blocks_ms,
+    measured_phases_ms,
+    own_phases_ms,
+    sim_breakdown,
+)
 from prism.fidelity.load import MatchedLoad
 from prism.graph.build.builder import BuildOptions, build_graph
 from prism.graph.build.normalize import normalize_rank
@@ -90,6 +97,9 @@ class RankRun:
     """A replay's: per phase of the replayed rank, (measured, predicted by the graph) ms."""
     own_ms: dict[str, float] | None = None
     """Real runs and simulations: the iteration by phase (``explain.own_phases_ms``), ms."""
+    blocks_ms: dict[str, float] | None = None
+    """Programs: the iteration by block, each block's calls inside it (``explain.block_phases_ms``),
+    ms: the split a fully real run of a program measures of itself."""
 
 
 def _steady_ns(manifest: CaptureManifest, rank: int) -> float:
@@ -283,4 +293,5 @@ def replayed_run(report: RankReport, static: int, replay_dir: Path, warmup: int)
         dynamic_bytes=int(report.measured_peak_bytes) - static,
         phases_ms={p.phase: (p.measured_ms, p.predicted_ms) for p in report.phases},
         own_ms=measured_phases_ms(result, warmup, wall_ns, skip),
+        blocks_ms=measured_blocks_ms(result.block_ns, warmup, wall_ns, skip),
     )

@@ -17,7 +17,10 @@ Each repeat, in turn:
     (``prism-replay``, one at a time, beside the same load), its wall time the measurement.
 
 The records pair them rank by rank (``prism.fidelity.compare.paired_records``; sources
-``simulation`` and ``replay``); the timing hook's own cost per iteration is reported beside them.
+``simulation`` and ``replay``), each with the iteration split by block (``block_err``: forward,
+backward, optimizer, each with the calls made inside it, and the rest), measured the same way on
+the real run and the replay (the capture's phase marks) and taken from the simulated pass; the
+timing hook's and the marks' own cost per iteration are reported beside them.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from pathlib import Path
 
 from prism.capture.runner import CaptureOptions, RealMode, run_capture
 from prism.fidelity.compare import paired_records
-from prism.fidelity.explain import sim_breakdown
+from prism.fidelity.explain import block_phases_ms, measured_blocks_ms, sim_breakdown
 from prism.fidelity.load import MatchedLoad
 from prism.fidelity.measure import RankRun, RunSettings, replayed_run
 from prism.fidelity.timed_run import TimedRun, result_path, trace_path
@@ -44,6 +47,8 @@ from prism.graph.sim.load import load_sim_graph, static_bytes_of
 from prism.graph.sim.metrics import breakdown
 from prism.graph.sim.simulate import simulate
 from prism.graph.traces.memory import iteration_memory
+from prism.replay.cosim import predicted_phase_ns
+from prism.replay.rank_program import RankProgram
 from prism.replay.runtime import ReplayOptions, run_replay
 from prism.schemas.cluster import ClusterSpec
 from prism.schemas.iterations import clean_unprofiled
@@ -108,8 +113,13 @@ def measure_real_program(
             parts_ms={},
             dynamic_bytes=memory.peak_delta_bytes,
             drift_bytes=memory.drift_bytes,
+            blocks_ms=measured_blocks_ms(timed.block_ns, settings.warmup, float(steady)),
         )
-        hooks[rank] = statistics.median(timed.hook_ns[: settings.warmup])
+        clean_marks = clean_unprofiled(timed.marks_ns, settings.warmup)
+        hooks[rank] = (
+            statistics.median(timed.hook_ns[: settings.warmup]),
+            statistics.median(clean_marks) if clean_marks else None,
+        )
     return runs, hooks
 
 
@@ -145,6 +155,11 @@ def predict_program(
             peak_bytes=int(result.peak_bytes[rank]),
             parts_ms=parts[rank],
             dynamic_bytes=int(result.peak_bytes[rank]) - int(static[layout.stage(rank)]),
+            # As the replay's clock splits a pass: each node's time, a call's wait with it.
+            blocks_ms=block_phases_ms(
+                predicted_phase_ns(graph, result, RankProgram.read(graph_path, rank)),
+                float(result.iteration_ns[rank]),
+            ),
         )
         for rank in range(graph.ranks)
     }
@@ -196,11 +211,15 @@ def run_program_case(
                 replayed.append(replay_program(case, settings, root))
     hook_rows = []
     for rank in sorted(real[0]):
-        hook_ns = statistics.median(h[rank] for h in hooks)
+        hook_ns = statistics.median(h[rank][0] for h in hooks)
+        marks = [h[rank][1] for h in hooks if h[rank][1] is not None]
+        marks_ns = statistics.median(marks) if marks else None
         iter_ns = statistics.median(r[rank].iter_ns for r in real)
         hook_rows.append(
             {"case": case.label, "rank": rank, "hook_us": round(hook_ns / 1e3, 1),
-             "hook_pct_of_iter": round(100 * hook_ns / iter_ns, 3)}
+             "hook_pct_of_iter": round(100 * hook_ns / iter_ns, 3),
+             "marks_us": None if marks_ns is None else round(marks_ns / 1e3, 1),
+             "marks_pct_of_iter": None if marks_ns is None else round(100 * marks_ns / iter_ns, 3)}
         )  # fmt: skip
     records = paired_records(case.label, real, pred) + paired_records(case.label, real, replayed, "replay")
     return ProgramCaseResult(records=records, hook=hook_rows)

@@ -106,9 +106,19 @@ _OWN = (
     "iterations); communication: in collective calls and waits on them; bubble: the rest of the "
     "iteration (point-to-point calls); error: (predicted - real) / real"
 )
+_BLOCKS = (
+    "forward/backward/optimizer: wall time in those blocks, the calls made inside them included "
+    "(a program's phase marks; clean unprofiled iterations; simulated: each node's time, a call's "
+    "wait with it); other: the rest of the iteration; error: (predicted - real) / real"
+)
 _PHASE_TITLES = {
     ("simulation", "phase_err"): ("simulation: each rank's iteration by phase, real vs simulated", _OWN),
     ("replay", "phase_err"): ("replay: each replayed rank's wall iteration by phase, real vs replayed", _OWN),
+    ("simulation", "block_err"): ("simulation: each rank's iteration by block, real vs simulated", _BLOCKS),
+    ("replay", "block_err"): (
+        "replay: each replayed rank's wall iteration by block, real vs replayed",
+        _BLOCKS,
+    ),
     ("replay", "graph_phase_err"): (
         "replay: each replayed rank's time by phase, as replayed vs the graph's",
         "measured: the replayed rank's time between its calls and in them, by the phase of the graph's "
@@ -239,10 +249,17 @@ def collectives_table(rows: list[dict], ids: dict[str, str]) -> Table:
 
 
 def hook_table(rows: list[dict], ids: dict[str, str]) -> Table:
-    """The real run's timing hook: its own cost at each optimizer step."""
-    table = Table(title="the real run's iteration-timing hook (its cost at each optimizer step, median)")
-    for column in ("case", "rank", "hook µs", "% of the iteration"):
+    """The real run's timing hook (its own cost at each optimizer step) and its phase marks."""
+    table = Table(
+        title="the real run's iteration-timing hook (its cost at each optimizer step) and phase marks "
+        "(their cost in an iteration), medians"
+    )
+    for column in ("case", "rank", "hook µs", "hook % of iteration", "marks µs", "marks % of iteration"):
         table.add_column(column, justify="left" if column == "case" else "right")
     for r in rows:
-        table.add_row(ids[r["case"]], str(r["rank"]), f"{r['hook_us']:.1f}", f"{r['hook_pct_of_iter']:.3f}%")
+        marks = r.get("marks_us")
+        table.add_row(
+            ids[r["case"]], str(r["rank"]), f"{r['hook_us']:.1f}", f"{r['hook_pct_of_iter']:.3f}%",
+            "" if marks is None else f"{marks:.1f}", "" if marks is None else f"{r['marks_pct_of_iter']:.3f}%",
+        )  # fmt: skip
     return table

@@ -3,7 +3,10 @@
 The ground truth for a program's fidelity: the unmodified program under plain torchrun, every
 rank real, its own backend (gloo), no prism backend. A global optimizer post-hook times each
 iteration (from one optimizer step's end to the next; on CUDA after waiting for the device, as
-prism's capture does) and measures its own cost. After the
+prism's capture does) and measures its own cost. Each iteration's wall time in its forward,
+backward and optimizer steps, found as a program's capture finds them
+(``prism.capture.program_phases``), is kept too, the calls made inside them included, with what
+timing them cost. After the
 warm-up it records the live tensor bytes and profiles memory only (no shapes, stacks or
 Execution Trace) for the remaining iterations; then it ends the program and writes
 ``DIR/rank{r}.json`` (``TimedRun``) and ``DIR/rank{r}.trace.json.gz`` (the memory trace).
@@ -24,6 +27,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from prism.capture import annotate
 from prism.capture.program_main import run_program
+from prism.capture.program_phases import ProgramPhases
 from prism.capture.step_iterations import ProgramStop, live_tensor_bytes
 from prism.schemas.annotations import Mark, Phase
 from prism.schemas.layout import ParallelLayout
@@ -41,11 +45,47 @@ class TimedRun:
     """The timing hook's own wall time at each optimizer step (it runs inside the iteration)."""
     static_bytes: int = 0
     """Live tensor bytes when the first memory-profiled iteration began."""
+    block_ns: list[dict[str, int]] = field(default_factory=list)
+    """Every iteration's wall time in its forward, backward and optimizer steps by kind ('fwd',
+    'bwd', 'optim'), the calls made inside them included, as ``RankResult.block_ns`` has them."""
+    marks_ns: list[int] = field(default_factory=list)
+    """What timing those blocks cost the program in every iteration."""
 
     @classmethod
     def read(cls, path: Path) -> TimedRun:
         data = json.loads(path.read_text())
-        return cls(**{k: data[k] for k in ("rank", "iteration_ns", "hook_ns", "static_bytes")})
+        fields = ("rank", "iteration_ns", "hook_ns", "static_bytes", "block_ns", "marks_ns")
+        return cls(**{k: data[k] for k in fields if k in data})
+
+
+class TimedPhases(ProgramPhases):
+    """The capture's phase boundaries, timed without marks: a real run has no trace to cut, and
+    a mark (a ``record_function``) costs the program 10-150 µs on this VM, where two clock reads
+    cost about 1 µs. Keeps each iteration's wall time by block kind, and what keeping it cost."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wall_ns: dict[str, int] = {}
+        self.spent_ns = 0
+
+    def take(self) -> tuple[dict[str, int], int]:
+        """The wall time by kind and the cost since the last call (one iteration's)."""
+        taken = self.wall_ns, self.spent_ns
+        self.wall_ns, self.spent_ns = {}, 0
+        return taken
+
+    def _enter(self, phase: Phase) -> None:
+        began = time.perf_counter_ns()
+        self._open[phase] = began
+        self.spent_ns += time.perf_counter_ns() - began
+
+    def _close(self, phase: Phase) -> None:
+        ended = time.perf_counter_ns()
+        began = self._open.pop(phase, None)
+        if began is not None:
+            kind = str(phase)
+            self.wall_ns[kind] = self.wall_ns.get(kind, 0) + ended - began
+        self.spent_ns += time.perf_counter_ns() - ended
 
 
 def trace_path(out: Path, rank: int) -> Path:
@@ -59,8 +99,12 @@ def result_path(out: Path, rank: int) -> Path:
 class IterationTimer:
     """The optimizer post-hook: times iterations, then profiles memory for the last ones."""
 
-    def __init__(self, run: TimedRun, *, warmup: int, total: int, out: Path, cuda: bool = False) -> None:
+    def __init__(
+        self, run: TimedRun, *, warmup: int, total: int, out: Path, cuda: bool = False,
+        phases: TimedPhases | None = None,
+    ) -> None:  # fmt: skip
         self.run, self._warmup, self._total, self._out, self._cuda = run, warmup, total, out, cuda
+        self._phases = phases
         self._profiler: torch.profiler.profile | None = None
         self._mark = None
         self._t0 = time.perf_counter_ns()
@@ -70,6 +114,10 @@ class IterationTimer:
             torch.cuda.synchronize()
         entered = time.perf_counter_ns()
         self.run.iteration_ns.append(entered - self._t0)
+        if self._phases is not None:
+            wall_ns, spent_ns = self._phases.take()
+            self.run.block_ns.append(wall_ns)
+            self.run.marks_ns.append(spent_ns)
         done = len(self.run.iteration_ns)
         if self._mark is not None:
             self._mark.__exit__(None, None, None)
@@ -113,9 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     args.out.mkdir(parents=True, exist_ok=True)
     run = TimedRun(rank=rank)
+    phases = TimedPhases()
     timer = IterationTimer(
-        run, warmup=args.warmup, total=args.warmup + args.iterations, out=args.out, cuda=args.device == "cuda"
-    )
+        run, warmup=args.warmup, total=args.warmup + args.iterations, out=args.out, cuda=args.device == "cuda",
+        phases=phases,
+    )  # fmt: skip
+    phases.install()  # before the timing hook: an optimizer mark closes before its iteration ends
     hook = register_optimizer_step_post_hook(timer)
     try:
         run_program(program)
@@ -123,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         pass
     finally:
         hook.remove()
+        phases.remove()
     if len(run.iteration_ns) < args.warmup + args.iterations:
         print(f"error: the program made only {len(run.iteration_ns)} optimizer steps", file=sys.stderr)
         return 2

@@ -200,6 +200,11 @@ class RankResult:
     """Own time of every iteration by kind of top-level block (``annotations.block_kind``, and
     ``annotations.GLUE`` for the rest): the blocks' wall time less process-group calls and held
     time (``prism.capture.phase_timer``). Empty in captures made before it was recorded."""
+    block_ns: tuple[dict[str, int], ...] = ()
+    """Wall time of every iteration in its top-level blocks by kind, the calls made inside them and
+    prism's holds included (``prism.capture.phase_timer.block_wall_ns``): measured as a fully real
+    run without prism's process group measures itself (``prism.fidelity.timed_run``). Empty in
+    captures made before it was recorded."""
     collective_ns: tuple[int, ...] = ()
     """Time of every iteration in collective calls, waits on them and prism's holds in them
     (``prism.schemas.comm_log.CollectiveTime``); the rest of the time in calls is point-to-point.
@@ -222,6 +227,7 @@ class RankResult:
                 "held_ns": tuple(data.get("held_ns", ())),
                 "collective_ns": tuple(data.get("collective_ns", ())),
                 "phase_ns": tuple(dict(p) for p in data.get("phase_ns", ())),
+                "block_ns": tuple(dict(p) for p in data.get("block_ns", ())),
             }
         )
 

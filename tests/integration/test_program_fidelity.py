@@ -41,6 +41,17 @@ def test_a_program_is_compared_with_its_own_torchrun_run(tmp_path: Path, program
         # Both sides measure memory the same way: what the program's tensors held when the
         # iteration began plus what the iteration allocates at its peak (to the byte, so far).
         assert abs(record["mem_err_pct"]) < 0.1, record
+        # The real run, the simulation and the replay split the iteration by block alike: the
+        # parts (forward, backward, optimizer, other) add up to each side's iteration.
+        blocks = record["block_err"]
+        assert set(blocks) == {"forward", "backward", "optimizer", "other"}
+        assert blocks["forward"]["measured_ms"] > 0 and blocks["backward"]["predicted_ms"] > 0
+        assert sum(p["measured_ms"] for p in blocks.values()) == pytest.approx(
+            record["real_iter_ms"], abs=0.01
+        )
+        assert sum(p["predicted_ms"] for p in blocks.values()) == pytest.approx(
+            record["pred_iter_ms"], abs=0.01
+        )
     for record in by_source["replay"]:  # its wall time, the corrected one beside it, its phases
         # The corrected time is the co-simulated pass (its Start to its Done, stall taken out), the
         # wall time the program's step to step: the boundaries differ by the step hook's few µs,
@@ -50,8 +61,9 @@ def test_a_program_is_compared_with_its_own_torchrun_run(tmp_path: Path, program
             p["measured_ms"] >= 0 for p in record["graph_phase_err"].values()
         )
     assert "replay: each replayed rank's time by phase" in done.stdout
+    assert "simulation: each rank's iteration by block" in done.stdout
     assert [h["rank"] for h in result["hook"]] == [0, 1]
-    assert all(0 < h["hook_us"] < 10_000 for h in result["hook"])
+    assert all(0 < h["hook_us"] < 10_000 and 0 < h["marks_us"] < 10_000 for h in result["hook"])
     assert "the real run's iteration-timing hook" in done.stdout
 
 

@@ -80,3 +80,29 @@ def test_phases_add_up_to_the_iteration_and_show_a_total_right_by_cancellation()
     assert record["iter_err_pct"] == 0
     errors = {phase: p["err_pct"] for phase, p in record["phase_err"].items()}
     assert errors["forward"] == errors["backward"] == -50 and errors[COMMUNICATION] == 200
+
+
+def test_a_programs_blocks_add_up_to_the_iteration_and_show_where_a_total_is_off() -> None:
+    from prism.fidelity.explain import BLOCK_PHASES, block_phases_ms, measured_blocks_ms
+
+    # Warm-up 4: iterations 1 and 2 are the clean ones; a transfer block ('send_fwd') is 'other'.
+    block_ns = [{"bwd": 1}] + [{"fwd": 20e6, "bwd": 60e6, "optim": 5e6, "send_fwd": 2e6}] * 3
+    real = measured_blocks_ms(block_ns, warmup=4, iteration_ns=100e6)
+    assert set(real) == set(BLOCK_PHASES)
+    assert real == pytest.approx({"forward": 20, "backward": 60, "optimizer": 5, "other": 15})
+    assert measured_blocks_ms([], warmup=4, iteration_ns=100e6) is None
+    assert measured_blocks_ms(block_ns, warmup=4, iteration_ns=100e6, skip=2) is None
+
+    # A replay right in total whose backward (a DDP bucket's all-reduce inside it) is 50 % long.
+    pred = block_phases_ms({"fwd": 20e6, "bwd": 90e6, "optim": 5e6}, 100e6)
+    assert pred["other"] == pytest.approx(-15)  # a prediction's blocks can overrun its own total
+
+    def run(own: dict[str, float]) -> dict[int, RankRun]:
+        return {0: RankRun(iter_ns=100e6, peak_bytes=1, parts_ms={}, dynamic_bytes=0, blocks_ms=own)}
+
+    (record,) = paired_records("c", [run(real)], [run(pred)], "replay")
+    assert record["iter_err_pct"] == 0 and record["block_err"]["backward"]["err_pct"] == 50
+    (plain,) = paired_records(
+        "c", [run(real)], [{0: RankRun(iter_ns=1e8, peak_bytes=1, parts_ms={}, dynamic_bytes=0)}]
+    )
+    assert "block_err" not in plain

@@ -10,7 +10,7 @@ import torch
 from test_comm_log_schema import _call
 
 from prism.capture import annotate
-from prism.capture.phase_timer import BlockSpan, PhaseTimer, own_phase_ns
+from prism.capture.phase_timer import BlockSpan, PhaseTimer, block_wall_ns, own_phase_ns
 from prism.schemas.annotations import GLUE, Direction, Phase, block_kind, is_block
 from prism.schemas.comm_log import CommLog, CommTime
 
@@ -94,3 +94,8 @@ def test_own_time_leaves_out_calls_and_held_time_and_glue_is_the_rest() -> None:
 
 def test_own_time_of_an_iteration_without_blocks_is_all_glue() -> None:
     assert own_phase_ns([[]], CommLog(rank=0, world_size=1), [500]) == ({GLUE: 500},)
+
+
+def test_block_wall_time_keeps_the_calls_and_holds_inside_each_block() -> None:
+    spans = [BlockSpan("fwd", 100, 400), BlockSpan("bwd", 400, 900), BlockSpan("fwd", 950, 1000)]
+    assert block_wall_ns([spans, []]) == ({"fwd": 350, "bwd": 500}, {})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -90,3 +91,32 @@ def test_roots_own_stepped_parameters():
     assert not any(root is inner for root in roots)  # a child of the wrapper
     assert not any(root is unstepped for root in roots)  # no optimizer steps it
     del optimizer
+
+
+def test_a_real_runs_phases_are_timed_without_marks(monkeypatch):
+    from prism.capture import annotate
+    from prism.fidelity.timed_run import TimedPhases
+
+    def no_mark(*_):  # a mark costs the real run 10-150 µs: its phases must not open one
+        raise AssertionError("a real run opened a mark")
+
+    monkeypatch.setattr(annotate, "mark", no_mark)
+    model = Wrapper(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64)))
+    optimizer = torch.optim.Adam(model.parameters())
+    phases = TimedPhases()
+    phases.install()
+    taken = []
+    try:
+        for _ in range(3):
+            began = time.perf_counter_ns()
+            model(torch.randn(32, 64)).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            taken.append((*phases.take(), time.perf_counter_ns() - began))
+    finally:
+        phases.remove()
+    assert set(taken[0][0]) == {"bwd", "optim"}  # roots are found at the first step
+    for wall_ns, spent_ns, iteration_ns in taken[1:]:
+        assert set(wall_ns) == {"fwd", "bwd", "optim"}
+        assert 0 < sum(wall_ns.values()) <= iteration_ns
+        assert 0 < spent_ns < sum(wall_ns.values())
