@@ -230,6 +230,7 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
         self._clock.submit(pending, completion.at)
         if self._clock.holds:
             record.clock_ns = time.time_ns() - began
+        self._clock.after_submit()
         if not completion.settled:  # no wait may hang: fail the call if no time is named in time
             arm_timeout(completion, pending, self._timeout)
         return VirtualWork(future, completion)

@@ -52,7 +52,7 @@ OP_CLASSES: tuple[str, ...] = (
     "barrier",
     "p2p",  # send / recv
 )
-"""Keys of the per-class factor tables; a class not listed in a table has factor 1.0."""
+"""Keys of the per-class tables; a class not listed has factor 1.0 (no host work)."""
 
 _FLOAT_FIELDS = (
     "intra_bandwidth_bytes_per_s",
@@ -61,7 +61,7 @@ _FLOAT_FIELDS = (
     "inter_latency_s",
     "base_latency_s",
 )
-_FACTOR_TABLES = ("bandwidth_efficiency", "latency_factor")
+_FACTOR_TABLES = ("bandwidth_efficiency", "latency_factor", "host_ns_per_byte")
 _TABLES = (*_FACTOR_TABLES, "cold_call")
 Points = tuple[tuple[int, float], ...]
 """(bytes, seconds) pairs of one op class and group size, by increasing bytes."""
@@ -94,6 +94,12 @@ class ClusterSpec:
     Usually at most 1; a calibrated spec may exceed 1 where an op beats the p2p reference."""
     latency_factor: Mapping[str, float] = field(default_factory=dict, hash=False)
     """Multiplier of the per-hop latency per op class; default 1.0."""
+    host_ns_per_byte: Mapping[str, float] = field(default_factory=dict, hash=False)
+    """CPU time (ns) a member's process spends per byte it contributes to a collective of the
+    class, on its own threads, while the call runs: gloo on CPU copies and reduces the payload
+    there, beside the program's compute (NCCL's work is on the device). ``prism-calibrate``
+    measures it; a replay on CPU makes its real rank do that much work for each virtual call
+    (``prism.replay.host_work``). Empty: calls cost the host nothing."""
     cold_call: Mapping[str, float] = field(default_factory=dict, hash=False)
     """Extra latency (s) of a collective by the compute (µs, integer keys) its rank did since
     its previous call; interpolated linearly, 0 at 0 µs, constant past the last point. Empty:

@@ -89,6 +89,10 @@ class ReplayIteration:
     late_ns: int = 0
     """The part of ``stall_ns`` that waited for answers found after the call's modelled end; the
     rest is the clock's own work in the program's thread."""
+    host_work_ns: int = 0
+    """CPU work of the iteration's virtual collectives that the rank's process did on a thread
+    beside the program, as the call's real backend would (``prism.replay.host_work``): the work
+    asked of it, which stops early where a call's modelled end comes first."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -50,6 +50,9 @@ class Sample:
     """'bench' (microbenchmark) or 'comm_log' (delegated calls of a capture)."""
     count: int = 1
     """Observations behind the time (repetitions of the point)."""
+    cpu_seconds: float | None = None
+    """CPU time rank 0's process (all its threads) spent per call, over the timed calls; None
+    where not measured (comm-log samples)."""
 
 
 # -- the microbenchmark ----------------------------------------------------------------------
@@ -92,7 +95,10 @@ def run_benchmark(
             proc.start()
         _join(procs, timeout_s)
         points = json.loads(Path(plan.result_path).read_text())
-    return [Sample(op=op, bytes=n, group_size=p, seconds=t, count=reps) for op, n, p, t in points]
+    return [
+        Sample(op=op, bytes=n, group_size=p, seconds=t, count=reps, cpu_seconds=cpu)
+        for op, n, p, t, cpu in points
+    ]
 
 
 def _join(procs: list, timeout_s: float) -> None:
@@ -148,42 +154,50 @@ def _worker(rank: int, plan: _Plan) -> None:
         for i, (op, p, numel) in enumerate(points)
         if rank < p
     }
-    for i, stamps in _time_points(mine, plan).items():
+    timed, cpu_ns = _time_points(mine, plan)
+    for i, stamps in timed.items():
         times[i] = torch.tensor(stamps)
     gathered = [torch.zeros_like(times) for _ in range(plan.world)]
     dist.all_gather(gathered, times)
     seconds = [_mean_latency_s(op, [g[i] for g in gathered[:p]]) for i, (op, p, _) in enumerate(points)]
     if rank == 0:
+        calls = plan.reps * plan.calls_per_rep
         rows = [
-            (op, 4 * numel, p, t / 2 if op == "send" else t)
-            for (op, p, numel), t in zip(points, seconds, strict=True)
+            (op, 4 * numel, p, t / 2 if op == "send" else t, cpu_ns[i] / calls / 1e9)
+            for i, ((op, p, numel), t) in enumerate(zip(points, seconds, strict=True))
         ]
         Path(plan.result_path).write_text(json.dumps(rows))
     dist.destroy_process_group()
 
 
-def _time_points(calls: dict[int, tuple[Callable[[], None], object]], plan: _Plan) -> dict[int, list]:
+def _time_points(
+    calls: dict[int, tuple[Callable[[], None], object]], plan: _Plan
+) -> tuple[dict[int, list], dict[int, int]]:
     """``[entry_ns, exit_ns]`` of every timed call of each point, each after ``compute_between_s``
-    of compute. Repetitions go round the points (every point's first, then every point's second,
+    of compute, and the CPU time this process (every thread: gloo copies and reduces on its own)
+    spent in each point's timed calls, the compute between them left out. Repetitions go round the points (every point's first, then every point's second,
     ...), so that a slow spell of the machine, which lasts seconds on a VM, falls on every point
     alike instead of on the few timed in it: back to back, point after point, one calibration's
     64 KiB all-reduce read 1.19 ms and the next one's, seconds later, 1.92 ms."""
     import torch.distributed as dist
 
     out: dict[int, list] = {i: [] for i in calls}
+    cpu_ns = dict.fromkeys(calls, 0)
     for rep in range(plan.warmup + plan.reps):
         for i, (call, group) in calls.items():
             dist.barrier(group=group)
-            stamps = []
+            stamps, cpu = [], 0
             for _ in range(plan.calls_per_rep):
                 if plan.compute_between_s > 0:
                     _busy(plan.compute_between_s)
-                entry = time.monotonic_ns()
+                cpu_entry, entry = time.process_time_ns(), time.monotonic_ns()
                 call()
                 stamps.append([entry, time.monotonic_ns()])
+                cpu += time.process_time_ns() - cpu_entry
             if rep >= plan.warmup:
                 out[i] += stamps
-    return out
+                cpu_ns[i] += cpu
+    return out, cpu_ns
 
 
 def _mean_latency_s(op: str, members: list) -> float:

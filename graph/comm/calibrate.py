@@ -294,6 +294,31 @@ class CalibrationResult:
         return statistics.median(c.rel_error for c in self.checks)
 
 
+HOST_FIT_MIN_BYTES = 1 * MiB
+"""Smallest call the host-work fit uses: below it a call's fixed costs (waking gloo's threads,
+the socket's round trips) outweigh the work per byte this table models."""
+
+
+def host_work_table(samples: Iterable[Sample]) -> dict[str, float]:
+    """The spec's ``host_ns_per_byte``: per collective class, the CPU time per byte a member's
+    process spent in the microbenchmark's calls of at least ``HOST_FIT_MIN_BYTES``, fitted
+    through the origin (least squares). Transfers are left out: the microbenchmark's send is a
+    ping-pong, both directions in one call."""
+    points: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for s in samples:
+        cls = op_class(s.op)
+        if (
+            s.source == "bench"
+            and s.cpu_seconds is not None
+            and s.bytes >= HOST_FIT_MIN_BYTES
+            and cls != "p2p"
+        ):
+            points[cls].append((s.bytes, s.cpu_seconds * 1e9))
+    return {
+        cls: sum(n * ns for n, ns in pts) / sum(n * n for n, _ in pts) for cls, pts in sorted(points.items())
+    }
+
+
 def measured_table(samples: Iterable[Sample]) -> dict[str, dict[int, tuple[tuple[int, float], ...]]]:
     """The spec's ``measured`` table of microbenchmark samples: op class -> group size -> points."""
     table: dict[str, dict[int, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
@@ -358,6 +383,11 @@ def calibrate(config: CalibrationConfig) -> CalibrationResult:
     gpus_per_node = config.gpus_per_node or max(config.max_procs, os.cpu_count() or 1)
     line = fit.to_spec(gpus_per_node=gpus_per_node, notes=notes)
     spec = line
+    host = host_work_table(measured)
+    if host:
+        spec = replace(
+            spec, host_ns_per_byte=host, notes=spec.notes + "; host work per byte of calls from 1 MiB"
+        )
     if config.measured_table:
         spec = replace(line, measured=measured_table(measured), notes=notes + "; measured table of its sizes")
     if config.cold_gaps_ms:

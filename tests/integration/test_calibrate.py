@@ -88,10 +88,11 @@ def test_repetitions_go_round_the_points_so_a_slow_spell_falls_on_all_of_them(mo
         world=2, port=0, group_sizes=(2,), sizes=(4,), ops=("all_reduce",), reps=2, calls_per_rep=2,
         warmup=1, timeout_s=1, result_path="",
     )  # fmt: skip
-    stamps = _time_points(calls, plan)
+    stamps, cpu_ns = _time_points(calls, plan)
     assert order == ["barrier g2", "a", "a", "barrier g2", "b", "b"] * 3  # warm-up, then 2 timed rounds
     assert [len(stamps[i]) for i in (0, 1)] == [4, 4]  # the warm-up round is not kept
     assert all(entry <= exit for entry, exit in stamps[0])
+    assert set(cpu_ns) == {0, 1} and all(ns >= 0 for ns in cpu_ns.values())
 
 
 @pytest.mark.slow
