@@ -130,6 +130,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--no-bracket", action="store_true",
         help="one real run per repeat, first, instead of one right before and one right after the replay",
     )  # fmt: skip
+    parser.add_argument(
+        "--no-host-work", action="store_true",
+        help="replays do not do the host-side work of their virtual collectives (prism-replay --no-host-work)",
+    )  # fmt: skip
     parser.add_argument("--work-dir", type=Path, default=None, help="keep captures and graphs here")
     parser.add_argument("--no-probe", action="store_true", help="skip the 2-process CPU concurrency probe")
     parser.add_argument(
@@ -183,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         work_dir=args.work_dir,
         matched_load=not args.slice_alone,
         replay=not args.no_replay,
+        host_work=not args.no_host_work,
         paced=args.paced,
         paced_load=not args.free_load,
         bracket=not args.no_bracket,
@@ -272,6 +277,7 @@ def program_main(args: argparse.Namespace, choice: SpecChoice, started: float, a
         work_dir=args.work_dir,
         matched_load=not args.slice_alone,
         replay=not args.no_replay,
+        host_work=not args.no_host_work,
     )
     records, hooks = [], []
     for text in args.program:

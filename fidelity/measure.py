@@ -64,6 +64,8 @@ class RunSettings:
     """Also capture each role again paced by the slice's graph (``prism-capture-paced``),
     build that graph and simulate it: records of source 'paced'. The replay then runs against
     the paced graph."""
+    host_work: bool = True
+    """Replays do the host-side work of their virtual collectives (``ReplayOptions.host_work``)."""
     bracket: bool = True
     """With the replay, run every rank for real right before it and again right after it, and
     take the repeat's real time as the mean of the two: a drift of the machine during the
@@ -269,7 +271,7 @@ def replay_roles(
     # the real run's processes (as the slice was captured).
     options = ReplayOptions(
         graph=out / graph, ranks=ranks, out_dir=out / "replay",
-        warmup=settings.warmup, iterations=settings.iterations, separately=True,
+        warmup=settings.warmup, iterations=settings.iterations, separately=True, host_work=settings.host_work,
     )  # fmt: skip
     report = _beside_load(config, settings, partial(run_replay, options), timed_by=out / graph)
     return {

@@ -170,7 +170,7 @@ def replay_program(case: ProgramCase, settings: RunSettings, out: Path) -> dict[
     ranks = tuple(sorted(r.rank for r in read_manifest(out / "capture").ranks))
     options = ReplayOptions(
         graph=out / "graph.parquet", ranks=ranks, out_dir=out / "replay", warmup=settings.warmup,
-        iterations=settings.iterations, separately=True,
+        iterations=settings.iterations, separately=True, host_work=settings.host_work,
     )  # fmt: skip
     program = ProgramSpec(argv=case.argv, cwd=os.getcwd(), layout=case.layout, device=case.device)
     if settings.matched_load:

@@ -56,6 +56,13 @@ def replay(
             "where a core is left for it."
         ),
     ] = False,
+    host_work: Annotated[
+        bool,
+        typer.Option(
+            help="On CPU, let each real rank do the host-side work of its virtual collectives (gloo's "
+            "copies and reductions) where the graph's cluster spec measured it."
+        ),
+    ] = True,
     overwrite: Annotated[bool, typer.Option(help=cli_help.OVERWRITE)] = False,
     rank_timeout: Annotated[float, typer.Option(min=1.0, help=cli_help.RANK_TIMEOUT)] = 1800.0,
     validate: Annotated[
@@ -78,7 +85,7 @@ def replay(
     options = ReplayOptions(
         graph=graph, ranks=tuple(rank), out_dir=out, warmup=warmup, iterations=iterations, device=device,
         threads=threads, trace_peers=parse_ranks(trace_peers), delays=delays, separately=separately, overwrite=overwrite, timeout_s=rank_timeout,
-        program=tuple(program or ()), pin=pin,
+        program=tuple(program or ()), pin=pin, host_work=host_work,
     )  # fmt: skip
     try:  # bad input is one line, before anything starts
         check_inputs(options)

@@ -24,7 +24,6 @@ from collections.abc import Mapping
 import numpy as np
 
 from prism.graph.comm.model import op_class
-from prism.schemas.cluster import ClusterSpec
 
 BUFFER_BYTES = 16 * 2**20
 """Largest stretch of memory the work streams through (a DDP bucket is about 25 MB)."""
@@ -50,8 +49,9 @@ class HostWork:
 
     @classmethod
     def of_cluster(cls, cluster: dict) -> HostWork | None:
-        """The host work of a graph's cluster spec (its metadata's ``cluster``); None if it has none."""
-        table = ClusterSpec.from_dict(cluster).host_ns_per_byte
+        """The host work of a graph's cluster spec (its metadata's ``cluster``, checked when the
+        graph was built); None if it measured none."""
+        table = {cls_: float(v) for cls_, v in (cluster.get("host_ns_per_byte") or {}).items()}
         return cls(table) if any(v > 0 for v in table.values()) else None
 
     def work_ns(self, op: str, nbytes: int) -> int:

@@ -91,7 +91,7 @@ def _local_clock(job: ReplayJob, rank: int) -> tuple[GraphClock, Callable[[], Ra
 def _host_work(job: ReplayJob) -> HostWork | None:
     """The host-side work of the rank's virtual collectives, on CPU where the graph's cluster
     spec measured it (``prism.replay.host_work``)."""
-    if job.program.device != "cpu":
+    if job.program.device != "cpu" or not job.host_work:
         return None
     return HostWork.of_cluster(read_metadata(job.graph).cluster)
 

@@ -98,6 +98,9 @@ class ReplayOptions:
     program: tuple[str, ...] = ()
     """A program graph's program to run (``train.py ARGS`` or ``-m module ARGS``); empty: the one
     the graph was captured from, as it was started."""
+    host_work: bool = True
+    """On CPU, let each real rank's process do the host-side work of its virtual collectives
+    where the graph's cluster spec measured it (``prism.replay.host_work``)."""
     pin: bool = False
     """On CPU, hold each real rank's process to cores of its own and the co-simulation to the
     rest, where the machine has a core to spare (``prism.replay.cores``); GPU ranks are not
@@ -258,7 +261,7 @@ def _job(options: ReplayOptions, target: ReplayTarget, *, real_ranks: tuple[int,
     return ReplayJob(
         program=replace(target.job, real_ranks=real_ranks), graph=str(options.graph.resolve()),
         trace_peers=options.trace_peers, delays=tuple(asdict(d) for d in options.delays),
-        clock_from=target.clock_from,
+        clock_from=target.clock_from, host_work=options.host_work,
     )  # fmt: skip
 
 

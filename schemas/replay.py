@@ -41,6 +41,9 @@ class ReplayJob:
     coordinator: str | None = None
     """Address of the co-simulation (``prism.replay.coordinator``) the rank processes talk to;
     None: the rank runs its own, in its thread (the fidelity benchmark's load ranks)."""
+    host_work: bool = True
+    """On CPU, do the host-side work of the rank's virtual collectives where the graph's cluster
+    spec measured it (``prism.replay.host_work``)."""
     clock_from: int = 0
     """A program's first co-simulated iteration (``gf.STEADY_FROM_KEY``): the ones before it run
     against no graph (set-up and one-time calls); 0 for the built-in GPT."""
@@ -48,6 +51,7 @@ class ReplayJob:
     def to_dict(self) -> dict:
         return {
             "clock_from": self.clock_from,
+            "host_work": self.host_work,
             "program": self.program.to_dict(),
             "graph": self.graph,
             "trace_peers": list(self.trace_peers),
@@ -64,6 +68,7 @@ class ReplayJob:
             delays=tuple(data.get("delays", ())),
             coordinator=data.get("coordinator"),
             clock_from=int(data.get("clock_from", 0)),
+            host_work=bool(data.get("host_work", True)),
         )
 
 

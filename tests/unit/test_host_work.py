@@ -42,7 +42,7 @@ def test_the_work_stops_at_the_calls_modelled_end() -> None:
 def test_the_spec_names_it_per_class_and_a_graph_without_it_asks_none() -> None:
     spec = ClusterSpec.from_dict(preset("h100-ib").to_dict() | {"host_ns_per_byte": {"all_reduce": 0.4}})
     assert ClusterSpec.from_toml(spec.to_toml()).host_ns_per_byte == {"all_reduce": 0.4}
-    assert HostWork.of_cluster(spec.to_dict()).ns_per_byte == {"all_reduce": 0.4}
+    assert HostWork.of_cluster(spec.to_dict()).ns_per_byte == {"all_reduce": 0.4}  # as a graph keeps it
     assert HostWork.of_cluster(preset("h100-ib").to_dict()) is None
     with pytest.raises(ClusterSpecError, match="host_ns_per_byte.all_reduce must be non-negative"):
         ClusterSpec.from_dict(preset("h100-ib").to_dict() | {"host_ns_per_byte": {"all_reduce": -1}})
