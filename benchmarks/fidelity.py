@@ -132,7 +132,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument(
         "--no-host-work", action="store_true",
-        help="replays do not do the host-side work of their virtual collectives (prism-replay --no-host-work)",
+        help="captures, load ranks and replays do not do the host-side work of their virtual collectives "
+        "(the spec's host_ns_per_byte; prism-replay --no-host-work)",
     )  # fmt: skip
     parser.add_argument("--work-dir", type=Path, default=None, help="keep captures and graphs here")
     parser.add_argument("--no-probe", action="store_true", help="skip the 2-process CPU concurrency probe")
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         work_dir=args.work_dir,
         matched_load=not args.slice_alone,
         replay=not args.no_replay,
-        host_work=not args.no_host_work,
+        host_ns_per_byte={} if args.no_host_work else dict(choice.spec.host_ns_per_byte),
         paced=args.paced,
         paced_load=not args.free_load,
         bracket=not args.no_bracket,
@@ -277,7 +278,7 @@ def program_main(args: argparse.Namespace, choice: SpecChoice, started: float, a
         work_dir=args.work_dir,
         matched_load=not args.slice_alone,
         replay=not args.no_replay,
-        host_work=not args.no_host_work,
+        host_ns_per_byte={} if args.no_host_work else dict(choice.spec.host_ns_per_byte),
     )
     records, hooks = [], []
     for text in args.program:

@@ -18,6 +18,7 @@ from prism.capture.progress import RankProgress
 from prism.capture.runner import CaptureHooks, CaptureOptions, ProgramRoles, RealMode, run_capture
 from prism.schemas import cli_help
 from prism.schemas.cli_command import PrismCommand
+from prism.schemas.cluster import ClusterSpec, ClusterSpecError
 from prism.schemas.comm_log import read_comm_log
 from prism.schemas.layout import DEFAULT_ORDER, LayoutError, ParallelLayout, Role, parse_rank_list
 from prism.schemas.manifest import CaptureFiles, CaptureManifest
@@ -125,6 +126,13 @@ def capture(
         RealMode, typer.Option(help="roles: one real rank per role, peers virtual; all: every rank real.")
     ] = RealMode.ROLES,
     threads: Annotated[int, typer.Option(help=cli_help.THREADS)] = 1,
+    host_work: Annotated[
+        Path | None,
+        typer.Option(
+            help="A cluster spec (prism-calibrate's) whose host_ns_per_byte each CPU rank does as work "
+            "beside its program for every virtual collective, as gloo would."
+        ),
+    ] = None,
     overwrite: Annotated[bool, typer.Option(help=cli_help.OVERWRITE)] = False,
     rank_timeout: Annotated[float, typer.Option(min=1.0, help=cli_help.RANK_TIMEOUT)] = 1800.0,
     order: Annotated[str, typer.Option(help="Rank order of the layout, fastest axis first.")] = DEFAULT_ORDER,
@@ -159,7 +167,7 @@ def capture(
     """Capture a slice of a job at its target layout: your own program (`-- train.py ARGS`), or the
     built-in GPT (default: tiny model, tp=8 pp=16 dp=64)."""
     hooks = ConsoleHooks()
-    with reported(hooks, CaptureError, ConfigError, ProgramError, LayoutError):
+    with reported(hooks, CaptureError, ConfigError, ProgramError, LayoutError, ClusterSpecError):
         layout = ParallelLayout(tp=tp, pp=pp, dp=dp, order=order)
         _refuse_unused(
             ctx,
@@ -186,6 +194,7 @@ def capture(
         options = CaptureOptions(
             **job, ranks=parse_ranks(ranks), roles=roles, out_dir=out, real=real, warmup=warmup, iterations=iterations,
             threads=threads, overwrite=overwrite, rank_timeout_s=rank_timeout,
+            host_ns_per_byte={} if host_work is None else dict(ClusterSpec.load(host_work).host_ns_per_byte),
         )  # fmt: skip
         console.print(f"[bold]prism-capture[/] {layout}, real={real.value}, {what}")
         manifest = run_capture(options, hooks)

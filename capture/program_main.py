@@ -33,6 +33,7 @@ from prism.capture.step_iterations import ProgramStop, StepIterations
 from prism.capture.value_pass import known_values, write_values
 from prism.peers.backend import VirtualWorld, current_comm_log
 from prism.peers.clock import CommClock, FreeRunningClock
+from prism.peers.host_work import host_work_of
 from prism.peers.received_values import ReceivedValues
 from prism.schemas.iterations import steady_from
 from prism.schemas.layout import ParallelLayout
@@ -75,7 +76,7 @@ def run_program_rank(
     files = CaptureFiles(out_dir)
     world = VirtualWorld(
         real_ranks=job.real_ranks_for(rank), clock=clock, labeler=layout_labeler(layout),
-        received=known_values(files, layout, rank),
+        received=known_values(files, layout, rank), host_work=host_work_of(job),
     )  # fmt: skip
     install(world, rank=rank, world_size=layout.world_size)
     spec = ProfileSpec(

@@ -29,6 +29,7 @@ from prism.capture.progress import report
 from prism.capture.workloads.gpt import GPTWorkload
 from prism.peers.backend import BACKEND_NAME, VirtualWorld, activate, current_comm_log, rendezvous_store
 from prism.peers.clock import CommClock, FreeRunningClock
+from prism.peers.host_work import host_work_of
 from prism.schemas.annotations import group_label
 from prism.schemas.comm_log import CollectiveTime, HeldTime, write_comm_log
 from prism.schemas.files import write_json_atomic
@@ -48,7 +49,12 @@ def layout_labeler(layout: ParallelLayout):
 
 def _init_distributed(job: RankJob, rank: int, clock: CommClock) -> None:
     layout = job.config.layout
-    world = VirtualWorld(real_ranks=job.real_ranks_for(rank), clock=clock, labeler=layout_labeler(layout))
+    world = VirtualWorld(
+        real_ranks=job.real_ranks_for(rank),
+        clock=clock,
+        labeler=layout_labeler(layout),
+        host_work=host_work_of(job),
+    )
     activate(world)
     # The store waits only for the real ranks: virtual ones never connect.
     store = rendezvous_store(rank, layout.world_size, world)

@@ -16,8 +16,8 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -93,6 +93,9 @@ class CaptureOptions:
     """Iterations profiled."""
     threads: int = 1
     """torch intra-op threads per rank process."""
+    host_ns_per_byte: Mapping[str, float] = field(default_factory=dict, hash=False)
+    """CPU ranks: the host-side work of virtual collectives, per byte by op class, that each rank
+    does beside its program as gloo would (``RankJob.host_ns_per_byte``); empty: none."""
     overwrite: bool = False
     """Replace a non-empty output directory."""
     rank_timeout_s: float = 1800.0
@@ -189,6 +192,7 @@ def _job(options: CaptureOptions) -> RankJob:
         warmup=options.warmup,
         iterations=options.iterations,
         threads=options.threads,
+        host_ns_per_byte=dict(options.host_ns_per_byte),
     )
 
 

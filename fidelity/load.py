@@ -27,7 +27,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 
@@ -55,6 +55,7 @@ class MatchedLoad(CaptureHooks):
         iterations: int,
         threads: int = 1,
         paced_by: Path | None = None,
+        host_ns_per_byte: Mapping[str, float] | None = None,
     ) -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="prism-load-")
         root = Path(self._dir.name)
@@ -65,7 +66,7 @@ class MatchedLoad(CaptureHooks):
             # iterations (its own step count, which must outlast the captured rank's).
             job = RankJob(
                 workload=PROGRAM, program=dataclasses.replace(program, run_to_end=True), real_ranks=(),
-                warmup=warmup, iterations=iterations, threads=threads,
+                warmup=warmup, iterations=iterations, threads=threads, host_ns_per_byte=dict(host_ns_per_byte or {}),
             )  # fmt: skip
             self._job.write_text(json.dumps(job.to_dict()))
             self._command = partial(rank_command, self._job, main="prism.capture.program_main")
@@ -80,6 +81,7 @@ class MatchedLoad(CaptureHooks):
                 # alone on the machine for its last iterations, which the real run never is.
                 iterations=iterations * _OUTLAST,
                 threads=threads,
+                host_ns_per_byte=dict(host_ns_per_byte or {}),
             )
             if paced_by is None:
                 self._job.write_text(json.dumps(job.to_dict()))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import TypeVar
@@ -64,8 +64,9 @@ class RunSettings:
     """Also capture each role again paced by the slice's graph (``prism-capture-paced``),
     build that graph and simulate it: records of source 'paced'. The replay then runs against
     the paced graph."""
-    host_work: bool = True
-    """Replays do the host-side work of their virtual collectives (``ReplayOptions.host_work``)."""
+    host_ns_per_byte: Mapping[str, float] = field(default_factory=dict, hash=False)
+    """The spec's host work of virtual collectives (``ClusterSpec.host_ns_per_byte``), done by the
+    slice captures, the load ranks and the replays alike (``prism.peers.host_work``); empty: none."""
     bracket: bool = True
     """With the replay, run every rank for real right before it and again right after it, and
     take the repeat's real time as the mean of the two: a drift of the machine during the
@@ -195,6 +196,7 @@ def predict(
         warmup=settings.warmup,
         iterations=settings.iterations,
         out_dir=capture,
+        host_ns_per_byte=settings.host_ns_per_byte,
     )
     manifest = _beside_load(captured, settings, partial(run_capture, options))
     build_case_graph(config, capture, out / "graph.parquet", spec)
@@ -256,8 +258,9 @@ def _beside_load(
         return run(hooks=None)
     paced_by = timed_by if settings.paced_load else None
     with MatchedLoad(
-        config, warmup=settings.warmup, iterations=settings.iterations, paced_by=paced_by
-    ) as load:
+        config, warmup=settings.warmup, iterations=settings.iterations, paced_by=paced_by,
+        host_ns_per_byte=settings.host_ns_per_byte,
+    ) as load:  # fmt: skip
         return run(hooks=load)
 
 
@@ -271,7 +274,8 @@ def replay_roles(
     # the real run's processes (as the slice was captured).
     options = ReplayOptions(
         graph=out / graph, ranks=ranks, out_dir=out / "replay",
-        warmup=settings.warmup, iterations=settings.iterations, separately=True, host_work=settings.host_work,
+        warmup=settings.warmup, iterations=settings.iterations, separately=True,
+        host_work=bool(settings.host_ns_per_byte),
     )  # fmt: skip
     report = _beside_load(config, settings, partial(run_replay, options), timed_by=out / graph)
     return {

@@ -131,10 +131,15 @@ def predict_program(
     capture = out / "capture"
     options = CaptureOptions(
         program=program, real=RealMode.ROLES, warmup=settings.warmup, iterations=settings.iterations,
-        out_dir=capture,
+        out_dir=capture, host_ns_per_byte=settings.host_ns_per_byte,
     )  # fmt: skip
     if settings.matched_load:  # the world's other ranks share the machine, as in the real run
-        with MatchedLoad(program=program, warmup=settings.warmup, iterations=settings.iterations) as load:
+        with MatchedLoad(
+            program=program,
+            warmup=settings.warmup,
+            iterations=settings.iterations,
+            host_ns_per_byte=settings.host_ns_per_byte,
+        ) as load:
             run_capture(options, load)
     else:
         run_capture(options)
@@ -170,11 +175,17 @@ def replay_program(case: ProgramCase, settings: RunSettings, out: Path) -> dict[
     ranks = tuple(sorted(r.rank for r in read_manifest(out / "capture").ranks))
     options = ReplayOptions(
         graph=out / "graph.parquet", ranks=ranks, out_dir=out / "replay", warmup=settings.warmup,
-        iterations=settings.iterations, separately=True, host_work=settings.host_work,
+        iterations=settings.iterations, separately=True,
+        host_work=bool(settings.host_ns_per_byte),
     )  # fmt: skip
     program = ProgramSpec(argv=case.argv, cwd=os.getcwd(), layout=case.layout, device=case.device)
     if settings.matched_load:
-        with MatchedLoad(program=program, warmup=settings.warmup, iterations=settings.iterations) as load:
+        with MatchedLoad(
+            program=program,
+            warmup=settings.warmup,
+            iterations=settings.iterations,
+            host_ns_per_byte=settings.host_ns_per_byte,
+        ) as load:
             report = run_replay(options, hooks=load)
     else:
         report = run_replay(options)

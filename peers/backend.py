@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import _DistributedBackendOptions
 
 from prism.peers.clock import CommClock, FreeRunningClock
+from prism.peers.host_work import HostWork
 from prism.peers.process_group import BACKEND_NAME, ProcessGroupPrism
 from prism.peers.received_values import ReceivedValues
 from prism.peers.recorder import CommRecorder
@@ -54,6 +55,9 @@ class VirtualWorld:
     """Label of a group from its global ranks; None (or a None result) labels it 'g<group name>'."""
     received: ReceivedValues | None = None
     """Values to record from real peers' sends, or to give receives from virtual peers."""
+    host_work: HostWork | None = None
+    """Where the host-side work of virtual collectives is done (``prism.peers.host_work``);
+    None: they cost the host nothing."""
 
     def __post_init__(self) -> None:
         if self.real_ranks is not None:
@@ -147,6 +151,7 @@ def _create_group(opts: _DistributedBackendOptions, pg_options: object) -> Proce
         recorder=_recorder,
         timeout=opts.timeout,
         received=world.received,
+        host_work=world.host_work,
     )
     _recorder.add_group(group)
     return pg

@@ -42,11 +42,6 @@ class CommClock(Protocol):
         """Call ``complete`` once the completion time of ``call`` is known: now, or later."""
         ...
 
-    def after_submit(self) -> None:
-        """Called right after ``submit`` returned, outside the time counted as the clock's: work
-        the clock starts beside the program for the call (a replay's host work)."""
-        ...
-
     def real_call(self, call: PendingCall) -> Callable[[int], None] | None:
         """A call whose members are all real is made (it runs on a real backend): returns a
         ``finished(done_ns)`` to be told when it completes, or None if the clock need not know."""
@@ -72,9 +67,6 @@ class ImmediateClock:
 
     def submit(self, call: PendingCall, complete: Completion) -> None:
         complete(self.completion_ns(call))
-
-    def after_submit(self) -> None:
-        pass
 
     def real_call(self, call: PendingCall) -> None:
         return None

@@ -34,6 +34,7 @@ from torch._C._distributed_c10d import _create_work_from_future
 from prism.peers.clock import CommClock, PendingCall
 from prism.peers.collectives import CollectivesMixin
 from prism.peers.delegate import CallerReleasesWork, combine, make_backend, track_completion
+from prism.peers.host_work import HostWork
 from prism.peers.p2p import PointToPointMixin
 from prism.peers.received_values import ReceivedValues
 from prism.peers.recorder import CallRecord, CommOp, CommRecorder, describe_payload
@@ -87,6 +88,7 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
         recorder: CommRecorder,
         timeout: timedelta,
         received: ReceivedValues | None = None,
+        host_work: HostWork | None = None,
     ) -> None:
         super().__init__(rank, len(group.ranks))
         self._rank, self._size = rank, len(group.ranks)  # plain attributes: cheaper than the C++ calls
@@ -98,6 +100,7 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
         self._recorder = recorder
         self._timeout = timeout
         self._received = received
+        self._host_work = host_work
         self._mode = mode_of(group)
         self._all_real = self._mode is GroupMode.DELEGATED
         self._gseq = itertools.count()
@@ -230,7 +233,8 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
         self._clock.submit(pending, completion.at)
         if self._clock.holds:
             record.clock_ns = time.time_ns() - began
-        self._clock.after_submit()
+        if self._host_work is not None:  # this rank's share of the call, beside the program
+            self._host_work.start(record.op, record.bytes, completion.due_ns)
         if not completion.settled:  # no wait may hang: fail the call if no time is named in time
             arm_timeout(completion, pending, self._timeout)
         return VirtualWork(future, completion)

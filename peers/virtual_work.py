@@ -68,6 +68,11 @@ class VirtualCompletion:
     def settled(self) -> bool:
         return self._settled
 
+    @property
+    def due_ns(self) -> int | None:
+        """The wall time the clock named for the call (None: not named yet, or at once)."""
+        return self._due
+
     def at(self, due_ns: int | None) -> None:
         """The clock's answer: complete at ``due_ns`` (now if None or past)."""
         with self._lock:

@@ -37,7 +37,6 @@ from prism.graph.sim.engine import AnswerRule
 from prism.graph.sim.simulate import SimGraph
 from prism.peers.clock import Completion, PendingCall
 from prism.replay.cosim import Call, CoSimulation, Done, Event, RealCall, RealEnd, Resolved, Start
-from prism.replay.host_work import HostWork
 from prism.replay.rank_program import DivergenceError, RankProgram
 
 __all__ = ["DivergenceError", "GraphClock", "IterationStats", "LocalPort", "RankProgram"]
@@ -125,8 +124,6 @@ class IterationStats:
     late_ns: int = 0
     """The part of ``stall_ns`` spent waiting for answers that came after the call's modelled end
     (calls without a rule); the rest is the clock's own work."""
-    host_work_ns: int = 0
-    """CPU work of the iteration's virtual collectives handed to ``GraphClock.host_work``."""
 
 
 class GraphClock:
@@ -134,18 +131,8 @@ class GraphClock:
 
     holds = True  # the co-simulation runs in ``submit``
 
-    def __init__(
-        self,
-        program: RankProgram,
-        port: CoSimPort,
-        *,
-        wall_ns=time.time_ns,
-        host_work: HostWork | None = None,
-    ) -> None:
+    def __init__(self, program: RankProgram, port: CoSimPort, *, wall_ns=time.time_ns) -> None:
         self.program, self.rank, self.port = program, program.rank, port
-        self.host_work = host_work
-        """Where the host-side work of the rank's virtual collectives is done (CPU ranks), or None."""
-        self._host_call: tuple[str, int, int | None] | None = None  # (op, bytes, until) to start
         self._wall_ns = wall_ns
         self._first = program.first_row
         self._comm_rows = program.comm_rows.tolist()
@@ -238,8 +225,6 @@ class GraphClock:
             node = self._match(call)
             t = self._to_graph(call.enter_ns)
             end = self.port.ruled_end(len(self.iterations) - 1, self._next - 1, t)
-            if self.host_work is not None:  # the rank's own share of the call: after_submit starts it
-                self._host_call = (call.op, call.bytes, None if end is None else self._to_wall(end))
             if end is not None:
                 self._answer(call, node, t, end, complete, began)
                 return
@@ -252,15 +237,6 @@ class GraphClock:
             else:
                 self._apply(self._take_inbox())
                 self.iterations[-1].clock_ns += self._wall_ns() - began
-
-    def after_submit(self) -> None:
-        """Start the host work of the call just submitted: outside the clock's time, since waking
-        the work's thread may cost the program's thread a time slice, as gloo's threads do."""
-        if self._host_call is not None:
-            op, nbytes, until = self._host_call
-            self._host_call = None
-            work = self.host_work.start(op, nbytes, until)
-            self.iterations[-1].host_work_ns += work
 
     def _answer(
         self, call: PendingCall, node: int, t: int, end: int, complete: Completion, began: int

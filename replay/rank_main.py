@@ -29,7 +29,6 @@ from prism.graph.sim.whatif import BlockDelay
 from prism.replay.coordinator import RemotePort
 from prism.replay.cosim import RankPass, RankSummary, open_cosimulation, summarize
 from prism.replay.graph_clock import DivergenceError, GraphClock, IterationStats, LocalPort, RankProgram
-from prism.replay.host_work import HostWork
 from prism.replay.peer_trace import write_peer_trace
 from prism.replay.straggler import install_delays
 from prism.replay.wait_spans import add_emulated_waits
@@ -50,7 +49,6 @@ def _iteration(stats: IterationStats, record: RankPass, engine_ns: int) -> Repla
         engine_ns=engine_ns,
         stall_ns=stats.stall_ns,
         late_ns=stats.late_ns,
-        host_work_ns=stats.host_work_ns,
         emulated_ns=record.rank_end_ns - record.rank_start_ns,
         phase_ns=dict(record.phase_ns),
     )
@@ -78,22 +76,13 @@ def _clock(job: ReplayJob, rank: int) -> tuple[GraphClock, Callable[[], RankSumm
 
     alone = not job.program.real_ranks  # the only real rank: its stall is its own
     port = RemotePort(job.coordinator, rank, on_error=stop, dilates=alone)
-    clock = GraphClock(RankProgram.read(job.graph, rank), port, host_work=_host_work(job))
-    return clock, port.summary
+    return GraphClock(RankProgram.read(job.graph, rank), port), port.summary
 
 
 def _local_clock(job: ReplayJob, rank: int) -> tuple[GraphClock, Callable[[], RankSummary]]:
     cosim, predictions = open_cosimulation(job.graph, (rank,), trace_ranks=job.trace_peers)
-    clock = GraphClock(cosim.programs[rank], LocalPort(cosim, ahead=True), host_work=_host_work(job))
+    clock = GraphClock(cosim.programs[rank], LocalPort(cosim, ahead=True))
     return clock, lambda: summarize(cosim, rank, predictions[rank])
-
-
-def _host_work(job: ReplayJob) -> HostWork | None:
-    """The host-side work of the rank's virtual collectives, on CPU where the graph's cluster
-    spec measured it (``prism.replay.host_work``)."""
-    if job.program.device != "cpu" or not job.host_work:
-        return None
-    return HostWork.of_cluster(read_metadata(job.graph).cluster)
 
 
 def replay_rank(job: ReplayJob, rank: int, out_dir: Path) -> ReplayRankStats:

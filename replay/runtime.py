@@ -100,7 +100,7 @@ class ReplayOptions:
     the graph was captured from, as it was started."""
     host_work: bool = True
     """On CPU, let each real rank's process do the host-side work of its virtual collectives
-    where the graph's cluster spec measured it (``prism.replay.host_work``)."""
+    where the graph's cluster spec measured it (``prism.peers.host_work``)."""
     pin: bool = False
     """On CPU, hold each real rank's process to cores of its own and the co-simulation to the
     rest, where the machine has a core to spare (``prism.replay.cores``); GPU ranks are not
@@ -194,6 +194,8 @@ def check_inputs(options: ReplayOptions) -> ReplayTarget:
             f"--warmup must be at least {clock_from + 3}: the program's calls are the graph's from "
             f"iteration {clock_from} on, and the steady time needs clean iterations after it"
         )
+    if options.host_work:  # the spec's host work of virtual collectives, done by every CPU rank
+        job = replace(job, host_ns_per_byte=dict(metadata.cluster.get("host_ns_per_byte") or {}))
     return ReplayTarget(
         job=job,
         stage_static_bytes=tuple(int(b) for b in static_bytes_of(metadata, layout)),
@@ -261,7 +263,7 @@ def _job(options: ReplayOptions, target: ReplayTarget, *, real_ranks: tuple[int,
     return ReplayJob(
         program=replace(target.job, real_ranks=real_ranks), graph=str(options.graph.resolve()),
         trace_peers=options.trace_peers, delays=tuple(asdict(d) for d in options.delays),
-        clock_from=target.clock_from, host_work=options.host_work,
+        clock_from=target.clock_from,
     )  # fmt: skip
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -143,11 +144,16 @@ class RankJob:
     value_pass: bool = False
     """A program's value pass: the real ranks run together through the first optimizer step
     and write what they received from each other (``values/rank{r}.pt``); nothing is profiled."""
+    host_ns_per_byte: Mapping[str, float] = field(default_factory=dict, hash=False)
+    """CPU ranks: the host-side work of a virtual collective, per byte by op class
+    (``ClusterSpec.host_ns_per_byte``), that the rank's process does beside the program as the
+    call's real backend would (``prism.peers.host_work``); empty: none."""
 
     def to_dict(self) -> dict:
         data = asdict(self)
         data["config"] = None if self.config is None else self.config.to_dict()
         data["program"] = None if self.program is None else self.program.to_dict()
+        data["host_ns_per_byte"] = dict(self.host_ns_per_byte)
         return data
 
     @classmethod
@@ -163,6 +169,7 @@ class RankJob:
             iterations=int(data["iterations"]),
             threads=int(data["threads"]),
             value_pass=bool(data.get("value_pass", False)),
+            host_ns_per_byte={str(k): float(v) for k, v in (data.get("host_ns_per_byte") or {}).items()},
         )
 
 

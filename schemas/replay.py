@@ -41,9 +41,6 @@ class ReplayJob:
     coordinator: str | None = None
     """Address of the co-simulation (``prism.replay.coordinator``) the rank processes talk to;
     None: the rank runs its own, in its thread (the fidelity benchmark's load ranks)."""
-    host_work: bool = True
-    """On CPU, do the host-side work of the rank's virtual collectives where the graph's cluster
-    spec measured it (``prism.replay.host_work``)."""
     clock_from: int = 0
     """A program's first co-simulated iteration (``gf.STEADY_FROM_KEY``): the ones before it run
     against no graph (set-up and one-time calls); 0 for the built-in GPT."""
@@ -51,7 +48,6 @@ class ReplayJob:
     def to_dict(self) -> dict:
         return {
             "clock_from": self.clock_from,
-            "host_work": self.host_work,
             "program": self.program.to_dict(),
             "graph": self.graph,
             "trace_peers": list(self.trace_peers),
@@ -68,7 +64,6 @@ class ReplayJob:
             delays=tuple(data.get("delays", ())),
             coordinator=data.get("coordinator"),
             clock_from=int(data.get("clock_from", 0)),
-            host_work=bool(data.get("host_work", True)),
         )
 
 
@@ -94,10 +89,6 @@ class ReplayIteration:
     late_ns: int = 0
     """The part of ``stall_ns`` that waited for answers found after the call's modelled end; the
     rest is the clock's own work in the program's thread."""
-    host_work_ns: int = 0
-    """CPU work of the iteration's virtual collectives that the rank's process did on a thread
-    beside the program, as the call's real backend would (``prism.replay.host_work``): the work
-    asked of it, which stops early where a call's modelled end comes first."""
 
 
 @dataclass(frozen=True, kw_only=True)

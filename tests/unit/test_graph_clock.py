@@ -333,27 +333,3 @@ def test_an_async_end_found_by_deferred_work_reaches_the_waiting_program(tmp_pat
     expected = simulate(graph, iterations=2)
     assert done[-1][0] - ORIGIN == expected.end_ns[0] == expected.end_ns[1] + 7  # sent after the collective
     assert [p.rank_end_ns - p.rank_start_ns for p in clock.cosim.passes[0]][-1] == expected.iteration_ns[0]
-
-
-def test_a_virtual_collectives_host_work_starts_after_submit_outside_the_clocks_time(tmp_path: Path) -> None:
-    from prism.replay.graph_clock import LocalPort
-
-    graph, path = tp_pair(tmp_path)
-    wall, started, got = FakeWall(), [], {}
-
-    class Work:  # HostWork.start: the work asked of it
-        def start(self, op: str, nbytes: int, until_ns: int | None) -> int:
-            started.append((op, nbytes, until_ns))
-            return 1000
-
-    program = RankProgram.read(path, 0)
-    clock = GraphClock(program, LocalPort(CoSimulation(graph, {0: program})), wall_ns=wall, host_work=Work())
-    clock.iteration_started(ORIGIN)
-    wall.now = ORIGIN + 100
-    tp_call(clock, ORIGIN + 100, got)
-    assert got == {0: ORIGIN + 350} and started == []  # waking its thread is not the clock's work
-    clock.after_submit()
-    clock.after_submit()  # once per call
-    # No rule was there ahead of the call: the work runs until done, not until a known end.
-    assert started == [("all_reduce", 32, None)]
-    assert clock.iterations[0].host_work_ns == 1000

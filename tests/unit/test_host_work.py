@@ -8,7 +8,7 @@ import pytest
 
 from prism.graph.comm.bench import Sample
 from prism.graph.comm.calibrate import HOST_FIT_MIN_BYTES, host_work_table
-from prism.replay.host_work import MIN_WORK_NS, HostWork
+from prism.peers.host_work import MIN_WORK_NS, HostWork, host_work_of
 from prism.schemas.cluster import ClusterSpec, ClusterSpecError, preset
 
 
@@ -26,6 +26,7 @@ def test_a_call_costs_its_bytes_times_its_class_rate_and_small_ones_nothing() ->
     assert work.work_ns("broadcast", 10**6) == 0  # a class the spec did not measure
     assert work.start("all_reduce", 2 * MIN_WORK_NS - 2, None) == 0  # under MIN_WORK_NS: not worth a wake
     assert work.start("all_reduce", 40 * 10**6, None) == 20_000_000
+    assert work.asked_ns == 20_000_000
     _wait_idle(work)
     # CPU time of the work's own thread: all of it, give or take one chunk.
     assert work.done_ns == pytest.approx(20e6, rel=0.1)
@@ -42,8 +43,8 @@ def test_the_work_stops_at_the_calls_modelled_end() -> None:
 def test_the_spec_names_it_per_class_and_a_graph_without_it_asks_none() -> None:
     spec = ClusterSpec.from_dict(preset("h100-ib").to_dict() | {"host_ns_per_byte": {"all_reduce": 0.4}})
     assert ClusterSpec.from_toml(spec.to_toml()).host_ns_per_byte == {"all_reduce": 0.4}
-    assert HostWork.of_cluster(spec.to_dict()).ns_per_byte == {"all_reduce": 0.4}  # as a graph keeps it
-    assert HostWork.of_cluster(preset("h100-ib").to_dict()) is None
+    assert HostWork.of_table(spec.host_ns_per_byte).ns_per_byte == {"all_reduce": 0.4}
+    assert HostWork.of_table(preset("h100-ib").host_ns_per_byte) is None
     with pytest.raises(ClusterSpecError, match="host_ns_per_byte.all_reduce must be non-negative"):
         ClusterSpec.from_dict(preset("h100-ib").to_dict() | {"host_ns_per_byte": {"all_reduce": -1}})
 
@@ -66,3 +67,22 @@ def test_calibration_fits_cpu_per_byte_through_the_origin_on_large_calls() -> No
     table = host_work_table(samples)
     assert set(table) == {"all_reduce", "all_gather"}
     assert table["all_reduce"] == pytest.approx(0.4) and table["all_gather"] == pytest.approx(1.2)
+
+
+def test_a_rank_job_asks_for_it_on_cpu_only() -> None:
+    import dataclasses
+
+    from prism.schemas.manifest import RankJob
+    from prism.schemas.workload import GPTConfig
+
+    job = RankJob(workload="gpt", config=GPTConfig(), real_ranks=(), warmup=3, iterations=1, threads=1,
+                  host_ns_per_byte={"all_reduce": 0.4})  # fmt: skip
+    assert RankJob.from_dict(job.to_dict()) == job
+    assert (
+        RankJob.from_dict(job.to_dict() | {"host_ns_per_byte": None}).host_ns_per_byte == {}
+    )  # older job files
+    assert host_work_of(job).ns_per_byte == {"all_reduce": 0.4}
+    assert host_work_of(dataclasses.replace(job, host_ns_per_byte={})) is None
+    assert (
+        host_work_of(dataclasses.replace(job, config=GPTConfig(device="cuda"))) is None
+    )  # NCCL: on the device

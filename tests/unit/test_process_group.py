@@ -61,9 +61,13 @@ def start() -> Iterator[Callable[..., None]]:
         real=None,
         clock: CommClock | None = None,
         labeler=LABELER,
+        host_work=None,
     ) -> None:
         real = frozenset({rank}) if real is None else real
-        activate(VirtualWorld(real_ranks=real, clock=clock or FreeRunningClock(), labeler=labeler))
+        world = VirtualWorld(
+            real_ranks=real, clock=clock or FreeRunningClock(), labeler=labeler, host_work=host_work
+        )
+        activate(world)
         dist.init_process_group(BACKEND_NAME, rank=rank, world_size=world_size, store=dist.HashStore())
 
     yield _start
@@ -503,3 +507,20 @@ def test_profiler_trace_has_comm_marks_and_distributed_info(world: None, tmp_pat
         (Phase.COMM, "broadcast", "world", 0, 8),
         (Phase.COMM, "send", "world", 1, 32),
     ]
+
+
+def test_a_virtual_collective_hands_its_host_work_over_with_its_modelled_end(
+    start: Callable[..., None],
+) -> None:
+    asked = []
+
+    class Work:  # HostWork.start
+        def start(self, op: str, nbytes: int, until_ns: int | None) -> int:
+            asked.append((op, nbytes, until_ns))
+            return 0
+
+    clock = FixedDelayClock()
+    start(clock=clock, host_work=Work())
+    dist.all_reduce(torch.ones(1024))
+    (call,) = clock.seen
+    assert asked == [("all_reduce", 4096, call.enter_ns + DELAY_NS)]  # this rank's bytes, until its end

@@ -19,21 +19,3 @@ def test_the_job_survives_its_file() -> None:
 def test_a_job_file_with_keys_of_older_versions_still_reads() -> None:
     data = ReplayJob(program=PROGRAM, graph="g.parquet").to_dict() | {"background_engine": True}
     assert ReplayJob.from_dict(data) == ReplayJob(program=PROGRAM, graph="g.parquet")
-
-
-def test_host_work_is_done_only_on_cpu_where_asked_and_measured(monkeypatch) -> None:
-    import dataclasses
-    from types import SimpleNamespace
-
-    from prism.replay import rank_main
-
-    cluster = {"host_ns_per_byte": {"all_reduce": 0.4}}
-    monkeypatch.setattr(rank_main, "read_metadata", lambda path: SimpleNamespace(cluster=cluster))
-    job = ReplayJob(program=PROGRAM, graph="g.parquet")
-    assert ReplayJob.from_dict(dataclasses.replace(job, host_work=False).to_dict()).host_work is False
-    assert rank_main._host_work(job).ns_per_byte == {"all_reduce": 0.4}
-    assert rank_main._host_work(dataclasses.replace(job, host_work=False)) is None
-    cuda = dataclasses.replace(PROGRAM, config=GPTConfig(device="cuda"))
-    assert rank_main._host_work(dataclasses.replace(job, program=cuda)) is None
-    cluster = {"name": "h100-ib"}  # a spec without the table (presets, GPU clusters)
-    assert rank_main._host_work(job) is None

@@ -1,13 +1,15 @@
-"""The host-side work of a replayed rank's virtual collectives, done for real beside its program.
+"""The host-side work of a rank's virtual collectives, done for real beside its program.
 
 A gloo collective on CPU is not only a wait: each member's process copies and reduces the
 payload on gloo's own threads while the call runs, on the same cores as the program's compute
 (``ClusterSpec.host_ns_per_byte``, measured by ``prism-calibrate``: about 0.4 ns a byte of an
-all-reduce on a 2-vCPU VM, 70-75 % of the call's time). A virtual call completes when the graph
-says and does none of that work, so a replayed rank whose backward overlaps its gradient
-all-reduces (DDP's buckets) computes beside idle cores where the real job's competed.
+all-reduce on a 2-vCPU VM, 70-75 % of the call's time). A virtual call does none of that work,
+so a rank whose backward overlaps its gradient all-reduces (DDP's buckets) computes beside idle
+cores where the real job's competed: in a capture, whose graph then predicts it short, and in
+a replay.
 
-``HostWork`` does that much CPU work for each of the rank's virtual collectives on one thread of
+Where the rank's job names the table (``RankJob.host_ns_per_byte``), ``HostWork`` does that much
+CPU work for each of the rank's virtual collectives (``prism.peers.process_group``) on one thread of
 its own: sums streamed through a buffer of the payload's size (up to ``BUFFER_BYTES``), from the
 call until the work is done or the call's modelled end has passed, as gloo's threads work only
 while the call runs. Its buffers are numpy arrays, outside torch's allocator: the rank's measured
@@ -23,7 +25,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from prism.graph.comm.model import op_class
+from prism.schemas.manifest import RankJob
 
 BUFFER_BYTES = 16 * 2**20
 """Largest stretch of memory the work streams through (a DDP bucket is about 25 MB)."""
@@ -39,6 +41,8 @@ class HostWork:
 
     def __init__(self, ns_per_byte: Mapping[str, float]) -> None:
         self.ns_per_byte = dict(ns_per_byte)
+        self.asked_ns = 0
+        """Work asked so far (calls of at least ``MIN_WORK_NS``)."""
         self.done_ns = 0
         """CPU time of the work done so far (the thread's own clock)."""
         self._tasks: collections.deque[tuple[int, int, int | None]] = collections.deque()
@@ -48,15 +52,15 @@ class HostWork:
         threading.Thread(target=self._run, name="prism-host-work", daemon=True).start()
 
     @classmethod
-    def of_cluster(cls, cluster: dict) -> HostWork | None:
-        """The host work of a graph's cluster spec (its metadata's ``cluster``, checked when the
-        graph was built); None if it measured none."""
-        table = {cls_: float(v) for cls_, v in (cluster.get("host_ns_per_byte") or {}).items()}
-        return cls(table) if any(v > 0 for v in table.values()) else None
+    def of_table(cls, ns_per_byte: Mapping[str, float]) -> HostWork | None:
+        """The host work of a spec's ``host_ns_per_byte`` table; None if it names none."""
+        return cls(ns_per_byte) if any(v > 0 for v in ns_per_byte.values()) else None
 
     def work_ns(self, op: str, nbytes: int) -> int:
         """CPU time a call of ``op`` with ``nbytes`` of this rank's costs its host (0: none modelled)."""
-        return int(self.ns_per_byte.get(op_class(op), 0.0) * nbytes)
+        # A collective's comm-log op is its spec class (``graph.comm.model.op_class``); send and
+        # recv ('p2p') are not in the table.
+        return int(self.ns_per_byte.get(op, 0.0) * nbytes)
 
     def start(self, op: str, nbytes: int, until_ns: int | None) -> int:
         """Begin the work of a call made now, to stop by ``until_ns`` (``time.time_ns()``) at the
@@ -67,6 +71,7 @@ class HostWork:
         with self._cond:
             self._tasks.append((work, min(nbytes, BUFFER_BYTES), until_ns))
             self._cond.notify()
+        self.asked_ns += work
         return work
 
     def _run(self) -> None:
@@ -86,3 +91,8 @@ class HostWork:
             np.add(self._a[at:end], self._b[at:end], out=self._b[at:end])  # no GIL held inside
             at = 0 if end == elements else end
         self.done_ns += time.thread_time_ns() - began
+
+
+def host_work_of(job: RankJob) -> HostWork | None:
+    """The host work of a rank process of ``job``: on CPU, where its job names the table."""
+    return HostWork.of_table(job.host_ns_per_byte) if job.device == "cpu" else None
