@@ -98,8 +98,8 @@ class ClusterSpec:
     """CPU time (ns) a member's process spends per byte it contributes to a collective of the
     class, on its own threads, while the call runs: gloo on CPU copies and reduces the payload
     there, beside the program's compute (NCCL's work is on the device). ``prism-calibrate``
-    measures it; a replay on CPU makes its real rank do that much work for each virtual call
-    (``prism.replay.host_work``). Empty: calls cost the host nothing."""
+    measures it; CPU captures given the spec and CPU replays make each rank do that much work for
+    each virtual collective (``prism.peers.host_work``). Empty: calls cost the host nothing."""
     cold_call: Mapping[str, float] = field(default_factory=dict, hash=False)
     """Extra latency (s) of a collective by the compute (µs, integer keys) its rank did since
     its previous call; interpolated linearly, 0 at 0 µs, constant past the last point. Empty:
