@@ -86,3 +86,24 @@ def test_small_slice_end_to_end(tmp_path: Path) -> None:
     manifest = read_manifest(out)
     assert [r.rank for r in manifest.ranks] == [0, 8, 24]
     assert "capture of tp=2 pp=4 dp=4" in done.stderr
+
+
+def test_a_spec_that_cannot_be_read_for_host_work_is_one_error_line(tmp_path: Path) -> None:
+    result = run_cli("--host-work", str(tmp_path / "missing.toml"), "-o", str(tmp_path / "cap"))
+    assert result.exit_code == 2
+    assert "cannot read cluster spec" in error_line(result)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_host_work_of_a_spec_reaches_every_rank_job(tmp_path: Path) -> None:
+    from prism.schemas.cluster import ClusterSpec, preset
+
+    spec = ClusterSpec.from_dict(preset("h100-ib").to_dict() | {"host_ns_per_byte": {"all_reduce": 0.4}})
+    out = tmp_path / "cap"
+    result = run_cli(
+        "--tp", "1", "--pp", "1", "--dp", "2", "--layers", "1", "--hidden", "32", "--heads", "2",
+        "--seq-len", "8", "--vocab", "64", "--microbatches", "1", "--warmup", "3", "--iterations", "1",
+        "--host-work", str(spec.save(tmp_path / "spec.toml")), "-o", str(out),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert dict(read_manifest(out).job.host_ns_per_byte) == {"all_reduce": 0.4}
