@@ -33,6 +33,7 @@ from prism.replay.runtime import ReplayOptions, run_replay
 from prism.schemas.cluster import ClusterSpec
 from prism.schemas.iterations import MIN_WARMUP, clean_unprofiled
 from prism.schemas.manifest import CaptureFiles, CaptureManifest, RankResult
+from prism.schemas.program import ProgramSpec
 from prism.schemas.replay import RankReport, ReplayFiles, read_replay_stats
 from prism.schemas.workload import GPTConfig
 
@@ -198,7 +199,7 @@ def predict(
         out_dir=capture,
         host_ns_per_byte=settings.host_ns_per_byte,
     )
-    manifest = _beside_load(captured, settings, partial(run_capture, options))
+    manifest = beside_load(settings, partial(run_capture, options), config=captured)
     build_case_graph(config, capture, out / "graph.parquet", spec)
     predicted = _simulated(config, out / "graph.parquet", settings)
     slice_parts = {
@@ -243,22 +244,28 @@ def predict_paced(
     load ranks paced by the same graph), build ``out / PACED_GRAPH`` from it and simulate it."""
     capture, pacing = out / "paced", out / "graph.parquet"
     pace = partial(run_paced_capture, pacing, capture, warmup=settings.warmup, iterations=settings.iterations)
-    _beside_load(config, settings, pace, timed_by=pacing)
+    beside_load(settings, pace, config=config, timed_by=pacing)
     build_case_graph(config, capture, out / PACED_GRAPH, spec)
     return _simulated(config, out / PACED_GRAPH, settings)
 
 
-def _beside_load(
-    config: GPTConfig, settings: RunSettings, run: Callable[..., T], timed_by: Path | None = None
+def beside_load(
+    settings: RunSettings,
+    run: Callable[..., T],
+    *,
+    config: GPTConfig | None = None,
+    program: ProgramSpec | None = None,
+    timed_by: Path | None = None,
 ) -> T:
-    """``run(hooks=...)``, beside the world's other ranks (``MatchedLoad``) if ``settings.matched_load``:
-    free-running ones, or replays of ``timed_by`` (the graph that times the run) if
-    ``settings.paced_load``."""
+    """``run(hooks=...)``, beside the world's other ranks (``MatchedLoad``: of the built-in GPT's
+    ``config`` or of a user's ``program``, each doing the spec's host work) if
+    ``settings.matched_load``: free-running ones, or, for the GPT, replays of ``timed_by`` (the
+    graph that times the run) if ``settings.paced_load``."""
     if not settings.matched_load:
         return run(hooks=None)
     paced_by = timed_by if settings.paced_load else None
     with MatchedLoad(
-        config, warmup=settings.warmup, iterations=settings.iterations, paced_by=paced_by,
+        config, program=program, warmup=settings.warmup, iterations=settings.iterations, paced_by=paced_by,
         host_ns_per_byte=settings.host_ns_per_byte,
     ) as load:  # fmt: skip
         return run(hooks=load)
@@ -277,7 +284,7 @@ def replay_roles(
         warmup=settings.warmup, iterations=settings.iterations, separately=True,
         host_work=bool(settings.host_ns_per_byte),
     )  # fmt: skip
-    report = _beside_load(config, settings, partial(run_replay, options), timed_by=out / graph)
+    report = beside_load(settings, partial(run_replay, options), config=config, timed_by=out / graph)
     return {
         r.rank: replayed_run(r, static_bytes(config, r.stage), out / "replay", settings.warmup)
         for r in report.ranks

@@ -35,13 +35,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
 
 from prism.capture.runner import CaptureOptions, RealMode, run_capture
 from prism.fidelity.compare import paired_records
 from prism.fidelity.explain import block_phases_ms, measured_blocks_ms, sim_breakdown
-from prism.fidelity.load import MatchedLoad
-from prism.fidelity.measure import RankRun, RunSettings, replayed_run
+from prism.fidelity.measure import RankRun, RunSettings, beside_load, replayed_run
 from prism.fidelity.timed_run import TimedRun, result_path, trace_path
 from prism.graph.build.builder import BuildOptions, build_graph
 from prism.graph.io.parquet import read_metadata
@@ -59,7 +57,6 @@ from prism.schemas.manifest import read_manifest
 from prism.schemas.program import ProgramSpec
 
 Progress = Callable[[str], None]
-T = TypeVar("T")
 
 
 class ProgramRunFailed(RuntimeError):
@@ -136,7 +133,7 @@ def predict_program(
         program=program, real=RealMode.ROLES, warmup=settings.warmup, iterations=settings.iterations,
         out_dir=capture, host_ns_per_byte=settings.host_ns_per_byte,
     )  # fmt: skip
-    _beside_load(program, settings, partial(run_capture, options))
+    beside_load(settings, partial(run_capture, options), program=program)
     graph_path = out / "graph.parquet"
     layout = case.layout
     build_graph(
@@ -164,18 +161,6 @@ def predict_program(
     }
 
 
-def _beside_load(program: ProgramSpec, settings: RunSettings, run: Callable[..., T]) -> T:
-    """``run(hooks=...)``, beside the world's other ranks (each a lone run of the program, doing
-    the same host work) if ``settings.matched_load``: in the real run they share this machine."""
-    if not settings.matched_load:
-        return run(hooks=None)
-    with MatchedLoad(
-        program=program, warmup=settings.warmup, iterations=settings.iterations,
-        host_ns_per_byte=settings.host_ns_per_byte,
-    ) as load:  # fmt: skip
-        return run(hooks=load)
-
-
 def replay_program(case: ProgramCase, settings: RunSettings, out: Path) -> dict[int, RankRun]:
     """Replay each rank ``predict_program`` captured against the graph it built in ``out``."""
     ranks = tuple(sorted(r.rank for r in read_manifest(out / "capture").ranks))
@@ -185,7 +170,7 @@ def replay_program(case: ProgramCase, settings: RunSettings, out: Path) -> dict[
         host_work=bool(settings.host_ns_per_byte),
     )  # fmt: skip
     program = ProgramSpec(argv=case.argv, cwd=os.getcwd(), layout=case.layout, device=case.device)
-    report = _beside_load(program, settings, partial(run_replay, options))
+    report = beside_load(settings, partial(run_replay, options), program=program)
     stage_static = static_bytes_of(read_metadata(out / "graph.parquet"), case.layout)
     return {
         r.rank: replayed_run(r, int(stage_static[r.stage]), out / "replay", settings.warmup)
