@@ -97,11 +97,11 @@ def result_path(out: Path, rank: int) -> Path:
 
 
 class IterationTimer:
-    """The optimizer post-hook: times iterations, then profiles memory for the last ones."""
+    """The optimizer post-hook: times iterations (and their ``phases``), then profiles memory for
+    the last ones."""
 
     def __init__(
-        self, run: TimedRun, *, warmup: int, total: int, out: Path, cuda: bool = False,
-        phases: TimedPhases | None = None,
+        self, run: TimedRun, *, warmup: int, total: int, out: Path, phases: TimedPhases, cuda: bool = False,
     ) -> None:  # fmt: skip
         self.run, self._warmup, self._total, self._out, self._cuda = run, warmup, total, out, cuda
         self._phases = phases
@@ -114,10 +114,9 @@ class IterationTimer:
             torch.cuda.synchronize()
         entered = time.perf_counter_ns()
         self.run.iteration_ns.append(entered - self._t0)
-        if self._phases is not None:
-            wall_ns, spent_ns = self._phases.take()
-            self.run.block_ns.append(wall_ns)
-            self.run.marks_ns.append(spent_ns)
+        wall_ns, spent_ns = self._phases.take()
+        self.run.block_ns.append(wall_ns)
+        self.run.marks_ns.append(spent_ns)
         done = len(self.run.iteration_ns)
         if self._mark is not None:
             self._mark.__exit__(None, None, None)
