@@ -137,12 +137,13 @@ def _train(workload: GPTWorkload, job: RankJob, rank: int, spec: ProfileSpec, cl
                     # What the device holds between iterations: the model's state and what CUDA
                     # libraries keep in the allocator (cuBLAS workspaces), which no model counts.
                     timings.static_bytes = torch.cuda.memory_allocated()
-                began = time.time_ns()
+                # The iteration's wall time starts where the clock's does: a hold at its start
+                # (the co-simulation catching up in a replay) is time the program took.
+                began, t0 = time.time_ns(), time.perf_counter_ns()
                 clock.iteration_started(began)
-                t0 = time.perf_counter_ns()
                 result = workload.train_step(it)  # on CUDA it ends once the device is done
                 timings.iteration_ns.append(time.perf_counter_ns() - t0)
-                timings.windows.append((began, time.time_ns()))
+                timings.windows.append((began, time.time_ns()))  # the clock's iteration ends here
                 timings.blocks.append(timer.take())
                 clock.iteration_done(timings.windows[-1][1])
                 timings.losses.append(result.loss)

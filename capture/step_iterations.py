@@ -152,7 +152,9 @@ class StepIterations:
     def _begin(self, *, own_mark: bool) -> None:
         if self.done == self._profiled_from:
             self.timings.static_bytes = live_tensor_bytes(self._cuda)
-        self._began_ns = time.time_ns()
+        # The iteration's wall time starts where the clock's does: a hold at its start (the
+        # co-simulation catching up in a replay) is time the program took.
+        self._began_ns, self._t0 = time.time_ns(), time.perf_counter_ns()
         if self.done >= self._clock_from:
             self._clock.iteration_started(self._began_ns)
         if own_mark:
@@ -161,17 +163,15 @@ class StepIterations:
         if self._timer is not None:
             self._timer.take()  # what ran before the iteration (set-up, between marked iterations) is none of it
         self._running = True
-        self._t0 = time.perf_counter_ns()
 
     def _end(self) -> None:
         if self._cuda:
             torch.cuda.synchronize()
-        elapsed = time.perf_counter_ns() - self._t0
+        elapsed, ended = time.perf_counter_ns() - self._t0, time.time_ns()  # where the clock's ends
         if self._mark is not None:
             self._mark.__exit__(None, None, None)
             self._mark = None
         self._running = False
-        ended = time.time_ns()
         self.timings.iteration_ns.append(elapsed)
         self.timings.windows.append((self._began_ns, ended))
         if self._timer is not None:
