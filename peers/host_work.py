@@ -12,7 +12,8 @@ Where the rank's job names the table (``RankJob.host_ns_per_byte``), ``HostWork`
 CPU work for each of the rank's virtual collectives (``prism.peers.process_group``) on one thread of
 its own: sums streamed through a buffer of the payload's size (up to ``BUFFER_BYTES``), from the
 call until the work is done or the call's modelled end has passed, as gloo's threads work only
-while the call runs. Its buffers are numpy arrays, outside torch's allocator: the rank's measured
+while the call runs; a call whose clock completes it at once (a capture's) completes when its work
+is done. Its buffers are numpy arrays, outside torch's allocator: the rank's measured
 memory is the program's. On GPUs NCCL's work is on the device, and the replay does none of this.
 """
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -45,7 +46,9 @@ class HostWork:
         """Work asked so far (calls of at least ``MIN_WORK_NS``)."""
         self.done_ns = 0
         """CPU time of the work done so far (the thread's own clock)."""
-        self._tasks: collections.deque[tuple[int, int, int | None]] = collections.deque()
+        self._tasks: collections.deque[tuple[int, int, int | None, Callable[[], None] | None]] = (
+            collections.deque()
+        )
         self._cond = threading.Condition()
         self._a = np.ones(BUFFER_BYTES // 4, dtype=np.float32)
         self._b = np.zeros_like(self._a)
@@ -62,14 +65,17 @@ class HostWork:
         # recv ('p2p') are not in the table.
         return int(self.ns_per_byte.get(op, 0.0) * nbytes)
 
-    def start(self, op: str, nbytes: int, until_ns: int | None) -> int:
+    def start(
+        self, op: str, nbytes: int, until_ns: int | None, then: Callable[[], None] | None = None
+    ) -> int:
         """Begin the work of a call made now, to stop by ``until_ns`` (``time.time_ns()``) at the
-        latest (None: when the work is done); returns the work asked (0: none)."""
+        latest (None: when the work is done); returns the work asked (0: none, and ``then`` is
+        not called). ``then`` is called on the work's thread once the work stopped."""
         work = self.work_ns(op, nbytes)
         if work < MIN_WORK_NS:
             return 0
         with self._cond:
-            self._tasks.append((work, min(nbytes, BUFFER_BYTES), until_ns))
+            self._tasks.append((work, min(nbytes, BUFFER_BYTES), until_ns, then))
             self._cond.notify()
         self.asked_ns += work
         return work
@@ -79,8 +85,10 @@ class HostWork:
             with self._cond:
                 while not self._tasks:
                     self._cond.wait()
-                work, nbytes, until_ns = self._tasks.popleft()
+                work, nbytes, until_ns, then = self._tasks.popleft()
             self._do(work, nbytes, until_ns)
+            if then is not None:
+                then()
 
     def _do(self, work_ns: int, nbytes: int, until_ns: int | None) -> None:
         began = time.thread_time_ns()

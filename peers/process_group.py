@@ -230,13 +230,18 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
         pending = _pending(record)
         completion = VirtualCompletion(record, future, result)
         began = time.time_ns()
-        self._clock.submit(pending, completion.at)
+        work = self._host_work
+        if work is None:
+            self._clock.submit(pending, completion.at)
+        else:
+            answer = _AnswerAfterWork(work, record, completion)
+            self._clock.submit(pending, answer)
         if self._clock.holds:
             record.clock_ns = time.time_ns() - began
-        if self._host_work is not None:  # this rank's share of the call, beside the program
-            self._host_work.start(record.op, record.bytes, completion.due_ns)
-        if not completion.settled:  # no wait may hang: fail the call if no time is named in time
-            arm_timeout(completion, pending, self._timeout)
+        if work is not None and not answer.at_once:  # this rank's share of the call, beside the program
+            work.start(record.op, record.bytes, completion.due_ns)
+        if not completion.settled and (work is None or not answer.at_once):
+            arm_timeout(completion, pending, self._timeout)  # no wait may hang: fail it if no time comes
         return VirtualWork(future, completion)
 
     def _delegate(self, device: torch.device) -> dist.Backend:
@@ -321,6 +326,30 @@ def _pending(record: CallRecord) -> PendingCall:
 def _both(first: Callable[[], None], then: Callable[[], None]) -> None:
     first()
     then()
+
+
+class _AnswerAfterWork:
+    """The clock's answer for a virtual call whose rank does host work for it
+    (``prism.peers.host_work``). An answer of "at once" (a capture, whose peers never hold it
+    up) completes the call only when that work is done, as a real call cannot end before its own
+    copies and reductions: else the work would run on into what the program does after its wait
+    (DDP's last bucket into the optimizer step). A named end is passed on; the program's thread
+    then starts the work, bounded by it."""
+
+    __slots__ = ("_work", "_record", "_completion", "at_once")
+
+    def __init__(self, work: HostWork, record: CallRecord, completion: VirtualCompletion) -> None:
+        self._work, self._record, self._completion = work, record, completion
+        self.at_once = False
+
+    def __call__(self, due_ns: int | None) -> None:
+        if due_ns is not None:
+            self._completion.at(due_ns)
+            return
+        self.at_once = True
+        done = partial(self._completion.at, None)
+        if not self._work.start(self._record.op, self._record.bytes, None, then=done):
+            done()  # too little work to do
 
 
 def _finish_and_tell(record: CallRecord, finished: Callable[[int], None]) -> None:

@@ -17,6 +17,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from prism.peers.backend import BACKEND_NAME, VirtualWorld, activate, current_comm_log
 from prism.peers.clock import CommClock, Completion, FreeRunningClock, ImmediateClock, PendingCall
+from prism.peers.host_work import HostWork
 from prism.peers.process_group import GroupMode, ProcessGroupPrism
 from prism.peers.standin import standin_values
 from prism.schemas.annotations import Phase, group_label, try_parse_mark
@@ -524,3 +525,17 @@ def test_a_virtual_collective_hands_its_host_work_over_with_its_modelled_end(
     dist.all_reduce(torch.ones(1024))
     (call,) = clock.seen
     assert asked == [("all_reduce", 4096, call.enter_ns + DELAY_NS)]  # this rank's bytes, until its end
+
+
+def test_a_call_the_clock_completes_at_once_waits_for_its_host_work(start: Callable[..., None]) -> None:
+    """In a capture (peers never hold a call up) the call still lasts its own host work: else
+    that work would run on into what the program does after its wait."""
+    work = HostWork({"all_reduce": 0.5})
+    start(host_work=work)
+    tensor = torch.ones(40 * 2**20 // 4)  # 40 MB: 20 ms of work
+    pending = dist.all_reduce(tensor, async_op=True)
+    assert not pending.is_completed()
+    pending.wait()
+    assert work.done_ns >= 0.9 * work.asked_ns > 0
+    # Too little work to be done: at once, as without it.
+    assert dist.all_reduce(torch.ones(16), async_op=True).is_completed()
