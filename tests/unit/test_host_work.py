@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -38,6 +39,17 @@ def test_the_work_stops_at_the_calls_modelled_end() -> None:
     assert asked == 500_000_000
     _wait_idle(work)
     assert 0 < work.done_ns < 100_000_000
+
+
+def test_it_tells_when_a_calls_work_has_stopped_and_never_for_work_it_skips() -> None:
+    work = HostWork({"all_reduce": 0.5})
+    done = threading.Event()
+    assert work.start("all_reduce", 20 * 10**6, None, then=done.set) == 10_000_000
+    assert done.wait(timeout=10) and work.done_ns >= 9_000_000  # called after the work, not before
+    skipped = threading.Event()
+    assert work.start("all_reduce", 16, None, then=skipped.set) == 0
+    _wait_idle(work)
+    assert not skipped.is_set()  # the caller completes a skipped call itself
 
 
 def test_the_spec_names_it_per_class_and_a_graph_without_it_asks_none() -> None:
