@@ -230,17 +230,14 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
         pending = _pending(record)
         completion = VirtualCompletion(record, future, result)
         began = time.time_ns()
-        work = self._host_work
-        if work is None:
-            self._clock.submit(pending, completion.at)
-        else:
-            answer = _AnswerAfterWork(work, record, completion)
-            self._clock.submit(pending, answer)
+        answer = None if self._host_work is None else _AnswerAfterWork(self._host_work, record, completion)
+        self._clock.submit(pending, completion.at if answer is None else answer)
         if self._clock.holds:
             record.clock_ns = time.time_ns() - began
-        if work is not None and not answer.at_once:  # this rank's share of the call, beside the program
-            work.start(record.op, record.bytes, completion.due_ns)
-        if not completion.settled and (work is None or not answer.at_once):
+        after_work = answer is not None and answer.at_once  # it completes when its host work is done
+        if answer is not None and not after_work:  # this rank's share of the call, beside the program
+            self._host_work.start(record.op, record.bytes, completion.due_ns)
+        if not completion.settled and not after_work:
             arm_timeout(completion, pending, self._timeout)  # no wait may hang: fail it if no time comes
         return VirtualWork(future, completion)
 
