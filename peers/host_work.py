@@ -23,6 +23,7 @@ import collections
 import threading
 import time
 from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import numpy as np
 
@@ -37,6 +38,14 @@ MIN_WORK_NS = 200_000
 good part of it (tens of µs on this VM), and gloo's fixed per-call costs are not modelled."""
 
 
+class _Task(NamedTuple):
+    work_ns: int
+    nbytes: int
+    """Of the buffer the work streams through."""
+    until_ns: int | None
+    then: Callable[[], None] | None
+
+
 class HostWork:
     """Does ``host_ns_per_byte[class] × bytes`` of CPU work for each virtual collective it is given."""
 
@@ -46,9 +55,7 @@ class HostWork:
         """Work asked so far (calls of at least ``MIN_WORK_NS``)."""
         self.done_ns = 0
         """CPU time of the work done so far (the thread's own clock)."""
-        self._tasks: collections.deque[tuple[int, int, int | None, Callable[[], None] | None]] = (
-            collections.deque()
-        )
+        self._tasks: collections.deque[_Task] = collections.deque()
         self._cond = threading.Condition()
         self._a = np.ones(BUFFER_BYTES // 4, dtype=np.float32)
         self._b = np.zeros_like(self._a)
@@ -75,7 +82,7 @@ class HostWork:
         if work < MIN_WORK_NS:
             return 0
         with self._cond:
-            self._tasks.append((work, min(nbytes, BUFFER_BYTES), until_ns, then))
+            self._tasks.append(_Task(work, min(nbytes, BUFFER_BYTES), until_ns, then))
             self._cond.notify()
         self.asked_ns += work
         return work
@@ -85,10 +92,10 @@ class HostWork:
             with self._cond:
                 while not self._tasks:
                     self._cond.wait()
-                work, nbytes, until_ns, then = self._tasks.popleft()
-            self._do(work, nbytes, until_ns)
-            if then is not None:
-                then()
+                task = self._tasks.popleft()
+            self._do(task.work_ns, task.nbytes, task.until_ns)
+            if task.then is not None:
+                task.then()
 
     def _do(self, work_ns: int, nbytes: int, until_ns: int | None) -> None:
         began = time.thread_time_ns()
