@@ -14,12 +14,17 @@ the job's own (``prism.graph.sim.noise``), and a replay lets the real rank arriv
 
 With ``compute_between_s`` > 0 the calls are *cold*, as a training step makes them: before
 each call every member keeps its CPU busy for that long. On a VM a gloo call costs more the
-longer its process computed before it, which back-to-back timing misses. A send is timed as
-its ping-pong's mean round trip, halved.
+longer its process computed before it, which back-to-back timing misses.
+
+A send is timed as a pipeline makes it: the sender computes, then sends to a receiver whose recv
+is already posted and who waits for it, and each end's exit counts from the later entry, as a
+collective's: the price of a transfer a stage waits for. A ping-pong's half round trip, timed
+before, is not that price: 550-970 µs mean on a 2-vCPU VM where these transfers took 90-150 µs.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing as mp
 import tempfile
@@ -27,6 +32,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+SEND_AFTER_COMPUTE_S = 1e-3
+"""How long a transfer's sender computes before each send when calls are otherwise timed back to
+back: a stage sends what it has just computed, and on a 2-vCPU VM transfers timed back to back
+took 3-4x as long as after their sender computed (mean 340-470 µs against 90-150 µs, 512 B to
+192 KiB)."""
 
 
 class CalibrationError(RuntimeError):
@@ -44,7 +55,7 @@ class Sample:
     group_size: int
     """Members of the group."""
     seconds: float
-    """Mean latency after the last member arrived (a send: half its ping-pong's mean round trip);
+    """Mean latency after the last member arrived (a send: after the later of its two posts);
     a comm-log sample: the median of its calls' durations."""
     source: str = "bench"
     """'bench' (microbenchmark) or 'comm_log' (delegated calls of a capture)."""
@@ -128,7 +139,7 @@ def _points(plan: _Plan) -> list[tuple[str, int, int]]:
         for op in plan.ops:
             if op == "barrier":
                 points.append((op, p, 0))
-            elif op != "send" or p == 2:  # the ping-pong runs between ranks 0 and 1 only
+            elif op != "send" or p == 2:  # a transfer runs between ranks 0 and 1 only
                 points += [(op, p, max(1, size // 4 // p) * p) for size in plan.sizes]
     return points
 
@@ -150,7 +161,19 @@ def _worker(rank: int, plan: _Plan) -> None:
     # latency after the last arrival can be told apart from the members' skew.
     times = torch.zeros(len(points), plan.reps * plan.calls_per_rep, 2, dtype=torch.int64)
     mine = {
-        i: (_make_call(op, p, numel, rank, groups[p]), groups[p])
+        i: (
+            _make_call(
+                op,
+                p,
+                numel,
+                rank,
+                groups[p],
+                point=i,
+                calls=(plan.warmup + plan.reps) * plan.calls_per_rep,
+                compute_between_s=plan.compute_between_s,
+            ),  # fmt: skip
+            groups[p],
+        )
         for i, (op, p, numel) in enumerate(points)
         if rank < p
     }
@@ -159,11 +182,11 @@ def _worker(rank: int, plan: _Plan) -> None:
         times[i] = torch.tensor(stamps)
     gathered = [torch.zeros_like(times) for _ in range(plan.world)]
     dist.all_gather(gathered, times)
-    seconds = [_mean_latency_s(op, [g[i] for g in gathered[:p]]) for i, (op, p, _) in enumerate(points)]
+    seconds = [_mean_latency_s([g[i] for g in gathered[:p]]) for i, (_, p, _) in enumerate(points)]
     if rank == 0:
         calls = plan.reps * plan.calls_per_rep
         rows = [
-            (op, 4 * numel, p, t / 2 if op == "send" else t, cpu_ns[i] / calls / 1e9)
+            (op, 4 * numel, p, t, cpu_ns[i] / calls / 1e9)
             for i, ((op, p, numel), t) in enumerate(zip(points, seconds, strict=True))
         ]
         Path(plan.result_path).write_text(json.dumps(rows))
@@ -174,9 +197,10 @@ def _time_points(
     calls: dict[int, tuple[Callable[[], None], object]], plan: _Plan
 ) -> tuple[dict[int, list], dict[int, int]]:
     """``[entry_ns, exit_ns]`` of every timed call of each point, each after ``compute_between_s``
-    of compute, and the CPU time this process (every thread: gloo copies and reduces on its own)
-    spent in each point's timed calls, the compute between them left out. Repetitions go round the points (every point's first, then every point's second,
-    ...), so that a slow spell of the machine, which lasts seconds on a VM, falls on every point
+    of compute (a transfer's ends as ``_transfer`` says), and the CPU time this process
+    (every thread: gloo copies and reduces on its own) spent in each point's timed calls, the
+    compute between them left out. Repetitions go round the points (every point's first, then
+    every point's second, ...), so that a slow spell of the machine, which lasts seconds on a VM, falls on every point
     alike instead of on the few timed in it: back to back, point after point, one calibration's
     64 KiB all-reduce read 1.19 ms and the next one's, seconds later, 1.92 ms."""
     import torch.distributed as dist
@@ -188,8 +212,9 @@ def _time_points(
             dist.barrier(group=group)
             stamps, cpu = [], 0
             for _ in range(plan.calls_per_rep):
-                if plan.compute_between_s > 0:
-                    _busy(plan.compute_between_s)
+                gap_s = getattr(call, "compute_before_s", plan.compute_between_s)
+                if gap_s > 0:
+                    _busy(gap_s)
                 cpu_entry, entry = time.process_time_ns(), time.monotonic_ns()
                 call()
                 stamps.append([entry, time.monotonic_ns()])
@@ -200,15 +225,14 @@ def _time_points(
     return out, cpu_ns
 
 
-def _mean_latency_s(op: str, members: list) -> float:
-    """Mean over members and calls: latency after the last arrival (a send: the call's own time).
+def _mean_latency_s(members: list) -> float:
+    """Mean over members and calls of the latency after the last arrival (a transfer's two ends
+    are its members).
 
     ``members``: per member, an int64 tensor of ``[entry_ns, exit_ns]`` per call."""
     import torch
 
     stamps = torch.stack(members).double()  # member, call, (entry, exit)
-    if op == "send":  # a ping-pong's two ends are not one operation: time each end's round trip
-        return float((stamps[..., 1] - stamps[..., 0]).mean()) / 1e9
     last_arrival = stamps[..., 0].max(dim=0).values
     return float((stamps[..., 1] - last_arrival).mean()) / 1e9
 
@@ -220,7 +244,9 @@ def _busy(seconds: float) -> None:
         pass
 
 
-def _make_call(op: str, p: int, numel: int, rank: int, group):
+def _make_call(
+    op: str, p: int, numel: int, rank: int, group, *, point: int, calls: int, compute_between_s: float
+):
     """A no-argument callable running ``op`` once with ``numel`` float32 elements per rank, as
     prism's runtime makes it: the Work is waited on through ``CallerReleasesWork``, whose wait
     lasts until gloo's worker thread has let go of the tensors, a cost every delegated call of a
@@ -245,7 +271,9 @@ def _make_call(op: str, p: int, numel: int, rank: int, group):
             [x, *chunks], lambda: dist.scatter(x, chunks or None, src=0, group=group, async_op=True)
         )
     if op == "send":
-        return lambda: _ping_pong(x, rank)
+        return _transfer(
+            x, rank, tag=point, calls=calls, sender_compute_s=compute_between_s or SEND_AFTER_COMPUTE_S
+        )
     issue = {
         "all_reduce": lambda: dist.all_reduce(x, group=group, async_op=True),
         "broadcast": lambda: dist.broadcast(x, src=0, group=group, async_op=True),
@@ -268,11 +296,32 @@ def _released(payload: list, issue):
     return call
 
 
-def _ping_pong(x, rank: int) -> None:
-    """One round trip between ranks 0 and 1; the worker halves its time (one-way send)."""
+def _transfer(x, rank: int, *, tag: int, calls: int, sender_compute_s: float):
+    """A callable making one of ``calls`` transfers from rank 0 to rank 1 as a pipeline makes
+    them: rank 1's recv is posted before rank 0 sends (the next as soon as the last is in, as a
+    stage posts its next receive) and rank 1 waits while rank 0 computes ``sender_compute_s``
+    and sends, so that a call runs from rank 0's post to the data in rank 1's hands; each end
+    waits on its own Work. ``tag`` keeps each point's receives to its own sends while every
+    point has one posted."""
     import torch.distributed as dist
 
-    peer = 1 - rank
-    first, second = (dist.isend, dist.irecv) if rank == 0 else (dist.irecv, dist.isend)
-    for fn in (first, second):
-        _released([x], lambda fn=fn: fn(x, peer))()
+    from prism.peers.delegate import CallerReleasesWork
+
+    if rank == 0:
+        send = _released([x], lambda: dist.isend(x, 1, tag=tag))
+        send.compute_before_s = sender_compute_s
+        return send
+
+    def post():
+        return CallerReleasesWork.issue([x], lambda: dist.irecv(x, 0, tag=tag), lambda: None)
+
+    left = itertools.count(calls - 1, -1)
+    pending = [post()]
+
+    def recv() -> None:
+        pending.pop().wait()
+        if next(left) > 0:
+            pending.append(post())
+
+    recv.compute_before_s = 0.0  # computing through the transfer would hide its time
+    return recv

@@ -204,7 +204,7 @@ class CalibrationConfig:
     max_procs: int = max(2, min(4, os.cpu_count() or 2))
     """Processes to spawn; group sizes are the powers of two from 2 up to it."""
     ops: tuple[str, ...] = BENCH_OPS
-    """Ops to time ('send' times a send/recv ping-pong)."""
+    """Ops to time ('send' times one-way transfers, the receiver waiting for the sender)."""
     reps: int = 9
     """Timed repetitions per point (the mean latency over their calls is kept)."""
     calls_per_rep: int = 3
@@ -302,8 +302,8 @@ the socket's round trips) outweigh the work per byte this table models."""
 def host_work_table(samples: Iterable[Sample]) -> dict[str, float]:
     """The spec's ``host_ns_per_byte``: per collective class, the CPU time per byte a member's
     process spent in the microbenchmark's calls of at least ``HOST_FIT_MIN_BYTES``, fitted
-    through the origin (least squares). Transfers are left out: the microbenchmark's send is a
-    ping-pong, both directions in one call."""
+    through the origin (least squares). Transfers are left out: a virtual peer's host work is a
+    collective's share of copying and reducing, which a transfer's peer does not do on this rank."""
     points: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for s in samples:
         cls = op_class(s.op)

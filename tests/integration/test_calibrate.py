@@ -58,11 +58,14 @@ def test_quick_calibration_predicts_what_it_measured(tmp_path) -> None:
 def test_cold_calls_time_the_call_and_not_the_compute_before_it() -> None:
     compute_s = 0.02
     samples = run_benchmark(
-        max_procs=2, sizes=(4 * KiB,), ops=("all_reduce", "send"), reps=3, calls_per_rep=2, warmup=1,
+        max_procs=2, sizes=(4 * KiB, 64 * KiB), ops=("all_reduce", "send"), reps=3, calls_per_rep=2, warmup=1,
         timeout_s=60, compute_between_s=compute_s,
     )  # fmt: skip
-    assert {s.op for s in samples} == {"all_reduce", "send"}
-    # The 20 ms of compute before each call is not in its time (a 4 KiB call takes well under it).
+    assert {(s.op, s.bytes) for s in samples} == {
+        (op, n) for op in ("all_reduce", "send") for n in (4 * KiB, 64 * KiB)
+    }
+    # The 20 ms of compute before each call is not in its time (a 4 KiB call takes well under it);
+    # a transfer's receiver, its recv posted, waits from its entry and is timed from the send.
     assert all(0 < s.seconds < compute_s / 2 for s in samples), samples
 
 
@@ -71,9 +74,11 @@ def test_a_cold_collective_is_timed_from_its_last_arrival_not_each_members_entry
     # 300 µs member 0 spent waiting is the busy loop's skew, not the collective's cost.
     early = torch.tensor([[0, 400_000], [1_000_000, 1_100_000]])
     late = torch.tensor([[300_000, 400_000], [1_000_000, 1_100_000]])
-    assert _mean_latency_s("all_reduce", [early, late]) == pytest.approx(100e-6)
-    # A ping-pong's ends are one round trip each (the caller halves it into a one-way send).
-    assert _mean_latency_s("send", [early, late]) == pytest.approx((400 + 100 + 100 + 100) / 4 * 1e-6)
+    assert _mean_latency_s([early, late]) == pytest.approx(100e-6)
+    # A transfer alike: the receiver, waiting since its entry, is timed from the send's post.
+    receiver = torch.tensor([[0, 350_000], [1_000_000, 1_050_000]])
+    sender = torch.tensor([[300_000, 310_000], [1_000_000, 1_010_000]])
+    assert _mean_latency_s([sender, receiver]) == pytest.approx((10 + 50 + 10 + 50) / 4 * 1e-6)
 
 
 def test_repetitions_go_round_the_points_so_a_slow_spell_falls_on_all_of_them(monkeypatch) -> None:
