@@ -161,19 +161,7 @@ def _worker(rank: int, plan: _Plan) -> None:
     # latency after the last arrival can be told apart from the members' skew.
     times = torch.zeros(len(points), plan.reps * plan.calls_per_rep, 2, dtype=torch.int64)
     mine = {
-        i: (
-            _make_call(
-                op,
-                p,
-                numel,
-                rank,
-                groups[p],
-                point=i,
-                calls=(plan.warmup + plan.reps) * plan.calls_per_rep,
-                compute_between_s=plan.compute_between_s,
-            ),  # fmt: skip
-            groups[p],
-        )
+        i: (_make_call(op, p, numel, rank, groups[p], point=i, plan=plan), groups[p])
         for i, (op, p, numel) in enumerate(points)
         if rank < p
     }
@@ -200,9 +188,10 @@ def _time_points(
     of compute (a transfer's ends as ``_transfer`` says), and the CPU time this process
     (every thread: gloo copies and reduces on its own) spent in each point's timed calls, the
     compute between them left out. Repetitions go round the points (every point's first, then
-    every point's second, ...), so that a slow spell of the machine, which lasts seconds on a VM, falls on every point
-    alike instead of on the few timed in it: back to back, point after point, one calibration's
-    64 KiB all-reduce read 1.19 ms and the next one's, seconds later, 1.92 ms."""
+    every point's second, ...), so that a slow spell of the machine, which lasts seconds on a
+    VM, falls on every point alike instead of on the few timed in it: back to back, point after
+    point, one calibration's 64 KiB all-reduce read 1.19 ms and the next one's, seconds later,
+    1.92 ms."""
     import torch.distributed as dist
 
     out: dict[int, list] = {i: [] for i in calls}
@@ -244,9 +233,7 @@ def _busy(seconds: float) -> None:
         pass
 
 
-def _make_call(
-    op: str, p: int, numel: int, rank: int, group, *, point: int, calls: int, compute_between_s: float
-):
+def _make_call(op: str, p: int, numel: int, rank: int, group, *, point: int, plan: _Plan):
     """A no-argument callable running ``op`` once with ``numel`` float32 elements per rank, as
     prism's runtime makes it: the Work is waited on through ``CallerReleasesWork``, whose wait
     lasts until gloo's worker thread has let go of the tensors, a cost every delegated call of a
@@ -272,8 +259,9 @@ def _make_call(
         )
     if op == "send":
         return _transfer(
-            x, rank, tag=point, calls=calls, sender_compute_s=compute_between_s or SEND_AFTER_COMPUTE_S
-        )
+            x, rank, tag=point, calls=(plan.warmup + plan.reps) * plan.calls_per_rep,
+            sender_compute_s=plan.compute_between_s or SEND_AFTER_COMPUTE_S,
+        )  # fmt: skip
     issue = {
         "all_reduce": lambda: dist.all_reduce(x, group=group, async_op=True),
         "broadcast": lambda: dist.broadcast(x, src=0, group=group, async_op=True),
