@@ -17,9 +17,9 @@ each call every member keeps its CPU busy for that long. On a VM a gloo call cos
 longer its process computed before it, which back-to-back timing misses.
 
 A send is timed as a pipeline makes it: the sender computes, then sends to a receiver whose recv
-is already posted and who waits for it, and each end's exit counts from the later entry, as a
-collective's: the price of a transfer a stage waits for. A ping-pong's half round trip, timed
-before, is not that price: 550-970 µs mean on a 2-vCPU VM where these transfers took 90-150 µs.
+is already posted and who waits for it, and the receiver's exit counts from the later entry, as
+a collective's exits do: the price of a transfer a stage waits for. A ping-pong's half round trip, timed
+before, is not that price: 550-970 µs mean on a 2-vCPU VM where these transfers took 120-180 µs.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from pathlib import Path
 SEND_AFTER_COMPUTE_S = 1e-3
 """How long a transfer's sender computes before each send when calls are otherwise timed back to
 back: a stage sends what it has just computed, and on a 2-vCPU VM transfers timed back to back
-took 3-4x as long as after their sender computed (mean 340-470 µs against 90-150 µs, 512 B to
-192 KiB)."""
+took 3-4x as long as after their sender computed (the mean of both ends' waits: 340-470 µs
+against 90-150 µs, 512 B to 192 KiB)."""
 
 
 class CalibrationError(RuntimeError):
@@ -170,7 +170,10 @@ def _worker(rank: int, plan: _Plan) -> None:
         times[i] = torch.tensor(stamps)
     gathered = [torch.zeros_like(times) for _ in range(plan.world)]
     dist.all_gather(gathered, times)
-    seconds = [_mean_latency_s([g[i] for g in gathered[:p]]) for i, (_, p, _) in enumerate(points)]
+    seconds = [
+        _mean_latency_s([g[i] for g in gathered[:p]], waiters=RECEIVER if op == "send" else None)
+        for i, (op, p, _) in enumerate(points)
+    ]
     if rank == 0:
         calls = plan.reps * plan.calls_per_rep
         rows = [
@@ -214,16 +217,23 @@ def _time_points(
     return out, cpu_ns
 
 
-def _mean_latency_s(members: list) -> float:
-    """Mean over members and calls of the latency after the last arrival (a transfer's two ends
-    are its members).
+RECEIVER = (1,)
+"""The member of a transfer whose exit times it (``_transfer``: rank 1 receives)."""
+
+
+def _mean_latency_s(members: list, waiters: tuple[int, ...] | None = None) -> float:
+    """Mean over calls, and over the members that wait for the call (``waiters``, indices into
+    ``members``; None: all), of the latency after the last arrival. A transfer is its receiver's
+    wait: its sender may return before the receiver even comes to wait (the recv was posted
+    beforehand and the data is in), so the sender's exit can precede the last arrival.
 
     ``members``: per member, an int64 tensor of ``[entry_ns, exit_ns]`` per call."""
     import torch
 
     stamps = torch.stack(members).double()  # member, call, (entry, exit)
     last_arrival = stamps[..., 0].max(dim=0).values
-    return float((stamps[..., 1] - last_arrival).mean()) / 1e9
+    exits = stamps[..., 1] if waiters is None else stamps[list(waiters), :, 1]
+    return float((exits - last_arrival).mean()) / 1e9
 
 
 def _busy(seconds: float) -> None:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from prism.graph.comm.bench import _mean_latency_s, _Plan, _time_points, run_benchmark
+from prism.graph.comm.bench import RECEIVER, _mean_latency_s, _Plan, _time_points, run_benchmark
 from prism.graph.comm.calibrate import (
     CalibrationConfig,
     CalibrationError,
@@ -75,10 +75,12 @@ def test_a_cold_collective_is_timed_from_its_last_arrival_not_each_members_entry
     early = torch.tensor([[0, 400_000], [1_000_000, 1_100_000]])
     late = torch.tensor([[300_000, 400_000], [1_000_000, 1_100_000]])
     assert _mean_latency_s([early, late]) == pytest.approx(100e-6)
-    # A transfer alike: the receiver, waiting since its entry, is timed from the send's post.
-    receiver = torch.tensor([[0, 350_000], [1_000_000, 1_050_000]])
+    # A transfer is its receiver's wait, from the send's post: the first call. In the second the
+    # receiver came late, the data already in: its wait is its own, and the sender's exit, before
+    # the receiver arrived, is no latency at all (it counted -40 µs).
+    receiver = torch.tensor([[0, 350_000], [1_050_000, 1_060_000]])
     sender = torch.tensor([[300_000, 310_000], [1_000_000, 1_010_000]])
-    assert _mean_latency_s([sender, receiver]) == pytest.approx((10 + 50 + 10 + 50) / 4 * 1e-6)
+    assert _mean_latency_s([sender, receiver], waiters=RECEIVER) == pytest.approx((50 + 10) / 2 * 1e-6)
 
 
 def test_repetitions_go_round_the_points_so_a_slow_spell_falls_on_all_of_them(monkeypatch) -> None:
