@@ -25,6 +25,8 @@
 #                 captured, its graph built and simulated, rank 3 replayed against 7 virtual peers
 #   ddp_fidelity  benchmarks/fidelity.py on examples/ddp.py at dp=1 (one GPU): its real run under
 #                 torchrun against the simulation and the replay of its graph, 3 interleaved repeats
+#   fsdp_*        examples/fsdp2.py on CUDA (FSDP2: all-gathers and reduce-scatters on their own
+#                 streams): a slice of dp=8 captured, built, simulated, rank 3 replayed
 set -u
 OUT=${1:-${OUT:-gpu-checks}}
 ARCHIVE=${2:-}
@@ -87,8 +89,15 @@ step ddp_replay 120 bash -c 'cli "$@"' cli prism.replay.cli "$OUT/ddp.parquet" -
 cp "$OUT/replay_ddp/report.json" "$OUT/ddp_replay_report.json" 2>/dev/null
 step ddp_fidelity 240 "$PY" benchmarks/fidelity.py --device $DEVICE --dp 1 --repeats 3 --warmup 10 \
   --cluster-spec benchmarks/results/fidelity-programs-spec.toml --work-dir "$OUT/fidelity_work" --json "$OUT/ddp_fidelity.json" --program "${DDP[*]}"
+
+FSDP=(examples/fsdp2.py --device "$DEVICE" --steps 40 "${DDP_MODEL[@]}")
+step fsdp_capture 120 bash -c 'cli "$@"' cli prism.capture.cli --device $DEVICE --tp 1 --pp 1 --dp 8 --warmup 5 --iterations 2 -o "$OUT/fsdp_cap" -- "${FSDP[@]}"
+step fsdp_build 60 bash -c 'cli "$@"' cli prism.graph.build.cli "$OUT/fsdp_cap" --tp 1 --pp 1 --dp 8 -o "$OUT/fsdp.parquet"
+step fsdp_simulate 60 bash -c 'cli "$@"' cli prism.graph.sim.cli "$OUT/fsdp.parquet" -o "$OUT/fsdp_simulate.json"
+step fsdp_replay 120 bash -c 'cli "$@"' cli prism.replay.cli "$OUT/fsdp.parquet" --rank 3 --warmup 5 --iterations 2 -o "$OUT/replay_fsdp"
+cp "$OUT/replay_fsdp/report.json" "$OUT/fsdp_replay_report.json" 2>/dev/null
 echo "summary:"; cat "$OUT/summary.txt"
 archive
 if [ -n "$ARCHIVE" ]; then
-  (cd "$OUT" && tar czf "${ARCHIVE%.tgz}-captures.tgz" $(ls -d gpt_cap ddp_cap gpt.parquet ddp.parquet replay_gpt replay_ddp 2>/dev/null))
+  (cd "$OUT" && tar czf "${ARCHIVE%.tgz}-captures.tgz" $(ls -d gpt_cap ddp_cap fsdp_cap gpt.parquet ddp.parquet fsdp.parquet replay_gpt replay_ddp replay_fsdp 2>/dev/null))
 fi

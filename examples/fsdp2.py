@@ -1,14 +1,17 @@
 """Fully sharded data parallelism with FSDP2 (``fully_shard``), as a user writes it.
 
     torchrun --nproc-per-node 2 examples/fsdp2.py [--steps 20] [--hidden 256] [--layers 4]
+                                                  [--device cuda]
 
 Each transformer-like block is sharded on its own, then the whole model: parameters are
 all-gathered before each block's forward and backward and gradients reduce-scattered after it.
+On CPU over gloo; with ``--device cuda`` each rank on GPU ``LOCAL_RANK`` over NCCL.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 import torch.distributed as dist
@@ -50,19 +53,25 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
 
-    dist.init_process_group("gloo")
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     torch.manual_seed(0)
-    model = Model(args.vocab, args.hidden, args.layers)
+    model = Model(args.vocab, args.hidden, args.layers).to(device)
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(dist.get_rank())
     for step in range(args.steps):
-        tokens = torch.randint(args.vocab, (args.batch, args.seq + 1), generator=generator)
+        tokens = torch.randint(args.vocab, (args.batch, args.seq + 1), generator=generator).to(device)
         logits = model(tokens[:, :-1])
         loss = nn.functional.cross_entropy(logits.reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
         optimizer.zero_grad(set_to_none=True)
