@@ -18,6 +18,13 @@ between blocks — and only a phase too short to measure (or a capture without p
 role's factor. On CUDA the phase spans are host time while the device runs ahead of it, so the
 role's factor (whole iterations, synchronised) stays.
 
+A process-group call's own time is left to the comm model, but what that time is differs by
+device. On CPU the call is the collective (gloo runs it on the host, and the model's price was
+measured on such calls), so its captured time is dropped. On CUDA the host only launches the
+call and the device runs the collective: the captured time is the launch, host work the model
+does not price, and it stays, scaled like compute, in the gap before the call's node (the role's
+factor is over iterations that include it).
+
 Which warm-up iterations are clean is ``prism.schemas.iterations.clean_unprofiled``.
 """
 
@@ -68,6 +75,9 @@ class TimeScale:
     phase_factors: Mapping[str, float] = field(default_factory=dict)
     """Unprofiled / profiled median own time of each phase (``annotations.block_kind``, and
     ``GLUE``); empty: the role's factor for every unit."""
+    launches: bool = False
+    """The rank's process-group calls are launched onto a device (CUDA): their captured time is
+    host work that stays in the graph, before each call's node."""
 
     @property
     def factor(self) -> float:
@@ -86,6 +96,7 @@ class TimeScale:
             "profiled_ms": round(self.profiled_ns / 1e6, 3),
             "clean_iterations": self.clean_iterations,
             "phase_factors": {kind: round(f, 6) for kind, f in sorted(self.phase_factors.items())},
+            "launches": self.launches,
         }
 
 
@@ -104,7 +115,9 @@ def phase_factors(phase_ns: Sequence[Mapping[str, int]], warmup: int) -> dict[st
     return factors
 
 
-def time_scale(result: RankResult, warmup: int, *, by_phase: bool = True) -> TimeScale | None:
+def time_scale(
+    result: RankResult, warmup: int, *, by_phase: bool = True, launches: bool = False
+) -> TimeScale | None:
     """The rank's unprofiled/profiled ratios (by phase when ``by_phase`` and the capture timed
     its phases), or None without a clean unprofiled iteration. Over the program's own time: a
     paced capture's held time is not the program's."""
@@ -118,6 +131,7 @@ def time_scale(result: RankResult, warmup: int, *, by_phase: bool = True) -> Tim
         profiled_ns=float(statistics.median(profiled)),
         clean_iterations=len(clean),
         phase_factors=phase_factors(result.phase_ns, warmup) if by_phase else {},
+        launches=launches,
     )
 
 
@@ -129,7 +143,23 @@ def correction_scale(
     are the work's own time (on CUDA they are host time, ahead of the device)."""
     if correction == Correction.NONE:
         return None
-    return time_scale(result, warmup, by_phase=correction == Correction.PHASE and device == "cpu")
+    return time_scale(
+        result, warmup, by_phase=correction == Correction.PHASE and device == "cpu", launches=device == "cuda"
+    )
+
+
+def scaled_times(
+    dur_ns: np.ndarray, gap_ns: np.ndarray, is_comm: np.ndarray, factor: np.ndarray, *, launches: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """Units' durations and gaps with the profiler's cost taken out: compute and gaps times their
+    ``factor``; a call's duration as captured (the comm model prices it), and with ``launches``
+    its host part, times its factor, added to its gap."""
+    dur = dur_ns.astype(np.float64)
+    gap = gap_ns.astype(np.float64) * factor
+    if launches:
+        gap = gap + np.where(is_comm, dur * factor, 0.0)
+    dur = np.where(is_comm, dur, dur * factor)
+    return np.round(dur).astype(np.int64), np.round(gap).astype(np.int64)
 
 
 def _scaled(segment: Segment, scale: TimeScale) -> Segment:
@@ -137,10 +167,13 @@ def _scaled(segment: Segment, scale: TimeScale) -> Segment:
     units = segment.units.copy()
     in_block = np.array([is_block(phase) for phase in units[ot.PHASE]], dtype=bool)
     factor = np.where(in_block, scale.factor_of(segment.kind), scale.factor_of(None))
-    compute = ~units[ot.IS_COMM].fillna(False).to_numpy(dtype=bool)
-    dur = units[ot.DUR_NS].to_numpy(dtype=np.float64)
-    units[ot.DUR_NS] = np.where(compute, np.round(dur * factor), dur).astype(np.int64)
-    units[ot.GAP_NS] = np.round(units[ot.GAP_NS].to_numpy(dtype=np.float64) * factor).astype(np.int64)
+    units[ot.DUR_NS], units[ot.GAP_NS] = scaled_times(
+        units[ot.DUR_NS].to_numpy(),
+        units[ot.GAP_NS].to_numpy(),
+        units[ot.IS_COMM].fillna(False).to_numpy(dtype=bool),
+        factor,
+        launches=scale.launches,
+    )
     return replace(segment, units=units)
 
 

@@ -42,7 +42,7 @@ from prism.graph.build.compose import (
     wait_node,
     waiting_columns,
 )
-from prism.graph.build.profiler_overhead import TimeScale
+from prism.graph.build.profiler_overhead import TimeScale, scaled_times
 from prism.graph.build.templates import GROUP_AXIS, TemplateError
 from prism.schemas.annotations import block_kind
 from prism.schemas.layout import ParallelLayout
@@ -115,14 +115,17 @@ def _factors(units: pd.DataFrame, scale: TimeScale | None) -> np.ndarray:
 def _units(
     iterations: list[pd.DataFrame], rank: int, layout: ParallelLayout, scale: TimeScale | None
 ) -> pd.DataFrame:
-    """One iteration's units with mean durations and gaps (compute scaled by its phase's factor)."""
+    """One iteration's units with mean durations and gaps (compute scaled by its phase's factor;
+    ``profiler_overhead.scaled_times``)."""
     units = iterations[0].copy()
     is_comm = units[ot.IS_COMM].to_numpy(dtype=bool)
     factor = _factors(units, scale)
-    for column in (ot.DUR_NS, ot.GAP_NS):
-        mean = np.mean([it[column].to_numpy(dtype=np.float64) for it in iterations], axis=0)
-        scaled = mean * factor if column == ot.GAP_NS else np.where(is_comm, mean, mean * factor)
-        units[column] = np.round(scaled).astype(np.int64)
+    dur, gap = (
+        np.mean([it[column].to_numpy(dtype=np.float64) for it in iterations], axis=0)
+        for column in (ot.DUR_NS, ot.GAP_NS)
+    )
+    launches = scale is not None and scale.launches
+    units[ot.DUR_NS], units[ot.GAP_NS] = scaled_times(dur, gap, is_comm, factor, launches=launches)
     # The profiler records no free of a block allocated before it started: the first profiled
     # iteration frees what the one before allocated unseen, so memory comes from the later ones.
     steady = iterations[1:] or iterations

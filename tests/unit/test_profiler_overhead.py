@@ -11,8 +11,10 @@ from test_compose import CAPTURED, op_table
 from prism.graph.build import op_table as ot
 from prism.graph.build.profiler_overhead import (
     MIN_PHASE_NS,
+    Correction,
     TimeScale,
     clean_unprofiled,
+    correction_scale,
     phase_factors,
     scale_template,
     time_scale,
@@ -105,6 +107,28 @@ def test_scaling_multiplies_compute_and_gaps_and_leaves_comm_alone() -> None:
         assert (after[ot.DUR_NS][comm] == before[ot.DUR_NS][comm]).all()
         assert (after[ot.GAP_NS] == (before[ot.GAP_NS] * 0.5).round()).all()
         assert (after[ot.ALLOC_BYTES] == before[ot.ALLOC_BYTES]).all()
+
+
+def test_on_cuda_a_calls_captured_time_is_its_launch_and_stays_before_its_node() -> None:
+    # The role's factor is over whole iterations, calls included: dropping the calls' host time
+    # (the device runs the collective) would leave the graph short of the unprofiled iteration.
+    template = build_role_template(op_table(1), rank=2, stage=1, first_layer=CAPTURED.stage_layers(1).start)
+    ns = (900, 200, 210, 190, 350, 400, 410, 390)
+    on_cpu = correction_scale(result(ns), 5, Correction.ROLE, "cpu")
+    on_cuda = correction_scale(result(ns), 5, Correction.ROLE, "cuda")
+    assert on_cpu is not None and on_cuda is not None
+    assert not on_cpu.launches and on_cuda.launches and on_cuda.to_dict()["launches"]
+    cpu, cuda = scale_template(template, on_cpu), scale_template(template, on_cuda)
+    launched = 0.0
+    for kind, segment in template.segments.items():
+        before = segment.units
+        comm = before[ot.IS_COMM].to_numpy(dtype=bool)
+        launch = np.where(comm, (before[ot.DUR_NS] * on_cuda.factor).to_numpy(), 0.0)
+        launched += launch.sum()
+        assert (cuda.segments[kind].units[ot.DUR_NS] == cpu.segments[kind].units[ot.DUR_NS]).all(), kind
+        gap_cpu = cpu.segments[kind].units[ot.GAP_NS].to_numpy()
+        assert np.abs(cuda.segments[kind].units[ot.GAP_NS].to_numpy() - (gap_cpu + launch)).max() <= 1, kind
+    assert launched > 0
 
 
 def test_units_are_scaled_by_their_phase_and_glue_by_the_glues() -> None:

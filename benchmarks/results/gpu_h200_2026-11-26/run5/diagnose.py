@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/results/gpu_h200_2026-11-26/run5/diagnose.py [REPEAT_DIR]
 
 REPEAT_DIR (default: repeat0 beside this file) holds one repeat of run 5's fidelity run
-(``benchmarks/fidelity.py --device cuda --dp 1``, its command in README.txt): the capture (its
-Execution Trace gzipped), the graph built from it and the real run's result and trace. Prints,
+(``benchmarks/fidelity.py --device cuda --dp 1``, its command in README.txt): the graph built
+from its capture then and the real run's result and trace; the capture itself (its Execution
+Trace gzipped) is test data, ``tests/data/cuda_captures/ddp_dp1_h200/capture``. Prints,
 for each profiled iteration of the capture, the host's span, the device's busy time and the host
 time of the process-group calls; then the graph's time by phase and kind, and what the build did
 with the calls' host time.
@@ -39,7 +40,7 @@ def busy_ns(gpu: pd.DataFrame) -> int:
 
 
 repeat = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "repeat0"
-capture = repeat / "capture"
+capture = Path(__file__).parents[4] / "tests" / "data" / "cuda_captures" / "ddp_dp1_h200" / "capture"
 result = json.loads((capture / "logs" / "rank0.result.json").read_text())
 real = json.loads((repeat / "real" / "rank0.json").read_text())
 warmup = json.loads((capture / "job.json").read_text())["warmup"]
