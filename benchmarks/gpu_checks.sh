@@ -27,6 +27,10 @@
 #                 torchrun against the simulation and the replay of its graph, 3 interleaved repeats
 #   fsdp_*        examples/fsdp2.py on CUDA (FSDP2: all-gathers and reduce-scatters on their own
 #                 streams): a slice of dp=8 captured, built, simulated, rank 3 replayed
+#   tp_fsdp_*     examples/tp_fsdp.py on CUDA (DTensor tensor parallel inside FSDP2, tp=2 dp=4):
+#                 captured, built, simulated, rank 3 replayed
+#   compile_*     examples/compile_ddp.py --compile-inside on CUDA (compiled model in DDP, dp=8):
+#                 captured, built, simulated, rank 3 replayed
 set -u
 OUT=${1:-${OUT:-gpu-checks}}
 ARCHIVE=${2:-}
@@ -74,30 +78,33 @@ step from_traces 90 "$PY" benchmarks/from_traces.py "$OUT/traces" "$OUT/traces_w
 step gpu_tests 180 "$PY" -m pytest -q -rs -p no:cacheprovider tests/gpu
 
 GPT=(--layers 4 --hidden 256 --heads 4 --seq-len 128 --microbatches 4 --vocab 4096)
-step gpt_capture 120 bash -c 'cli "$@"' cli prism.capture.cli --device $DEVICE --tp 2 --pp 2 --dp 4 "${GPT[@]}" --warmup 5 --iterations 2 -o "$OUT/gpt_cap"
+step gpt_capture 120 bash -c 'cli "$@"' cli prism.capture.cli --device $DEVICE --tp 2 --pp 2 --dp 4 "${GPT[@]}" --warmup 5 --iterations 2 --overwrite -o "$OUT/gpt_cap"
 step gpt_build 60 bash -c 'cli "$@"' cli prism.graph.build.cli "$OUT/gpt_cap" --tp 2 --pp 2 --dp 4 -o "$OUT/gpt.parquet"
 step gpt_simulate 60 bash -c 'cli "$@"' cli prism.graph.sim.cli "$OUT/gpt.parquet" -o "$OUT/gpt_simulate.json"
 TOGETHER=$([ "$DEVICE" = cpu ] || [ "$("$PY" -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ] || echo --separately)
-step gpt_replay 120 bash -c 'cli "$@"' cli prism.replay.cli "$OUT/gpt.parquet" --rank 0 --rank 3 $TOGETHER --device $DEVICE --warmup 5 --iterations 2 -o "$OUT/replay_gpt"
+step gpt_replay 120 bash -c 'cli "$@"' cli prism.replay.cli "$OUT/gpt.parquet" --rank 0 --rank 3 $TOGETHER --device $DEVICE --warmup 5 --iterations 2 --overwrite -o "$OUT/replay_gpt"
 cp "$OUT/replay_gpt/report.json" "$OUT/gpt_replay_report.json" 2>/dev/null
 
+# program_chain NAME TP DP PROGRAM ARGS...: an unmodified program's slice captured, its graph built
+# and simulated, rank 3 replayed against its virtual peers.
+program_chain() {
+  local name=$1 tp=$2 dp=$3; shift 3
+  step "${name}_capture" 150 bash -c 'cli "$@"' cli prism.capture.cli --device $DEVICE --tp "$tp" --pp 1 --dp "$dp" --warmup 5 --iterations 2 --overwrite -o "$OUT/${name}_cap" -- "$@"
+  step "${name}_build" 60 bash -c 'cli "$@"' cli prism.graph.build.cli "$OUT/${name}_cap" --tp "$tp" --pp 1 --dp "$dp" -o "$OUT/$name.parquet"
+  step "${name}_simulate" 60 bash -c 'cli "$@"' cli prism.graph.sim.cli "$OUT/$name.parquet" -o "$OUT/${name}_simulate.json"
+  step "${name}_replay" 150 bash -c 'cli "$@"' cli prism.replay.cli "$OUT/$name.parquet" --rank 3 --warmup 5 --iterations 2 --overwrite -o "$OUT/replay_$name"
+  cp "$OUT/replay_$name/report.json" "$OUT/${name}_replay_report.json" 2>/dev/null
+}
+
 DDP=(examples/ddp.py --device "$DEVICE" --steps 40 --log-every 1 "${DDP_MODEL[@]}")
-step ddp_capture 120 bash -c 'cli "$@"' cli prism.capture.cli --device $DEVICE --tp 1 --pp 1 --dp 8 --warmup 5 --iterations 2 -o "$OUT/ddp_cap" -- "${DDP[@]}"
-step ddp_build 60 bash -c 'cli "$@"' cli prism.graph.build.cli "$OUT/ddp_cap" --tp 1 --pp 1 --dp 8 -o "$OUT/ddp.parquet"
-step ddp_simulate 60 bash -c 'cli "$@"' cli prism.graph.sim.cli "$OUT/ddp.parquet" -o "$OUT/ddp_simulate.json"
-step ddp_replay 120 bash -c 'cli "$@"' cli prism.replay.cli "$OUT/ddp.parquet" --rank 3 --warmup 5 --iterations 2 -o "$OUT/replay_ddp"
-cp "$OUT/replay_ddp/report.json" "$OUT/ddp_replay_report.json" 2>/dev/null
+program_chain ddp 1 8 "${DDP[@]}"
 step ddp_fidelity 240 "$PY" benchmarks/fidelity.py --device $DEVICE --dp 1 --repeats 3 --warmup 10 \
   --cluster-spec benchmarks/results/fidelity-programs-spec.toml --work-dir "$OUT/fidelity_work" --json "$OUT/ddp_fidelity.json" --program "${DDP[*]}"
-
-FSDP=(examples/fsdp2.py --device "$DEVICE" --steps 40 "${DDP_MODEL[@]}")
-step fsdp_capture 120 bash -c 'cli "$@"' cli prism.capture.cli --device $DEVICE --tp 1 --pp 1 --dp 8 --warmup 5 --iterations 2 -o "$OUT/fsdp_cap" -- "${FSDP[@]}"
-step fsdp_build 60 bash -c 'cli "$@"' cli prism.graph.build.cli "$OUT/fsdp_cap" --tp 1 --pp 1 --dp 8 -o "$OUT/fsdp.parquet"
-step fsdp_simulate 60 bash -c 'cli "$@"' cli prism.graph.sim.cli "$OUT/fsdp.parquet" -o "$OUT/fsdp_simulate.json"
-step fsdp_replay 120 bash -c 'cli "$@"' cli prism.replay.cli "$OUT/fsdp.parquet" --rank 3 --warmup 5 --iterations 2 -o "$OUT/replay_fsdp"
-cp "$OUT/replay_fsdp/report.json" "$OUT/fsdp_replay_report.json" 2>/dev/null
+program_chain fsdp 1 8 examples/fsdp2.py --device "$DEVICE" --steps 40 "${DDP_MODEL[@]}"
+program_chain tp_fsdp 2 4 examples/tp_fsdp.py --device "$DEVICE" --tp 2 --steps 40 "${DDP_MODEL[@]}"
+program_chain compile 1 8 examples/compile_ddp.py --device "$DEVICE" --compile-inside --steps 40 "${DDP_MODEL[@]}"
 echo "summary:"; cat "$OUT/summary.txt"
 archive
 if [ -n "$ARCHIVE" ]; then
-  (cd "$OUT" && tar czf "${ARCHIVE%.tgz}-captures.tgz" $(ls -d gpt_cap ddp_cap fsdp_cap gpt.parquet ddp.parquet fsdp.parquet replay_gpt replay_ddp replay_fsdp 2>/dev/null))
+  (cd "$OUT" && tar czf "${ARCHIVE%.tgz}-captures.tgz" $(ls -d *_cap *.parquet replay_* 2>/dev/null))
 fi

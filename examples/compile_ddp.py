@@ -1,16 +1,18 @@
 """A torch.compile'd model under DistributedDataParallel.
 
-    torchrun --nproc-per-node 2 examples/compile_ddp.py [--steps 20] [--compile-inside]
+    torchrun --nproc-per-node 2 examples/compile_ddp.py [--steps 20] [--compile-inside] [--device cuda]
 
 By default DDP wraps the model and ``torch.compile`` wraps the DDP module, as DDP's docs show
 it (in torch 2.13 on CPU, dynamo stops at DDP's forward there and the model runs eagerly);
 ``--compile-inside`` compiles the model first and wraps the compiled module in DDP, which runs
-compiled code. The model is the MLP language-model stand-in of examples/ddp.py.
+compiled code. The model is the MLP language-model stand-in of examples/ddp.py. On CPU over gloo;
+with ``--device cuda`` each rank on GPU ``LOCAL_RANK`` over NCCL.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 import torch.distributed as dist
@@ -42,12 +44,18 @@ def main() -> None:
     parser.add_argument(
         "--compile-inside", action="store_true", help="compile the model, then wrap it in DDP"
     )
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
 
-    dist.init_process_group("gloo")
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = build_model(args.vocab, args.hidden, args.layers)
+    model = build_model(args.vocab, args.hidden, args.layers).to(device)
     if args.compile_inside:
         model = DistributedDataParallel(torch.compile(model))
     else:
@@ -55,7 +63,7 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(rank)
     for step in range(args.steps):
-        tokens = torch.randint(args.vocab, (args.batch, args.seq + 1), generator=generator)
+        tokens = torch.randint(args.vocab, (args.batch, args.seq + 1), generator=generator).to(device)
         logits = model(tokens[:, :-1])
         loss = nn.functional.cross_entropy(logits.reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
         optimizer.zero_grad(set_to_none=True)

@@ -1,15 +1,18 @@
 """Tensor parallelism with DTensor (``parallelize_module``) inside FSDP2 on a 2-D DeviceMesh.
 
     torchrun --nproc-per-node 4 examples/tp_fsdp.py --tp 2 [--steps 20] [--hidden 256] [--layers 4]
+                                                   [--device cuda]
 
 The mesh is (dp, tp) with tp the fastest-varying rank index, as Megatron lays ranks out: each
 block's MLP is split column-wise then row-wise across the tp ranks (one all-reduce per block in
-forward and one in backward), and FSDP2 shards the result across the dp ranks.
+forward and one in backward), and FSDP2 shards the result across the dp ranks. On CPU over gloo; with ``--device cuda`` each
+rank on GPU ``LOCAL_RANK`` over NCCL.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 import torch.distributed as dist
@@ -53,13 +56,19 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
 
-    dist.init_process_group("gloo")
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     dp = dist.get_world_size() // args.tp
-    mesh = init_device_mesh("cpu", (dp, args.tp), mesh_dim_names=("dp", "tp"))
+    mesh = init_device_mesh(device.type, (dp, args.tp), mesh_dim_names=("dp", "tp"))
     torch.manual_seed(0)
-    model = Model(args.vocab, args.hidden, args.layers)
+    model = Model(args.vocab, args.hidden, args.layers).to(device)
     for block in model.blocks:
         parallelize_module(block, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
         fully_shard(block, mesh=mesh["dp"])
@@ -68,7 +77,7 @@ def main() -> None:
     # Ranks of one tp group see the same batch; dp groups see different ones.
     generator = torch.Generator().manual_seed(mesh.get_local_rank("dp"))
     for step in range(args.steps):
-        tokens = torch.randint(args.vocab, (args.batch, args.seq + 1), generator=generator)
+        tokens = torch.randint(args.vocab, (args.batch, args.seq + 1), generator=generator).to(device)
         logits = model(tokens[:, :-1])
         loss = nn.functional.cross_entropy(logits.reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
         optimizer.zero_grad(set_to_none=True)
