@@ -2,8 +2,8 @@
 
     .venv/bin/python benchmarks/scale.py [--capture DIR] [--dp 8 64 256 1024] [--replay-rank 123]
 
-Builds the default capture's graph (tiny GPT, tp=8 pp=16; ``--dp`` 8, 64, 256 and 1024 give
-1,024, 8,192, 32,768 and 131,072 ranks) with ``prism-build-graph --no-simulate``, reads single
+Builds the default capture's graph (tiny GPT, tp=8 pp=16; ``--dp`` 8, 64, 256, 1024 and 2048
+give 1,024, 8,192, 32,768, 131,072 and 262,144 ranks) with ``prism-build-graph --no-simulate``, reads single
 ranks from it, simulates it with ``prism-simulate`` and replays one rank with ``prism-replay``,
 each step in a process of its own: its wall time and the peak RSS of its largest process. A
 step whose estimated memory exceeds what this machine has free is not run, and the table says
@@ -24,12 +24,13 @@ from pathlib import Path
 
 import numpy as np
 import psutil
-import pyarrow.parquet as pq
 from rich.console import Console
 from rich.table import Table
 
 from prism.capture.runner import CaptureOptions, run_capture
 from prism.graph.build.builder import MEMORY_BASE_BYTES, SIMULATE_BYTES_PER_NODE
+from prism.graph.io.parquet import GraphReader
+from prism.graph.io.parts import graph_bytes, remove_graph
 from prism.graph.sim.folded import recorded_replicas
 from prism.schemas.workload import GPTConfig
 
@@ -114,7 +115,8 @@ def main() -> None:
                 str(bin_dir / "prism-build-graph"), str(capture), "--tp", "8", "--pp", "16", "--dp", str(dp),
                 "--no-simulate", "-o", str(graph),
             ])  # fmt: skip
-            nodes = pq.ParquetFile(graph).metadata.num_rows
+            with GraphReader(graph) as reader:
+                nodes, files = reader.num_rows, reader.num_parts
             read = subprocess.run(
                 [sys.executable, "-c", _READ, str(graph), str(ranks), str(args.reads)],
                 capture_output=True, text=True, check=True,
@@ -130,25 +132,25 @@ def main() -> None:
                 distinct + nodes // dp,
             )  # fmt: skip
             rows.append(
-                (ranks, nodes, graph.stat().st_size, build, [float(x) for x in read], simulate, replay)
+                (ranks, nodes, files, graph_bytes(graph), build, [float(x) for x in read], simulate, replay)
             )
-            graph.unlink()
+            remove_graph(graph)
     table = Table(title="prism at scale: tiny GPT tp=8 pp=16, one process per step (wall s, peak RSS GiB)")
     for column in (
-        "ranks", "nodes", "build s", "M nodes/s", "build GiB", "file MiB", "B/node", "read rank ms (median / max)",
+        "ranks", "nodes", "build s", "M nodes/s", "build GiB", "files", "MiB", "B/node", "read rank ms (median / max)",
         "simulate s", "simulate GiB", f"replay rank {args.replay_rank} s", "replay GiB",
     ):  # fmt: skip
         table.add_column(column, justify="right")
-    for ranks, nodes, size, build, read, simulate, replay in rows:
+    for ranks, nodes, files, size, build, read, simulate, replay in rows:
         table.add_row(
             f"{ranks:,}", f"{nodes / 1e6:.1f} M", *build.cells()[:1], f"{nodes / build.wall_s / 1e6:.1f}",
-            build.cells()[1], f"{size / 2**20:.0f}", f"{size / nodes:.2f}", f"{read[0]:.1f} / {read[1]:.1f}",
+            build.cells()[1], str(files), f"{size / 2**20:.0f}", f"{size / nodes:.2f}", f"{read[0]:.1f} / {read[1]:.1f}",
             *simulate.cells(), *replay.cells(),
         )  # fmt: skip
     growth = Table(title="growth between sizes: k in measure ∝ ranks^k (1 = linear)")
     for column in ("ranks", "build s", "build GiB", "read rank ms", "simulate s", "simulate GiB"):
         growth.add_column(column, justify="right")
-    for (ra, _, _, ba, rda, sa, _), (rb, _, _, bb, rdb, sb, _) in zip(rows, rows[1:], strict=False):
+    for (ra, _, _, _, ba, rda, sa, _), (rb, _, _, _, bb, rdb, sb, _) in zip(rows, rows[1:], strict=False):
         growth.add_row(
             f"{ra:,} -> {rb:,}", exponent(ba.wall_s, bb.wall_s, ra, rb),
             exponent(ba.peak_bytes, bb.peak_bytes, ra, rb), exponent(rda[0], rdb[0], ra, rb),

@@ -15,7 +15,6 @@ from prism.graph.sim.load import kind_codes
 from prism.peers.clock import PendingCall
 from prism.schemas import graph_format as gf
 from prism.schemas.annotations import group_label
-from prism.schemas.layout import ParallelLayout
 
 _OPS = {COLLECTIVE: None, SEND: "send", RECV: "recv"}
 
@@ -50,10 +49,7 @@ class RankProgram:
     @classmethod
     def read(cls, path: str | Path, rank: int) -> RankProgram:
         """The rank's rows of the graph file at ``path`` (other row groups are skipped)."""
-        with GraphReader(path) as reader:
-            world = ParallelLayout.from_dict(reader.metadata.layout).world_size
-            if not 0 <= rank < world:
-                raise ValueError(f"rank {rank} is not in the graph (0..{world - 1})")
+        with GraphReader(path) as reader:  # opens the rank's part of the graph alone
             columns = [
                 gf.KIND,
                 gf.NAME,
@@ -65,6 +61,8 @@ class RankProgram:
                 gf.PHASE,
             ]
             table = reader.read_rank(rank, columns)
+            if not 0 <= rank < reader.world_size:
+                raise ValueError(f"rank {rank} is not in the graph (0..{reader.world_size - 1})")
             first_row = reader.first_row(rank)
         group_kind = table[gf.GROUP_KIND].cast("string").to_numpy(zero_copy_only=False)
         group_index = table[gf.GROUP_INDEX].to_numpy()

@@ -11,13 +11,16 @@ GPU work it waits for). Cross-rank dependencies are implicit: collective nodes o
 share a ``coll_id``; the n-th send from rank a to rank b meets the n-th recv at b from a
 (``p2p_seq``).
 
-File-level metadata (key ``prism``) is a JSON object: see ``GraphMetadata``.
+File-level metadata (key ``prism``) is a JSON object: see ``GraphMetadata``. A graph of more
+ranks than one file holds quickly is a directory of part files (``PartInfo``), each a graph file
+of consecutive ranks with the same metadata.
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import re
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -217,3 +220,39 @@ def no_lane_deps(rows: int) -> pa.ListArray:
     """``lane_deps`` of ``rows`` nodes with none (a rank of one stream; a file before version 4)."""
     offsets = pa.py_buffer(np.zeros(rows + 1, np.int32))  # every list empty; no copy
     return pa.Array.from_buffers(pa.list_(LANE_DEP), rows, [None, offsets], children=[pa.array([], LANE_DEP)])
+
+
+PART_KEY = b"prism.part"
+"""Schema metadata key of each file of a graph split into parts: its ``PartInfo`` as JSON."""
+PART_NAME = "ranks-{first:07d}-{last:07d}.parquet"
+"""File name of a part in the graph's directory: its first and last rank."""
+PART_PATTERN = re.compile(r"ranks-(\d+)-(\d+)\.parquet")
+
+
+@dataclass(frozen=True)
+class PartInfo:
+    """Where one part file sits in its graph: the ranks it holds and the global row of its first
+    node, so that one rank is read, and numbered, from its part alone."""
+
+    first_rank: int
+    ranks: int
+    first_row: int
+    """Nodes of every rank before ``first_rank`` (the global row of this part's first node)."""
+    parts: int
+    """Part files of the graph."""
+
+    @property
+    def name(self) -> str:
+        return PART_NAME.format(first=self.first_rank, last=self.first_rank + self.ranks - 1)
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> PartInfo:
+        values = json.loads(data)
+        if not isinstance(values, dict) or set(values) != {f for f in cls.__dataclass_fields__}:
+            raise ValueError(f"part metadata {values!r} is not a PartInfo")
+        if not all(type(v) is int and v >= 0 for v in values.values()):
+            raise ValueError(f"part metadata {values!r} holds a value that is not a count")
+        return cls(**values)

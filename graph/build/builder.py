@@ -20,7 +20,8 @@ from prism.graph.build.program_graph import program_stages
 from prism.graph.build.templates import RoleTemplate, TemplateError, build_role_template
 from prism.graph.comm.model import CommModel
 from prism.graph.comm.placement import LayoutTables
-from prism.graph.io.parquet import GraphWriter, ranks_per_row_group
+from prism.graph.io.parquet import RANKS_PER_ROW_GROUP, GraphWriter
+from prism.graph.io.parts import remove_graph
 from prism.graph.io.validate import RowGroupValidator, ValidationReport
 from prism.graph.sim.load import static_bytes
 from prism.graph.sim.noise import call_jitter_ns, iteration_cv
@@ -62,7 +63,7 @@ class BuildOptions:
     layers: int | None = None
     """Transformer layers of the model; None keeps the capture's."""
     ranks_per_row_group: int | None = None
-    """Consecutive ranks per Parquet row group; None: ``ranks_per_row_group(world size)``."""
+    """Consecutive ranks per Parquet row group; None: ``RANKS_PER_ROW_GROUP``."""
     profiler_correction: Correction = Correction.PHASE
     """How compute and gaps are scaled to the captured ranks' unprofiled iterations (``profiler_overhead``)."""
     simulated_after: bool = False
@@ -205,7 +206,7 @@ def build_graph(options: BuildOptions, progress: ProgressCallback | None = None)
         model=cfg.to_dict(),
         cluster=options.cluster.to_dict(),
         capture_digest=_digest(options.capture_dir),
-        build_options={"microbatches": cfg.microbatches, "layers": cfg.layers, "ranks_per_row_group": _row_group_ranks(options, layout)},
+        build_options={"microbatches": cfg.microbatches, "layers": cfg.layers, "ranks_per_row_group": _row_group_ranks(options)},
         prism_version=PRISM_VERSION,
         extra={gf.TIME_SCALE_KEY: scales} | _measured_static(manifest, cfg),
     )  # fmt: skip
@@ -242,7 +243,7 @@ def _build_program_graph(options: BuildOptions, manifest: CaptureManifest, progr
     try:
         built = program_stages(
             options.capture_dir, manifest, cluster=options.cluster.to_dict(), digest=_digest(options.capture_dir),
-            options={"ranks_per_row_group": _row_group_ranks(options, layout)}, correction=options.profiler_correction,
+            options={"ranks_per_row_group": _row_group_ranks(options)}, correction=options.profiler_correction,
         )  # fmt: skip
     except TemplateError as e:
         raise BuildError(str(e)) from e
@@ -283,9 +284,9 @@ MEMORY_BASE_BYTES = 1 << 30
 """What a build holds besides the graph (Python, torch, pyarrow, the templates), with room."""
 
 
-def _row_group_ranks(options: BuildOptions, layout: ParallelLayout) -> int:
+def _row_group_ranks(options: BuildOptions) -> int:
     given = options.ranks_per_row_group
-    return ranks_per_row_group(layout.world_size) if given is None else given
+    return RANKS_PER_ROW_GROUP if given is None else given
 
 
 def _nodes(stages: list, layout: ParallelLayout) -> int:
@@ -329,7 +330,7 @@ def _write(
     comm = CommModel(options.cluster)
     layout = tables.layout
     stage_of = np.array([layout.stage(r) for r in range(layout.world_size)])
-    step = _row_group_ranks(options, layout)
+    step = _row_group_ranks(options)
     with RowGroupValidator(layout, metadata.model) as validator:
         with GraphWriter(
             options.out, metadata, ranks_per_row_group=step, on_row_group=validator.put
@@ -344,6 +345,6 @@ def _write(
                     progress(int(ranks[-1]) + 1, layout.world_size)
         report = validator.report(str(options.out))
     if not report.ok:
-        options.out.unlink(missing_ok=True)
+        remove_graph(options.out)
         raise BuildError(f"the built graph is invalid (a prism bug): {report.problems[0]}")
     return report

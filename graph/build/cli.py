@@ -18,6 +18,7 @@ from prism.graph.build.builder import BuildError, BuildOptions, BuildResult, bui
 from prism.graph.build.from_traces import TraceBuild, build_from_traces
 from prism.graph.build.profiler_overhead import Correction
 from prism.graph.io.parquet import GraphFormatError
+from prism.graph.io.parts import graph_bytes, is_graph_directory, remove_graph, replace_graph
 from prism.graph.io.validate import validate_graph
 from prism.graph.sim.predict import predict, stage_table
 from prism.graph.sim.simulate import SimulationError
@@ -35,7 +36,7 @@ console = Console(stderr=True)
 
 def _summary(result: BuildResult, out: Path) -> Table:
     report = result.report
-    table = Table(title=f"graph of {result.layout} — {out} ({out.stat().st_size / 2**20:.1f} MiB)")
+    table = Table(title=f"graph of {result.layout} — {out} ({graph_bytes(out) / 2**20:.1f} MiB)")
     table.add_column("what")
     table.add_column("value", justify="right")
     table.add_row("ranks", f"{report.ranks:,}")
@@ -83,7 +84,7 @@ def build(
         int | None,
         typer.Option(
             min=1,
-            help="Ranks per Parquet row group [default: 32, more above 32,768 ranks: at most 1,024 row groups].",
+            help="Ranks per Parquet row group [default: 32]; a graph of over 1,024 row groups is a directory of part files of 1,024 each.",
         ),
     ] = None,
     simulate: Annotated[
@@ -121,6 +122,8 @@ def build(
         _fail("--tp, --pp and --dp are required with a capture")
     if capture is None and step is not None and from_traces is None:
         _fail("--step is for --from-traces")
+    if out.is_dir() and not is_graph_directory(out):
+        _fail(f"{out} is a directory that is not a prism graph; give another output")
     # graph.parquet and its summary.json are built beside their places and put there together.
     summary_path = out.with_name("summary.json")
     staged, staged_summary = (p.with_name(f".{p.name}.{os.getpid()}.new") for p in (out, summary_path))
@@ -162,7 +165,7 @@ def build(
         console.print(f"[bold red]interrupted[/]: {out} was {what}")
         raise typer.Exit(130) from None
     finally:
-        staged.unlink(missing_ok=True)
+        remove_graph(staged)
         staged_summary.unlink(missing_ok=True)
     if isinstance(result, TraceBuild):
         console.print(_traces_table(result, out, summary))
@@ -186,9 +189,7 @@ def _fail(message: str) -> NoReturn:
 
 def _traces_table(result: TraceBuild, out: Path, summary: Summary | None) -> Table:
     """Each traced rank: its file, the step as recorded and as simulated."""
-    table = Table(
-        title=f"graph of {result.layout} from traces — {out} ({out.stat().st_size / 2**20:.1f} MiB)"
-    )
+    table = Table(title=f"graph of {result.layout} from traces — {out} ({graph_bytes(out) / 2**20:.1f} MiB)")
     for column in ("rank", "trace", "streams", "recorded step ms", "simulated ms", "error"):
         table.add_column(column, justify="left" if column in ("trace", "streams") else "right")
     for rank, traced in result.traced.items():
@@ -212,7 +213,7 @@ def _put_in_place(staged: Path, out: Path, staged_summary: Path | None, summary_
     stops = {signal.SIGINT, *TERMINATION_SIGNALS}
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
     try:
-        os.replace(staged, out)
+        replace_graph(staged, out)
         if staged_summary is not None:
             os.replace(staged_summary, summary_path)
         else:

@@ -45,7 +45,7 @@ from prism.graph.build.trace_groups import (
     number_in_groups,
 )
 from prism.graph.comm.model import OPS
-from prism.graph.io.parquet import GraphWriter, ranks_per_row_group
+from prism.graph.io.parquet import GraphWriter
 from prism.graph.traces.gpu import EdgeKind, GpuTrace, dependencies, read_gpu_trace
 from prism.graph.traces.gpu_timeline import LaunchModel, on_lanes, trace_lanes
 from prism.schemas import PRISM_VERSION
@@ -433,7 +433,7 @@ def build_from_traces(
             "launch_model": {str(r): dataclasses.asdict(t.model) for r, t in traced.items()},
         },
     )  # fmt: skip
-    with GraphWriter(out, metadata, ranks_per_row_group(world)) as writer:
+    with GraphWriter(out, metadata) as writer:
         source: RankCopies | None = None  # the rows of the last traced rank, which the next ranks may copy
         for rank in range(world):
             if rank in traced or source is None:

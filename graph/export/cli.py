@@ -33,7 +33,7 @@ def export() -> None:
 def _reported(graph: Path) -> Iterator[None]:
     """Bad input (a damaged graph, a rank it does not have, an output in the way): one error line."""
     try:
-        if not graph.is_file():
+        if not graph.exists():
             raise ExportError(f"{graph}: no such graph")
         yield
     except (ValueError, SimulationError, OSError) as e:  # ExportError, GraphFormatError, LayoutError too

@@ -2,8 +2,11 @@
 
 Rows are sorted by (rank, stream, index) and every row group holds a fixed number of
 consecutive ranks, so one rank is read by decoding one row group, found by binary search over
-the ``rank`` statistics of the footer. Writing is deterministic: the same tables and metadata
-give a byte-identical file (under the same pyarrow version, whose name is in the footer).
+the ``rank`` statistics of the footer. Every reader parses the whole footer of a file, so a file
+holds at most ``ROW_GROUPS_PER_FILE`` row groups: a larger graph is a directory of part files
+(``graph/io/parts.py``), and reading one rank opens only its part. Writing is deterministic: the
+same tables and metadata give byte-identical files (under the same pyarrow version, whose name is
+in the footer).
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ from __future__ import annotations
 import bisect
 import contextlib
 import os
+import shutil
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -20,18 +25,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from prism.graph.io.parts import NotAGraphError, is_graph_directory, list_parts, replace_graph
 from prism.schemas.graph_format import (
     ADDED_IN,
     COLUMNS,
     INDEX,
     LANE_COLUMNS,
     METADATA_KEY,
+    PART_KEY,
     RANK,
     SCHEMA,
     STAGE,
     STREAM,
     STREAMS_KEY,
     GraphMetadata,
+    PartInfo,
     no_lane_deps,
     schema_with_metadata,
     stored_columns,
@@ -47,16 +55,11 @@ SORTING = [pq.SortingColumn(SCHEMA.get_field_index(c)) for c in (RANK, STREAM, I
 # a stage, which zstd finds as well, and building their dictionaries halved the writer's speed
 # (6-9 against 12-14 M rows/s, files 1.36 against 1.18 bytes a node, on the default graph).
 DICTIONARY_COLUMNS = [f.name for f in SCHEMA if pa.types.is_dictionary(f.type)]
-MIN_RANKS_PER_ROW_GROUP = 32
-MAX_ROW_GROUPS = 1024
-"""A reader parses the whole footer, about 1.6 KiB a row group: at 1,024 row groups a one-shot
-``read_rank`` spends ~12 ms opening the file and ~13 ms decoding its row group of 128 ranks
-(131,072 ranks); 4,096 row groups of 32 took 45 ms to open alone."""
-
-
-def ranks_per_row_group(world_size: int) -> int:
-    """Ranks per row group by default: 32, more where the world would need over MAX_ROW_GROUPS."""
-    return max(MIN_RANKS_PER_ROW_GROUP, -(-world_size // MAX_ROW_GROUPS))
+RANKS_PER_ROW_GROUP = 32
+ROW_GROUPS_PER_FILE = 1024
+"""A reader parses the whole footer, about 1.6 KiB a row group: 1,024 row groups of 32 ranks take
+~12 ms to open and ~3 ms to decode one (32,768 ranks); 4,096 row groups took 45 ms to open
+alone, and larger row groups take longer to decode. A graph of more is split into part files."""
 
 
 class GraphFormatError(ValueError):
@@ -64,28 +67,39 @@ class GraphFormatError(ValueError):
 
 
 class GraphWriter:
-    """Writes ``graph.parquet`` rank by rank; the file appears at ``path`` only on a clean close.
+    """Writes ``graph.parquet`` rank by rank; the graph appears at ``path`` only on a clean close.
 
     ``write_ranks`` takes tables sorted by (rank, stream, index) whose ranks continue from the
     previous call (starting at rank 0); tables are buffered until a row group of
-    ``ranks_per_row_group`` ranks is complete. Closing checks that every rank of the layout came.
-    ``on_row_group`` is handed each row group as it is written (the build validates them).
+    ``ranks_per_row_group`` ranks is complete. A graph of more than ``row_groups_per_file`` row
+    groups is written as a directory of part files of that many each. Closing checks that every
+    rank of the layout came. ``on_row_group`` is handed each row group as it is written (the
+    build validates them).
     """
 
     def __init__(
-        self, path: str | os.PathLike, metadata: GraphMetadata, ranks_per_row_group: int = 32,
-        on_row_group: Callable[[pa.Table], None] | None = None,
+        self, path: str | os.PathLike, metadata: GraphMetadata, ranks_per_row_group: int = RANKS_PER_ROW_GROUP,
+        on_row_group: Callable[[pa.Table], None] | None = None, row_groups_per_file: int = ROW_GROUPS_PER_FILE,
     ):  # fmt: skip
-        if ranks_per_row_group < 1:
-            raise ValueError(f"ranks_per_row_group must be at least 1, got {ranks_per_row_group}")
+        if ranks_per_row_group < 1 or row_groups_per_file < 1:
+            raise ValueError(
+                "ranks_per_row_group and row_groups_per_file must be at least 1, "
+                f"got {ranks_per_row_group} and {row_groups_per_file}"
+            )
         self.path = Path(path)
         self.metadata = metadata
         self.ranks_per_row_group = ranks_per_row_group
         self.world_size = ParallelLayout.from_dict(metadata.layout).world_size
+        self.row_groups_per_file = row_groups_per_file
+        self.ranks_per_file = ranks_per_row_group * row_groups_per_file
+        self.parts = -(-self.world_size // self.ranks_per_file)
         self._schema = schema_with_metadata(metadata).remove_metadata()
-        # The temporary name never reaches the file's bytes: only the rename knows it.
+        # The temporary name never reaches the files' bytes: only the rename knows it.
         self._tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        self._writer: pq.ParquetWriter | None = None
+        self._entered = False
+        self._writer: pq.ParquetWriter | None = None  # of the part being written
+        self._part_groups = 0  # row groups in that part so far
+        self._rows = 0  # rows written, every part
         self._pending: list[pa.Table] = []
         self._on_row_group = on_row_group
         self._group_first = 0  # first rank of the row group being buffered
@@ -93,15 +107,12 @@ class GraphWriter:
         self.row_groups = 0
 
     def __enter__(self) -> GraphWriter:
-        self._writer = pq.ParquetWriter(
-            self._tmp,
-            self._schema.with_metadata(schema_with_metadata(self.metadata).metadata),
-            compression=COMPRESSION,
-            use_dictionary=DICTIONARY_COLUMNS,
-            write_statistics=STATISTICS_COLUMNS,
-            sorting_columns=SORTING,
-            store_schema=True,  # keeps the dictionary types on read
-        )
+        if self.path.is_dir() and not is_graph_directory(self.path):  # refused before any work
+            raise NotAGraphError(f"{self.path} is a directory that is not a prism graph; it is left as it is")
+        _discard(self._tmp)  # a leftover of an earlier process with this pid
+        if self.parts > 1:
+            self._tmp.mkdir()
+        self._entered = True
         return self
 
     def __exit__(
@@ -117,15 +128,15 @@ class GraphWriter:
                     f"graph incomplete: ranks 0..{self._next_rank - 1} written, "
                     f"the layout has {self.world_size} ranks"
                 )
-            self._require_open().close()
-            os.replace(self._tmp, self.path)
+            self._close_part()
+            replace_graph(self._tmp, self.path)
         except BaseException:
             self._abort()
             raise
 
     def write_ranks(self, table: pa.Table) -> None:
         """Append the nodes of one or more consecutive ranks."""
-        self._require_open()
+        self._require_entered()
         table = _conform(table, self._schema)
         if table.num_rows == 0:
             return
@@ -160,21 +171,65 @@ class GraphWriter:
 
     def _write_row_group(self, table: pa.Table) -> None:
         table = _canonical(table)
-        self._require_open().write_table(table, row_group_size=table.num_rows)
+        if self._writer is None or self._part_groups == self.row_groups_per_file:
+            self._open_next_part()
+        self._require_entered()
+        assert self._writer is not None
+        self._writer.write_table(table, row_group_size=table.num_rows)
+        self._part_groups += 1
+        self._rows += table.num_rows
         self.row_groups += 1
         if self._on_row_group is not None:
             self._on_row_group(table)
 
-    def _require_open(self) -> pq.ParquetWriter:
-        if self._writer is None:
+    def _open_next_part(self) -> None:
+        """Close the part being written and open the next: the only one in a graph of one part, a
+        file of the directory (with its ``PartInfo``) in a graph of several."""
+        self._close_part()
+        schema = schema_with_metadata(self.metadata)
+        target = self._tmp
+        if self.parts > 1:
+            first = self.row_groups * self.ranks_per_row_group
+            info = PartInfo(
+                first_rank=first, ranks=min(self.ranks_per_file, self.world_size - first),
+                first_row=self._rows, parts=self.parts,
+            )  # fmt: skip
+            schema = schema.with_metadata({**schema.metadata, PART_KEY: info.to_bytes()})
+            target = self._tmp / info.name
+        self._writer = pq.ParquetWriter(
+            target,
+            schema,
+            compression=COMPRESSION,
+            use_dictionary=DICTIONARY_COLUMNS,
+            write_statistics=STATISTICS_COLUMNS,
+            sorting_columns=SORTING,
+            store_schema=True,  # keeps the dictionary types on read
+        )
+        self._part_groups = 0
+
+    def _close_part(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def _require_entered(self) -> None:
+        if not self._entered:
             raise RuntimeError("GraphWriter is used as a context manager: `with GraphWriter(...) as w:`")
-        return self._writer
 
     def _abort(self) -> None:
         if self._writer is not None:
             with contextlib.suppress(Exception):  # the original error matters, not this one
                 self._writer.close()
-        self._tmp.unlink(missing_ok=True)
+            self._writer = None
+        _discard(self._tmp)
+
+
+def _discard(path: Path) -> None:
+    """Remove a writer's own temporary file or directory, whatever it holds by now."""
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -235,20 +290,39 @@ def _check_sorted(rank: np.ndarray, stream: np.ndarray, index: np.ndarray) -> No
         raise ValueError(f"ranks must be consecutive: rank {rank[i]} follows rank {rank[i - 1]}")
 
 
+@dataclass
+class _Part:
+    """One file of a graph: the only one, or a part of its directory (ranks as its name says)."""
+
+    path: Path
+    first_rank: int
+    last_rank: int | None  # None: the graph's only file, whose ranks its metadata gives
+    file: pq.ParquetFile | None = None
+    first_row: int = 0
+
+
 class GraphReader:
-    """An open ``graph.parquet``: its metadata, one rank at a time, or one row group at a time."""
+    """An open graph: its metadata, one rank at a time, or one row group at a time.
+
+    ``path`` is a graph file or a graph directory; a directory's part files are opened only as
+    they are needed (reading one rank opens one), each checked against the others then."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         if not self.path.exists():
             raise FileNotFoundError(f"{self.path}: no such file")
-        try:
-            self._file = pq.ParquetFile(self.path)
-        except (pa.ArrowException, OSError, UnicodeDecodeError) as e:  # a footer's names can decode badly
-            raise GraphFormatError(f"{self.path}: not a Parquet file ({e})") from None
-        self.metadata = _parse_metadata(self.path, self._file.schema_arrow)
-        self._absent = _check_columns(self.path, self._file.schema_arrow, self.metadata)
-        self._bounds: dict[int, tuple[int, int]] = {}
+        self._metadata: GraphMetadata | None = None
+        self._absent: frozenset[str] = frozenset()
+        self._bounds: dict[tuple[int, int], tuple[int, int]] = {}
+        if self.path.is_dir():
+            try:
+                listed = list_parts(self.path)
+            except ValueError as e:
+                raise GraphFormatError(str(e)) from None
+            self._parts = [_Part(p.path, p.first_rank, p.last_rank) for p in listed]
+        else:
+            self._parts = [_Part(self.path, 0, None)]
+            self._open(0)  # a bad file is an error at once
 
     def __enter__(self) -> GraphReader:
         return self
@@ -257,23 +331,40 @@ class GraphReader:
         self.close()
 
     def close(self) -> None:
-        self._file.close()
+        for part in self._parts:
+            if part.file is not None:
+                part.file.close()
+                part.file = None
+
+    @property
+    def metadata(self) -> GraphMetadata:
+        """The graph's metadata (of the first part opened: every part holds the same)."""
+        if self._metadata is None:
+            self._open(0)
+        assert self._metadata is not None
+        return self._metadata
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the graph (a directory's from the names of its parts, opening none)."""
+        last = self._parts[-1].last_rank
+        return last + 1 if last is not None else ParallelLayout.from_dict(self.metadata.layout).world_size
+
+    @property
+    def num_parts(self) -> int:
+        """Files of the graph: 1, or the part files of its directory."""
+        return len(self._parts)
 
     @property
     def num_row_groups(self) -> int:
-        return self._file.metadata.num_row_groups
+        return sum(self._open(k).metadata.num_row_groups for k in range(len(self._parts)))
 
-    def row_groups_of(self, rank: int) -> list[int]:
-        """Row groups whose rank statistics include ``rank`` (binary search: rows are sorted)."""
-        n = self.num_row_groups
-        first = bisect.bisect_left(range(n), rank, key=lambda i: self._rank_bounds(i)[1])
-        last = first
-        while last < n and self._rank_bounds(last)[0] <= rank:
-            last += 1
-        return list(range(first, last))
+    @property
+    def num_rows(self) -> int:
+        return sum(self._open(k).metadata.num_rows for k in range(len(self._parts)))
 
     def read_rank(self, rank: int, columns: Sequence[str] | None = None) -> pa.Table:
-        """Nodes of one rank (empty if the file has none), reading only its row group(s)."""
+        """Nodes of one rank (empty if the graph has none), reading only its row group(s)."""
         return pa.concat_tables(self.read_ranks([rank], columns))
 
     def read_ranks(self, ranks: Sequence[int], columns: Sequence[str] | None = None) -> list[pa.Table]:
@@ -284,35 +375,80 @@ class GraphReader:
         ranks = np.asarray(ranks, np.int64)
         if len(ranks) and (np.diff(ranks) <= 0).any():
             raise ValueError("ranks to read must be sorted and distinct")
-        groups = sorted({g for r in ranks.tolist() for g in self.row_groups_of(r)})
+        groups: dict[tuple[int, int], None] = {}  # in rank order, each once
+        for rank in ranks.tolist():
+            part = self._part_of(rank)
+            if part is not None:
+                groups.update(dict.fromkeys((part, g) for g in self._row_groups_of(part, rank)))
         tables = []
-        for group in groups:
-            table = self.read_row_groups([group], read)
+        for part, group in groups:
+            table = self._read_row_group(part, group, read)
             tables.append(
                 table.filter(pa.array(np.isin(table.column(RANK).to_numpy(), ranks))).select(wanted)
             )
         return tables or [SCHEMA.empty_table().select(wanted)]
 
-    def read_row_groups(self, groups: Sequence[int], columns: Sequence[str] | None = None) -> pa.Table:
-        """These row groups, checked as ``iter_rank_chunks`` checks each."""
+    def iter_rank_chunks(self, columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
+        """One row group (``ranks_per_row_group`` consecutive ranks) at a time, in rank order."""
         wanted = list(columns) if columns is not None else list(COLUMNS)
-        with self._damage_is_format_error():
-            table = self._file.read_row_groups(list(groups), columns=self._stored(wanted))
+        for part in range(len(self._parts)):
+            for group in range(self._open(part).metadata.num_row_groups):
+                yield self._read_row_group(part, group, wanted)
+
+    def read_column(self, column: str) -> pa.ChunkedArray:
+        """One column of every node of the graph."""
+        if column in self._absent:
+            return pa.chunked_array([no_lane_deps(self.num_rows)])
+        chunks = []
+        for part in range(len(self._parts)):
+            file = self._open(part)
+            with self._damage_is_format_error(part):
+                table = file.read(columns=[column])
+                table.validate(full=True)
+            chunks.extend(table.column(column).chunks)
+        return pa.chunked_array(chunks, SCHEMA.field(column).type)
+
+    def first_row(self, rank: int) -> int:
+        """Global row of ``rank``'s first node (the row count, past the last rank): the rows of the
+        parts and whole row groups before it, then those before it in the one it starts in."""
+        part = self._part_of(rank)
+        if part is None:
+            return self.num_rows if rank >= 0 else 0
+        file = self._open(part)
+        row = self._parts[part].first_row
+        for group in range(file.metadata.num_row_groups):
+            if self._rank_bounds(part, group)[1] < rank:
+                row += file.metadata.row_group(group).num_rows
+                continue
+            with self._damage_is_format_error(part):
+                ranks = file.read_row_group(group, columns=[RANK]).column(RANK).to_numpy()
+            return row + int(np.searchsorted(ranks, rank))
+        return row
+
+    def _part_of(self, rank: int) -> int | None:
+        """The part that holds ``rank``, None for a rank outside the graph."""
+        if not 0 <= rank < self.world_size:
+            if rank > 0:  # past the last part's name: that part says whether the graph has more
+                self._open(len(self._parts) - 1)
+            return None
+        return bisect.bisect_right([p.first_rank for p in self._parts], rank) - 1
+
+    def _row_groups_of(self, part: int, rank: int) -> list[int]:
+        """Row groups of ``part`` whose rank statistics include ``rank`` (binary search: rows are sorted)."""
+        n = self._open(part).metadata.num_row_groups
+        first = bisect.bisect_left(range(n), rank, key=lambda g: self._rank_bounds(part, g)[1])
+        last = first
+        while last < n and self._rank_bounds(part, last)[0] <= rank:
+            last += 1
+        return list(range(first, last))
+
+    def _read_row_group(self, part: int, group: int, wanted: list[str]) -> pa.Table:
+        """One row group, fully validated, with the columns the file lacks completed."""
+        file = self._open(part)
+        with self._damage_is_format_error(part):
+            table = file.read_row_group(group, columns=[c for c in wanted if c not in self._absent])
             table.validate(full=True)
         return self._completed(table, wanted)
-
-    def iter_rank_chunks(self, columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
-        """One row group (``ranks_per_row_group`` consecutive ranks) at a time."""
-        wanted = list(columns) if columns is not None else list(COLUMNS)
-        for i in range(self.num_row_groups):
-            with self._damage_is_format_error():
-                chunk = self._file.read_row_group(i, columns=self._stored(wanted))
-                chunk.validate(full=True)
-            yield self._completed(chunk, wanted)
-
-    def _stored(self, wanted: list[str]) -> list[str]:
-        """The columns of ``wanted`` the file holds (one of an earlier version lacks later ones)."""
-        return [c for c in wanted if c not in self._absent]
 
     def _completed(self, table: pa.Table, wanted: list[str]) -> pa.Table:
         """``table`` with the columns the file lacks given their empty value, in ``wanted``'s order."""
@@ -323,49 +459,72 @@ class GraphReader:
                 table = table.append_column(SCHEMA.field(name), no_lane_deps(table.num_rows))
         return table.select(wanted)
 
-    @property
-    def num_rows(self) -> int:
-        return self._file.metadata.num_rows
+    def _open(self, index: int) -> pq.ParquetFile:
+        """The file of part ``index``, opened and checked against the parts opened before."""
+        part = self._parts[index]
+        if part.file is not None:
+            return part.file
+        try:
+            file = pq.ParquetFile(part.path)
+        except (pa.ArrowException, OSError, UnicodeDecodeError) as e:  # a footer's names can decode badly
+            raise GraphFormatError(f"{part.path}: not a Parquet file ({e})") from None
+        schema = file.schema_arrow
+        metadata = _parse_metadata(part.path, schema)
+        absent = _check_columns(part.path, schema, metadata)
+        if self._metadata is None:
+            self._metadata, self._absent = metadata, absent
+        elif metadata != self._metadata:
+            raise GraphFormatError(f"{part.path}: its metadata is not that of the graph's other parts")
+        part.first_row = self._check_part(part, schema, metadata)
+        part.file = file
+        return file
 
-    def read_column(self, column: str) -> pa.ChunkedArray:
-        """One column of every node of the graph."""
-        if column in self._absent:
-            return pa.chunked_array([no_lane_deps(self.num_rows)])
-        with self._damage_is_format_error():
-            table = self._file.read(columns=[column])
-            table.validate(full=True)
-            return table.column(column)
-
-    def first_row(self, rank: int) -> int:
-        """Global row of ``rank``'s first node: whole row groups before it by their statistics,
-        then the rows before it in the one it starts in."""
-        row = 0
-        for group in range(self.num_row_groups):
-            if self._rank_bounds(group)[1] < rank:
-                row += self._file.metadata.row_group(group).num_rows
-                continue
-            with self._damage_is_format_error():
-                ranks = self._file.read_row_group(group, columns=[RANK]).column(RANK).to_numpy()
-            return row + int(np.searchsorted(ranks, rank))
-        return row
+    def _check_part(self, part: _Part, schema: pa.Schema, metadata: GraphMetadata) -> int:
+        """A part's ``PartInfo`` agrees with its name and the graph's ranks; its first row."""
+        raw = (schema.metadata or {}).get(PART_KEY)
+        world = ParallelLayout.from_dict(metadata.layout).world_size
+        if part.last_rank is None:  # the graph's only file
+            if raw is not None and PartInfo.from_bytes(raw).parts > 1:
+                raise GraphFormatError(f"{part.path}: one part of a graph of several; read its directory")
+            return 0
+        if raw is None:
+            raise GraphFormatError(f"{part.path}: a part file without its {PART_KEY.decode()!r} metadata")
+        try:
+            info = PartInfo.from_bytes(raw)
+        except (ValueError, TypeError) as e:
+            raise GraphFormatError(f"{part.path}: {e}") from None
+        held = (info.first_rank, info.first_rank + info.ranks - 1, info.parts, world)
+        listed = (part.first_rank, part.last_rank, len(self._parts), self.world_size)
+        if held != listed:
+            raise GraphFormatError(
+                f"{part.path}: holds ranks {held[0]}..{held[1]} of {held[3]}, one of {held[2]} parts; "
+                f"the directory lists it as ranks {listed[0]}..{listed[1]} of {listed[3]}, one of "
+                f"{listed[2]} parts (a part file is missing, renamed or of another graph)"
+            )
+        if info.first_rank == 0 and info.first_row != 0:
+            raise GraphFormatError(f"{part.path}: the first part starts at row {info.first_row}")
+        return info.first_row
 
     @contextlib.contextmanager
-    def _damage_is_format_error(self) -> Iterator[None]:
+    def _damage_is_format_error(self, part: int) -> Iterator[None]:
         """A row group that does not decode (a file cut short or overwritten), or decodes to values
         Arrow cannot use (a dictionary index past its dictionary), is a GraphFormatError: the
         full validation is a few ms per million rows, and without it such a value crashes its reader."""
         try:
             yield
         except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
-            raise GraphFormatError(f"{self.path}: damaged, a row group does not decode ({e})") from None
+            path = self._parts[part].path
+            raise GraphFormatError(f"{path}: damaged, a row group does not decode ({e})") from None
 
-    def _rank_bounds(self, group: int) -> tuple[int, int]:
-        if group not in self._bounds:
-            stats = self._file.metadata.row_group(group).column(SCHEMA.get_field_index(RANK)).statistics
+    def _rank_bounds(self, part: int, group: int) -> tuple[int, int]:
+        if (part, group) not in self._bounds:
+            row_group = self._open(part).metadata.row_group(group)
+            stats = row_group.column(SCHEMA.get_field_index(RANK)).statistics
             if stats is None or not stats.has_min_max:
-                raise GraphFormatError(f"{self.path}: row group {group} has no statistics on {RANK!r}")
-            self._bounds[group] = (stats.min, stats.max)
-        return self._bounds[group]
+                path = self._parts[part].path
+                raise GraphFormatError(f"{path}: row group {group} has no statistics on {RANK!r}")
+            self._bounds[part, group] = (stats.min, stats.max)
+        return self._bounds[part, group]
 
 
 def _parse_metadata(path: Path, schema: pa.Schema) -> GraphMetadata:

@@ -55,7 +55,7 @@ def validate(
     graph: Annotated[Path, typer.Argument(help="graph.parquet to check.", show_default=False)],
 ) -> None:
     """Check ranks, sort order, collectives, send/recv pairs, deps and metadata; exit 2 if invalid."""
-    if not graph.is_file():
+    if not graph.exists():
         _error(f"{graph}: no such file")
         raise typer.Exit(2)
     progress = Progress(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 
 from prism.graph.build.from_traces import TraceGraphError, build_from_traces
 from prism.graph.build.normalize import normalize_rank
-from prism.graph.io.parquet import GraphFormatError, read_metadata, read_rank
+from prism.graph.io.parquet import GraphFormatError, GraphReader, GraphWriter, read_metadata, read_rank
 from prism.graph.io.validate import validate_graph
 from prism.graph.sim.load import load_sim_graph
 from prism.graph.sim.simulate import SimulationError, simulate
@@ -150,6 +151,43 @@ def test_graph_file(fuzz_graph: Path, fuzz_lane_graph: Path, tmp_path: Path, dat
     try:
         read_metadata(path)
         read_rank(path, 1)
+        validate_graph(path)
+        simulate(load_sim_graph(path), iterations=1)
+    except (GraphFormatError, SimulationError):
+        pass
+
+
+@fuzz()
+@given(data=st.data())
+def test_graph_directory(fuzz_graph: Path, tmp_path: Path, data: st.DataObject) -> None:
+    """A graph of four part files (a rank each), one of them damaged, removed, renamed or
+    overwritten by another, or a stray file beside them."""
+    path = Path(tempfile.mkdtemp(dir=tmp_path)) / "graph.parquet"  # tmp_path outlives an example
+    with (
+        GraphReader(fuzz_graph) as reader,
+        GraphWriter(path, reader.metadata, 1, row_groups_per_file=1) as writer,
+    ):
+        for chunk in reader.iter_rank_chunks():
+            writer.write_ranks(chunk)
+    parts = sorted(path.iterdir())
+    part = data.draw(st.sampled_from(parts))
+    damage = data.draw(st.sampled_from(["bytes", "remove", "rename", "overwrite", "stray"]))
+    if damage == "bytes":
+        part.write_bytes(data.draw(corrupted_bytes(part.read_bytes())))
+    elif damage == "remove":
+        part.unlink()
+    elif damage == "rename":
+        first, last = data.draw(st.integers(0, 9)), data.draw(st.integers(0, 9))
+        part.rename(
+            path / data.draw(st.sampled_from([f"ranks-{first}-{last}.parquet", f"part-{first}.parquet"]))
+        )
+    elif damage == "overwrite":
+        part.write_bytes(data.draw(st.sampled_from(parts)).read_bytes())
+    else:
+        (path / data.draw(st.sampled_from(["x", "_SUCCESS", "ranks-9-9.parquet"]))).write_bytes(b"")
+    try:
+        read_metadata(path)
+        read_rank(path, 3)
         validate_graph(path)
         simulate(load_sim_graph(path), iterations=1)
     except (GraphFormatError, SimulationError):

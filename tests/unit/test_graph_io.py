@@ -15,12 +15,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from prism.graph.io.parquet import (
-    MAX_ROW_GROUPS,
+    ROW_GROUPS_PER_FILE,
     GraphFormatError,
     GraphReader,
     GraphWriter,
     iter_rank_chunks,
-    ranks_per_row_group,
     read_metadata,
     read_rank,
 )
@@ -104,12 +103,13 @@ def _plain(t: pa.DataType) -> pa.DataType:
 
 
 def write_graph(
-    path: Path, rows: list[dict] | None = None, ranks_per_row_group: int = 3, **meta: object
-) -> Path:
+    path: Path, rows: list[dict] | None = None, ranks_per_row_group: int = 3,
+    row_groups_per_file: int = ROW_GROUPS_PER_FILE, **meta: object,
+) -> Path:  # fmt: skip
     """Write rows through GraphWriter, one call per rank."""
     rows = graph_rows() if rows is None else rows
     md = metadata(**meta)
-    with GraphWriter(path, md, ranks_per_row_group=ranks_per_row_group) as writer:
+    with GraphWriter(path, md, ranks_per_row_group, row_groups_per_file=row_groups_per_file) as writer:
         for rank in sorted({r[gf.RANK] for r in rows}):
             writer.write_ranks(table_of([r for r in rows if r[gf.RANK] == rank]))
     return path
@@ -178,12 +178,13 @@ def test_read_rank_returns_that_rank_from_one_row_group(
 ) -> None:
     path = write_graph(tmp_path / "g.parquet", ranks_per_row_group=3)
     reads: list[list[int]] = []
-    original = pq.ParquetFile.read_row_groups
-    monkeypatch.setattr(pq.ParquetFile, "read_row_groups", lambda self, groups, **kw: reads.append(list(groups)) or original(self, groups, **kw))  # fmt: skip
+    original = pq.ParquetFile.read_row_group
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", lambda self, group, **kw: reads.append(group) or original(self, group, **kw))  # fmt: skip
     for rank in range(LAYOUT.world_size):
+        reads.clear()
         table = read_rank(path, rank)
         assert table.to_pylist() == table_of(rank_rows(rank)).to_pylist()
-        assert reads[-1] == [rank // 3]
+        assert reads == [rank // 3]
     assert read_rank(path, 5, columns=[gf.INDEX, gf.NAME]).column_names == [gf.INDEX, gf.NAME]
 
 
@@ -294,12 +295,3 @@ def test_files_that_are_not_graphs_raise_one_clear_error(tmp_path: Path) -> None
         read_metadata(tmp_path / "other.parquet")
     with pytest.raises(GraphFormatError, match="graph format version 99 is not supported"):
         read_rank(tmp_path / "v99.parquet", 0)
-
-
-@pytest.mark.parametrize(
-    ("world", "per_group"), [(8, 32), (8192, 32), (32768, 32), (32769, 33), (131072, 128), (10**6, 977)]
-)
-def test_row_groups_grow_past_32_ranks_only_to_keep_the_footer_small(world: int, per_group: int) -> None:
-    # Every reader parses the whole footer: a one-shot read of one rank stays fast at any world.
-    assert ranks_per_row_group(world) == per_group
-    assert -(-world // per_group) <= max(MAX_ROW_GROUPS, -(-world // 32))
