@@ -148,11 +148,13 @@ def main() -> None:
             *simulate.cells(), *replay.cells(),
         )  # fmt: skip
     growth = Table(title="growth between sizes: k in measure ∝ ranks^k (1 = linear)")
-    for column in ("ranks", "build s", "build GiB", "read rank ms", "simulate s", "simulate GiB"):
+    for column in (
+        "ranks", "build s", "build M nodes/s more", "build GiB", "read rank ms", "simulate s", "simulate GiB"
+    ):  # fmt: skip
         growth.add_column(column, justify="right")
-    for (ra, _, _, _, ba, rda, sa, _), (rb, _, _, _, bb, rdb, sb, _) in zip(rows, rows[1:], strict=False):
-        growth.add_row(
-            f"{ra:,} -> {rb:,}", exponent(ba.wall_s, bb.wall_s, ra, rb),
+    for (ra, na, _, _, ba, rda, sa, _), (rb, nb, _, _, bb, rdb, sb, _) in zip(rows, rows[1:], strict=False):
+        growth.add_row(  # the rate of the nodes the larger world adds: the build's fixed part left out
+            f"{ra:,} -> {rb:,}", exponent(ba.wall_s, bb.wall_s, ra, rb), f"{(nb - na) / (bb.wall_s - ba.wall_s) / 1e6:.1f}",
             exponent(ba.peak_bytes, bb.peak_bytes, ra, rb), exponent(rda[0], rdb[0], ra, rb),
             exponent(sa.wall_s, sb.wall_s, ra, rb), exponent(sa.peak_bytes, sb.peak_bytes, ra, rb),
         )  # fmt: skip
