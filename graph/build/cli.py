@@ -84,7 +84,7 @@ def build(
         int | None,
         typer.Option(
             min=1,
-            help="Ranks per Parquet row group [default: 32]; a graph of over 1,024 row groups is a directory of part files of 1,024 each.",
+            help="Ranks per Parquet row group [default: 32]; a graph of over 512 row groups is a directory of part files of 512 each.",
         ),
     ] = None,
     simulate: Annotated[

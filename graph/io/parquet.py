@@ -56,10 +56,11 @@ SORTING = [pq.SortingColumn(SCHEMA.get_field_index(c)) for c in (RANK, STREAM, I
 # (6-9 against 12-14 M rows/s, files 1.36 against 1.18 bytes a node, on the default graph).
 DICTIONARY_COLUMNS = [f.name for f in SCHEMA if pa.types.is_dictionary(f.type)]
 RANKS_PER_ROW_GROUP = 32
-ROW_GROUPS_PER_FILE = 1024
-"""A reader parses the whole footer, about 1.6 KiB a row group: 1,024 row groups of 32 ranks take
-~12 ms to open and ~3 ms to decode one (32,768 ranks); 4,096 row groups took 45 ms to open
-alone, and larger row groups take longer to decode. A graph of more is split into part files."""
+ROW_GROUPS_PER_FILE = 512
+"""A reader parses the whole footer of a file, about 1.6 KiB a row group: one-shot reads of a
+rank of a 131,072-rank graph took 10-12 ms (median) from files of 512 row groups of 32 ranks,
+16-17 ms from files of 1,024, most of the difference the footer. A graph of more row groups
+is a directory of part files of this many each (16,384 ranks by default)."""
 
 
 class GraphFormatError(ValueError):

@@ -105,15 +105,16 @@ def test_a_record_that_does_not_describe_the_replicas_is_refused(wide_graph: Pat
 def test_a_job_of_32768_ranks_is_built_simulated_and_replayed_here(
     fuzz_capture: Path, tmp_path: Path
 ) -> None:
-    """tp=1 pp=2 dp=16384: built row group by row group and validated as written, its summary and
-    a what-if simulated from the distinct replicas, its last rank replayed against them."""
+    """tp=1 pp=2 dp=16384: built row group by row group into two part files and validated as
+    written, its summary and a what-if simulated from the distinct replicas, its last rank
+    replayed against them."""
     graph, world = tmp_path / "graph.parquet", 32_768
     built = CliRunner().invoke(
         build_app, [str(fuzz_capture), "--tp", "1", "--pp", "2", "--dp", "16384", "-o", str(graph)]
     )
     assert built.exit_code == 0, built.output
-    with GraphReader(graph) as reader:
-        assert reader.num_row_groups == 1024  # 32 ranks each: the footer stays small
+    with GraphReader(graph) as reader:  # two part files of 512 row groups of 32 ranks: small footers
+        assert (reader.num_parts, reader.num_row_groups) == (2, 1024)
     summary = read_summary(tmp_path / "summary.json")
     iteration = np.asarray(summary.ranks["iteration_ns"])
     assert len(iteration) == world and (iteration > 0).all()
