@@ -145,8 +145,10 @@ def load_templates(
         cv = iteration_cv(rank.result.own_iteration_ns, manifest.job.warmup)
         jitter = _call_jitter_ns(capture_dir, rank.rank, ops, manifest)
         template = replace(template, noise_cv=cv, call_jitter_ns=jitter)
+        launches = manifest.job.device == "cuda"  # a call's launch is host work, corrected or not
+        if scale is not None or launches:
+            template = scale_template(template, scale, launches=launches)
         if scale is not None:
-            template = scale_template(template, scale)
             scales[role.value] = scale.to_dict() | {"noise_cv": round(cv, 6), "call_jitter_ns": round(jitter)}
         templates[role] = template
     return templates, (scales if correct and len(scales) == len(templates) else None)

@@ -77,7 +77,8 @@ class TimeScale:
     ``GLUE``); empty: the role's factor for every unit."""
     launches: bool = False
     """The rank's process-group calls are launched onto a device (CUDA): their captured time is
-    host work that stays in the graph, before each call's node."""
+    host work that stays in the graph, before each call's node (with or without a time scale:
+    this records it beside the factors)."""
 
     @property
     def factor(self) -> float:
@@ -162,22 +163,27 @@ def scaled_times(
     return np.round(dur).astype(np.int64), np.round(gap).astype(np.int64)
 
 
-def _scaled(segment: Segment, scale: TimeScale) -> Segment:
+def _scaled(segment: Segment, scale: TimeScale | None, launches: bool) -> Segment:
     # A segment is the glue before a step and the step's block: its units are of its kind or glue.
     units = segment.units.copy()
     in_block = np.array([is_block(phase) for phase in units[ot.PHASE]], dtype=bool)
-    factor = np.where(in_block, scale.factor_of(segment.kind), scale.factor_of(None))
+    factor = (
+        np.ones(len(units))
+        if scale is None
+        else np.where(in_block, scale.factor_of(segment.kind), scale.factor_of(None))
+    )
     units[ot.DUR_NS], units[ot.GAP_NS] = scaled_times(
         units[ot.DUR_NS].to_numpy(),
         units[ot.GAP_NS].to_numpy(),
         units[ot.IS_COMM].fillna(False).to_numpy(dtype=bool),
         factor,
-        launches=scale.launches,
+        launches=launches,
     )
     return replace(segment, units=units)
 
 
-def scale_template(template: RoleTemplate, scale: TimeScale) -> RoleTemplate:
-    """``template`` with every compute duration and every gap multiplied by its phase's factor."""
-    segments = {kind: _scaled(segment, scale) for kind, segment in template.segments.items()}
+def scale_template(template: RoleTemplate, scale: TimeScale | None, *, launches: bool) -> RoleTemplate:
+    """``template`` with every compute duration and every gap multiplied by its phase's factor
+    (none without a ``scale``), and with ``launches`` each call's launch kept in its gap."""
+    segments = {kind: _scaled(segment, scale, launches) for kind, segment in template.segments.items()}
     return replace(template, segments=segments)

@@ -113,8 +113,9 @@ def program_stages(
         scale = correction_scale(captured.result, manifest.job.warmup, correction, manifest.job.device)
         cv = iteration_cv(captured.result.own_iteration_ns, manifest.job.warmup)
         stage_program = program_stage(
-            ops_of_stage, rank=captured.rank, stage=stage, layout=layout, scale=scale, noise_cv=cv
-        )
+            ops_of_stage, rank=captured.rank, stage=stage, layout=layout, scale=scale,
+            launches=manifest.job.device == "cuda", noise_cv=cv,
+        )  # fmt: skip
         stages.append(encode_program(stage_program))
         if scale is not None:
             scales[str(stage)] = scale.to_dict() | {"noise_cv": round(cv, 6)}

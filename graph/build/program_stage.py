@@ -113,10 +113,10 @@ def _factors(units: pd.DataFrame, scale: TimeScale | None) -> np.ndarray:
 
 
 def _units(
-    iterations: list[pd.DataFrame], rank: int, layout: ParallelLayout, scale: TimeScale | None
+    iterations: list[pd.DataFrame], rank: int, layout: ParallelLayout, scale: TimeScale | None, launches: bool
 ) -> pd.DataFrame:
-    """One iteration's units with mean durations and gaps (compute scaled by its phase's factor;
-    ``profiler_overhead.scaled_times``)."""
+    """One iteration's units with mean durations and gaps (compute scaled by its phase's factor,
+    with ``launches`` each call's launch kept in its gap; ``profiler_overhead.scaled_times``)."""
     units = iterations[0].copy()
     is_comm = units[ot.IS_COMM].to_numpy(dtype=bool)
     factor = _factors(units, scale)
@@ -124,7 +124,6 @@ def _units(
         np.mean([it[column].to_numpy(dtype=np.float64) for it in iterations], axis=0)
         for column in (ot.DUR_NS, ot.GAP_NS)
     )
-    launches = scale is not None and scale.launches
     units[ot.DUR_NS], units[ot.GAP_NS] = scaled_times(dur, gap, is_comm, factor, launches=launches)
     # The profiler records no free of a block allocated before it started: the first profiled
     # iteration frees what the one before allocated unseen, so memory comes from the later ones.
@@ -181,14 +180,17 @@ def program_stage(
     stage: int,
     layout: ParallelLayout,
     scale: TimeScale | None = None,
+    launches: bool = False,
     noise_cv: float = 0.0,
     call_jitter_ns: float = 0.0,
 ) -> StageProgram:
     """The nodes every rank of ``stage`` runs, from the op table ``ops`` of captured ``rank``.
 
     ``scale`` takes compute and gaps to the unprofiled iteration (the captured rank's profiler
-    correction, per phase where it has one); ``noise_cv`` and ``call_jitter_ns`` give collectives their arrival skew."""
-    units = _units(_iterations(ops), rank, layout, scale)
+    correction, per phase where it has one); ``launches`` (a CUDA capture) keeps each call's
+    captured host time, its launch, in the gap before it; ``noise_cv`` and ``call_jitter_ns``
+    give collectives their arrival skew."""
+    units = _units(_iterations(ops), rank, layout, scale, launches)
     waits = _wait_positions(units)
     pieces, start = [], 0
     for position in sorted(waits):  # a wait node after each unit that ends some calls' flight

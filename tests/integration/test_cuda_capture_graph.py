@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import shutil
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from prism.graph.build.builder import BuildOptions, build_graph
+from prism.graph.build.profiler_overhead import Correction
 from prism.graph.io.parquet import read_metadata
 from prism.graph.sim.load import load_sim_graph
 from prism.graph.sim.simulate import simulate
@@ -45,3 +47,16 @@ def test_a_gpu_bound_ranks_graph_predicts_its_real_run(capture: Path, tmp_path: 
     real_ms = np.median(clean_unprofiled(real["iteration_ns"], 10)) / 1e6
     predicted_ms = simulate(load_sim_graph(graph), iterations=2).iteration_ns[0] / 1e6
     assert predicted_ms == pytest.approx(real_ms, rel=0.02)
+
+
+def test_without_a_profiler_correction_the_calls_launches_stay(capture: Path, tmp_path: Path) -> None:
+    # --profiler-correction none: durations as profiled, the calls' launches included, so the
+    # graph's iteration is the profiled one (it dropped 4-6 ms of launches when tied to the scale).
+    corrected, raw = tmp_path / "corrected.parquet", tmp_path / "raw.parquet"
+    for out, correction in ((corrected, Correction.ROLE), (raw, Correction.NONE)):
+        options = BuildOptions(capture_dir=capture, out=out, tp=1, pp=1, dp=1, cluster=preset("h100-ib"))
+        build_graph(dataclasses.replace(options, profiler_correction=correction))
+    assert read_metadata(raw).extra[gf.TIME_SCALE_KEY] is None
+    profiled_ms = read_metadata(corrected).extra[gf.TIME_SCALE_KEY]["0"]["profiled_ms"]
+    predicted_ms = simulate(load_sim_graph(raw), iterations=2).iteration_ns[0] / 1e6
+    assert predicted_ms == pytest.approx(profiled_ms, rel=0.03)
