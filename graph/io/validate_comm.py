@@ -9,6 +9,7 @@ exactly one recv. Also the problem list and string ids the whole validation shar
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -86,8 +87,9 @@ class _Pending:
     """Comm rows read but not yet checked, each with the last rank that can complete its set.
 
     Rows that cannot complete soon (``until`` more than ``FAR_RANKS`` past the scan, e.g. a data
-    parallel group's, whose last member is in the world's last stretch) wait apart, sorted by
-    ``until``, so that each row group's check looks only at the rows near the scan."""
+    parallel group's, whose last member is a pipeline stage's stretch away) wait apart, in
+    buckets of ``FAR_RANKS`` ranks of ``until``, so that each row group's check looks only at the
+    rows near the scan, and bringing them near touches only the buckets due."""
 
     FAR_RANKS = 4096
 
@@ -95,14 +97,20 @@ class _Pending:
         self.columns = columns
         self.rows: Cols = {}
         self.until = np.empty(0, np.int64)
-        self.far: list[tuple[np.ndarray, Cols]] = []  # blocks of (until, rows)
-        self.far_min = np.iinfo(np.int64).max
+        self.far: dict[int, list[tuple[np.ndarray, Cols]]] = {}  # bucket -> blocks of (until, rows)
+        self.due: list[int] = []  # the far buckets, a heap
 
     def add(self, rows: Cols, until: np.ndarray, passed: int) -> None:
         far = until > passed + self.FAR_RANKS
         if far.any():
-            self.far.append((until[far], {k: v[far] for k, v in rows.items()}))
-            self.far_min = min(self.far_min, int(until[far].min()))
+            far_until = until[far]
+            bucket = far_until // max(self.FAR_RANKS, 1)
+            for b in np.unique(bucket).tolist():
+                sel = bucket == b
+                if b not in self.far:
+                    self.far[b] = []
+                    heapq.heappush(self.due, b)
+                self.far[b].append((far_until[sel], {k: v[far][sel] for k, v in rows.items()}))
             rows, until = {k: v[~far] for k, v in rows.items()}, until[~far]
         self._join(rows, until)
 
@@ -113,16 +121,12 @@ class _Pending:
         self.until = np.concatenate([self.until, until])
 
     def _bring_near(self, passed: int) -> None:
-        """Move the far rows that can complete within ``FAR_RANKS`` of ``passed`` to the near ones."""
-        if passed + self.FAR_RANKS < self.far_min:
-            return
-        until = np.concatenate([u for u, _ in self.far])
-        rows = {k: np.concatenate([r[k] for _, r in self.far]) for k in self.columns}
-        near = until <= passed + self.FAR_RANKS
-        self._join({k: v[near] for k, v in rows.items()}, until[near])
-        rest = ~near
-        self.far = [(until[rest], {k: v[rest] for k, v in rows.items()})] if rest.any() else []
-        self.far_min = int(until[rest].min()) if rest.any() else np.iinfo(np.int64).max
+        """Move the far buckets that hold rows completing within ``FAR_RANKS`` of ``passed`` to
+        the near rows (a bucket's later rows with them: they wait there as well)."""
+        while self.due and self.due[0] * max(self.FAR_RANKS, 1) <= passed + self.FAR_RANKS:
+            blocks = self.far.pop(heapq.heappop(self.due))
+            until = np.concatenate([u for u, _ in blocks])
+            self._join({k: np.concatenate([r[k] for _, r in blocks]) for k in self.columns}, until)
 
     def take(self, passed: int, key: Callable[[Cols], np.ndarray]) -> Cols:
         """Remove and return the rows of every set (rows of one ``key``) whose near rows all have
