@@ -17,6 +17,7 @@ from prism.graph.build.builder import BuildError, BuildOptions, build_graph
 from prism.graph.build.cli import app
 from prism.graph.build.profiler_overhead import Correction
 from prism.graph.io.parquet import read_metadata, read_rank
+from prism.graph.io.validate import validate_graph
 from prism.graph.sim.noise import expected_max_normal
 from prism.schemas import graph_format as gf
 from prism.schemas.annotations import GLUE
@@ -215,6 +216,32 @@ def test_a_graph_too_large_for_the_machine_is_refused_before_anything_is_written
     result = run_cli(str(slice_capture), "--tp", "2", "--pp", "4", "--dp", "10000000", "-o", str(out))
     assert_refused(result, "GiB of memory", out)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_output_directory_that_is_not_a_graph_is_refused_and_kept(
+    slice_capture: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "results"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep")
+    result = run_cli(str(slice_capture), "--tp", "2", "--pp", "4", "--dp", "2", "-o", str(out))
+    assert result.exit_code == 2 and "is a directory that is not a prism graph" in result.output
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+def test_a_graph_of_part_files_replaces_a_graph_file(slice_capture: Path, tmp_path: Path) -> None:
+    out = tmp_path / "g.parquet"
+    args = [str(slice_capture), "--tp", "2", "--pp", "4", "--dp", "2", "-o", str(out), "--no-simulate"]
+    assert run_cli(*args).exit_code == 0 and out.is_file()
+    # one rank a row group: 16 row groups, over a file's 512 once dp is 128
+    result = run_cli(*args[:5], "--dp", "128", *args[7:], "--ranks-per-row-group", "1")
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == [
+        "ranks-0000000-0000511.parquet",
+        "ranks-0000512-0001023.parquet",
+    ]
+    assert validate_graph(out).ok and read_metadata(out).layout["dp"] == 128
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.parquet"]  # nothing staged left beside it
 
 
 def test_tp_must_match_the_capture(slice_capture: Path, tmp_path: Path) -> None:
