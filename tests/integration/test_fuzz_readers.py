@@ -139,6 +139,17 @@ def test_cluster_spec(tmp_path: Path, data: st.DataObject) -> None:
         pass
 
 
+def _read_every_way(path: Path, rank: int) -> None:
+    """Metadata, one rank, the validator and the simulation: each reads, or raises its documented error."""
+    try:
+        read_metadata(path)
+        read_rank(path, rank)
+        validate_graph(path)
+        simulate(load_sim_graph(path), iterations=1)
+    except (GraphFormatError, SimulationError):
+        pass
+
+
 @fuzz()
 @given(data=st.data())
 def test_graph_file(fuzz_graph: Path, fuzz_lane_graph: Path, tmp_path: Path, data: st.DataObject) -> None:
@@ -148,13 +159,7 @@ def test_graph_file(fuzz_graph: Path, fuzz_lane_graph: Path, tmp_path: Path, dat
         path.write_bytes(data.draw(corrupted_bytes(source.read_bytes())))
     else:
         data.draw(edited_graph(source, path))
-    try:
-        read_metadata(path)
-        read_rank(path, 1)
-        validate_graph(path)
-        simulate(load_sim_graph(path), iterations=1)
-    except (GraphFormatError, SimulationError):
-        pass
+    _read_every_way(path, rank=1)
 
 
 @fuzz()
@@ -185,13 +190,7 @@ def test_graph_directory(fuzz_graph: Path, tmp_path: Path, data: st.DataObject) 
         part.write_bytes(data.draw(st.sampled_from(parts)).read_bytes())
     else:
         (path / data.draw(st.sampled_from(["x", "_SUCCESS", "ranks-9-9.parquet"]))).write_bytes(b"")
-    try:
-        read_metadata(path)
-        read_rank(path, 3)
-        validate_graph(path)
-        simulate(load_sim_graph(path), iterations=1)
-    except (GraphFormatError, SimulationError):
-        pass
+    _read_every_way(path, rank=3)
 
 
 def test_a_manifest_whose_layout_contradicts_its_job(fuzz_capture: Path, tmp_path: Path) -> None:
