@@ -57,10 +57,10 @@ def _layout_with(metadata: gf.GraphMetadata, ranks: Iterable[int]) -> ParallelLa
 def rank_trace(path: str | Path, rank: int, *, iterations: int = 2) -> dict:
     """The trace of ``rank`` of the graph at ``path``: its nodes in the last of ``iterations``
     simulated passes (the steady one), with ``distributedInfo``."""
-    with GraphReader(path) as reader:  # one footer for the layout, the streams and the rank's rows
+    with GraphReader(path) as reader:  # one footer for the rank's rows, the layout and the streams
+        nodes = reader.read_rank(rank, columns=_COLUMNS).to_pydict()  # (none for a rank not in it)
         layout = _layout_with(reader.metadata, [rank])
         names = reader.metadata.extra.get(gf.STREAMS_KEY) or ["main"]
-        nodes = reader.read_rank(rank, columns=_COLUMNS).to_pydict()
     folding = load_folded(path)  # identical replicas once: the rank's times are its representative's
     graph, at = folding.graph, int(folding.rank_of[rank])
     result = simulate(graph, iterations=iterations)
