@@ -224,7 +224,8 @@ def test_more_real_cuda_ranks_at_once_than_gpus_is_refused(tmp_path: Path, monke
 def test_a_straggler_moves_its_virtual_peers_as_the_offline_what_if(tmp_path: Path, replayed: Path) -> None:
     # The same rank replayed with and without a delay: the virtual ranks must move by what the
     # offline what-if with that delay predicts. The delay dwarfs the tiny job's own iteration
-    # (~12 ms), so the real rank's run-to-run noise stays well inside 1 % of the move.
+    # (~12 ms); the real rank's own iteration differs between the two replays by up to about one
+    # of them on a loaded 2-core machine (14 ms seen), which moves its virtual peers with it.
     delay = BlockDelay(phase="optim", layer=None, delay_ns=1_000_000_000, rank=0)
     out = tmp_path / "out"
     # Warm-up 6: the first iterations after the straggler appears are a transient (the peers
@@ -243,7 +244,8 @@ def test_a_straggler_moves_its_virtual_peers_as_the_offline_what_if(tmp_path: Pa
     what_if = simulate(apply_what_if(graph, TINY, WhatIf(delays=(delay,))), iterations=3).iteration_ns
     predicted_move = what_if - simulate(graph, iterations=3).iteration_ns
     assert (predicted_move > 950_000_000).all()  # every rank waits for the straggler
-    np.testing.assert_allclose(virtual(out) - virtual(replayed), predicted_move, rtol=0.01)
+    noise = 2 * simulate(graph, iterations=3).iteration_ns.max()
+    np.testing.assert_allclose(virtual(out) - virtual(replayed), predicted_move, rtol=0, atol=noise)
 
 
 def test_a_graph_that_cannot_be_simulated_is_an_error_not_a_hang(tmp_path: Path) -> None:
