@@ -63,11 +63,17 @@ def is_graph_directory(path: Path) -> bool:
     return True
 
 
+def refuse_other_directory(path: Path) -> None:
+    """Raise NotAGraphError where ``path`` is a directory that is not a graph (a graph may be
+    written, replaced or removed there otherwise)."""
+    if path.is_dir() and not is_graph_directory(path):
+        raise NotAGraphError(f"{path} is a directory that is not a prism graph; it is left as it is")
+
+
 def remove_graph(path: Path) -> None:
     """Remove the graph at ``path``, a file or a graph directory (nothing if absent)."""
     if path.is_dir() and not path.is_symlink():
-        if not is_graph_directory(path):
-            raise NotAGraphError(f"{path} is a directory that is not a prism graph; it is left as it is")
+        refuse_other_directory(path)
         shutil.rmtree(path)
     else:
         path.unlink(missing_ok=True)
@@ -81,8 +87,7 @@ def replace_graph(new: Path, target: Path) -> None:
     if not (new.is_dir() or target.is_dir()) or not target.exists():
         os.replace(new, target)
         return
-    if target.is_dir() and not is_graph_directory(target):
-        raise NotAGraphError(f"{target} is a directory that is not a prism graph; it is left as it is")
+    refuse_other_directory(target)
     aside = target.with_name(f".{target.name}.{os.getpid()}.old")
     remove_graph(aside)
     os.replace(target, aside)

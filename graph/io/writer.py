@@ -23,7 +23,7 @@ from prism.graph.io.file_layout import (
     SORTING,
     STATISTICS_COLUMNS,
 )
-from prism.graph.io.parts import NotAGraphError, is_graph_directory, replace_graph
+from prism.graph.io.parts import refuse_other_directory, replace_graph
 from prism.schemas.graph_format import (
     COLUMNS,
     INDEX,
@@ -71,7 +71,6 @@ class GraphWriter:
         self._tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         self._entered = False
         self._writer: pq.ParquetWriter | None = None  # of the part being written
-        self._part_groups = 0  # row groups in that part so far
         self._rows = 0  # rows written, every part
         self._pending: list[pa.Table] = []
         self._on_row_group = on_row_group
@@ -80,8 +79,7 @@ class GraphWriter:
         self.row_groups = 0
 
     def __enter__(self) -> GraphWriter:
-        if self.path.is_dir() and not is_graph_directory(self.path):  # refused before any work
-            raise NotAGraphError(f"{self.path} is a directory that is not a prism graph; it is left as it is")
+        refuse_other_directory(self.path)  # before any work
         _discard(self._tmp)  # a leftover of an earlier process with this pid
         if self.parts > 1:
             self._tmp.mkdir()
@@ -144,12 +142,10 @@ class GraphWriter:
 
     def _write_row_group(self, table: pa.Table) -> None:
         table = _canonical(table)
-        if self._writer is None or self._part_groups == self.row_groups_per_file:
+        if self.row_groups % self.row_groups_per_file == 0:  # the first of a part
             self._open_next_part()
-        self._require_entered()
         assert self._writer is not None
         self._writer.write_table(table, row_group_size=table.num_rows)
-        self._part_groups += 1
         self._rows += table.num_rows
         self.row_groups += 1
         if self._on_row_group is not None:
@@ -178,7 +174,6 @@ class GraphWriter:
             sorting_columns=SORTING,
             store_schema=True,  # keeps the dictionary types on read
         )
-        self._part_groups = 0
 
     def _close_part(self) -> None:
         if self._writer is not None:
