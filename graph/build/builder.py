@@ -15,7 +15,12 @@ from prism.graph.build import op_table as T
 from prism.graph.build.bind import bind_ranks, encode_program
 from prism.graph.build.compose import compose_stage
 from prism.graph.build.normalize import normalize_rank
-from prism.graph.build.profiler_overhead import Correction, correction_scale, scale_template
+from prism.graph.build.profiler_overhead import (
+    Correction,
+    calls_are_launches,
+    correction_scale,
+    scale_template,
+)
 from prism.graph.build.program_graph import program_stages
 from prism.graph.build.templates import RoleTemplate, TemplateError, build_role_template
 from prism.graph.comm.model import CommModel
@@ -145,7 +150,7 @@ def load_templates(
         cv = iteration_cv(rank.result.own_iteration_ns, manifest.job.warmup)
         jitter = _call_jitter_ns(capture_dir, rank.rank, ops, manifest)
         template = replace(template, noise_cv=cv, call_jitter_ns=jitter)
-        launches = manifest.job.device == "cuda"  # a call's launch is host work, corrected or not
+        launches = calls_are_launches(manifest.job.device)  # kept, corrected or not
         if scale is not None or launches:
             template = scale_template(template, scale, launches=launches)
         if scale is not None:

@@ -136,6 +136,13 @@ def time_scale(
     )
 
 
+def calls_are_launches(device: str) -> bool:
+    """Whether a process-group call's captured host time is its launch, host work that stays in
+    the graph (CUDA: the device runs the collective), rather than the collective the comm model
+    prices (CPU: gloo runs it on the host)."""
+    return device == "cuda"
+
+
 def correction_scale(
     result: RankResult, warmup: int, correction: Correction, device: str
 ) -> TimeScale | None:
@@ -145,7 +152,10 @@ def correction_scale(
     if correction == Correction.NONE:
         return None
     return time_scale(
-        result, warmup, by_phase=correction == Correction.PHASE and device == "cpu", launches=device == "cuda"
+        result,
+        warmup,
+        by_phase=correction == Correction.PHASE and device == "cpu",
+        launches=calls_are_launches(device),
     )
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from prism.graph.build.alike import call_sequence, check_alike
 from prism.graph.build.bind import encode_program
 from prism.graph.build.normalize import normalize_rank
-from prism.graph.build.profiler_overhead import Correction, correction_scale
+from prism.graph.build.profiler_overhead import Correction, calls_are_launches, correction_scale
 from prism.graph.build.program_stage import program_stage
 from prism.graph.build.templates import TemplateError
 from prism.graph.sim.noise import iteration_cv
@@ -114,7 +114,7 @@ def program_stages(
         cv = iteration_cv(captured.result.own_iteration_ns, manifest.job.warmup)
         stage_program = program_stage(
             ops_of_stage, rank=captured.rank, stage=stage, layout=layout, scale=scale,
-            launches=manifest.job.device == "cuda", noise_cv=cv,
+            launches=calls_are_launches(manifest.job.device), noise_cv=cv,
         )  # fmt: skip
         stages.append(encode_program(stage_program))
         if scale is not None:
