@@ -63,6 +63,8 @@ class GraphReader:
             self._parts = [_Part(p.path, p.first_rank, p.last_rank) for p in listed]
         else:
             self._parts = [_Part(self.path, 0, None)]
+        self._first_ranks = [p.first_rank for p in self._parts]
+        if self._parts[0].last_rank is None:
             self._open(0)  # a bad file is an error at once
 
     def __enter__(self) -> GraphReader:
@@ -172,7 +174,7 @@ class GraphReader:
             if rank > 0:  # past the last part's name: that part says whether the graph has more
                 self._open(len(self._parts) - 1)
             return None
-        return bisect.bisect_right([p.first_rank for p in self._parts], rank) - 1
+        return bisect.bisect_right(self._first_ranks, rank) - 1
 
     def _row_groups_of(self, part: int, rank: int) -> list[int]:
         """Row groups of ``part`` whose rank statistics include ``rank`` (binary search: rows are sorted)."""
@@ -223,17 +225,19 @@ class GraphReader:
     def _check_part(self, part: _Part, schema: pa.Schema, metadata: GraphMetadata) -> int:
         """A part's ``PartInfo`` agrees with its name and the graph's ranks; its first row."""
         raw = (schema.metadata or {}).get(PART_KEY)
-        world = ParallelLayout.from_dict(metadata.layout).world_size
-        if part.last_rank is None:  # the graph's only file
-            if raw is not None and PartInfo.from_bytes(raw).parts > 1:
-                raise GraphFormatError(f"{part.path}: one part of a graph of several; read its directory")
-            return 0
         if raw is None:
+            if part.last_rank is None:  # the graph's only file
+                return 0
             raise GraphFormatError(f"{part.path}: a part file without its {PART_KEY.decode()!r} metadata")
         try:
             info = PartInfo.from_bytes(raw)
         except (ValueError, TypeError) as e:
             raise GraphFormatError(f"{part.path}: {e}") from None
+        if part.last_rank is None:
+            if info.parts > 1:
+                raise GraphFormatError(f"{part.path}: one part of a graph of several; read its directory")
+            return 0
+        world = ParallelLayout.from_dict(metadata.layout).world_size
         held = (info.first_rank, info.first_rank + info.ranks - 1, info.parts, world)
         listed = (part.first_rank, part.last_rank, len(self._parts), self.world_size)
         if held != listed:

@@ -162,3 +162,11 @@ def test_a_directory_that_is_not_a_graph_is_never_removed(tmp_path: Path) -> Non
     with pytest.raises(NotAGraphError), GraphWriter(precious, metadata()) as writer:
         writer.write_ranks(table_of(graph_rows()))
     assert (precious / "notes.txt").read_text() == "keep"
+
+
+def test_a_single_file_with_damaged_part_metadata_is_a_format_error(tmp_path: Path) -> None:
+    path = tmp_path / "graph.parquet"
+    schema = gf.SCHEMA.with_metadata({gf.METADATA_KEY: metadata().to_bytes(), gf.PART_KEY: b"{not json"})
+    pq.write_table(table_of(graph_rows()).cast(schema), path, write_statistics=[gf.RANK])
+    with pytest.raises(GraphFormatError, match="graph.parquet: "):
+        read_rank(path, 0)
