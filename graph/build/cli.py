@@ -18,7 +18,13 @@ from prism.graph.build.builder import BuildError, BuildOptions, BuildResult, bui
 from prism.graph.build.from_traces import TraceBuild, build_from_traces
 from prism.graph.build.profiler_overhead import Correction
 from prism.graph.io.parquet import GraphFormatError
-from prism.graph.io.parts import graph_bytes, is_graph_directory, remove_graph, replace_graph
+from prism.graph.io.parts import (
+    NotAGraphError,
+    graph_bytes,
+    refuse_other_directory,
+    remove_graph,
+    replace_graph,
+)
 from prism.graph.io.validate import validate_graph
 from prism.graph.sim.predict import predict, stage_table
 from prism.graph.sim.simulate import SimulationError
@@ -122,8 +128,10 @@ def build(
         _fail("--tp, --pp and --dp are required with a capture")
     if capture is None and step is not None and from_traces is None:
         _fail("--step is for --from-traces")
-    if out.is_dir() and not is_graph_directory(out):
-        _fail(f"{out} is a directory that is not a prism graph; give another output")
+    try:
+        refuse_other_directory(out)  # before any work, not at the end when the graph is put there
+    except NotAGraphError as e:
+        _fail(f"{e}; give another output")
     # graph.parquet and its summary.json are built beside their places and put there together.
     summary_path = out.with_name("summary.json")
     staged, staged_summary = (p.with_name(f".{p.name}.{os.getpid()}.new") for p in (out, summary_path))
