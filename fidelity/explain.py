@@ -28,9 +28,9 @@ import pandas as pd
 
 from prism.graph.build import op_table as ot
 from prism.graph.comm.call_latency import CallLatency
-from prism.graph.comm.model import CommModel
 from prism.graph.io.parquet import read_rank
 from prism.graph.sim.metrics import RankBreakdown
+from prism.peers.comm_model import CommModel
 from prism.schemas import graph_format as gf
 from prism.schemas.cluster import ClusterSpec
 from prism.schemas.graph_format import NodeKind

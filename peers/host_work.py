@@ -68,7 +68,7 @@ class HostWork:
 
     def work_ns(self, op: str, nbytes: int) -> int:
         """CPU time a call of ``op`` with ``nbytes`` of this rank's costs its host (0: none modelled)."""
-        # A collective's comm-log op is its spec class (``graph.comm.model.op_class``); send and
+        # A collective's comm-log op is its spec class (``peers.comm_model.op_class``); send and
         # recv ('p2p') are not in the table.
         return int(self.ns_per_byte.get(op, 0.0) * nbytes)
 

@@ -16,8 +16,8 @@ import pyarrow as pa
 from prism.graph.build import op_table as ot
 from prism.graph.build.compose import DEPS, GSEQ, IDLE, LAYER, MB, P2P_DIR, P2P_SEQ, SKEW, StageProgram
 from prism.graph.build.templates import GROUP_AXIS
-from prism.graph.comm.model import CommModel
 from prism.graph.comm.placement import LayoutTables
+from prism.peers.comm_model import CommModel
 from prism.schemas import graph_format as gf
 
 # Collective ids: axis code in the top bits, then the group index, then the per-group sequence.

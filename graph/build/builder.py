@@ -23,13 +23,13 @@ from prism.graph.build.profiler_overhead import (
 )
 from prism.graph.build.program_graph import program_stages
 from prism.graph.build.templates import RoleTemplate, TemplateError, build_role_template
-from prism.graph.comm.model import CommModel
 from prism.graph.comm.placement import LayoutTables
 from prism.graph.io.parquet import RANKS_PER_ROW_GROUP, GraphWriter
 from prism.graph.io.parts import remove_graph
 from prism.graph.io.validate import RowGroupValidator, ValidationReport
 from prism.graph.sim.load import static_bytes
 from prism.graph.sim.noise import call_jitter_ns, iteration_cv
+from prism.peers.comm_model import CommModel
 from prism.schemas import PRISM_VERSION
 from prism.schemas import graph_format as gf
 from prism.schemas.cluster import ClusterSpec

@@ -44,10 +44,10 @@ from prism.graph.build.trace_groups import (
     infer_layout,
     number_in_groups,
 )
-from prism.graph.comm.model import OPS
 from prism.graph.io.parquet import GraphWriter
 from prism.graph.traces.gpu import EdgeKind, GpuTrace, dependencies, read_gpu_trace
 from prism.graph.traces.gpu_timeline import LaunchModel, on_lanes, trace_lanes
+from prism.peers.comm_model import OPS
 from prism.schemas import PRISM_VERSION
 from prism.schemas import graph_format as gf
 from prism.schemas.layout import ParallelLayout

@@ -2,7 +2,7 @@
 
 The local machine is treated as one node of ``procs`` GPUs. For every op class c the samples are
 fitted by least squares to ``T = hops·α_c + volume·β_c`` (hops and volume from
-``prism.graph.comm.model.single_node_terms``, so the fit speaks the cost model's language), then turned
+``prism.peers.comm_model.single_node_terms``, so the fit speaks the cost model's language), then turned
 into a spec: p2p is the reference link (``α = α_p2p``, ``B = 1/β_p2p``) and every other class gets
 ``latency_factor = α_c/α_p2p`` and ``bandwidth_efficiency = β_p2p/β_c``; the model built from the
 spec then reproduces each class's fitted line exactly. Times span several decades between 4 KiB
@@ -37,7 +37,7 @@ import numpy as np
 
 from prism.graph.comm.bench import CalibrationError, Sample, run_benchmark
 from prism.graph.comm.call_latency import LoggedCalls, call_latencies, capture_logs
-from prism.graph.comm.model import OPS, CommModel, op_class, single_node_terms
+from prism.peers.comm_model import OPS, CommModel, op_class, single_node_terms
 from prism.schemas.cluster import OP_CLASSES, ClusterSpec, local_path
 from prism.schemas.comm_log import read_comm_log
 from prism.schemas.iterations import MIN_WARMUP

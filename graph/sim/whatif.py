@@ -14,12 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
-from prism.graph.comm.model import CommModel
 from prism.graph.comm.placement import LayoutTables
 from prism.graph.sim.engine import COMPUTE, RECV, SEND
 from prism.graph.sim.load import graph_column
 from prism.graph.sim.noise import work_between
 from prism.graph.sim.simulate import SimGraph
+from prism.peers.comm_model import CommModel
 from prism.schemas import graph_format as gf
 from prism.schemas.cluster import ClusterSpec
 

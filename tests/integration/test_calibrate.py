@@ -20,7 +20,7 @@ from prism.graph.comm.calibrate import (
     samples_from_comm_logs,
 )
 from prism.graph.comm.calibrate_cli import app
-from prism.graph.comm.model import CommModel, single_node_terms
+from prism.peers.comm_model import CommModel, single_node_terms
 from prism.schemas.cluster import ClusterSpec
 from prism.schemas.comm_log import CommCall, CommGroup, CommLog, write_comm_log
 

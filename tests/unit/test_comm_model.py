@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prism.graph.comm.model import (
+from prism.peers.comm_model import (
     OPS,
     CommModel,
     layout_nodes_spanned,
