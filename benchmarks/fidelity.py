@@ -135,6 +135,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="captures, load ranks and replays do not do the host-side work of their virtual collectives "
         "(the spec's host_ns_per_byte; prism-replay --no-host-work)",
     )  # fmt: skip
+    parser.add_argument(
+        "--free-running", action="store_true",
+        help="the slice captures' virtual calls complete at once instead of holding the program for "
+        "their price under the spec (prism-capture --hold-calls)",
+    )  # fmt: skip
     parser.add_argument("--work-dir", type=Path, default=None, help="keep captures and graphs here")
     parser.add_argument("--no-probe", action="store_true", help="skip the 2-process CPU concurrency probe")
     parser.add_argument(
@@ -189,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         matched_load=not args.slice_alone,
         replay=not args.no_replay,
         host_ns_per_byte={} if args.no_host_work else dict(choice.spec.host_ns_per_byte),
+        hold_calls=None if args.free_running else choice.spec,
         paced=args.paced,
         paced_load=not args.free_load,
         bracket=not args.no_bracket,
@@ -255,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                     "paced": settings.paced,
                     "paced_load": settings.paced_load,
                     "bracket": settings.bracket,
+                    "hold_calls": settings.hold_calls is not None,
                     "concurrency_probe": probes,
                     "elapsed_s": round(elapsed, 1),
                     "machine": machine(),
@@ -279,6 +286,7 @@ def program_main(args: argparse.Namespace, choice: SpecChoice, started: float, a
         matched_load=not args.slice_alone,
         replay=not args.no_replay,
         host_ns_per_byte={} if args.no_host_work else dict(choice.spec.host_ns_per_byte),
+        hold_calls=None if args.free_running else choice.spec,
     )
     records, hooks = [], []
     for text in args.program:
@@ -324,6 +332,7 @@ def program_main(args: argparse.Namespace, choice: SpecChoice, started: float, a
                     "warmup": settings.warmup,
                     "iterations": settings.iterations,
                     "sim_iterations": settings.sim_iterations,
+                    "hold_calls": settings.hold_calls is not None,
                     "elapsed_s": round(elapsed, 1),
                     "machine": machine(),
                 },

@@ -133,6 +133,14 @@ def capture(
             "beside its program for every virtual collective, as gloo would."
         ),
     ] = None,
+    hold_calls: Annotated[
+        Path | None,
+        typer.Option(
+            help="A cluster spec of this machine (prism-calibrate's): each CPU rank's virtual calls hold "
+            "its program, asleep, for their price under it, as a real call's wait would, so that compute "
+            "after a call runs as it does in the real job."
+        ),
+    ] = None,
     overwrite: Annotated[bool, typer.Option(help=cli_help.OVERWRITE)] = False,
     rank_timeout: Annotated[float, typer.Option(min=1.0, help=cli_help.RANK_TIMEOUT)] = 1800.0,
     order: Annotated[str, typer.Option(help="Rank order of the layout, fastest axis first.")] = DEFAULT_ORDER,
@@ -195,6 +203,7 @@ def capture(
             **job, ranks=parse_ranks(ranks), roles=roles, out_dir=out, real=real, warmup=warmup, iterations=iterations,
             threads=threads, overwrite=overwrite, rank_timeout_s=rank_timeout,
             host_ns_per_byte={} if host_work is None else dict(ClusterSpec.load(host_work).host_ns_per_byte),
+            hold_calls=None if hold_calls is None else ClusterSpec.load(hold_calls),
         )  # fmt: skip
         console.print(f"[bold]prism-capture[/] {layout}, real={real.value}, {what}")
         manifest = run_capture(options, hooks)

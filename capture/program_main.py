@@ -32,7 +32,7 @@ from prism.capture.rank_main import layout_labeler, record_rank
 from prism.capture.step_iterations import ProgramStop, StepIterations
 from prism.capture.value_pass import known_values, write_values
 from prism.peers.backend import VirtualWorld, current_comm_log
-from prism.peers.clock import CommClock, FreeRunningClock
+from prism.peers.clock import CommClock, FreeRunningClock, capture_clock
 from prism.peers.host_work import host_work_of
 from prism.peers.received_values import ReceivedValues
 from prism.schemas.iterations import steady_from
@@ -69,7 +69,7 @@ def run_program_rank(
     Iterations before ``clock_from`` are not told to the clock (a replay's first iteration holds
     the program's set-up, whose calls the graph does not have)."""
     started = time.perf_counter()
-    program, clock = job.program, clock or FreeRunningClock()
+    program, clock = job.program, clock or capture_clock(job)
     layout = program.layout
     os.environ.update(program.torchrun_env(rank))
     torch.set_num_threads(job.threads)

@@ -28,7 +28,7 @@ from prism.capture.profiling import ProfileSpec, profiled
 from prism.capture.progress import report
 from prism.capture.workloads.gpt import GPTWorkload
 from prism.peers.backend import BACKEND_NAME, VirtualWorld, activate, current_comm_log, rendezvous_store
-from prism.peers.clock import CommClock, FreeRunningClock
+from prism.peers.clock import CommClock, capture_clock
 from prism.peers.host_work import host_work_of
 from prism.schemas.annotations import group_label
 from prism.schemas.comm_log import CollectiveTime, HeldTime, write_comm_log
@@ -159,11 +159,11 @@ def _train(workload: GPTWorkload, job: RankJob, rank: int, spec: ProfileSpec, cl
 def run_rank(job: RankJob, rank: int, out_dir: Path, *, clock: CommClock | None = None) -> RankResult:
     """Run one rank of ``job`` and write its files under ``out_dir``.
 
-    ``clock`` times the calls with virtual peers (default: they complete at once, as in a
-    capture); it is told where each iteration begins and ends, outside the timed span.
+    ``clock`` times the calls with virtual peers (default: a capture's, ``capture_clock``); it is
+    told where each iteration begins and ends, outside the timed span.
     """
     started = time.perf_counter()
-    clock = clock or FreeRunningClock()
+    clock = clock or capture_clock(job)
     torch.set_num_threads(job.threads)
     if job.config.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

@@ -34,6 +34,7 @@ from prism.capture.preflight import (
 )
 from prism.capture.value_pass import needs_value_pass, value_pass_ranks
 from prism.schemas import PRISM_VERSION
+from prism.schemas.cluster import ClusterSpec
 from prism.schemas.files import write_json_atomic
 from prism.schemas.layout import ParallelLayout, Role
 from prism.schemas.manifest import (
@@ -96,6 +97,9 @@ class CaptureOptions:
     host_ns_per_byte: Mapping[str, float] = field(default_factory=dict, hash=False)
     """CPU ranks: the host-side work of virtual collectives, per byte by op class, that each rank
     does beside its program as gloo would (``RankJob.host_ns_per_byte``); empty: none."""
+    hold_calls: ClusterSpec | None = None
+    """CPU ranks: a spec of this machine under whose price each virtual call holds the program, as
+    the real call's wait would (``RankJob.hold_calls``); None: virtual calls complete at once."""
     overwrite: bool = False
     """Replace a non-empty output directory."""
     rank_timeout_s: float = 1800.0
@@ -193,6 +197,7 @@ def _job(options: CaptureOptions) -> RankJob:
         iterations=options.iterations,
         threads=options.threads,
         host_ns_per_byte=dict(options.host_ns_per_byte),
+        hold_calls=options.hold_calls,
     )
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from prism.capture.launch import rank_command
 from prism.capture.runner import CaptureHooks
+from prism.schemas.cluster import ClusterSpec
 from prism.schemas.layout import Role
 from prism.schemas.manifest import GPT, PROGRAM, CaptureFiles, RankJob
 from prism.schemas.program import ProgramSpec
@@ -56,6 +57,7 @@ class MatchedLoad(CaptureHooks):
         threads: int = 1,
         paced_by: Path | None = None,
         host_ns_per_byte: Mapping[str, float] | None = None,
+        hold_calls: ClusterSpec | None = None,
     ) -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="prism-load-")
         root = Path(self._dir.name)
@@ -67,6 +69,7 @@ class MatchedLoad(CaptureHooks):
             job = RankJob(
                 workload=PROGRAM, program=dataclasses.replace(program, run_to_end=True), real_ranks=(),
                 warmup=warmup, iterations=iterations, threads=threads, host_ns_per_byte=dict(host_ns_per_byte or {}),
+                hold_calls=hold_calls,
             )  # fmt: skip
             self._job.write_text(json.dumps(job.to_dict()))
             self._command = partial(rank_command, self._job, main="prism.capture.program_main")
@@ -82,6 +85,7 @@ class MatchedLoad(CaptureHooks):
                 iterations=iterations * _OUTLAST,
                 threads=threads,
                 host_ns_per_byte=dict(host_ns_per_byte or {}),
+                hold_calls=hold_calls,
             )
             if paced_by is None:
                 self._job.write_text(json.dumps(job.to_dict()))

@@ -68,6 +68,10 @@ class RunSettings:
     host_ns_per_byte: Mapping[str, float] = field(default_factory=dict, hash=False)
     """The spec's host work of virtual collectives (``ClusterSpec.host_ns_per_byte``), done by the
     slice captures, the load ranks and the replays alike (``prism.peers.host_work``); empty: none."""
+    hold_calls: ClusterSpec | None = None
+    """The spec under whose price the slice captures' virtual calls, and their free-running load
+    ranks', hold the program as the real run's calls do (``RankJob.hold_calls``); None: they
+    complete at once."""
     bracket: bool = True
     """With the replay, run every rank for real right before it and again right after it, and
     take the repeat's real time as the mean of the two: a drift of the machine during the
@@ -198,6 +202,7 @@ def predict(
         iterations=settings.iterations,
         out_dir=capture,
         host_ns_per_byte=settings.host_ns_per_byte,
+        hold_calls=settings.hold_calls,
     )
     manifest = beside_load(settings, partial(run_capture, options), config=captured)
     build_case_graph(config, capture, out / "graph.parquet", spec)
@@ -266,7 +271,7 @@ def beside_load(
     paced_by = timed_by if settings.paced_load else None
     with MatchedLoad(
         config, program=program, warmup=settings.warmup, iterations=settings.iterations, paced_by=paced_by,
-        host_ns_per_byte=settings.host_ns_per_byte,
+        host_ns_per_byte=settings.host_ns_per_byte, hold_calls=settings.hold_calls,
     ) as load:  # fmt: skip
         return run(hooks=load)
 

@@ -131,7 +131,7 @@ def predict_program(
     capture = out / "capture"
     options = CaptureOptions(
         program=program, real=RealMode.ROLES, warmup=settings.warmup, iterations=settings.iterations,
-        out_dir=capture, host_ns_per_byte=settings.host_ns_per_byte,
+        out_dir=capture, host_ns_per_byte=settings.host_ns_per_byte, hold_calls=settings.hold_calls,
     )  # fmt: skip
     beside_load(settings, partial(run_capture, options), program=program)
     graph_path = out / "graph.parquet"

@@ -228,7 +228,7 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
     def _virtual_work(self, record: CallRecord, result: object) -> dist.Work:
         future = torch.futures.Future()
         pending = _pending(record)
-        completion = VirtualCompletion(record, future, result)
+        completion = VirtualCompletion(record, future, result, spin=self._clock.keeps_time)
         began = time.time_ns()
         answer = None if self._host_work is None else _AnswerAfterWork(self._host_work, record, completion)
         self._clock.submit(pending, completion.at if answer is None else answer)

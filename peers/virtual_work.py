@@ -49,11 +49,15 @@ class VirtualCompletion:
         "_waited",
         "_observed",
         "_named",
+        "_spin",
         "__weakref__",
     )
 
-    def __init__(self, record: CallRecord, future: torch.futures.Future, result: object) -> None:
+    def __init__(
+        self, record: CallRecord, future: torch.futures.Future, result: object, *, spin: bool = True
+    ) -> None:
         self._record, self._future, self._result = record, future, result
+        self._spin = spin  # keep the named time to the µs (``CommClock.keeps_time``)
         self._due: int | None = None
         self._lock = threading.Lock()
         self._settled = False  # a time was named (or the call failed): the timeout no longer applies
@@ -118,7 +122,9 @@ class VirtualCompletion:
 
         Sleeps until shortly before it, then spins: waking from a sleep takes the OS up to a
         millisecond on a loaded machine, which would come on top of a latency the comm model
-        already charges (it was measured on real calls, their wake-ups included)."""
+        already charges (it was measured on real calls, their wake-ups included). A call whose
+        clock does not keep time (a capture's hold) is slept to the end, wake-up and all, as a
+        real call's wait is."""
         with self._lock:
             self._waited = True
         self._record.waiting()
@@ -126,8 +132,8 @@ class VirtualCompletion:
         self._named.release()  # stays open, like a set Event, for any other waiter
         if self._due is not None:
             remaining = self._due - time.time_ns()
-            if remaining > _SPIN_NS:
-                time.sleep((remaining - _SPIN_NS) / 1e9)
+            if remaining > _SPIN_NS or (remaining > 0 and not self._spin):
+                time.sleep((remaining - (_SPIN_NS if self._spin else 0)) / 1e9)
             while time.time_ns() < self._due:
                 pass
         self.complete()

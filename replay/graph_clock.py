@@ -130,6 +130,7 @@ class GraphClock:
     """The ``CommClock`` of one real rank of a replay."""
 
     holds = True  # the co-simulation runs in ``submit``
+    keeps_time = True
 
     def __init__(self, program: RankProgram, port: CoSimPort, *, wall_ns=time.time_ns) -> None:
         self.program, self.rank, self.port = program, program.rank, port

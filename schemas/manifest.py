@@ -20,10 +20,11 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from prism.schemas.checked import check_fields
+from prism.schemas.cluster import ClusterSpec
 from prism.schemas.files import write_json_atomic
 from prism.schemas.layout import ParallelLayout, Role
 from prism.schemas.program import ProgramSpec
@@ -148,9 +149,14 @@ class RankJob:
     """CPU ranks: the host-side work of a virtual collective, per byte by op class
     (``ClusterSpec.host_ns_per_byte``), that the rank's process does beside the program as the
     call's real backend would (``prism.peers.host_work``); empty: none."""
+    hold_calls: ClusterSpec | None = None
+    """CPU ranks: a spec of this machine (``prism-calibrate``'s) under whose price every virtual
+    call holds the program, asleep, as the real call's wait would (``prism.peers.clock.HoldingClock``);
+    None: virtual calls complete at once."""
 
     def to_dict(self) -> dict:
-        data = asdict(self)
+        data = asdict(replace(self, hold_calls=None))  # a spec's tables are read-only mappings
+        data["hold_calls"] = None if self.hold_calls is None else self.hold_calls.to_dict()
         data["config"] = None if self.config is None else self.config.to_dict()
         data["program"] = None if self.program is None else self.program.to_dict()
         data["host_ns_per_byte"] = dict(self.host_ns_per_byte)
@@ -170,6 +176,7 @@ class RankJob:
             threads=int(data["threads"]),
             value_pass=bool(data.get("value_pass", False)),
             host_ns_per_byte={str(k): float(v) for k, v in (data.get("host_ns_per_byte") or {}).items()},
+            hold_calls=None if data.get("hold_calls") is None else ClusterSpec.from_dict(data["hold_calls"]),
         )
 
 

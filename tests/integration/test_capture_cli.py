@@ -107,3 +107,28 @@ def test_host_work_of_a_spec_reaches_every_rank_job(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert dict(read_manifest(out).job.host_ns_per_byte) == {"all_reduce": 0.4}
+
+
+def test_held_calls_take_their_price_under_the_spec(tmp_path: Path) -> None:
+    from prism.peers.comm_model import CommModel
+    from prism.schemas.cluster import ClusterSpec, preset
+    from prism.schemas.comm_log import read_comm_log
+    from prism.schemas.manifest import CaptureFiles
+
+    spec = ClusterSpec.from_dict(
+        preset("h100-ib").to_dict() | {"intra_latency_s": 0.002}
+    )  # 4 ms an all-reduce
+    out = tmp_path / "cap"
+    result = run_cli(
+        "--tp", "2", "--pp", "1", "--dp", "1", "--layers", "1", "--hidden", "32", "--heads", "2",
+        "--seq-len", "8", "--vocab", "64", "--microbatches", "1", "--warmup", "3", "--iterations", "1",
+        "--hold-calls", str(spec.save(tmp_path / "spec.toml")), "-o", str(out),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert read_manifest(out).job.hold_calls == spec
+    model = CommModel(spec)
+    reduces = [c for c in read_comm_log(CaptureFiles(out).comm(0)).calls if c.op == "all_reduce"]
+    assert len(reduces) >= 5  # the tp layer's all-reduces of every iteration
+    for call in reduces:
+        price = model.duration_ns("all_reduce", call.bytes, 2, 1)
+        assert call.done_ns - call.enter_ns >= price >= 4_000_000
