@@ -16,9 +16,12 @@ Public surface:
 - ``current_comm_log()``: this process's calls and groups so far.
 - The clock interface: ``CommClock`` (``submit`` a ``PendingCall`` and complete it at a wall
   time; be told where iterations begin and end). ``FreeRunningClock`` completes every virtual
-  call at once (capture); the replay's co-simulation clock lives in ``prism.replay``.
+  call at once; ``HoldingClock`` holds each for its price under a spec of this machine (a CPU
+  capture's, ``capture_clock``); the replay's co-simulation clock lives in ``prism.replay``.
+- ``prism.peers.comm_model``: the α-β price of every call under a cluster spec, which the
+  holding clock, the graph's builder and its simulation all use.
 
-It imports only ``torch`` and ``prism.schemas``; capture and replay build on it.
+It imports only ``torch``, ``numpy`` and ``prism.schemas``; capture, graph and replay build on it.
 """
 
 from prism.peers.backend import (
@@ -30,18 +33,28 @@ from prism.peers.backend import (
     current_comm_log,
     rendezvous_store,
 )
-from prism.peers.clock import CommClock, Completion, FreeRunningClock, ImmediateClock, PendingCall
+from prism.peers.clock import (
+    CommClock,
+    Completion,
+    FreeRunningClock,
+    HoldingClock,
+    ImmediateClock,
+    PendingCall,
+    capture_clock,
+)
 
 __all__ = [
     "BACKEND_NAME",
     "CommClock",
     "Completion",
     "FreeRunningClock",
+    "HoldingClock",
     "ImmediateClock",
     "Labeler",
     "PendingCall",
     "VirtualWorld",
     "activate",
+    "capture_clock",
     "active_world",
     "current_comm_log",
     "rendezvous_store",
