@@ -95,16 +95,22 @@ def test_a_spec_that_cannot_be_read_for_host_work_is_one_error_line(tmp_path: Pa
     assert list(tmp_path.iterdir()) == []
 
 
+def tiny_job(*, tp: int, dp: int) -> tuple[str, ...]:
+    """Options of a one-layer GPT that captures in seconds."""
+    return (
+        "--tp", str(tp), "--pp", "1", "--dp", str(dp), "--layers", "1", "--hidden", "32", "--heads", "2",
+        "--seq-len", "8", "--vocab", "64", "--microbatches", "1", "--warmup", "3", "--iterations", "1",
+    )  # fmt: skip
+
+
 def test_host_work_of_a_spec_reaches_every_rank_job(tmp_path: Path) -> None:
     from prism.schemas.cluster import ClusterSpec, preset
 
     spec = ClusterSpec.from_dict(preset("h100-ib").to_dict() | {"host_ns_per_byte": {"all_reduce": 0.4}})
     out = tmp_path / "cap"
     result = run_cli(
-        "--tp", "1", "--pp", "1", "--dp", "2", "--layers", "1", "--hidden", "32", "--heads", "2",
-        "--seq-len", "8", "--vocab", "64", "--microbatches", "1", "--warmup", "3", "--iterations", "1",
-        "--host-work", str(spec.save(tmp_path / "spec.toml")), "-o", str(out),
-    )  # fmt: skip
+        *tiny_job(tp=1, dp=2), "--host-work", str(spec.save(tmp_path / "spec.toml")), "-o", str(out)
+    )
     assert result.exit_code == 0, result.output
     assert dict(read_manifest(out).job.host_ns_per_byte) == {"all_reduce": 0.4}
 
@@ -115,15 +121,12 @@ def test_held_calls_take_their_price_under_the_spec(tmp_path: Path) -> None:
     from prism.schemas.comm_log import read_comm_log
     from prism.schemas.manifest import CaptureFiles
 
-    spec = ClusterSpec.from_dict(
-        preset("h100-ib").to_dict() | {"intra_latency_s": 0.002}
-    )  # 4 ms an all-reduce
+    four_ms_an_all_reduce = {"intra_latency_s": 0.002}
+    spec = ClusterSpec.from_dict(preset("h100-ib").to_dict() | four_ms_an_all_reduce)
     out = tmp_path / "cap"
     result = run_cli(
-        "--tp", "2", "--pp", "1", "--dp", "1", "--layers", "1", "--hidden", "32", "--heads", "2",
-        "--seq-len", "8", "--vocab", "64", "--microbatches", "1", "--warmup", "3", "--iterations", "1",
-        "--hold-calls", str(spec.save(tmp_path / "spec.toml")), "-o", str(out),
-    )  # fmt: skip
+        *tiny_job(tp=2, dp=1), "--hold-calls", str(spec.save(tmp_path / "spec.toml")), "-o", str(out)
+    )
     assert result.exit_code == 0, result.output
     assert read_manifest(out).job.hold_calls == spec
     model = CommModel(spec)
