@@ -8,7 +8,9 @@ unprofiled/profiled factor per role leaves the first several times too long and 
 short. Every ``annotate.mark`` opens through this timer, so each top-level block (forward and
 backward of a microbatch, a posted transfer, a p2p wait, the gradient sync, the optimizer step)
 is timed in every iteration for two ``time.time_ns()`` calls; ``own_phase_ns`` then takes the
-process-group calls and the time prism held the program out of each, from the comm log.
+process-group calls and the time prism held the program out of each, from the comm log, and cuts
+the iteration as the build cuts its trace into templates (the glue before a block is the block's),
+so that each phase's unprofiled/profiled ratio scales exactly what the template of that phase holds.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from prism.schemas.annotations import BLOCK_PHASES, GLUE, Mark, block_kind
+from prism.schemas.annotations import BLOCK_PHASES, GLUE, Mark, Phase, block_kind
 from prism.schemas.comm_log import CommLog, CommTime, HeldTime
 
 
@@ -77,21 +79,39 @@ def block_wall_ns(spans_by_iteration: Sequence[Sequence[BlockSpan]]) -> tuple[di
     return tuple(phases)
 
 
+WAITS = frozenset({Phase.P2P_WAIT.value})
+"""Block kinds that hold no op of their own on CPU: a wait for the transfers posted before it.
+The trace has nothing to cut there, so its time lands in the gap before the next block's first op."""
+
+
 def own_phase_ns(
     spans_by_iteration: Sequence[Sequence[BlockSpan]], log: CommLog, own_iteration_ns: Sequence[int]
 ) -> tuple[dict[str, int], ...]:
-    """Each iteration's own time by block kind: its blocks' wall time less the process-group
-    calls (their durations come from the comm model) and the time prism held the program in
-    them; ``GLUE``: the iteration's own time (``RankResult.own_iteration_ns``) outside its blocks."""
+    """Each iteration's own time by block kind, cut as the templates cut the trace: a block's
+    wall time less the process-group calls (their durations come from the comm model) and the time
+    prism held the program in it, together with the time since the block before it closed (the
+    trace puts that glue in the gap before the block's first op) and the time of a wait just before
+    it (``WAITS``: no op to carry it); ``GLUE``: the iteration's own time
+    (``RankResult.own_iteration_ns``) before its first block and after its last."""
     calls, held = CommTime(log), HeldTime(log)
     phases = []
     for spans, own_ns in zip(spans_by_iteration, own_iteration_ns, strict=True):
         by_kind: dict[str, int] = defaultdict(int)
-        in_blocks = 0
-        for span in spans:
-            wall = span.end_ns - span.start_ns
-            by_kind[span.kind] += wall - calls.within(span.start_ns, span.end_ns)
-            in_blocks += wall - held.within(span.start_ns, span.end_ns)
-        by_kind[GLUE] = own_ns - in_blocks
+        covered = 0  # the blocks' time with the glue led into them, calls in, holds out
+        carried = carried_cover = 0  # a wait's, passed on to the block after it
+        closed: int | None = None
+        for span in sorted(spans, key=lambda s: s.start_ns):
+            begin = span.start_ns if closed is None else closed
+            wall = span.end_ns - begin
+            own = wall - calls.within(begin, span.end_ns)
+            cover = wall - held.within(begin, span.end_ns)
+            if span.kind in WAITS:
+                carried, carried_cover = carried + own, carried_cover + cover
+            else:
+                by_kind[span.kind] += own + carried
+                covered += cover + carried_cover
+                carried = carried_cover = 0
+            closed = span.end_ns
+        by_kind[GLUE] = own_ns - covered
         phases.append(dict(by_kind))
     return tuple(phases)

@@ -49,7 +49,8 @@ PHASES = (*PHASE_NAMES.values(), "other", COMMUNICATION, BUBBLE)
 
 def own_phases_ms(own_ns: Mapping[str, float], iteration_ns: float, collective_ns: float) -> dict[str, float]:
     """A rank's iteration by phase (``PHASES``), ms: its own time (compute and Python, calls
-    excluded) in forward, backward, optimizer and other blocks (``own_ns`` by block kind), its
+    excluded) in forward, backward, optimizer and other blocks, each with the glue led into it as
+    the graph's nodes hold it (``own_ns`` by block kind, ``RankResult.phase_ns``), its
     time in collectives (``collective_ns``), and ``BUBBLE``, the rest of the iteration."""
     out = dict.fromkeys(PHASES, 0.0)
     for kind, ns in own_ns.items():

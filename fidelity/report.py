@@ -102,8 +102,8 @@ def records_table(records: list[dict], ids: dict[str, str], source: str = "simul
 
 
 _OWN = (
-    "forward/backward/optimizer/other: own time in those blocks (calls excluded; clean unprofiled "
-    "iterations); communication: in collective calls and waits on them; bubble: the rest of the "
+    "forward/backward/optimizer/other: own time in those blocks, each with the glue led into it "
+    "(calls excluded; clean unprofiled iterations); communication: in collective calls and waits on them; bubble: the rest of the "
     "iteration (point-to-point calls); error: (predicted - real) / real"
 )
 _BLOCKS = (

@@ -212,8 +212,9 @@ class RankResult:
     for the built-in GPT."""
     phase_ns: tuple[dict[str, int], ...] = ()
     """Own time of every iteration by kind of top-level block (``annotations.block_kind``, and
-    ``annotations.GLUE`` for the rest): the blocks' wall time less process-group calls and held
-    time (``prism.capture.phase_timer``). Empty in captures made before it was recorded."""
+    ``annotations.GLUE`` before the first block and after the last): each block's wall time with
+    the glue led into it, less process-group calls and held time, cut as the build cuts the trace
+    (``prism.capture.phase_timer.own_phase_ns``). Empty in captures made before it was recorded."""
     block_ns: tuple[dict[str, int], ...] = ()
     """Wall time of every iteration in its top-level blocks by kind, the calls made inside them and
     prism's holds included (``prism.capture.phase_timer.block_wall_ns``): measured as a fully real

@@ -13,8 +13,9 @@ Adam's step (thousands of tiny ops an iteration) keeps several times its real ti
 role's factor, and in a replay the real rank then waits for its virtual peers' long step. Captures
 record each top-level block's own time in every iteration (``RankResult.phase_ns``,
 ``prism.capture.phase_timer``), so on CPU every unit is scaled by its own *phase's* ratio —
-forward, backward, each kind of transfer, p2p wait, gradient sync, optimizer step, and the glue
-between blocks — and only a phase too short to measure (or a capture without phase times) falls back to the
+forward, backward, each kind of transfer, p2p wait, gradient sync, optimizer step, each with the
+glue that leads into it as the trace's segments hold it, and the glue before the first block and
+after the last — and only a phase too short to measure (or a capture without phase times) falls back to the
 role's factor. On CUDA the phase spans are host time while the device runs ahead of it, so the
 role's factor (whole iterations, synchronised) stays.
 
@@ -38,8 +39,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from prism.graph.build import op_table as ot
-from prism.graph.build.templates import RoleTemplate, Segment
-from prism.schemas.annotations import GLUE, is_block
+from prism.graph.build.templates import POST, PRE, RoleTemplate, Segment
+from prism.schemas.annotations import GLUE
 from prism.schemas.iterations import clean_unprofiled
 from prism.schemas.manifest import RankResult
 
@@ -86,7 +87,7 @@ class TimeScale:
         return self.unprofiled_ns / self.profiled_ns
 
     def factor_of(self, kind: str | None) -> float:
-        """The factor of a unit of block kind ``kind`` (None: glue between blocks)."""
+        """The factor of a unit of block kind ``kind`` (None: glue before the first block or after the last)."""
         return self.phase_factors.get(GLUE if kind is None else kind, self.factor)
 
     def to_dict(self) -> dict:
@@ -174,14 +175,12 @@ def scaled_times(
 
 
 def _scaled(segment: Segment, scale: TimeScale | None, launches: bool) -> Segment:
-    # A segment is the glue before a step and the step's block: its units are of its kind or glue.
+    # A segment is a step's block with the glue before it, which the phase times count as the
+    # block's (``own_phase_ns``): one factor for all of it. Before the first step and after the
+    # last, glue's.
     units = segment.units.copy()
-    in_block = np.array([is_block(phase) for phase in units[ot.PHASE]], dtype=bool)
-    factor = (
-        np.ones(len(units))
-        if scale is None
-        else np.where(in_block, scale.factor_of(segment.kind), scale.factor_of(None))
-    )
+    kind = None if segment.kind in (PRE, POST) else segment.kind
+    factor = np.full(len(units), 1.0 if scale is None else scale.factor_of(kind))
     units[ot.DUR_NS], units[ot.GAP_NS] = scaled_times(
         units[ot.DUR_NS].to_numpy(),
         units[ot.GAP_NS].to_numpy(),

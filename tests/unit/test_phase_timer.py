@@ -85,11 +85,28 @@ def test_own_time_leaves_out_calls_and_held_time_and_glue_is_the_rest() -> None:
     spans = [BlockSpan("fwd", 100, 400), BlockSpan("optim", 500, 600)]
     (own,) = own_phase_ns([spans], log, [1000])
     assert own["fwd"] == 300 - 20 - 50
-    assert own["optim"] == 100 - 20
-    # Glue: the iteration's own time (already without held time) less the blocks' own time with
-    # their calls in: 1000 - (300 - 50) - (100 - 10).
-    assert own[GLUE] == 1000 - 250 - 90
+    # The glue between the blocks (400-500) leads into the optimizer step: the trace puts it in
+    # the gap before the step's first op, in the step's template.
+    assert own["optim"] == 200 - 20
+    # Glue: the iteration's own time (already without held time) less the blocks' and the glue
+    # led into them, with their calls in: 1000 - (300 - 50) - (200 - 10); before the first block
+    # and after the last.
+    assert own[GLUE] == 1000 - 250 - 190
     assert CommTime(log).within(0, 1000) == 20 + 50 + 20
+
+
+def test_a_wait_holds_no_op_and_passes_its_own_time_to_the_block_after_it() -> None:
+    # recv posted 0-100, waited on 100-300 (held 150-280 for the transfer), backward 350-900:
+    # the trace cuts nothing at the wait, so its own 70 ns and the glue after it are backward's.
+    log = CommLog(rank=0, world_size=2, calls=(_call(0, enter=20, exit=40, done=280, wait=150),))
+    spans = [BlockSpan("recv_bwd", 0, 100), BlockSpan("p2p_wait", 100, 300), BlockSpan("bwd", 350, 900)]
+    (own,) = own_phase_ns([spans], log, [1000 - 130])
+    assert "p2p_wait" not in own
+    assert own["recv_bwd"] == 100 - 20
+    assert own["bwd"] == (200 - 130) + 50 + 550
+    assert own[GLUE] == (1000 - 130) - 100 - (200 - 130 + 600)
+    (trailing,) = own_phase_ns([spans[:2]], log, [1000 - 130])
+    assert trailing[GLUE] == (1000 - 130) - 100  # a wait last in the iteration: glue
 
 
 def test_own_time_of_an_iteration_without_blocks_is_all_glue() -> None:

@@ -83,7 +83,7 @@ def test_each_phase_gets_its_own_unprofiled_to_profiled_ratio() -> None:
     scale = time_scale(result(own, phase_ns=per_iteration), warmup=4)
     assert scale is not None and dict(scale.phase_factors) == factors
     assert scale.factor_of("optim") == pytest.approx(0.1)
-    assert scale.factor_of(None) == pytest.approx(0.5)  # glue between blocks
+    assert scale.factor_of(None) == pytest.approx(0.5)  # glue outside every block
     assert scale.factor_of("send_fwd") == scale.factor  # too short to measure: the role's
     assert scale.to_dict()["phase_factors"]["optim"] == pytest.approx(0.1)
     by_role = time_scale(result(own, phase_ns=per_iteration), warmup=4, by_phase=False)
@@ -131,15 +131,17 @@ def test_on_cuda_a_calls_captured_time_is_its_launch_and_stays_before_its_node()
     assert launched > 0
 
 
-def test_units_are_scaled_by_their_phase_and_glue_by_the_glues() -> None:
+def test_a_segment_is_scaled_by_its_blocks_factor_and_glue_outside_every_block_by_the_glues() -> None:
+    # The phase times count the glue that leads into a block as the block's (own_phase_ns), and
+    # the template's segment of a block holds that glue too: one factor for all of the segment.
     template = build_role_template(op_table(1), rank=2, stage=1, first_layer=CAPTURED.stage_layers(1).start)
     factors = {"fwd": 0.5, "bwd": 0.25, "optim": 0.1, "recv_fwd": 0.8, GLUE: 0.9}
     scale = TimeScale(rank=2, unprofiled_ns=1.0, profiled_ns=3.0, clean_iterations=1, phase_factors=factors)
     scaled = scale_template(template, scale, launches=False)
     for kind, segment in template.segments.items():
         before, after = segment.units, scaled.segments[kind].units
-        glue = (before[ot.PHASE] == "iter").to_numpy()  # the synthetic table's glue units
-        expected = np.where(glue, 0.9, factors.get(kind, 1 / 3))  # send_* and grad_sync: the role's
+        outside = kind in ("pre", "post")
+        expected = 0.9 if outside else factors.get(kind, 1 / 3)  # send_* and grad_sync: the role's
         compute = ~before[ot.IS_COMM].to_numpy(dtype=bool)
         assert (after[ot.GAP_NS] == (before[ot.GAP_NS] * expected).round()).all(), kind
         assert (after[ot.DUR_NS][compute] == (before[ot.DUR_NS] * expected).round()[compute]).all(), kind
@@ -149,3 +151,9 @@ def test_units_are_scaled_by_their_phase_and_glue_by_the_glues() -> None:
     assert (
         scaled.segments["pre"].units[ot.DUR_NS] == (template.segments["pre"].units[ot.DUR_NS] * 0.9).round()
     ).all()
+    led = [
+        k
+        for k, seg in template.segments.items()
+        if k not in ("pre", "post") and (seg.units[ot.PHASE] == "iter").any()
+    ]
+    assert led, "the synthetic table has glue units inside block segments"
