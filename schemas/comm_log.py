@@ -216,6 +216,22 @@ class CommTime(Spans):
         super().__init__(_call_spans(log.calls))
 
 
+class PricedTime(Spans):
+    """``CommTime`` less the posts of transfers posted asynchronously: the time the comm model
+    prices. A post (``isend``/``irecv`` returning a Work, ``enter_ns`` to ``exit_ns`` less any
+    clock time in it) is host work the model does not price, which the graph keeps in the gap
+    before the call's node (``prism.graph.build.profiler_overhead.host_kept``): the program's own."""
+
+    def __init__(self, log: CommLog) -> None:
+        calls = tuple(log.calls)
+        posts = [c for c in calls if c.async_op and c.op in P2P_OPS]
+        rest = [c for c in calls if not (c.async_op and c.op in P2P_OPS)]
+        waits = [
+            (c.first_wait_ns, c.done_ns) for c in posts if c.delegated and 0 < c.first_wait_ns < c.done_ns
+        ]
+        super().__init__(_call_spans(rest) + waits + _held_spans(posts))
+
+
 class CollectiveTime(Spans):
     """``CommTime`` of the collective calls alone: the time a rank spent communicating, where
     the rest of its calls (point-to-point: a pipeline's transfers) are mostly the wait for its

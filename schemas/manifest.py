@@ -213,7 +213,8 @@ class RankResult:
     phase_ns: tuple[dict[str, int], ...] = ()
     """Own time of every iteration by kind of top-level block (``annotations.block_kind``, and
     ``annotations.GLUE`` before the first block and after the last): each block's wall time with
-    the glue led into it, less process-group calls and held time, cut as the build cuts the trace
+    the glue led into it, less the calls the comm model prices (``comm_log.PricedTime``: a posted
+    transfer's post stays) and held time, cut as the build cuts the trace
     (``prism.capture.phase_timer.own_phase_ns``). Empty in captures made before it was recorded."""
     block_ns: tuple[dict[str, int], ...] = ()
     """Wall time of every iteration in its top-level blocks by kind, the calls made inside them and

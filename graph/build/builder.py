@@ -150,9 +150,8 @@ def load_templates(
         cv = iteration_cv(rank.result.own_iteration_ns, manifest.job.warmup)
         jitter = _call_jitter_ns(capture_dir, rank.rank, ops, manifest)
         template = replace(template, noise_cv=cv, call_jitter_ns=jitter)
-        launches = calls_are_launches(manifest.job.device)  # kept, corrected or not
-        if scale is not None or launches:
-            template = scale_template(template, scale, launches=launches)
+        # Launches and posts are kept, corrected or not.
+        template = scale_template(template, scale, launches=calls_are_launches(manifest.job.device))
         if scale is not None:
             scales[role.value] = scale.to_dict() | {"noise_cv": round(cv, 6), "call_jitter_ns": round(jitter)}
         templates[role] = template

@@ -20,11 +20,13 @@ role's factor. On CUDA the phase spans are host time while the device runs ahead
 role's factor (whole iterations, synchronised) stays.
 
 A process-group call's own time is left to the comm model, but what that time is differs by
-device. On CPU the call is the collective (gloo runs it on the host, and the model's price was
-measured on such calls), so its captured time is dropped. On CUDA the host only launches the
+device. On CPU a blocking call is the collective (gloo runs it on the host, and the model's price
+was measured on such calls), so its captured time is dropped. On CUDA the host only launches the
 call and the device runs the collective: the captured time is the launch, host work the model
 does not price, and it stays, scaled like compute, in the gap before the call's node (the role's
-factor is over iterations that include it).
+factor is over iterations that include it). A transfer posted asynchronously is the same on
+either device: the call is the post (on CPU some 30-230 µs of a stage's time per transfer), and
+the model prices the transfer from the later of the two posts on (``host_kept``).
 
 Which warm-up iterations are clean is ``prism.schemas.iterations.clean_unprofiled``.
 """
@@ -41,6 +43,7 @@ import numpy as np
 from prism.graph.build import op_table as ot
 from prism.graph.build.templates import POST, PRE, RoleTemplate, Segment
 from prism.schemas.annotations import GLUE
+from prism.schemas.comm_log import P2P_OPS
 from prism.schemas.iterations import clean_unprofiled
 from prism.schemas.manifest import RankResult
 
@@ -70,11 +73,12 @@ class TimeScale:
     unprofiled_ns: float
     """Median own time of its clean unprofiled iterations."""
     profiled_ns: float
-    """Median own time of its profiled iterations."""
+    """Mean own time of its profiled iterations: the templates are means over them, so the factor
+    takes a template to the unprofiled median however unevenly the few profiled iterations ran."""
     clean_iterations: int
     """Unprofiled iterations the median is over."""
     phase_factors: Mapping[str, float] = field(default_factory=dict)
-    """Unprofiled / profiled median own time of each phase (``annotations.block_kind``, and
+    """Unprofiled median / profiled mean own time of each phase (``annotations.block_kind``, and
     ``GLUE``); empty: the role's factor for every unit."""
     launches: bool = False
     """The rank's process-group calls are launched onto a device (CUDA): their captured time is
@@ -103,15 +107,15 @@ class TimeScale:
 
 
 def phase_factors(phase_ns: Sequence[Mapping[str, int]], warmup: int) -> dict[str, float]:
-    """Unprofiled / profiled median own time of every phase the profiled iterations ran for at
-    least ``MIN_PHASE_NS``; empty without per-phase times or a clean unprofiled iteration."""
+    """Unprofiled median / profiled mean own time of every phase the profiled iterations ran for
+    at least ``MIN_PHASE_NS`` (``TimeScale.profiled_ns`` says why a mean); empty without per-phase times or a clean unprofiled iteration."""
     clean, profiled = clean_unprofiled(phase_ns, warmup), phase_ns[warmup:]
     if not clean or not profiled:
         return {}
     factors = {}
     for kind in sorted({k for p in profiled for k in p}):
         unprofiled_ns = statistics.median(p.get(kind, 0) for p in clean)
-        profiled_ns = statistics.median(p.get(kind, 0) for p in profiled)
+        profiled_ns = statistics.fmean(p.get(kind, 0) for p in profiled)
         if profiled_ns >= MIN_PHASE_NS and unprofiled_ns > 0:
             factors[kind] = unprofiled_ns / profiled_ns
     return factors
@@ -130,7 +134,7 @@ def time_scale(
     return TimeScale(
         rank=result.rank,
         unprofiled_ns=float(statistics.median(clean)),
-        profiled_ns=float(statistics.median(profiled)),
+        profiled_ns=float(statistics.fmean(profiled)),
         clean_iterations=len(clean),
         phase_factors=phase_factors(result.phase_ns, warmup) if by_phase else {},
         launches=launches,
@@ -160,16 +164,22 @@ def correction_scale(
     )
 
 
+def host_kept(is_comm: np.ndarray, is_async: np.ndarray, ops: np.ndarray, *, launches: bool) -> np.ndarray:
+    """Which units are calls whose captured time is host work the comm model does not price, to
+    stay in the gap before the call's node: with ``launches`` (CUDA) every call, and on any device
+    a transfer posted asynchronously (a send or recv that returned a Work: the post)."""
+    posted = is_async & np.isin(ops, tuple(P2P_OPS))
+    return is_comm & (True if launches else posted)
+
+
 def scaled_times(
-    dur_ns: np.ndarray, gap_ns: np.ndarray, is_comm: np.ndarray, factor: np.ndarray, *, launches: bool
+    dur_ns: np.ndarray, gap_ns: np.ndarray, is_comm: np.ndarray, factor: np.ndarray, *, kept: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """Units' durations and gaps with the profiler's cost taken out: compute and gaps times their
-    ``factor``; a call's duration as captured (the comm model prices it), and with ``launches``
-    its host part, times its factor, added to its gap."""
+    ``factor``; a call's duration as captured (the comm model prices it), and where ``kept``
+    (``host_kept``) its host part, times its factor, added to its gap."""
     dur = dur_ns.astype(np.float64)
-    gap = gap_ns.astype(np.float64) * factor
-    if launches:
-        gap = gap + np.where(is_comm, dur * factor, 0.0)
+    gap = gap_ns.astype(np.float64) * factor + np.where(is_comm & kept, dur * factor, 0.0)
     dur = np.where(is_comm, dur, dur * factor)
     return np.round(dur).astype(np.int64), np.round(gap).astype(np.int64)
 
@@ -181,18 +191,18 @@ def _scaled(segment: Segment, scale: TimeScale | None, launches: bool) -> Segmen
     units = segment.units.copy()
     kind = None if segment.kind in (PRE, POST) else segment.kind
     factor = np.full(len(units), 1.0 if scale is None else scale.factor_of(kind))
+    is_comm = units[ot.IS_COMM].fillna(False).to_numpy(dtype=bool)
+    is_async = units[ot.IS_ASYNC].fillna(False).to_numpy(dtype=bool)
+    kept = host_kept(is_comm, is_async, units[ot.NAME].astype(str).to_numpy(), launches=launches)
     units[ot.DUR_NS], units[ot.GAP_NS] = scaled_times(
-        units[ot.DUR_NS].to_numpy(),
-        units[ot.GAP_NS].to_numpy(),
-        units[ot.IS_COMM].fillna(False).to_numpy(dtype=bool),
-        factor,
-        launches=launches,
+        units[ot.DUR_NS].to_numpy(), units[ot.GAP_NS].to_numpy(), is_comm, factor, kept=kept
     )
     return replace(segment, units=units)
 
 
 def scale_template(template: RoleTemplate, scale: TimeScale | None, *, launches: bool) -> RoleTemplate:
     """``template`` with every compute duration and every gap multiplied by its phase's factor
-    (none without a ``scale``), and with ``launches`` each call's launch kept in its gap."""
+    (none without a ``scale``), and the host part of the calls ``host_kept`` names (with
+    ``launches`` each call's launch) kept in its gap."""
     segments = {kind: _scaled(segment, scale, launches) for kind, segment in template.segments.items()}
     return replace(template, segments=segments)

@@ -42,7 +42,7 @@ from prism.graph.build.compose import (
     wait_node,
     waiting_columns,
 )
-from prism.graph.build.profiler_overhead import TimeScale, scaled_times
+from prism.graph.build.profiler_overhead import TimeScale, host_kept, scaled_times
 from prism.graph.build.templates import GROUP_AXIS, TemplateError
 from prism.schemas.annotations import block_kind
 from prism.schemas.layout import ParallelLayout
@@ -116,7 +116,8 @@ def _units(
     iterations: list[pd.DataFrame], rank: int, layout: ParallelLayout, scale: TimeScale | None, launches: bool
 ) -> pd.DataFrame:
     """One iteration's units with mean durations and gaps (compute scaled by its phase's factor,
-    with ``launches`` each call's launch kept in its gap; ``profiler_overhead.scaled_times``)."""
+    the host part of posted transfers, and with ``launches`` of every call, kept in its gap;
+    ``profiler_overhead.scaled_times``)."""
     units = iterations[0].copy()
     is_comm = units[ot.IS_COMM].to_numpy(dtype=bool)
     factor = _factors(units, scale)
@@ -124,7 +125,9 @@ def _units(
         np.mean([it[column].to_numpy(dtype=np.float64) for it in iterations], axis=0)
         for column in (ot.DUR_NS, ot.GAP_NS)
     )
-    units[ot.DUR_NS], units[ot.GAP_NS] = scaled_times(dur, gap, is_comm, factor, launches=launches)
+    is_async = units[ot.IS_ASYNC].to_numpy(dtype=bool)
+    kept = host_kept(is_comm, is_async, units[ot.COMM_OP].astype(str).to_numpy(), launches=launches)
+    units[ot.DUR_NS], units[ot.GAP_NS] = scaled_times(dur, gap, is_comm, factor, kept=kept)
     # The profiler records no free of a block allocated before it started: the first profiled
     # iteration frees what the one before allocated unseen, so memory comes from the later ones.
     steady = iterations[1:] or iterations

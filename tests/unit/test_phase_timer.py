@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -107,6 +108,22 @@ def test_a_wait_holds_no_op_and_passes_its_own_time_to_the_block_after_it() -> N
     assert own[GLUE] == (1000 - 130) - 100 - (200 - 130 + 600)
     (trailing,) = own_phase_ns([spans[:2]], log, [1000 - 130])
     assert trailing[GLUE] == (1000 - 130) - 100  # a wait last in the iteration: glue
+
+
+def test_a_posted_transfers_post_is_own_time_and_its_wait_is_not() -> None:
+    # The comm model prices a transfer from the later post on; the post itself (20-40) is host
+    # work the graph keeps before the call's node, so the block's own time keeps it too.
+    posted = dataclasses.replace(
+        _call(0, enter=20, exit=40, done=280, wait=150), op="send", peer=1, async_op=True
+    )
+    log = CommLog(rank=0, world_size=2, calls=(posted,))
+    spans = [BlockSpan("send_fwd", 0, 100), BlockSpan("p2p_wait", 100, 300), BlockSpan("fwd", 300, 400)]
+    (own,) = own_phase_ns([spans], log, [1000 - 130])
+    assert own["send_fwd"] == 100
+    assert own["fwd"] == (200 - 130) + 100
+    blocking = dataclasses.replace(posted, async_op=False)
+    (own,) = own_phase_ns([spans], CommLog(rank=0, world_size=2, calls=(blocking,)), [1000 - 130])
+    assert own["send_fwd"] == 100 - 20  # a blocking call is priced whole
 
 
 def test_own_time_of_an_iteration_without_blocks_is_all_glue() -> None:
