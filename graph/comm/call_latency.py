@@ -112,3 +112,58 @@ def capture_logs(capture_dir: Path, clean_only: bool = True) -> list[LoggedCalls
 def capture_latencies(capture_dir: Path, clean_only: bool = True) -> list[CallLatency]:
     """``call_latencies`` of every rank of a capture (``capture_logs``)."""
     return call_latencies(capture_logs(capture_dir, clean_only))
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransferTime:
+    """Where the time of one real transfer went, from both ends' logs (``transfer_times``)."""
+
+    source: int
+    """Sending rank."""
+    dest: int
+    """Receiving rank."""
+    bytes: int
+    """Bytes sent."""
+    send_post_ns: int
+    """The sender's post: ``isend`` entry to return (host work, not the transfer)."""
+    recv_post_ns: int
+    """The receiver's post likewise."""
+    receiver_last: bool
+    """The receiver posted after the sender (gloo then sends once told the receive is ready)."""
+    latency_ns: int
+    """The receiver's completion after the later post began (``CallLatency.latency_ns``)."""
+    blocked_ns: int
+    """What of that the receiver spent blocked in its wait: from the later of its wait and the
+    later post to its completion. The rest is the receiver's own work before it waited."""
+
+
+def transfer_times(logs: Iterable[LoggedCalls]) -> list[TransferTime]:
+    """Every transfer whose two ends' delegated (real) calls are in ``logs`` (one run's, a log per
+    rank, as ``call_latencies`` takes them), matched as the n-th send from one rank to another
+    with the n-th receive of the other from it."""
+    ends: dict[tuple[int, int, int], dict[str, object]] = defaultdict(dict)
+    for log, keep in logs:
+        count: dict[tuple[int, int, str], int] = defaultdict(int)
+        for i, c in enumerate(log.calls):
+            if c.op not in ("send", "recv") or c.peer is None:
+                continue
+            pair = (log.rank, c.peer) if c.op == "send" else (c.peer, log.rank)
+            n = count[(*pair, c.op)]
+            count[(*pair, c.op)] += 1
+            if c.delegated and c.done_ns > 0 and (keep is None or keep[i]):
+                ends[(*pair, n)][c.op] = c
+    out = []
+    for (source, dest, _), both in sorted(ends.items()):
+        send, recv = both.get("send"), both.get("recv")
+        if send is None or recv is None:
+            continue
+        last = max(send.enter_ns, recv.enter_ns)
+        waited = recv.first_wait_ns or recv.wait_ns or recv.exit_ns
+        out.append(
+            TransferTime(
+                source=source, dest=dest, bytes=recv.bytes, send_post_ns=send.exit_ns - send.enter_ns,
+                recv_post_ns=recv.exit_ns - recv.enter_ns, receiver_last=recv.enter_ns > send.enter_ns,
+                latency_ns=recv.done_ns - last, blocked_ns=max(recv.done_ns - max(waited, last), 0),
+            )
+        )  # fmt: skip
+    return out

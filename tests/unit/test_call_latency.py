@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from prism.graph.comm.call_latency import call_latencies, clean_call_mask
+from prism.graph.comm.call_latency import call_latencies, clean_call_mask, transfer_times
 from prism.schemas.comm_log import CommCall, CommLog
 
 
@@ -71,3 +71,29 @@ def test_clean_call_mask_keeps_the_clean_unprofiled_iterations() -> None:
     assert mask.tolist() == [False] * 5 + [True] * 6 + [False] * 6
     # Logs that do not split into equal iterations keep every call.
     assert clean_call_mask(7, 5, 4).all() and clean_call_mask(3, 5, 4).all()
+
+
+def _posted(seq: int, op: str, enter: int, exit: int, wait: int, done: int, peer: int) -> CommCall:
+    return CommCall(
+        seq=seq, op=op, group="p", label="pp", group_size=2, gseq=seq, bytes=65536, dtype="float32",
+        shape=(16384,), peer=peer, async_op=True, enter_ns=enter, exit_ns=exit, first_wait_ns=wait,
+        done_ns=done, delegated=True,
+    )  # fmt: skip
+
+
+def test_a_transfers_time_splits_into_posts_the_receivers_own_work_and_its_blocked_wait() -> None:
+    # Rank 0 posts its send at 100-250 and waits; rank 1 posts its recv at 400-550 (last), does
+    # its own work, waits from 700 and has the data at 710: 310 after the later post, 10 blocked.
+    sender = _log(0, _posted(0, "send", 100, 250, 260, 650, peer=1))
+    receiver = _log(1, _posted(0, "recv", 400, 550, 700, 710, peer=0))
+    (only,) = transfer_times([(sender, None), (receiver, None)])
+    assert (only.source, only.dest, only.bytes) == (0, 1, 65536)
+    assert (only.send_post_ns, only.recv_post_ns) == (150, 150)
+    assert only.receiver_last and only.latency_ns == 310 and only.blocked_ns == 10
+    # Waiting before the sender posted: blocked from the later post on.
+    early = _log(1, _posted(0, "recv", 50, 60, 70, 400, peer=0))
+    (waiting,) = transfer_times([(sender, None), (early, None)])
+    assert not waiting.receiver_last and waiting.blocked_ns == 300 and waiting.latency_ns == 300
+    # One end missing, or kept out by the mask: no transfer.
+    assert transfer_times([(sender, None)]) == []
+    assert transfer_times([(sender, None), (receiver, np.zeros(1, np.bool_))]) == []
