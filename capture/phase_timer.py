@@ -89,10 +89,11 @@ def own_phase_ns(
 ) -> tuple[dict[str, int], ...]:
     """Each iteration's own time by block kind, cut as the templates cut the trace: a block's
     wall time less the process-group calls the comm model prices (``PricedTime``: a transfer's
-    post is the program's own) and the time prism held the program in it, together with the time since the block before it closed (the
-    trace puts that glue in the gap before the block's first op) and the time of a wait just before
-    it (``WAITS``: no op to carry it); ``GLUE``: the iteration's own time
-    (``RankResult.own_iteration_ns``) before its first block and after its last."""
+    post is the program's own) and the time prism held the program in it, together with the
+    time since the block before it closed (the trace puts that glue in the gap before the
+    block's first op) and the time of a wait just before it (``WAITS``: no op to carry it);
+    ``GLUE``: the iteration's own time (``RankResult.own_iteration_ns``) before its first block
+    and after its last."""
     calls, held = PricedTime(log), HeldTime(log)
     phases = []
     for spans, own_ns in zip(spans_by_iteration, own_iteration_ns, strict=True):

@@ -91,7 +91,7 @@ class TimeScale:
         return self.unprofiled_ns / self.profiled_ns
 
     def factor_of(self, kind: str | None) -> float:
-        """The factor of a unit of block kind ``kind`` (None: glue before the first block or after the last)."""
+        """The factor of a unit of block kind ``kind`` (None: glue outside every block)."""
         return self.phase_factors.get(GLUE if kind is None else kind, self.factor)
 
     def to_dict(self) -> dict:
@@ -108,7 +108,8 @@ class TimeScale:
 
 def phase_factors(phase_ns: Sequence[Mapping[str, int]], warmup: int) -> dict[str, float]:
     """Unprofiled median / profiled mean own time of every phase the profiled iterations ran for
-    at least ``MIN_PHASE_NS`` (``TimeScale.profiled_ns`` says why a mean); empty without per-phase times or a clean unprofiled iteration."""
+    at least ``MIN_PHASE_NS`` (``TimeScale.profiled_ns`` says why a mean); empty without
+    per-phase times or a clean unprofiled iteration."""
     clean, profiled = clean_unprofiled(phase_ns, warmup), phase_ns[warmup:]
     if not clean or not profiled:
         return {}

@@ -20,8 +20,8 @@ A send is timed as a pipeline makes it: the sender computes, then sends to a rec
 is already posted and who waits for it, and the receiver's exit counts from the later arrival, as
 a collective's exits do: the price of a transfer a stage waits for. The sender arrives when its
 post has returned: the post is host work the graph keeps before the call's node
-(``prism.graph.build.profiler_overhead.host_kept``), not part of the transfer. A ping-pong's half round trip, timed
-before, is not that price: 550-970 µs mean on a 2-vCPU VM where these transfers took 120-180 µs.
+(``prism.graph.build.profiler_overhead.host_kept``), not part of the transfer. A ping-pong's
+half round trip, timed before, is not that price: 550-970 µs mean on a 2-vCPU VM where these transfers took 120-180 µs.
 """
 
 from __future__ import annotations
@@ -189,9 +189,9 @@ def _worker(rank: int, plan: _Plan) -> None:
 def _time_points(
     calls: dict[int, tuple[Callable[[], int | None], object]], plan: _Plan
 ) -> tuple[dict[int, list], dict[int, int]]:
-    """``[arrival_ns, exit_ns]`` of every timed call of each point (arrival: its entry, or what the call
-    returned: a posted transfer's sender arrives when its post returned), each after ``compute_between_s``
-    of compute (a transfer's ends as ``_transfer`` says), and the CPU time this process
+    """``[arrival_ns, exit_ns]`` of every timed call of each point (arrival: its entry, or what
+    the call returned: a posted transfer's sender arrives when its post returned), each after
+    ``compute_between_s`` of compute (a transfer's ends as ``_transfer`` says), and the CPU time this process
     (every thread: gloo copies and reduces on its own) spent in each point's timed calls, the
     compute between them left out. Repetitions go round the points (every point's first, then
     every point's second, ...), so that a slow spell of the machine, which lasts seconds on a
@@ -302,8 +302,7 @@ def _transfer(x, rank: int, *, tag: int, calls: int, sender_compute_s: float):
     them: rank 1's recv is posted before rank 0 sends (the next as soon as the last is in, as a
     stage posts its next receive) and rank 1 waits while rank 0 computes ``sender_compute_s``
     and sends, so that a call runs from rank 0's post (once it returned) to the data in rank 1's
-    hands; each end
-    waits on its own Work. ``tag`` keeps each point's receives to its own sends while every
+    hands; each end waits on its own Work. ``tag`` keeps each point's receives to its own sends while every
     point has one posted."""
     import torch.distributed as dist
 
