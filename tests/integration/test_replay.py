@@ -245,7 +245,12 @@ def test_a_straggler_moves_its_virtual_peers_as_the_offline_what_if(tmp_path: Pa
     predicted_move = what_if - simulate(graph, iterations=3).iteration_ns
     assert (predicted_move > 950_000_000).all()  # every rank waits for the straggler
     noise = 2 * simulate(graph, iterations=3).iteration_ns.max()
-    np.testing.assert_allclose(virtual(out) - virtual(replayed), predicted_move, rtol=0, atol=noise)
+    # Rank 0 is the real one: its move is the delay as the machine ran it (a loaded 2-core
+    # machine oversleeps a 1 s delay and varies the rank's own time, 24 ms seen); the virtual ranks
+    # must follow it as the what-if says every rank follows the straggler.
+    moved = virtual(out) - virtual(replayed)
+    assert abs(moved[0] - predicted_move[0]) < 0.05 * delay.delay_ns
+    np.testing.assert_allclose(moved - moved[0], predicted_move - predicted_move[0], rtol=0, atol=noise)
 
 
 def test_a_graph_that_cannot_be_simulated_is_an_error_not_a_hang(tmp_path: Path) -> None:
