@@ -25,8 +25,10 @@ was measured on such calls), so its captured time is dropped. On CUDA the host o
 call and the device runs the collective: the captured time is the launch, host work the model
 does not price, and it stays, scaled like compute, in the gap before the call's node (the role's
 factor is over iterations that include it). A transfer posted asynchronously is the same on
-either device: the call is the post (on CPU some 30-230 µs of a stage's time per transfer), and
-the model prices the transfer from the later of the two posts on (``host_kept``).
+either device: the call is the post (on CPU some 30-230 µs of a stage's time per transfer,
+``host_kept``). The calibrated price of a transfer runs from the later post's start and so holds
+that post too: kept before the node, the slice's post (27-163 µs on CPU) delays the transfer's
+start by that much, a smaller error than leaving every post out of the ranks' time.
 
 Which warm-up iterations are clean is ``prism.schemas.iterations.clean_unprofiled``.
 """

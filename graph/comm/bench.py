@@ -17,11 +17,9 @@ each call every member keeps its CPU busy for that long. On a VM a gloo call cos
 longer its process computed before it, which back-to-back timing misses.
 
 A send is timed as a pipeline makes it: the sender computes, then sends to a receiver whose recv
-is already posted and who waits for it, and the receiver's exit counts from the later arrival, as
-a collective's exits do: the price of a transfer a stage waits for. The sender arrives when its
-post has returned: the post is host work the graph keeps before the call's node
-(``prism.graph.build.profiler_overhead.host_kept``), not part of the transfer. A ping-pong's
-half round trip, timed before, is not that price: 550-970 µs mean on a 2-vCPU VM where these transfers took 120-180 µs.
+is already posted and who waits for it, and the receiver's exit counts from the later entry, as
+a collective's exits do: the price of a transfer a stage waits for. A ping-pong's half round trip, timed
+before, is not that price: 550-970 µs mean on a 2-vCPU VM where these transfers took 120-180 µs.
 """
 
 from __future__ import annotations
@@ -187,11 +185,10 @@ def _worker(rank: int, plan: _Plan) -> None:
 
 
 def _time_points(
-    calls: dict[int, tuple[Callable[[], int | None], object]], plan: _Plan
+    calls: dict[int, tuple[Callable[[], None], object]], plan: _Plan
 ) -> tuple[dict[int, list], dict[int, int]]:
-    """``[arrival_ns, exit_ns]`` of every timed call of each point (arrival: its entry, or what
-    the call returned: a posted transfer's sender arrives when its post returned), each after
-    ``compute_between_s`` of compute (a transfer's ends as ``_transfer`` says), and the CPU time this process
+    """``[entry_ns, exit_ns]`` of every timed call of each point, each after ``compute_between_s``
+    of compute (a transfer's ends as ``_transfer`` says), and the CPU time this process
     (every thread: gloo copies and reduces on its own) spent in each point's timed calls, the
     compute between them left out. Repetitions go round the points (every point's first, then
     every point's second, ...), so that a slow spell of the machine, which lasts seconds on a
@@ -211,8 +208,8 @@ def _time_points(
                 if gap_s > 0:
                     _busy(gap_s)
                 cpu_entry, entry = time.process_time_ns(), time.monotonic_ns()
-                arrived = call()  # a posted transfer's sender: when its post returned
-                stamps.append([entry if arrived is None else arrived, time.monotonic_ns()])
+                call()
+                stamps.append([entry, time.monotonic_ns()])
                 cpu += time.process_time_ns() - cpu_entry
             if rep >= plan.warmup:
                 out[i] += stamps
@@ -301,21 +298,15 @@ def _transfer(x, rank: int, *, tag: int, calls: int, sender_compute_s: float):
     """A callable making one of ``calls`` transfers from rank 0 to rank 1 as a pipeline makes
     them: rank 1's recv is posted before rank 0 sends (the next as soon as the last is in, as a
     stage posts its next receive) and rank 1 waits while rank 0 computes ``sender_compute_s``
-    and sends, so that a call runs from rank 0's post (once it returned) to the data in rank 1's
-    hands; each end waits on its own Work. ``tag`` keeps each point's receives to its own sends while every
+    and sends, so that a call runs from rank 0's post to the data in rank 1's hands; each end
+    waits on its own Work. ``tag`` keeps each point's receives to its own sends while every
     point has one posted."""
     import torch.distributed as dist
 
     from prism.peers.delegate import CallerReleasesWork
 
     if rank == 0:
-
-        def send() -> int:
-            work = CallerReleasesWork.issue([x], lambda: dist.isend(x, 1, tag=tag), lambda: None)
-            posted = time.monotonic_ns()
-            work.wait()
-            return posted
-
+        send = _released([x], lambda: dist.isend(x, 1, tag=tag))
         send.compute_before_s = sender_compute_s
         return send
 
