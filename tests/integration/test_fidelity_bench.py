@@ -71,8 +71,9 @@ def _check_record(record: dict) -> None:
         assert sum(p[side] for p in phases.values()) == pytest.approx(record[total], rel=0.02)
         assert phases["forward"][side] > 0 and phases["backward"][side] > 0
         # A pipeline stage waits for its neighbour in transfers: the bubble, and no collective
-        # (the last stage's is its wait for the first microbatch, a few % of a tiny iteration).
-        assert phases[BUBBLE][side] > 0.02 * record[total] and phases[COMMUNICATION][side] == 0
+        # (the last stage's is its wait for the first microbatch, 1-5 % of a tiny iteration; the
+        # posts of its transfers are its own time, not bubble).
+        assert phases[BUBBLE][side] > 0.005 * record[total] and phases[COMMUNICATION][side] == 0
     for key, kind in types.items():
         assert isinstance(record[key], kind), (key, record[key])
     assert record["source"] in ("simulation", "paced", "replay")
