@@ -31,6 +31,7 @@ from prism.schemas.cluster import ClusterSpec
 
 def summarize(run_dirs: list[Path], spec: ClusterSpec | None) -> list[dict]:
     """One row per (run, direction, receiver last), medians in µs."""
+    model = CommModel(spec) if spec is not None else None
     rows = []
     for run in run_dirs:
         groups = defaultdict(list)
@@ -46,8 +47,8 @@ def summarize(run_dirs: list[Path], spec: ClusterSpec | None) -> list[dict]:
                 "receiver_last": receiver_last, "transfers": len(items), "send_post_us": us("send_post_ns"),
                 "recv_post_us": us("recv_post_ns"), "latency_us": us("latency_ns"), "blocked_us": us("blocked_ns"),
             }  # fmt: skip
-            if spec is not None:
-                row["model_us"] = round(CommModel(spec).duration_ns("send", nbytes, 2, 1) / 1e3, 1)
+            if model is not None:
+                row["model_us"] = round(model.duration_ns("send", nbytes, 2, 1) / 1e3, 1)
             rows.append(row)
     return rows
 

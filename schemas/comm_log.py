@@ -188,11 +188,13 @@ def _held_spans(calls: Iterable[CommCall]) -> list[tuple[int, int]]:
     ]
 
 
-def _call_spans(calls: Iterable[CommCall]) -> list[tuple[int, int]]:
-    """When the program was in these calls, waited on a real one's Work or was held in them."""
+def _call_spans(calls: Iterable[CommCall], *, posts: bool = True) -> list[tuple[int, int]]:
+    """When the program was in these calls, waited on a real one's Work or was held in them;
+    without ``posts``, not inside the post of a transfer posted asynchronously (its call)."""
     calls = tuple(calls)
     waits = [(c.first_wait_ns, c.done_ns) for c in calls if c.delegated and 0 < c.first_wait_ns < c.done_ns]
-    return [(c.enter_ns, c.exit_ns) for c in calls] + waits + _held_spans(calls)
+    inside = [(c.enter_ns, c.exit_ns) for c in calls if posts or not (c.async_op and c.op in P2P_OPS)]
+    return inside + waits + _held_spans(calls)
 
 
 class HeldTime(Spans):
@@ -223,13 +225,7 @@ class PricedTime(Spans):
     before the call's node (``prism.graph.build.profiler_overhead.host_kept``): the program's own."""
 
     def __init__(self, log: CommLog) -> None:
-        calls = tuple(log.calls)
-        posts = [c for c in calls if c.async_op and c.op in P2P_OPS]
-        rest = [c for c in calls if not (c.async_op and c.op in P2P_OPS)]
-        waits = [
-            (c.first_wait_ns, c.done_ns) for c in posts if c.delegated and 0 < c.first_wait_ns < c.done_ns
-        ]
-        super().__init__(_call_spans(rest) + waits + _held_spans(posts))
+        super().__init__(_call_spans(log.calls, posts=False))
 
 
 class CollectiveTime(Spans):

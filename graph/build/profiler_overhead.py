@@ -41,6 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+import pandas as pd
 
 from prism.graph.build import op_table as ot
 from prism.graph.build.templates import POST, PRE, RoleTemplate, Segment
@@ -167,12 +168,16 @@ def correction_scale(
     )
 
 
-def host_kept(is_comm: np.ndarray, is_async: np.ndarray, ops: np.ndarray, *, launches: bool) -> np.ndarray:
-    """Which units are calls whose captured time is host work the comm model does not price, to
-    stay in the gap before the call's node: with ``launches`` (CUDA) every call, and on any device
-    a transfer posted asynchronously (a send or recv that returned a Work: the post)."""
-    posted = is_async & np.isin(ops, tuple(P2P_OPS))
-    return is_comm & (True if launches else posted)
+def host_kept(units: pd.DataFrame, *, launches: bool) -> np.ndarray:
+    """Which of ``units`` (an op table's columns) are calls whose captured time is host work the
+    comm model does not price, to stay in the gap before the call's node: with ``launches``
+    (CUDA) every call, and on any device a transfer posted asynchronously (a send or recv that
+    returned a Work: the post)."""
+    is_comm = units[ot.IS_COMM].fillna(False).to_numpy(dtype=bool)
+    if launches:
+        return is_comm
+    is_async = units[ot.IS_ASYNC].fillna(False).to_numpy(dtype=bool)
+    return is_comm & is_async & units[ot.COMM_OP].astype(str).isin(P2P_OPS).to_numpy()
 
 
 def scaled_times(
@@ -194,11 +199,12 @@ def _scaled(segment: Segment, scale: TimeScale | None, launches: bool) -> Segmen
     units = segment.units.copy()
     kind = None if segment.kind in (PRE, POST) else segment.kind
     factor = np.full(len(units), 1.0 if scale is None else scale.factor_of(kind))
-    is_comm = units[ot.IS_COMM].fillna(False).to_numpy(dtype=bool)
-    is_async = units[ot.IS_ASYNC].fillna(False).to_numpy(dtype=bool)
-    kept = host_kept(is_comm, is_async, units[ot.NAME].astype(str).to_numpy(), launches=launches)
     units[ot.DUR_NS], units[ot.GAP_NS] = scaled_times(
-        units[ot.DUR_NS].to_numpy(), units[ot.GAP_NS].to_numpy(), is_comm, factor, kept=kept
+        units[ot.DUR_NS].to_numpy(),
+        units[ot.GAP_NS].to_numpy(),
+        units[ot.IS_COMM].fillna(False).to_numpy(dtype=bool),
+        factor,
+        kept=host_kept(units, launches=launches),
     )
     return replace(segment, units=units)
 

@@ -125,8 +125,7 @@ def _units(
         np.mean([it[column].to_numpy(dtype=np.float64) for it in iterations], axis=0)
         for column in (ot.DUR_NS, ot.GAP_NS)
     )
-    is_async = units[ot.IS_ASYNC].to_numpy(dtype=bool)
-    kept = host_kept(is_comm, is_async, units[ot.COMM_OP].astype(str).to_numpy(), launches=launches)
+    kept = host_kept(units, launches=launches)
     units[ot.DUR_NS], units[ot.GAP_NS] = scaled_times(dur, gap, is_comm, factor, kept=kept)
     # The profiler records no free of a block allocated before it started: the first profiled
     # iteration frees what the one before allocated unseen, so memory comes from the later ones.

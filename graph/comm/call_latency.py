@@ -12,13 +12,13 @@ op, bytes, size); a transfer by (source, destination, n-th transfer between them
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from prism.schemas.comm_log import CommLog, read_comm_log
+from prism.schemas.comm_log import CommCall, CommLog, read_comm_log
 from prism.schemas.iterations import clean_unprofiled
 from prism.schemas.manifest import COMM_DIR, MANIFEST_FILE, read_manifest
 
@@ -56,12 +56,12 @@ def clean_call_mask(calls: int, iterations: int, warmup: int) -> np.ndarray:
     return np.isin(iteration, clean_unprofiled(list(range(iterations)), warmup))
 
 
-def call_latencies(logs: Iterable[LoggedCalls]) -> list[CallLatency]:
-    """Every instance whose members' logs are all given: ``(log, keep)`` pairs of one run, a log
-    per rank, ``keep`` a mask over the log's calls (None: all). Virtual calls (timed by a clock,
-    not a network) and calls that never completed are left out; so is an instance missing a
-    member."""
-    members: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
+def _real_calls(logs: Iterable[LoggedCalls]) -> Iterator[tuple[CommCall, tuple[int, int, int] | None]]:
+    """The delegated (real), completed calls of ``(log, keep)`` pairs of one run, a log per rank,
+    ``keep`` a mask over the log's calls (None: all), each with its transfer — (source, dest,
+    n-th transfer between them), so that a send and its recv share it — or None for a collective.
+    Virtual calls (timed by a clock, not a network) are left out, and so is a send or recv
+    without a peer."""
     seen: set[int] = set()
     for log, keep in logs:
         if log.rank in seen:  # two runs' logs would make every instance look over-full
@@ -69,16 +69,28 @@ def call_latencies(logs: Iterable[LoggedCalls]) -> list[CallLatency]:
         seen.add(log.rank)
         transfers: dict[tuple[int, int], int] = defaultdict(int)
         for i, c in enumerate(log.calls):
+            transfer = None
             if c.op in ("send", "recv"):
                 if c.peer is None:
                     continue
                 pair = (log.rank, c.peer) if c.op == "send" else (c.peer, log.rank)
-                key: tuple = (*pair, transfers[pair], "send", c.bytes, 2)
+                transfer = (*pair, transfers[pair])
                 transfers[pair] += 1  # counted whether kept or not: the two ends must agree
-            else:
-                key = (c.label, c.gseq, c.op, c.bytes, c.group_size)
             if c.delegated and c.done_ns > 0 and (keep is None or keep[i]):
-                members[key].append((c.enter_ns, c.done_ns))
+                yield c, transfer
+
+
+def call_latencies(logs: Iterable[LoggedCalls]) -> list[CallLatency]:
+    """Every instance whose members' logs are all given (``_real_calls``: one run's logs, real
+    completed calls); an instance missing a member is left out."""
+    members: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
+    for c, transfer in _real_calls(logs):
+        key = (
+            (c.label, c.gseq, c.op, c.bytes, c.group_size)
+            if transfer is None
+            else (*transfer, "send", c.bytes, 2)
+        )
+        members[key].append((c.enter_ns, c.done_ns))
     out = []
     for (*_, op, nbytes, size), calls in members.items():
         if len(calls) != size:
@@ -138,20 +150,12 @@ class TransferTime:
 
 
 def transfer_times(logs: Iterable[LoggedCalls]) -> list[TransferTime]:
-    """Every transfer whose two ends' delegated (real) calls are in ``logs`` (one run's, a log per
-    rank, as ``call_latencies`` takes them), matched as the n-th send from one rank to another
-    with the n-th receive of the other from it."""
-    ends: dict[tuple[int, int, int], dict[str, object]] = defaultdict(dict)
-    for log, keep in logs:
-        count: dict[tuple[int, int, str], int] = defaultdict(int)
-        for i, c in enumerate(log.calls):
-            if c.op not in ("send", "recv") or c.peer is None:
-                continue
-            pair = (log.rank, c.peer) if c.op == "send" else (c.peer, log.rank)
-            n = count[(*pair, c.op)]
-            count[(*pair, c.op)] += 1
-            if c.delegated and c.done_ns > 0 and (keep is None or keep[i]):
-                ends[(*pair, n)][c.op] = c
+    """Every transfer whose two ends' real calls are in ``logs`` (``_real_calls``), matched as the
+    n-th send from one rank to another with the n-th receive of the other from it."""
+    ends: dict[tuple[int, int, int], dict[str, CommCall]] = defaultdict(dict)
+    for c, transfer in _real_calls(logs):
+        if transfer is not None:
+            ends[transfer][c.op] = c
     out = []
     for (source, dest, _), both in sorted(ends.items()):
         send, recv = both.get("send"), both.get("recv")

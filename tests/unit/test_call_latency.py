@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from prism.graph.comm.call_latency import call_latencies, clean_call_mask, transfer_times
@@ -74,11 +76,8 @@ def test_clean_call_mask_keeps_the_clean_unprofiled_iterations() -> None:
 
 
 def _posted(seq: int, op: str, enter: int, exit: int, wait: int, done: int, peer: int) -> CommCall:
-    return CommCall(
-        seq=seq, op=op, group="p", label="pp", group_size=2, gseq=seq, bytes=65536, dtype="float32",
-        shape=(16384,), peer=peer, async_op=True, enter_ns=enter, exit_ns=exit, first_wait_ns=wait,
-        done_ns=done, delegated=True,
-    )  # fmt: skip
+    posted = _call(seq, op, enter, done, gseq=seq, peer=peer)
+    return dataclasses.replace(posted, bytes=65536, async_op=True, exit_ns=exit, first_wait_ns=wait)
 
 
 def test_a_transfers_time_splits_into_posts_the_receivers_own_work_and_its_blocked_wait() -> None:

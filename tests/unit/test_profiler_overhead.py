@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 import numpy as np
+import pandas as pd
 import pytest
 from test_compose import CAPTURED, op_table
 
@@ -126,11 +127,16 @@ def test_scaling_multiplies_compute_and_gaps_and_leaves_comm_alone() -> None:
 
 def test_on_cpu_a_posted_transfer_keeps_its_post_and_a_blocking_collective_drops_its_call() -> None:
     is_comm = np.array([False, True, True, True, True])
-    is_async = np.array([False, True, False, True, True])
-    ops = np.array(["", "send", "all_reduce", "recv", "all_reduce"])
-    kept = host_kept(is_comm, is_async, ops, launches=False)
+    units = pd.DataFrame(
+        {
+            ot.IS_COMM: is_comm,
+            ot.IS_ASYNC: [False, True, False, True, True],
+            ot.COMM_OP: ["", "send", "all_reduce", "recv", "all_reduce"],
+        }
+    )
+    kept = host_kept(units, launches=False)
     assert kept.tolist() == [False, True, False, True, False]  # an async collective: priced whole
-    assert host_kept(is_comm, is_async, ops, launches=True).tolist() == is_comm.tolist()
+    assert host_kept(units, launches=True).tolist() == is_comm.tolist()
     dur, gap = scaled_times(
         np.array([100, 40, 500, 60, 300]), np.array([10, 10, 10, 10, 10]), is_comm, np.full(5, 0.5), kept=kept
     )
