@@ -26,6 +26,7 @@ timing hook's and the marks' own cost per iteration are reported beside them.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import statistics
 import subprocess
@@ -86,6 +87,10 @@ class ProgramCaseResult:
     """One per rank: the timing hook's cost per iteration in the real runs."""
 
 
+RANK_LINE = re.compile(r"\[default\d+\]:")
+"""How torchrun's ``--tee`` prefixes a rank's output lines."""
+
+
 def measure_real_program(
     case: ProgramCase, settings: RunSettings, out: Path
 ) -> tuple[dict[int, RankRun], dict]:
@@ -93,6 +98,7 @@ def measure_real_program(
     world = case.layout.world_size
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+        "--tee", "3",  # the ranks' lines come prefixed, so a failure can show theirs, not torchrun's
         "-m", "prism.fidelity.timed_run", "--out", str(out),
         "--warmup", str(settings.warmup), "--iterations", str(settings.iterations), "--device", case.device,
         "--", *case.argv,
@@ -100,7 +106,8 @@ def measure_real_program(
     env = os.environ | {"OMP_NUM_THREADS": "1"}  # what torchrun sets for several processes per node
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
-        tail = "\n".join((done.stdout + done.stderr).splitlines()[-20:])
+        lines = (done.stdout + done.stderr).splitlines()
+        tail = "\n".join(([line for line in lines if RANK_LINE.match(line)] or lines)[-30:])
         raise ProgramRunFailed(f"the real run of {case.label} failed (exit {done.returncode}):\n{tail}")
     runs, hooks = {}, {}
     for rank in range(world):

@@ -77,3 +77,5 @@ def test_a_program_that_fails_under_torchrun_is_one_error(tmp_path: Path) -> Non
     )  # fmt: skip
     assert done.returncode == 2
     assert "the real run of" in done.stdout and "failed" in done.stdout
+    # The ranks' own words, not only torchrun's report of their exit codes.
+    assert "no such model" in done.stdout
