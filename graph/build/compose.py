@@ -48,6 +48,7 @@ MB, LAYER, GSEQ, P2P_DIR, P2P_SEQ, DEPS, IS_WAIT, SKEW, IDLE = (
     "idle_ns",
 )
 WAIT_NAME = "prism:wait"
+POST_NAME = "prism:post"
 
 _STEP_KINDS = {
     Action.FORWARD: FWD,
@@ -323,9 +324,36 @@ def _finish_columns(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
+def _posts_after_calls(nodes: pd.DataFrame) -> pd.DataFrame:
+    """``nodes`` with each call's post (``ot.POST_NS``) as a compute node of the call's right after
+    it: gloo's post begins the transfer and the program goes on once it is done
+    (``profiler_overhead.scaled_times``). Dependencies are renumbered."""
+    post = nodes.pop(ot.POST_NS).fillna(0).to_numpy(dtype=np.int64) if ot.POST_NS in nodes else None
+    if post is None or not (post > 0).any():
+        return nodes
+    calls = np.flatnonzero(post > 0)
+    position = np.arange(len(nodes)) + np.r_[0, np.cumsum(post > 0)[:-1]]
+    if DEPS in nodes:
+        nodes[DEPS] = [
+            [int(position[d]) for d in deps] if isinstance(deps, list) else deps for deps in nodes[DEPS]
+        ]
+    posts = pd.DataFrame(
+        {
+            ot.NAME: POST_NAME,
+            ot.PHASE: nodes[ot.PHASE].to_numpy()[calls],
+            MB: nodes[MB].to_numpy()[calls] if MB in nodes else -1,
+            ot.SEQ: nodes[ot.SEQ].to_numpy()[calls] if ot.SEQ in nodes else -1,
+            ot.DUR_NS: post[calls],
+        },
+        index=position[calls] + 1,
+    )
+    return pd.concat([nodes.set_axis(position), posts]).sort_index().reset_index(drop=True)
+
+
 def finish_nodes(pieces: list[pd.DataFrame]) -> pd.DataFrame:
-    """The pieces of a stage program as one frame: every column filled, sequence numbers of its calls."""
-    nodes = pd.concat(pieces, ignore_index=True)
+    """The pieces of a stage program as one frame: every column filled, each post a node after its
+    call, sequence numbers of its calls."""
+    nodes = _posts_after_calls(pd.concat(pieces, ignore_index=True))
     for column, default in _DEFAULTS.items():
         if column not in nodes:
             nodes[column] = default

@@ -24,11 +24,12 @@ device. On CPU a blocking call is the collective (gloo runs it on the host, and 
 was measured on such calls), so its captured time is dropped. On CUDA the host only launches the
 call and the device runs the collective: the captured time is the launch, host work the model
 does not price, and it stays, scaled like compute, in the gap before the call's node (the role's
-factor is over iterations that include it). A transfer posted asynchronously is the same on
-either device: the call is the post (on CPU some 30-230 µs of a stage's time per transfer,
-``host_kept``). The calibrated price of a transfer runs from the later post's start and so holds
-that post too: kept before the node, the slice's post (27-163 µs on CPU) delays the transfer's
-start by that much, a smaller error than leaving every post out of the ranks' time.
+factor is over iterations that include it). A transfer posted asynchronously on CPU is host work
+too, the post (some 30-230 µs of a stage's time per transfer, ``host_kept``), but gloo's post
+begins the transfer (it writes from the calling thread) and the calibrated price runs from its
+start: so the post runs *after* the call's node (``ot.POST_NS``, a node of its own,
+``compose.finish_nodes``), the transfer starting where the program posts it and the program
+going on once its post is done.
 
 Which warm-up iterations are clean is ``prism.schemas.iterations.clean_unprofiled``.
 """
@@ -39,6 +40,7 @@ import enum
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -170,7 +172,7 @@ def correction_scale(
 
 def host_kept(units: pd.DataFrame, *, launches: bool) -> np.ndarray:
     """Which of ``units`` (an op table's columns) are calls whose captured time is host work the
-    comm model does not price, to stay in the gap before the call's node: with ``launches``
+    comm model does not price, to stay in the rank's time (``scaled_times``): with ``launches``
     (CUDA) every call, and on any device a transfer posted asynchronously (a send or recv that
     returned a Work: the post)."""
     is_comm = units[ot.IS_COMM].fillna(False).to_numpy(dtype=bool)
@@ -180,16 +182,29 @@ def host_kept(units: pd.DataFrame, *, launches: bool) -> np.ndarray:
     return is_comm & is_async & units[ot.COMM_OP].astype(str).isin(P2P_OPS).to_numpy()
 
 
+class ScaledTimes(NamedTuple):
+    """Units' times with the profiler's cost taken out."""
+
+    dur_ns: np.ndarray
+    gap_ns: np.ndarray
+    post_ns: np.ndarray
+    """Host time to run after each call (``ot.POST_NS``)."""
+
+
 def scaled_times(
-    dur_ns: np.ndarray, gap_ns: np.ndarray, is_comm: np.ndarray, factor: np.ndarray, *, kept: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
+    dur_ns: np.ndarray, gap_ns: np.ndarray, is_comm: np.ndarray, factor: np.ndarray, *, kept: np.ndarray,
+    launches: bool,
+) -> ScaledTimes:  # fmt: skip
     """Units' durations and gaps with the profiler's cost taken out: compute and gaps times their
     ``factor``; a call's duration as captured (the comm model prices it), and where ``kept``
-    (``host_kept``) its host part, times its factor, added to its gap."""
+    (``host_kept``) its host part, times its factor: with ``launches`` added to its gap (a
+    launch precedes what it launches), else run after the call (a post)."""
     dur = dur_ns.astype(np.float64)
-    gap = gap_ns.astype(np.float64) * factor + np.where(is_comm & kept, dur * factor, 0.0)
+    host = np.where(is_comm & kept, dur * factor, 0.0)
+    gap = gap_ns.astype(np.float64) * factor + (host if launches else 0.0)
     dur = np.where(is_comm, dur, dur * factor)
-    return np.round(dur).astype(np.int64), np.round(gap).astype(np.int64)
+    post = np.zeros_like(host) if launches else host
+    return ScaledTimes(*(np.round(a).astype(np.int64) for a in (dur, gap, post)))
 
 
 def _scaled(segment: Segment, scale: TimeScale | None, launches: bool) -> Segment:
@@ -199,19 +214,20 @@ def _scaled(segment: Segment, scale: TimeScale | None, launches: bool) -> Segmen
     units = segment.units.copy()
     kind = None if segment.kind in (PRE, POST) else segment.kind
     factor = np.full(len(units), 1.0 if scale is None else scale.factor_of(kind))
-    units[ot.DUR_NS], units[ot.GAP_NS] = scaled_times(
+    units[ot.DUR_NS], units[ot.GAP_NS], units[ot.POST_NS] = scaled_times(
         units[ot.DUR_NS].to_numpy(),
         units[ot.GAP_NS].to_numpy(),
         units[ot.IS_COMM].fillna(False).to_numpy(dtype=bool),
         factor,
         kept=host_kept(units, launches=launches),
+        launches=launches,
     )
     return replace(segment, units=units)
 
 
 def scale_template(template: RoleTemplate, scale: TimeScale | None, *, launches: bool) -> RoleTemplate:
     """``template`` with every compute duration and every gap multiplied by its phase's factor
-    (none without a ``scale``), and the host part of the calls ``host_kept`` names (with
-    ``launches`` each call's launch) kept in its gap."""
+    (none without a ``scale``), and the host part of the calls ``host_kept`` names kept: with
+    ``launches`` each call's launch in its gap, else each post after its call (``ot.POST_NS``)."""
     segments = {kind: _scaled(segment, scale, launches) for kind, segment in template.segments.items()}
     return replace(template, segments=segments)

@@ -116,8 +116,8 @@ def _units(
     iterations: list[pd.DataFrame], rank: int, layout: ParallelLayout, scale: TimeScale | None, launches: bool
 ) -> pd.DataFrame:
     """One iteration's units with mean durations and gaps (compute scaled by its phase's factor,
-    the host part of posted transfers, and with ``launches`` of every call, kept in its gap;
-    ``profiler_overhead.scaled_times``)."""
+    the host part of posted transfers kept after them, and with ``launches`` each call's launch
+    in its gap; ``profiler_overhead.scaled_times``)."""
     units = iterations[0].copy()
     is_comm = units[ot.IS_COMM].to_numpy(dtype=bool)
     factor = _factors(units, scale)
@@ -126,7 +126,9 @@ def _units(
         for column in (ot.DUR_NS, ot.GAP_NS)
     )
     kept = host_kept(units, launches=launches)
-    units[ot.DUR_NS], units[ot.GAP_NS] = scaled_times(dur, gap, is_comm, factor, kept=kept)
+    units[ot.DUR_NS], units[ot.GAP_NS], units[ot.POST_NS] = scaled_times(
+        dur, gap, is_comm, factor, kept=kept, launches=launches
+    )
     # The profiler records no free of a block allocated before it started: the first profiled
     # iteration frees what the one before allocated unseen, so memory comes from the later ones.
     steady = iterations[1:] or iterations

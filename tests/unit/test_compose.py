@@ -10,7 +10,19 @@ import pytest
 
 from prism.graph.build import op_table as ot
 from prism.graph.build.bind import bind_ranks, encode_program
-from prism.graph.build.compose import GSEQ, LAYER, MB, P2P_DIR, WAIT_NAME, compose_stage
+from prism.graph.build.compose import (
+    DEPS,
+    GSEQ,
+    LAYER,
+    MB,
+    P2P_DIR,
+    P2P_SEQ,
+    POST_NAME,
+    WAIT_NAME,
+    compose_stage,
+    finish_nodes,
+    wait_node,
+)
 from prism.graph.build.templates import TemplateError, build_role_template, split_segments
 from prism.graph.comm.placement import LayoutTables
 from prism.schemas import graph_format as gf
@@ -180,3 +192,33 @@ def test_a_dp1_capture_cannot_give_a_gradient_sync() -> None:
     compose_stage(role, cfg=captured, captured=captured, stage=0)  # its own layout: fine
     with pytest.raises(TemplateError, match="capture at dp >= 2"):
         compose_stage(role, cfg=replace(captured, dp=8), captured=captured, stage=0)
+
+
+def test_a_post_runs_after_its_call_in_the_calls_phase_and_waits_still_name_their_calls() -> None:
+    # gloo's post begins the transfer (the calibrated price runs from its start) and the program
+    # goes on once the post is done: the post is a node right after its call, never before it.
+    def unit(name: str, phase: str, dur: int, post: int = 0, comm: str = "") -> pd.DataFrame:
+        return pd.DataFrame(
+            {ot.NAME: [name], ot.PHASE: [phase], ot.DUR_NS: [dur], ot.GAP_NS: [10], ot.POST_NS: [post],
+             ot.IS_COMM: [bool(comm)], ot.IS_ASYNC: [bool(comm)], ot.COMM_OP: [comm], ot.SEQ: [len(name)],
+             P2P_DIR: [1 if comm else 0]}
+        )  # fmt: skip
+
+    nodes = finish_nodes(
+        [
+            unit("send", "send_fwd", 999, post=40, comm="send"),
+            unit("mm", "fwd", 100),
+            unit("recv", "recv_bwd", 999, post=30, comm="recv"),
+            wait_node([0, 2], "p2p_wait"),
+        ]
+    )
+    assert nodes[ot.NAME].tolist() == ["send", POST_NAME, "mm", "recv", POST_NAME, WAIT_NAME]
+    assert ot.POST_NS not in nodes
+    posts = nodes[nodes[ot.NAME] == POST_NAME]
+    assert posts[ot.PHASE].tolist() == ["send_fwd", "recv_bwd"]
+    assert posts[ot.DUR_NS].tolist() == [40, 30] and (posts[ot.GAP_NS] == 0).all()
+    assert not posts[ot.IS_COMM].any() and not posts[ot.IS_ASYNC].any()
+    assert posts[ot.SEQ].tolist() == [4, 4]  # the call it posts
+    assert nodes[ot.GAP_NS].tolist() == [10, 0, 10, 10, 0, 0]  # the calls' own gaps unchanged
+    assert nodes[DEPS].iloc[-1] == [0, 3]  # the wait still names the two calls
+    assert nodes[P2P_SEQ].tolist()[0] == 0 and nodes[P2P_SEQ].tolist()[3] == 0
