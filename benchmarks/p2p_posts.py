@@ -6,7 +6,7 @@ RUN_DIR: a run whose ranks were all real and logged their calls (a ``prism-captu
 directory, or the ``real`` directory of a ``benchmarks/fidelity.py --work-dir`` case); its clean
 unprofiled iterations are read. For each direction of transfer and whether the receiver posted
 last, the median over transfers of: each end's post (``isend``/``irecv`` entry to return, host
-work the graph keeps before the call's node), the receiver's completion after the later post
+work the graph keeps as a node after the call), the receiver's completion after the later post
 began (what a latency table reports), and what of that it spent blocked in its wait (the rest
 is its own work between posting and waiting). With ``--cluster`` the comm model's price of the
 transfer is printed beside them.
