@@ -26,6 +26,7 @@ from prism.graph.io.parts import (
     replace_graph,
 )
 from prism.graph.io.validate import validate_graph
+from prism.graph.sim.noise import STEADY_CLEAN_FOR_CV
 from prism.graph.sim.predict import predict, stage_table
 from prism.graph.sim.simulate import SimulationError
 from prism.graph.traces.kineto import NormalizeError
@@ -56,7 +57,35 @@ def _summary(result: BuildResult, out: Path) -> Table:
         "profiler correction (unprofiled / profiled)",
         ", ".join(_correction(s) for s in scales.values()) if scales else "none",
     )
+    if scales:
+        table.add_row(
+            "arrival noise (iteration cv, call jitter)", ", ".join(_noise(s) for s in scales.values())
+        )
     return table
+
+
+def _noise(scale: dict) -> str:
+    """'25.8 % from 3 iterations, 114 µs (rank 0)': what the skew of the role's collectives grows with."""
+    jitter = scale.get("call_jitter_ns")
+    per_call = f", {jitter / 1e3:.0f} µs" if jitter is not None else ""
+    return f"{100 * scale.get('noise_cv', 0.0):.1f} % from {scale['clean_iterations']} iterations{per_call} (rank {scale['rank']})"
+
+
+def _unsteady_noise(scales: dict | None) -> str | None:
+    """A warning when a role's noise, which every collective's skew grows with, rests on few iterations."""
+    few = [
+        s
+        for s in (scales or {}).values()
+        if s.get("noise_cv", 0.0) > 0 and s["clean_iterations"] < STEADY_CLEAN_FOR_CV
+    ]
+    if not few:
+        return None
+    ranks = ", ".join(str(s["rank"]) for s in few)
+    fewest = min(s["clean_iterations"] for s in few)
+    return (
+        f"the arrival noise of rank(s) {ranks} rests on {fewest} clean iteration(s), an unsteady estimate that "
+        f"the collectives' skew multiplies (capture with --warmup {STEADY_CLEAN_FOR_CV + 2} or more)"
+    )
 
 
 def _correction(scale: dict) -> str:
@@ -185,6 +214,8 @@ def build(
                 "clean unprofiled one: predictions are of profiled iterations (capture with --warmup 5)",
                 highlight=False,
             )
+        if (unsteady := _unsteady_noise(result.time_scales)) is not None:
+            console.print(f"[yellow]warning:[/] {unsteady}", highlight=False, soft_wrap=True)
     if summary is not None:
         console.print(stage_table(summary, title))
         console.print(f"wrote {summary_path}")

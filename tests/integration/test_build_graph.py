@@ -183,6 +183,11 @@ def test_the_build_says_how_much_of_each_roles_profiled_iteration_its_correction
     for scale in scales.values():
         taken = scale["profiled_ms"] - scale["unprofiled_ms"]
         assert f"{taken:.1f} of a profiled {scale['profiled_ms']:.1f} ms own iteration" in text
+        # and the noise every collective's skew grows with, with what it rests on
+        assert f"{100 * scale['noise_cv']:.1f} % from {scale['clean_iterations']} iterations" in text
+    # 5 warm-up iterations leave 3 clean ones: too few for a steady noise estimate, and it says so.
+    assert all(s["clean_iterations"] == 3 for s in scales.values())
+    assert "warning: the arrival noise of rank(s)" in text and "--warmup 10 or more" in text
 
 
 # -- bad input: one error line, exit 2, nothing written ----------------------------------------

@@ -11,6 +11,7 @@ from test_compose import CAPTURED, template
 from prism.graph.build import op_table as ot
 from prism.graph.build.compose import GROUP_AXIS, P2P_DIR, SKEW, compose_stage
 from prism.graph.sim.noise import (
+    STEADY_CLEAN_FOR_CV,
     call_jitter_ns,
     collective_skew_ns,
     expected_max_normal,
@@ -118,3 +119,15 @@ def test_graph_wide_intervals_equal_each_programs_own() -> None:
         assert (idle[lo:hi][local[1:]] == np.diff(arrival[local])).all()
         assert idle[lo + local[0]] == arrival[local[0]] + work[lo:hi].sum() - arrival[local[-1]]
     assert (idle[comm] > 0).all()
+
+
+def test_the_build_warns_only_of_a_noise_estimate_that_rests_on_few_iterations() -> None:
+    from prism.graph.build.cli import _unsteady_noise
+
+    def role(rank: int, cv: float, clean: int) -> dict:
+        return {"rank": rank, "noise_cv": cv, "clean_iterations": clean}
+
+    assert _unsteady_noise({"first": role(0, 0.258, STEADY_CLEAN_FOR_CV)}) is None
+    assert _unsteady_noise({"first": role(0, 0.0, 3)}) is None  # no noise measured: no skew from it
+    warning = _unsteady_noise({"first": role(0, 0.258, 3), "last": role(7680, 0.06, 10)})
+    assert warning is not None and "rank(s) 0 rests on 3 clean" in warning and "7680" not in warning
