@@ -19,9 +19,10 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: install   ## capture the default slice (tiny GPT, target tp=8 pp=16 dp=64), build its full-scale graph, replay rank 123
-	$(BIN)/prism-capture -o $(OUT) --overwrite
+	# 12 warm-up iterations: the noise that the collectives' skew grows with rests on 10 clean ones.
+	$(BIN)/prism-capture -o $(OUT) --overwrite --warmup 12
 	$(BIN)/prism-build-graph $(OUT) --tp 8 --pp 16 --dp 64 -o $(GRAPH)
-	$(BIN)/prism-replay $(GRAPH) --rank 123 -o $(REPLAY) --overwrite
+	$(BIN)/prism-replay $(GRAPH) --rank 123 -o $(REPLAY) --overwrite --warmup 12
 
 test: install   ## the whole suite, as CI runs it
 	$(BIN)/python -m pytest -q
