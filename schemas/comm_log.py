@@ -221,8 +221,8 @@ class CommTime(Spans):
 class PricedTime(Spans):
     """``CommTime`` less the posts of transfers posted asynchronously: the time the comm model
     prices. A post (``isend``/``irecv`` returning a Work, ``enter_ns`` to ``exit_ns`` less any
-    clock time in it) is host work the rank's own time holds, which the graph keeps in the gap
-    before the call's node (``prism.graph.build.profiler_overhead.host_kept``): the program's own."""
+    clock time in it) is host work the rank's own time holds, which the graph keeps as a node right
+    after the call's (``prism.graph.build.profiler_overhead.host_kept``): the program's own."""
 
     def __init__(self, log: CommLog) -> None:
         super().__init__(_call_spans(log.calls, posts=False))

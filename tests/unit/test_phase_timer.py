@@ -112,7 +112,7 @@ def test_a_wait_holds_no_op_and_passes_its_own_time_to_the_block_after_it() -> N
 
 def test_a_posted_transfers_post_is_own_time_and_its_wait_is_not() -> None:
     # The comm model prices a transfer from the later post on; the post itself (20-40) is host
-    # work the graph keeps before the call's node, so the block's own time keeps it too.
+    # work the graph keeps as a node after the call's, so the block's own time keeps it too.
     posted = dataclasses.replace(
         _call(0, enter=20, exit=40, done=280, wait=150), op="send", peer=1, async_op=True
     )
