@@ -45,7 +45,8 @@ class KinetoTrace:
     spans: pd.DataFrame
     """Complete events of cat cpu_op / user_annotation: name, cat, tid, start_ns, end_ns, rf_id."""
     memory: pd.DataFrame
-    """``[memory]`` instants: tid, ts_ns, bytes, total, device_type, device_id (time order)."""
+    """``[memory]`` instants: tid, ts_ns, bytes, total, device_type, device_id, addr (time order),
+    with the frees the profiler missed restored (``restore_unrecorded_frees``)."""
 
 
 def read_json_file(path: Path) -> dict:
@@ -95,7 +96,7 @@ def read_kineto(path: Path) -> KinetoTrace:
     """The spans and memory events of a Kineto trace."""
     _, events, base = read_trace_events(path)
     name, cat, tid, ts, dur, rf = [], [], [], [], [], []
-    mtid, mts, mbytes, mtotal, mtype, mid = [], [], [], [], [], []
+    mtid, mts, mbytes, mtotal, mtype, mid, maddr = [], [], [], [], [], [], []
     try:
         for e in events:
             ph = e.get("ph")
@@ -116,6 +117,7 @@ def read_kineto(path: Path) -> KinetoTrace:
                 mtotal.append(a["Total Allocated"])
                 mtype.append(a.get("Device Type", 0))
                 mid.append(a.get("Device Id", -1))
+                maddr.append(int(a.get("Addr", 0)))
     except (KeyError, TypeError, ValueError) as e:
         raise NormalizeError(f"{path}: malformed trace event ({type(e).__name__}: {e})") from e
     start = trace_ns(ts, base)
@@ -137,11 +139,58 @@ def read_kineto(path: Path) -> KinetoTrace:
             "total": np.asarray(mtotal, dtype=np.int64),
             "device_type": np.asarray(mtype, dtype=np.int64),
             "device_id": np.asarray(mid, dtype=np.int64),
+            "addr": np.asarray(maddr, dtype=np.int64),
         }
     )
     # Stable: events of one timestamp keep the allocator's order, so 'total' stays a running sum.
     memory = memory.sort_values("ts_ns", kind="stable", ignore_index=True)
-    return KinetoTrace(path=path, spans=spans, memory=memory)
+    return KinetoTrace(path=path, spans=spans, memory=restore_unrecorded_frees(memory))
+
+
+def restore_unrecorded_frees(memory: pd.DataFrame) -> pd.DataFrame:
+    """Put back the frees the profiler did not record, and take them out of ``total``.
+
+    The profiler records a free only on a thread it profiles. A block the training thread
+    allocated and another thread freed (a gloo worker dropping a collective's tensor, on CPU)
+    leaves no event, and the allocator's ``Total Allocated`` keeps counting it for the rest of the
+    trace. Its address being allocated again shows that it was freed: a free of the block is
+    inserted just before that allocation (tid -1) and every later total of the device lowered by
+    its size. The block may have been freed any time before, so totals between its allocation
+    and the new one are an upper bound; a block whose address never comes back stays counted.
+    An event without ``Addr`` (address 0) is not tracked.
+    """
+    if memory.empty or not memory["addr"].any():
+        return memory
+    live: dict[tuple[int, int, int], int] = {}
+    restored: list[tuple[int, int]] = []  # (row of the allocation that reuses the address, size)
+    keys = zip(
+        memory["device_type"].tolist(), memory["device_id"].tolist(), memory["addr"].tolist(), strict=True
+    )
+    for row, (key, nbytes) in enumerate(zip(keys, memory["bytes"].tolist(), strict=True)):
+        if key[2] == 0:
+            continue
+        if nbytes > 0:
+            if key in live:
+                restored.append((row, live[key]))
+            live[key] = nbytes
+        elif nbytes < 0:
+            live.pop(key, None)
+    if not restored:
+        return memory
+    rows = np.array([r for r, _ in restored])
+    frees = memory.iloc[rows].copy()
+    frees["bytes"] = -np.array([b for _, b in restored], dtype=np.int64)
+    frees["tid"] = -1
+    # Each device's totals drop by what was restored on it up to and including that row.
+    freed = np.zeros(len(memory), dtype=np.int64)
+    freed[rows] = -frees["bytes"].to_numpy()
+    device = memory["device_type"].astype(str) + ":" + memory["device_id"].astype(str)
+    lowered = memory.assign(total=memory["total"] - pd.Series(freed).groupby(device).cumsum())
+    frees["total"] = lowered["total"].to_numpy()[rows] - memory["bytes"].to_numpy()[rows]
+    # A free sorts just before the allocation that reuses its address.
+    order = np.concatenate([np.arange(len(memory)) * 2 + 1, rows * 2])
+    merged = pd.concat([lowered, frees], ignore_index=True)
+    return merged.iloc[np.argsort(order, kind="stable")].reset_index(drop=True)
 
 
 @dataclass(frozen=True)

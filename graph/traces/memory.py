@@ -125,7 +125,8 @@ class IterationMemory:
     """A rank's allocator totals over the profiled iterations of its trace."""
 
     peak_delta_bytes: int
-    """Median over iterations of the highest Total Allocated minus its value at the start."""
+    """Median over iterations (the lower middle one of an even count) of the highest Total
+    Allocated minus its value at the start."""
     drift_bytes: int
     """Median growth of Total Allocated from one iteration start to the next (0 in a steady state)."""
 
@@ -149,4 +150,9 @@ def iteration_memory(kineto_path: Path, *, after_first: bool = False) -> Iterati
         inside = total[(ts >= start) & (ts < end)]
         deltas.append(max(int(inside.max()) - int(before), 0) if len(inside) else 0)
     drift = np.diff(base) if len(base) > 1 else np.zeros(1)
-    return IterationMemory(peak_delta_bytes=int(statistics.median(deltas)), drift_bytes=int(np.median(drift)))
+    # The lower middle value, never a mean of two: a block whose free the profiler missed counts
+    # until its address comes back (``restore_unrecorded_frees``), so an iteration's peak can
+    # only run high, and a mean would carry half of that into every figure.
+    return IterationMemory(
+        peak_delta_bytes=int(statistics.median_low(deltas)), drift_bytes=int(np.median(drift))
+    )
