@@ -8,7 +8,8 @@ backward and optimizer steps, found as a program's capture finds them
 (``prism.capture.program_phases``), is kept too, the calls made inside them included, with what
 timing them cost. After the
 warm-up it records the live tensor bytes and profiles memory only (no shapes, stacks or
-Execution Trace) for the remaining iterations; then it ends the program and writes
+Execution Trace) for the remaining iterations, with the CPU allocator counting the frees of
+every thread (``count_frees_on_every_thread``); then it ends the program and writes
 ``DIR/rank{r}.json`` (``TimedRun``) and ``DIR/rank{r}.trace.json.gz`` (the memory trace).
 """
 
@@ -26,6 +27,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from prism.capture import annotate
+from prism.capture.cpu_allocator import count_frees_on_every_thread
 from prism.capture.program_main import run_program
 from prism.capture.program_phases import ProgramPhases
 from prism.capture.step_iterations import ProgramStop, live_tensor_bytes
@@ -123,6 +125,8 @@ class IterationTimer:
             self._mark = None
         if done == self._warmup:
             self.run.static_bytes = live_tensor_bytes(cuda=self._cuda, buckets_in_python=False)
+            if not self._cuda:  # gloo's threads free tensors too; the timed iterations are over
+                count_frees_on_every_thread()
             activities = [torch.profiler.ProfilerActivity.CPU]
             if self._cuda:
                 activities.append(torch.profiler.ProfilerActivity.CUDA)

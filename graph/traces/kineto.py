@@ -157,17 +157,24 @@ def restore_unrecorded_frees(memory: pd.DataFrame) -> pd.DataFrame:
     inserted just before that allocation (tid -1) and every later total of the device lowered by
     its size. The block may have been freed any time before, so totals between its allocation
     and the new one are an upper bound; a block whose address never comes back stays counted.
-    An event without ``Addr`` (address 0) is not tracked.
+    An event without ``Addr`` (address 0) is not tracked, nor a device whose totals already move
+    apart from its events' bytes: its allocator counted every thread's frees
+    (``prism.capture.cpu_allocator``), and its totals are right as they are.
     """
     if memory.empty or not memory["addr"].any():
         return memory
+    device = memory["device_type"].astype(str) + ":" + memory["device_id"].astype(str)
+    step = memory.groupby(device)["total"].diff()
+    counts_every_thread = set(device[step.notna() & (step != memory["bytes"])])
     live: dict[tuple[int, int, int], int] = {}
     restored: list[tuple[int, int]] = []  # (row of the allocation that reuses the address, size)
     keys = zip(
         memory["device_type"].tolist(), memory["device_id"].tolist(), memory["addr"].tolist(), strict=True
     )
-    for row, (key, nbytes) in enumerate(zip(keys, memory["bytes"].tolist(), strict=True)):
-        if key[2] == 0:
+    for row, (key, nbytes, dev) in enumerate(
+        zip(keys, memory["bytes"].tolist(), device.tolist(), strict=True)
+    ):
+        if key[2] == 0 or dev in counts_every_thread:
             continue
         if nbytes > 0:
             if key in live:
@@ -184,7 +191,6 @@ def restore_unrecorded_frees(memory: pd.DataFrame) -> pd.DataFrame:
     # Each device's totals drop by what was restored on it up to and including that row.
     freed = np.zeros(len(memory), dtype=np.int64)
     freed[rows] = -frees["bytes"].to_numpy()
-    device = memory["device_type"].astype(str) + ":" + memory["device_id"].astype(str)
     lowered = memory.assign(total=memory["total"] - pd.Series(freed).groupby(device).cumsum())
     frees["total"] = lowered["total"].to_numpy()[rows] - memory["bytes"].to_numpy()[rows]
     # A free sorts just before the allocation that reuses its address.

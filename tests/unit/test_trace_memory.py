@@ -134,3 +134,11 @@ def test_an_even_count_of_iterations_takes_the_lower_middle_peak(tmp_path: Path)
     mem = [e for e in mem if not 23 <= e[0] <= 24]
     got = iteration_memory(write_trace(tmp_path / "t.json.gz", its, mem), after_first=True)
     assert got.peak_delta_bytes == 1000
+
+
+def test_a_device_whose_totals_count_every_thread_is_left_alone() -> None:
+    # Its totals fell by 100 between two events (another thread's free, counted by the allocator):
+    # the reuse of 0xA at t=30 is already accounted for.
+    mem = events([(10, 100, 0xA), (20, 50, 0xB), (30, 100, 0xA)])
+    mem.loc[2, "total"] = 150
+    pd.testing.assert_frame_equal(restore_unrecorded_frees(mem), mem)
