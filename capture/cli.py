@@ -20,6 +20,7 @@ from prism.schemas import cli_help
 from prism.schemas.cli_command import PrismCommand
 from prism.schemas.cluster import ClusterSpec, ClusterSpecError
 from prism.schemas.comm_log import read_comm_log
+from prism.schemas.iterations import DEFAULT_WARMUP
 from prism.schemas.layout import DEFAULT_ORDER, LayoutError, ParallelLayout, Role, parse_rank_list
 from prism.schemas.manifest import CaptureFiles, CaptureManifest
 from prism.schemas.program import ProgramError, ProgramSpec
@@ -120,7 +121,7 @@ def capture(
         float, typer.Option(help="DP gradient bucket size (MiB).")
     ] = DEFAULT.grad_bucket_mb,
     iterations: Annotated[int, typer.Option(help=cli_help.ITERATIONS)] = 2,
-    warmup: Annotated[int, typer.Option(help=cli_help.WARMUP)] = 5,
+    warmup: Annotated[int, typer.Option(help=cli_help.WARMUP)] = DEFAULT_WARMUP,
     device: Annotated[str, typer.Option(help="cpu (gloo) or cuda (NCCL).")] = "cpu",
     real: Annotated[
         RealMode, typer.Option(help="roles: one real rank per role, peers virtual; all: every rank real.")

@@ -36,6 +36,7 @@ from prism.capture.value_pass import needs_value_pass, value_pass_ranks
 from prism.schemas import PRISM_VERSION
 from prism.schemas.cluster import ClusterSpec
 from prism.schemas.files import write_json_atomic
+from prism.schemas.iterations import DEFAULT_WARMUP
 from prism.schemas.layout import ParallelLayout, Role
 from prism.schemas.manifest import (
     GPT,
@@ -88,7 +89,7 @@ class CaptureOptions:
     """Which ranks run for real."""
     roles: ProgramRoles = ProgramRoles.PIPELINE
     """A program's captured pipeline positions (without ``ranks``)."""
-    warmup: int = 5
+    warmup: int = DEFAULT_WARMUP
     """Iterations before profiling."""
     iterations: int = 2
     """Iterations profiled."""

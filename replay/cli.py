@@ -16,6 +16,7 @@ from prism.graph.sim.whatif import WhatIfError, parse_delay
 from prism.replay.runtime import ReplayDiverged, ReplayInputError, ReplayOptions, check_inputs, run_replay
 from prism.schemas import cli_help
 from prism.schemas.cli_command import PrismCommand
+from prism.schemas.iterations import DEFAULT_WARMUP
 from prism.schemas.replay import RankReport, ReplayReport
 from prism.schemas.termination import stop_on_termination
 
@@ -32,7 +33,7 @@ def replay(
     out: Annotated[Path, typer.Option("--out", "-o", help="Replay directory to create.")] = Path(
         "replay-out"
     ),
-    warmup: Annotated[int, typer.Option(help=cli_help.WARMUP)] = 5,
+    warmup: Annotated[int, typer.Option(help=cli_help.WARMUP)] = DEFAULT_WARMUP,
     iterations: Annotated[int, typer.Option(help=cli_help.ITERATIONS)] = 2,
     device: Annotated[str | None, typer.Option(help="cpu or cuda [default: the graph's].")] = None,
     threads: Annotated[int, typer.Option(help=cli_help.THREADS)] = 1,

@@ -39,6 +39,7 @@ from prism.replay.runtime import Progress, ReplayOptions, run_replay
 from prism.schemas import PRISM_VERSION
 from prism.schemas import graph_format as gf
 from prism.schemas.files import write_json_atomic
+from prism.schemas.iterations import DEFAULT_WARMUP
 from prism.schemas.manifest import (
     CaptureFiles,
     CaptureManifest,
@@ -68,7 +69,7 @@ def run_paced_capture(
     graph: Path,
     out_dir: Path,
     *,
-    warmup: int = 5,
+    warmup: int = DEFAULT_WARMUP,
     iterations: int = 2,
     threads: int = 1,
     overwrite: bool = False,

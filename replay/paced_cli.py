@@ -14,6 +14,7 @@ from prism.replay.paced_capture import paced_config, run_paced_capture
 from prism.replay.runtime import ReplayDiverged, ReplayInputError
 from prism.schemas import cli_help
 from prism.schemas.cli_command import PrismCommand
+from prism.schemas.iterations import DEFAULT_WARMUP
 from prism.schemas.termination import stop_on_termination
 
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -27,7 +28,7 @@ def capture_paced(
     out: Annotated[Path, typer.Option("--out", "-o", help="Capture directory to create.")] = Path(
         "capture-paced"
     ),
-    warmup: Annotated[int, typer.Option(help=cli_help.WARMUP)] = 5,
+    warmup: Annotated[int, typer.Option(help=cli_help.WARMUP)] = DEFAULT_WARMUP,
     iterations: Annotated[int, typer.Option(help=cli_help.ITERATIONS)] = 2,
     threads: Annotated[int, typer.Option(help=cli_help.THREADS)] = 1,
     overwrite: Annotated[bool, typer.Option(help=cli_help.OVERWRITE)] = False,

@@ -39,7 +39,7 @@ from prism.replay.coordinator import Coordinator
 from prism.replay.cores import CorePlan, launcher_on, plan_cores
 from prism.schemas import graph_format as gf
 from prism.schemas.files import write_json_atomic
-from prism.schemas.iterations import MIN_WARMUP, clean_unprofiled
+from prism.schemas.iterations import DEFAULT_WARMUP, MIN_WARMUP, clean_unprofiled
 from prism.schemas.layout import ParallelLayout
 from prism.schemas.manifest import GPT, PROGRAM, CaptureFiles, RankJob, RankResult
 from prism.schemas.program import ProgramSpec
@@ -77,7 +77,7 @@ class ReplayOptions:
     """Global ranks to run for real."""
     out_dir: Path
     """Replay directory to create."""
-    warmup: int = 5
+    warmup: int = DEFAULT_WARMUP
     """Unprofiled iterations; the clean ones (all but the first and the last) give the steady time."""
     iterations: int = 2
     """Profiled iterations after them (Kineto trace, peak memory)."""

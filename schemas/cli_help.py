@@ -7,7 +7,8 @@ DP = "Target data-parallel degree."
 OVERWRITE = "Replace a non-empty output directory."
 WARMUP = (
     "Unprofiled iterations before the profiled ones; from 3 on, the clean ones (not the first or "
-    "last) give the steady time and let the build take the profiler's cost out of its predictions."
+    "last) give the steady time and let the build take the profiler's cost out of its predictions; "
+    "8 of them (the default) give a steady estimate of how much iterations vary."
 )
 ITERATIONS = "Profiled iterations after the warm-up (traces and peak memory)."
 THREADS = "torch intra-op threads per real rank process."

@@ -14,6 +14,13 @@ T = TypeVar("T")
 
 MIN_WARMUP = 3
 """Warm-up iterations a run needs for one clean unprofiled iteration."""
+STEADY_CLEAN = 8
+"""Clean unprofiled iterations for a steady estimate of how much they vary: a coefficient of
+variation from ``n`` samples has a standard error of about ``cv / sqrt(2 (n - 1))``, half of it
+at 3, a fifth at 8."""
+DEFAULT_WARMUP = STEADY_CLEAN + 2
+"""The commands' default warm-up: ``STEADY_CLEAN`` clean iterations, with the cold first and the
+profiler's warm-up step around them."""
 
 
 def clean_unprofiled(iterations: Sequence[T], warmup: int) -> tuple[T, ...]:

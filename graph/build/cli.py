@@ -33,7 +33,7 @@ from prism.graph.traces.kineto import NormalizeError
 from prism.schemas import cli_help
 from prism.schemas.cli_command import PrismCommand
 from prism.schemas.cluster import load_cluster
-from prism.schemas.iterations import MIN_WARMUP
+from prism.schemas.iterations import DEFAULT_WARMUP, MIN_WARMUP
 from prism.schemas.summary import Summary, write_summary
 from prism.schemas.termination import TERMINATION_SIGNALS, stop_on_termination
 
@@ -84,7 +84,7 @@ def _unsteady_noise(scales: dict | None) -> str | None:
     fewest = min(s["clean_iterations"] for s in few)
     return (
         f"the arrival noise of rank(s) {ranks} rests on {fewest} clean iteration(s), an unsteady estimate that "
-        f"the collectives' skew multiplies (capture with --warmup {STEADY_CLEAN_FOR_CV + 2} or more)"
+        f"the collectives' skew multiplies (capture with --warmup {DEFAULT_WARMUP} or more)"
     )
 
 
@@ -211,7 +211,7 @@ def build(
         if profiler_correction != Correction.NONE and result.time_scales is None:
             console.print(
                 f"[yellow]warning:[/] the capture ran fewer than {MIN_WARMUP} warm-up iterations, so it has no "
-                "clean unprofiled one: predictions are of profiled iterations (capture with --warmup 5)",
+                f"clean unprofiled one: predictions are of profiled iterations (capture with --warmup {DEFAULT_WARMUP})",
                 highlight=False,
             )
         if (unsteady := _unsteady_noise(result.time_scales)) is not None:

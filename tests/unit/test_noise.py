@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import numpy as np
@@ -131,3 +132,14 @@ def test_the_build_warns_only_of_a_noise_estimate_that_rests_on_few_iterations()
     assert _unsteady_noise({"first": role(0, 0.0, 3)}) is None  # no noise measured: no skew from it
     warning = _unsteady_noise({"first": role(0, 0.258, 3), "last": role(7680, 0.06, 10)})
     assert warning is not None and "rank(s) 0 rests on 3 clean" in warning and "7680" not in warning
+
+
+def test_the_commands_default_warm_up_leaves_a_steady_noise_estimate() -> None:
+    from prism.capture.cli import capture
+    from prism.replay.cli import replay
+    from prism.schemas.iterations import DEFAULT_WARMUP, clean_unprofiled
+
+    # The cold first iteration and the profiler's warm-up step are not clean.
+    assert len(clean_unprofiled(range(DEFAULT_WARMUP + 2), DEFAULT_WARMUP)) == STEADY_CLEAN_FOR_CV
+    for command in (capture, replay):
+        assert inspect.signature(command).parameters["warmup"].default == DEFAULT_WARMUP
