@@ -18,6 +18,7 @@ import shlex
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -52,7 +53,9 @@ from prism.fidelity.report import (
     summary_table,
 )
 from prism.fidelity.spec import CALIBRATION_OPS, PROGRAM_CALIBRATION_OPS
+from prism.graph.comm.bench import CalibrationError
 from prism.graph.comm.calibrate import parse_size
+from prism.schemas.cluster import ClusterSpec
 from prism.schemas.files import write_json_atomic
 from prism.schemas.iterations import MIN_WARMUP
 from prism.schemas.layout import LayoutError, ParallelLayout
@@ -90,6 +93,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--recalibrate", action="store_true", help="calibrate now even if a 'local' spec exists"
     )
+    parser.add_argument(
+        "--recalibrate-each", action="store_true",
+        help="calibrate afresh right before each case, into --calibrate-into with the case's number "
+        "added to its name: on a VM the price of a small collective drifts by a fifth within hours "
+        "(benchmarks/results/tp_spec_drift)",
+    )  # fmt: skip
     parser.add_argument(
         "--calibrate-between-ms", type=float, default=0.0,
         help="a fresh calibration times cold calls, each after this much compute (0: back to back)",
@@ -151,6 +160,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--program and --case are separate runs")
     if args.random and (args.case or args.program):
         parser.error("--random draws the cases: give it without --case or --program")
+    if args.recalibrate_each and args.cluster_spec is not None:
+        parser.error("--recalibrate-each calibrates for each case: give it without --cluster-spec")
     if args.random < 0:
         parser.error("--random must be a number of cases (>= 1)")
     if args.repeats < 1:
@@ -162,12 +173,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def with_spec(settings: RunSettings, spec: ClusterSpec, args: argparse.Namespace) -> RunSettings:
+    """``settings`` with what captures, load ranks and replays take from the spec: its host work,
+    and the prices their virtual calls hold the program for."""
+    return replace(
+        settings,
+        host_ns_per_byte={} if args.no_host_work else dict(spec.host_ns_per_byte),
+        hold_calls=None if args.free_running else spec,
+    )
+
+
 def _log(message: str) -> None:
     console.log(message, markup=False, highlight=False)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        return run(args, argv)
+    except CalibrationError as e:
+        console.print(f"[bold red]error:[/] the calibration failed: {e}", highlight=False)
+        return 2
+
+
+def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     started = time.perf_counter()
     try:
         texts = args.case or (random_cases(args.random, args.seed) if args.random else DEFAULT_CASES)
@@ -176,33 +205,53 @@ def main(argv: list[str] | None = None) -> int:
     except (CaseError, ValueError) as e:
         console.print(f"[bold red]error:[/] {e}", highlight=False)
         return 2
-    choice = resolve_spec(
-        args.cluster_spec, args.calibrate_into, recalibrate=args.recalibrate,
-        compute_between_ms=args.calibrate_between_ms, reps=args.calibrate_reps,
-        cold_gaps_ms=tuple(float(g) for g in args.calibrate_cold_gaps_ms.split(",") if g.strip()),
-        sizes=sizes, measured_table=args.calibrate_table,
-        ops=PROGRAM_CALIBRATION_OPS if args.program else CALIBRATION_OPS,
-    )  # fmt: skip
+
+    def spec_for(case: int | None) -> SpecChoice:
+        """The spec a case is priced with: the run's, or with --recalibrate-each its own, fresh."""
+        into = args.calibrate_into
+        if case is not None:
+            into = into.with_name(f"{into.stem}-{case + 1}{into.suffix}")
+        return resolve_spec(
+            args.cluster_spec, into, recalibrate=args.recalibrate or case is not None,
+            compute_between_ms=args.calibrate_between_ms, reps=args.calibrate_reps,
+            cold_gaps_ms=tuple(float(g) for g in args.calibrate_cold_gaps_ms.split(",") if g.strip()),
+            sizes=sizes, measured_table=args.calibrate_table,
+            ops=PROGRAM_CALIBRATION_OPS if args.program else CALIBRATION_OPS,
+        )  # fmt: skip
+
+    def priced(case: int, choice: SpecChoice, settings: RunSettings) -> tuple[SpecChoice, RunSettings]:
+        if not args.recalibrate_each:
+            return choice, settings
+        choice = spec_for(case)
+        console.print(f"cluster spec of case {case + 1}: {choice.source}", highlight=False)
+        return choice, with_spec(settings, choice.spec, args)
+
+    choice = spec_for(None) if not args.recalibrate_each else spec_for(0)
     console.print(f"cluster spec: {choice.source}", highlight=False)
     if args.program:
-        return program_main(args, choice, started, argv)
+        return program_main(args, choice, started, argv, priced)
     probes = {} if args.no_probe else {"before": round(concurrency_probe(), 3)}
-    settings = RunSettings(
-        warmup=args.warmup,
-        iterations=args.iterations,
-        work_dir=args.work_dir,
-        matched_load=not args.slice_alone,
-        replay=not args.no_replay,
-        host_ns_per_byte={} if args.no_host_work else dict(choice.spec.host_ns_per_byte),
-        hold_calls=None if args.free_running else choice.spec,
-        paced=args.paced,
-        paced_load=not args.free_load,
-        bracket=not args.no_bracket,
+    settings = with_spec(
+        RunSettings(
+            warmup=args.warmup,
+            iterations=args.iterations,
+            work_dir=args.work_dir,
+            matched_load=not args.slice_alone,
+            replay=not args.no_replay,
+            paced=args.paced,
+            paced_load=not args.free_load,
+            bracket=not args.no_bracket,
+        ),
+        choice.spec,
+        args,
     )
     results: list[CaseResult] = []
-    for config, captured in cases:
+    sources = []
+    for i, (config, captured) in enumerate(cases):
+        case_choice, case_settings = priced(i, choice, settings) if i else (choice, settings)
+        sources.append(case_choice.source)
         result = run_case_detailed(
-            config, args.repeats, choice.spec, settings, progress=_log, captured=captured
+            config, args.repeats, case_choice.spec, case_settings, progress=_log, captured=captured
         )
         results.append(result)
     if not args.no_probe:
@@ -250,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
                     "command": shlex.join(
                         ["python", "benchmarks/fidelity.py", *(sys.argv[1:] if argv is None else argv)]
                     ),
-                    "cluster_spec": choice.source,
+                    "cluster_spec": sources if args.recalibrate_each else choice.source,
                     "spec": choice.spec.to_dict(),
                     "cases": {"random": args.random, "seed": args.seed} if args.random else "given or fixed",
                     "repeats": args.repeats,
@@ -272,27 +321,33 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def program_main(args: argparse.Namespace, choice: SpecChoice, started: float, argv: list[str] | None) -> int:
+def program_main(
+    args: argparse.Namespace, choice: SpecChoice, started: float, argv: list[str] | None, priced
+) -> int:
     """Each --program against its own run under torchrun."""
     try:
         layout = ParallelLayout(tp=args.tp, pp=args.pp, dp=args.dp)
     except LayoutError as e:
         console.print(f"[bold red]error:[/] {e}", highlight=False)
         return 2
-    settings = RunSettings(
-        warmup=args.warmup,
-        iterations=args.iterations,
-        work_dir=args.work_dir,
-        matched_load=not args.slice_alone,
-        replay=not args.no_replay,
-        host_ns_per_byte={} if args.no_host_work else dict(choice.spec.host_ns_per_byte),
-        hold_calls=None if args.free_running else choice.spec,
+    settings = with_spec(
+        RunSettings(
+            warmup=args.warmup,
+            iterations=args.iterations,
+            work_dir=args.work_dir,
+            matched_load=not args.slice_alone,
+            replay=not args.no_replay,
+        ),
+        choice.spec,
+        args,
     )
-    records, hooks = [], []
-    for text in args.program:
+    records, hooks, sources = [], [], []
+    for i, text in enumerate(args.program):
         case = ProgramCase(argv=tuple(shlex.split(text)), layout=layout, device=args.device)
+        case_choice, case_settings = priced(i, choice, settings) if i else (choice, settings)
+        sources.append(case_choice.source)
         try:
-            result = run_program_case(case, args.repeats, choice.spec, settings, progress=_log)
+            result = run_program_case(case, args.repeats, case_choice.spec, case_settings, progress=_log)
         except ProgramRunFailed as e:
             console.print(f"[bold red]error:[/] {e}", highlight=False)
             return 2
@@ -327,7 +382,7 @@ def program_main(args: argparse.Namespace, choice: SpecChoice, started: float, a
                     "command": shlex.join(
                         ["python", "benchmarks/fidelity.py", *(sys.argv[1:] if argv is None else argv)]
                     ),
-                    "cluster_spec": choice.source,
+                    "cluster_spec": sources if args.recalibrate_each else choice.source,
                     "repeats": args.repeats,
                     "warmup": settings.warmup,
                     "iterations": settings.iterations,

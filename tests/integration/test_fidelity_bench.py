@@ -214,3 +214,25 @@ def test_a_graph_built_for_a_job_larger_than_its_capture(spec_file: Path, tmp_pa
     # The peak memory of layers and microbatches that never ran in the capture is the real run's.
     for record in result.records:
         assert record["real_peak_bytes"] == record["pred_peak_bytes"], record
+
+
+@pytest.mark.slow
+def test_each_case_priced_by_a_calibration_of_its_own(tmp_path: Path) -> None:
+    second = "tp=2 pp=1 dp=1 layers=2 hidden=32 heads=2 seq=16 mbs=1 microbatches=1 vocab=128"
+    out = tmp_path / "fidelity.json"
+    argv = ["--case", TINY, "--case", second, "--repeats", "1", "--warmup", "3", "--iterations", "1"]
+    argv += ["--no-replay", "--no-probe", "--recalibrate-each", "--calibrate-reps", "2"]
+    argv += ["--calibrate-sizes", "64KiB,1MiB,4MiB", "--calibrate-into", str(tmp_path / "spec.toml")]
+    done = run_script("fidelity.py", *argv, "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    sources = json.loads(out.read_text())["meta"]["cluster_spec"]
+    assert [s.split(" ")[0] for s in sources] == [
+        str(tmp_path / "spec-1.toml"),
+        str(tmp_path / "spec-2.toml"),
+    ]
+    assert all((tmp_path / f"spec-{i}.toml").is_file() for i in (1, 2))
+
+
+def test_recalibrating_each_case_and_a_given_spec_are_refused_together(spec_file: Path) -> None:
+    done = run_script("fidelity.py", "--recalibrate-each", "--cluster-spec", str(spec_file))
+    assert done.returncode == 2 and "--recalibrate-each calibrates for each case" in done.stderr
