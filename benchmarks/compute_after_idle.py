@@ -71,7 +71,9 @@ def main() -> None:
     reader, writer = os.pipe()
     ctx = mp.get_context("spawn")
     stop = ctx.Event()
-    neighbour = ctx.Process(target=_neighbour, args=(args.hidden, args.tokens, stop)) if args.neighbour else None
+    neighbour = (
+        ctx.Process(target=_neighbour, args=(args.hidden, args.tokens, stop)) if args.neighbour else None
+    )
     if neighbour is not None:
         neighbour.start()
         time.sleep(2)
@@ -105,7 +107,9 @@ def main() -> None:
     print(f"{'condition':34s} {'median µs':>10s} {'mean µs':>10s} {'median vs back to back':>24s}")
     for name, values in times.items():
         median = statistics.median(values)
-        print(f"{name:34s} {median:10.1f} {statistics.mean(values):10.1f} {100 * (median / base - 1):+23.1f}%")
+        print(
+            f"{name:34s} {median:10.1f} {statistics.mean(values):10.1f} {100 * (median / base - 1):+23.1f}%"
+        )
 
 
 if __name__ == "__main__":

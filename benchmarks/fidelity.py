@@ -183,6 +183,19 @@ def with_spec(settings: RunSettings, spec: ClusterSpec, args: argparse.Namespace
     )
 
 
+def settings_of(args: argparse.Namespace, spec: ClusterSpec, **more: object) -> RunSettings:
+    """How each side runs, from the options both kinds of case share, priced by ``spec``."""
+    common = RunSettings(
+        warmup=args.warmup,
+        iterations=args.iterations,
+        work_dir=args.work_dir,
+        matched_load=not args.slice_alone,
+        replay=not args.no_replay,
+        **more,
+    )
+    return with_spec(common, spec, args)
+
+
 def _log(message: str) -> None:
     console.log(message, markup=False, highlight=False)
 
@@ -220,35 +233,26 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
         )  # fmt: skip
 
     def priced(case: int, choice: SpecChoice, settings: RunSettings) -> tuple[SpecChoice, RunSettings]:
-        if not args.recalibrate_each:
+        """The spec and settings of a case: the run's, or with --recalibrate-each a fresh calibration's
+        (the first case's was made before the run began)."""
+        if not args.recalibrate_each or case == 0:
             return choice, settings
         choice = spec_for(case)
         console.print(f"cluster spec of case {case + 1}: {choice.source}", highlight=False)
         return choice, with_spec(settings, choice.spec, args)
 
-    choice = spec_for(None) if not args.recalibrate_each else spec_for(0)
+    choice = spec_for(0 if args.recalibrate_each else None)
     console.print(f"cluster spec: {choice.source}", highlight=False)
     if args.program:
         return program_main(args, choice, started, argv, priced)
     probes = {} if args.no_probe else {"before": round(concurrency_probe(), 3)}
-    settings = with_spec(
-        RunSettings(
-            warmup=args.warmup,
-            iterations=args.iterations,
-            work_dir=args.work_dir,
-            matched_load=not args.slice_alone,
-            replay=not args.no_replay,
-            paced=args.paced,
-            paced_load=not args.free_load,
-            bracket=not args.no_bracket,
-        ),
-        choice.spec,
-        args,
+    settings = settings_of(
+        args, choice.spec, paced=args.paced, paced_load=not args.free_load, bracket=not args.no_bracket
     )
     results: list[CaseResult] = []
     sources = []
     for i, (config, captured) in enumerate(cases):
-        case_choice, case_settings = priced(i, choice, settings) if i else (choice, settings)
+        case_choice, case_settings = priced(i, choice, settings)
         sources.append(case_choice.source)
         result = run_case_detailed(
             config, args.repeats, case_choice.spec, case_settings, progress=_log, captured=captured
@@ -330,21 +334,11 @@ def program_main(
     except LayoutError as e:
         console.print(f"[bold red]error:[/] {e}", highlight=False)
         return 2
-    settings = with_spec(
-        RunSettings(
-            warmup=args.warmup,
-            iterations=args.iterations,
-            work_dir=args.work_dir,
-            matched_load=not args.slice_alone,
-            replay=not args.no_replay,
-        ),
-        choice.spec,
-        args,
-    )
+    settings = settings_of(args, choice.spec)
     records, hooks, sources = [], [], []
     for i, text in enumerate(args.program):
         case = ProgramCase(argv=tuple(shlex.split(text)), layout=layout, device=args.device)
-        case_choice, case_settings = priced(i, choice, settings) if i else (choice, settings)
+        case_choice, case_settings = priced(i, choice, settings)
         sources.append(case_choice.source)
         try:
             result = run_program_case(case, args.repeats, case_choice.spec, case_settings, progress=_log)

@@ -33,13 +33,10 @@ from functools import cache
 
 import numpy as np
 
-from prism.schemas.iterations import STEADY_CLEAN, clean_unprofiled
+from prism.schemas.iterations import clean_unprofiled
 
 MIN_CLEAN_FOR_CV = 3
 """Clean unprofiled iterations needed to estimate the noise; fewer gives cv = 0 (no skew)."""
-STEADY_CLEAN_FOR_CV = STEADY_CLEAN
-"""Clean iterations below which the build warns that the noise estimate is unsteady (the skew
-multiplies its error: by 2.4 for a group of 64)."""
 
 
 @cache

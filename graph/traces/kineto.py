@@ -163,18 +163,17 @@ def restore_unrecorded_frees(memory: pd.DataFrame) -> pd.DataFrame:
     """
     if memory.empty or not memory["addr"].any():
         return memory
-    device = memory["device_type"].astype(str) + ":" + memory["device_id"].astype(str)
+    device = [memory["device_type"], memory["device_id"]]
     step = memory.groupby(device)["total"].diff()
-    counts_every_thread = set(device[step.notna() & (step != memory["bytes"])])
+    moved = memory[step.notna() & (step != memory["bytes"])]
+    counts_every_thread = set(zip(moved["device_type"], moved["device_id"], strict=True))
     live: dict[tuple[int, int, int], int] = {}
     restored: list[tuple[int, int]] = []  # (row of the allocation that reuses the address, size)
     keys = zip(
         memory["device_type"].tolist(), memory["device_id"].tolist(), memory["addr"].tolist(), strict=True
     )
-    for row, (key, nbytes, dev) in enumerate(
-        zip(keys, memory["bytes"].tolist(), device.tolist(), strict=True)
-    ):
-        if key[2] == 0 or dev in counts_every_thread:
+    for row, (key, nbytes) in enumerate(zip(keys, memory["bytes"].tolist(), strict=True)):
+        if key[2] == 0 or key[:2] in counts_every_thread:
             continue
         if nbytes > 0:
             if key in live:

@@ -12,13 +12,13 @@ from test_compose import CAPTURED, template
 from prism.graph.build import op_table as ot
 from prism.graph.build.compose import GROUP_AXIS, P2P_DIR, SKEW, compose_stage
 from prism.graph.sim.noise import (
-    STEADY_CLEAN_FOR_CV,
     call_jitter_ns,
     collective_skew_ns,
     expected_max_normal,
     iteration_cv,
     work_between,
 )
+from prism.schemas.iterations import STEADY_CLEAN
 
 
 def test_expected_maximum_of_normals() -> None:
@@ -128,7 +128,7 @@ def test_the_build_warns_only_of_a_noise_estimate_that_rests_on_few_iterations()
     def role(rank: int, cv: float, clean: int) -> dict:
         return {"rank": rank, "noise_cv": cv, "clean_iterations": clean}
 
-    assert _unsteady_noise({"first": role(0, 0.258, STEADY_CLEAN_FOR_CV)}) is None
+    assert _unsteady_noise({"first": role(0, 0.258, STEADY_CLEAN)}) is None
     assert _unsteady_noise({"first": role(0, 0.0, 3)}) is None  # no noise measured: no skew from it
     warning = _unsteady_noise({"first": role(0, 0.258, 3), "last": role(7680, 0.06, 10)})
     assert warning is not None and "rank(s) 0 rests on 3 clean" in warning and "7680" not in warning
@@ -140,6 +140,6 @@ def test_the_commands_default_warm_up_leaves_a_steady_noise_estimate() -> None:
     from prism.schemas.iterations import DEFAULT_WARMUP, clean_unprofiled
 
     # The cold first iteration and the profiler's warm-up step are not clean.
-    assert len(clean_unprofiled(range(DEFAULT_WARMUP + 2), DEFAULT_WARMUP)) == STEADY_CLEAN_FOR_CV
+    assert len(clean_unprofiled(range(DEFAULT_WARMUP + 2), DEFAULT_WARMUP)) == STEADY_CLEAN
     for command in (capture, replay):
         assert inspect.signature(command).parameters["warmup"].default == DEFAULT_WARMUP
