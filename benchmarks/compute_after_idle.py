@@ -18,6 +18,7 @@ import argparse
 import multiprocessing as mp
 import os
 import statistics
+import threading
 import time
 
 import torch
@@ -80,8 +81,6 @@ def main() -> None:
 
     def blocked(seconds: float) -> None:
         # Another thread writes after the gap; this one blocks in read, as a receive blocks.
-        import threading
-
         threading.Timer(seconds, os.write, (writer, b"x")).start()
         os.read(reader, 1)
 
