@@ -114,6 +114,12 @@ class ClusterSpec:
     notes: str = ""
     """Where the numbers come from (free text)."""
 
+    @property
+    def cold_reach_s(self) -> float:
+        """The longest compute gap the ``cold_call`` table was measured at (0 without one); past
+        it the extra latency stays at that gap's."""
+        return max((int(k) * 1e-6 for k in self.cold_call), default=0.0)
+
     def cold_extra_s(self, idle_s):
         """Extra latency of collectives after ``idle_s`` seconds of compute (numpy arrays welcome)."""
         if not self.cold_call:

@@ -13,6 +13,7 @@ import psutil
 
 from prism.graph.build import op_table as T
 from prism.graph.build.bind import bind_ranks, encode_program
+from prism.graph.build.cold_coverage import uncovered_cold_gaps
 from prism.graph.build.compose import compose_stage
 from prism.graph.build.normalize import normalize_rank
 from prism.graph.build.profiler_overhead import (
@@ -86,6 +87,8 @@ class BuildResult:
     """File metadata written."""
     report: ValidationReport
     """The validator's verdict and counts."""
+    warnings: tuple[str, ...] = ()
+    """What the user should know about the graph's prices (one line each)."""
 
     @property
     def layout(self) -> ParallelLayout:
@@ -217,7 +220,14 @@ def build_graph(options: BuildOptions, progress: ProgressCallback | None = None)
         extra={gf.TIME_SCALE_KEY: scales} | _measured_static(manifest, cfg),
     )  # fmt: skip
     metadata, report = _checked_write(options, metadata, stages, layout, progress)
-    return BuildResult(config=cfg, metadata=metadata, report=report)
+    return BuildResult(
+        config=cfg, metadata=metadata, report=report, warnings=_warnings(stages, layout, options)
+    )
+
+
+def _warnings(stages: list, layout: ParallelLayout, options: BuildOptions) -> tuple[str, ...]:
+    cold = uncovered_cold_gaps(stages, layout, options.cluster)
+    return () if cold is None else (cold,)
 
 
 def _measured_static(manifest: CaptureManifest, cfg: GPTConfig) -> dict:
@@ -254,7 +264,9 @@ def _build_program_graph(options: BuildOptions, manifest: CaptureManifest, progr
     except TemplateError as e:
         raise BuildError(str(e)) from e
     metadata, report = _checked_write(options, built.metadata, built.stages, layout, progress)
-    return BuildResult(config=None, metadata=metadata, report=report)
+    return BuildResult(
+        config=None, metadata=metadata, report=report, warnings=_warnings(built.stages, layout, options)
+    )
 
 
 def _checked_write(

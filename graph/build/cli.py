@@ -216,6 +216,8 @@ def build(
             )
         if (unsteady := _unsteady_noise(result.time_scales)) is not None:
             console.print(f"[yellow]warning:[/] {unsteady}", highlight=False, soft_wrap=True)
+        for line in result.warnings:
+            console.print(f"[yellow]warning:[/] {line}", highlight=False, soft_wrap=True)
     if summary is not None:
         console.print(stage_table(summary, title))
         console.print(f"wrote {summary_path}")

@@ -335,6 +335,19 @@ def check_samples(spec: ClusterSpec, samples: list[Sample]) -> tuple[Check, ...]
     )
 
 
+COLD_POINT_BUDGET_S = 2.0
+"""Compute a cold gap's timed repetitions spend per point at most (fewer repetitions for long
+gaps, never under ``MIN_COLD_REPS``): 100 repetitions of 3 calls after 64 ms would add 19 s of
+spinning per point."""
+MIN_COLD_REPS = 8
+
+
+def cold_reps(gap_ms: float, config: CalibrationConfig) -> int:
+    """Timed repetitions per point after a ``gap_ms`` compute gap."""
+    within = int(COLD_POINT_BUDGET_S / (gap_ms / 1e3 * config.calls_per_rep))
+    return min(config.reps, max(MIN_COLD_REPS, within))
+
+
 def cold_call_table(spec: ClusterSpec, config: CalibrationConfig) -> dict[str, float]:
     """Extra latency of collectives after each of ``config.cold_gaps_ms`` of compute, over ``spec``."""
     model = CommModel(spec)
@@ -342,7 +355,7 @@ def cold_call_table(spec: ClusterSpec, config: CalibrationConfig) -> dict[str, f
     table = {}
     for gap_ms in config.cold_gaps_ms:
         cold = run_benchmark(
-            max_procs=config.max_procs, sizes=config.sizes, ops=ops, reps=config.reps,
+            max_procs=config.max_procs, sizes=config.sizes, ops=ops, reps=cold_reps(gap_ms, config),
             calls_per_rep=config.calls_per_rep, warmup=config.warmup, timeout_s=config.timeout_s,
             compute_between_s=gap_ms / 1e3,
         )  # fmt: skip

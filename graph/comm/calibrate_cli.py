@@ -97,7 +97,8 @@ def calibrate_command(
         str,
         typer.Option(
             help="Comma-separated compute gaps (ms) after which collectives are also timed, giving the "
-            "spec's cold_call table (e.g. 0.5,1,2,4)."
+            "spec's cold_call table (e.g. 0.5,1,2,4,16,64); reach the longest compute before one of the "
+            "job's collectives (a gradient all-reduce comes after the whole backward)."
         ),
     ] = "",
     table: Annotated[
