@@ -50,6 +50,7 @@ results: install
 	$(RECORD) capture_cost -- $(BIN)/python benchmarks/capture_cost.py --repeats 3
 	$(RECORD) gpu_trace_timeline -- $(BIN)/python benchmarks/gpu_trace_timeline.py
 	$(RECORD) gloo_rhythm -- $(BIN)/python benchmarks/gloo_rhythm.py
+	$(RECORD) cold_gaps -- $(BIN)/python benchmarks/cold_gaps.py --rounds 3
 	$(RECORD) fidelity -- $(BIN)/python benchmarks/fidelity.py --repeats 5 --warmup 16 --paced --recalibrate \
 	    --calibrate-into benchmarks/results/fidelity-spec.toml --calibrate-reps 100 --calibrate-cold-gaps-ms 0.5,1,2,4,16,64 \
 	    --json benchmarks/results/fidelity.json --work-dir $$(mktemp -d)/fidelity
