@@ -60,21 +60,23 @@ def own_phases_ms(own_ns: Mapping[str, float], iteration_ns: float, collective_n
     return out
 
 
-def measured_phases_ms(
-    result: RankResult, warmup: int, iteration_ns: float, skip: int = 0
-) -> dict[str, float] | None:
-    """``own_phases_ms`` of a rank that ran (for real, or replayed): its own time and its time in
-    collectives, medians over the clean unprofiled iterations (less the first ``skip``: a
-    program's replay co-simulates from its steady iteration on); None where it recorded neither."""
+def measured_phases_ms(result: RankResult, warmup: int, skip: int = 0) -> dict[str, float] | None:
+    """``own_phases_ms`` of a rank that ran (for real, or replayed), phase by phase the median over
+    its clean unprofiled iterations (less the first ``skip``: a program's replay co-simulates from
+    its steady iteration on) of that phase's time in each iteration: its own time by block kind,
+    its time in collectives and ``BUBBLE``, the rest of that iteration (waits for point-to-point
+    transfers; nothing on a rank without them). The rows add up to each iteration; their medians
+    need not add up to the median iteration, which a part's right tail moves (docs/fidelity.md).
+    None where it recorded neither."""
     if not result.phase_ns or not result.collective_ns:
         return None
+    iterations = clean_unprofiled(result.iteration_ns, warmup)[skip:]
     phase_ns = clean_unprofiled(result.phase_ns, warmup)[skip:]
     collective_ns = clean_unprofiled(result.collective_ns, warmup)[skip:]
-    if not phase_ns:
+    if not phase_ns or not len(iterations) == len(phase_ns) == len(collective_ns):
         return None
-    kinds = {kind for p in phase_ns for kind in p}
-    own = {kind: float(statistics.median(p.get(kind, 0) for p in phase_ns)) for kind in kinds}
-    return own_phases_ms(own, iteration_ns, statistics.median(collective_ns))
+    each = [own_phases_ms(p, t, c) for t, p, c in zip(iterations, phase_ns, collective_ns, strict=True)]
+    return {phase: float(statistics.median(e[phase] for e in each)) for phase in PHASES}
 
 
 BLOCK_PHASES = (*PHASE_NAMES.values(), "other")

@@ -139,7 +139,7 @@ def measure_real(config: GPTConfig, settings: RunSettings, out: Path) -> dict[in
         steady = _steady_ns(manifest, rank)
         runs[rank] = RankRun(
             iter_ns=steady,
-            own_ms=measured_phases_ms(result, settings.warmup, steady),
+            own_ms=measured_phases_ms(result, settings.warmup),
             peak_bytes=static_bytes(config, config.layout.stage(rank)) + mem.peak_delta_bytes,
             parts_ms=decompose(normalize_rank(out, rank)),
             profiled_ns=_profiled_ns(manifest, rank),
@@ -310,6 +310,6 @@ def replayed_run(report: RankReport, static: int, replay_dir: Path, warmup: int)
         parts_ms={},
         dynamic_bytes=int(report.measured_peak_bytes) - static,
         phases_ms={p.phase: (p.measured_ms, p.predicted_ms) for p in report.phases},
-        own_ms=measured_phases_ms(result, warmup, wall_ns, skip),
+        own_ms=measured_phases_ms(result, warmup, skip),
         blocks_ms=measured_blocks_ms(result.block_ns, warmup, wall_ns, skip),
     )
