@@ -67,8 +67,10 @@ def _check_record(record: dict) -> None:
     assert set(record) == set(types)
     phases = record["phase_err"]
     assert set(phases) == set(PHASES)
-    for side, total in (("measured_ms", "real_iter_ms"), ("predicted_ms", "pred_iter_ms")):
-        assert sum(p[side] for p in phases.values()) == pytest.approx(record[total], rel=0.02)
+    # The simulated phases add up to its iteration; the real ones, each the median of its
+    # per-iteration time, to every iteration, so to about the median one (a part's tail moves it).
+    for side, total, within in (("measured_ms", "real_iter_ms", 0.1), ("predicted_ms", "pred_iter_ms", 0.02)):
+        assert sum(p[side] for p in phases.values()) == pytest.approx(record[total], rel=within)
         assert phases["forward"][side] > 0 and phases["backward"][side] > 0
         # A pipeline stage waits for its neighbour in transfers: the bubble, and no collective
         # (the last stage's is its wait for the first microbatch, 1-5 % of a tiny iteration; the
