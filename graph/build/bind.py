@@ -19,6 +19,7 @@ from prism.graph.build.templates import GROUP_AXIS
 from prism.graph.comm.placement import LayoutTables
 from prism.peers.comm_model import CommModel
 from prism.schemas import graph_format as gf
+from prism.schemas.layout import ParallelLayout
 
 # Collective ids: axis code in the top bits, then the group index, then the per-group sequence.
 AXIS_CODES = {"tp": 1, "dp": 2, "pp": 3, "world": 4}
@@ -27,6 +28,11 @@ _GROUP_SHIFT, _AXIS_SHIFT = 24, 56
 
 class BindError(ValueError):
     """A program that cannot be bound to the target layout."""
+
+
+def axis_size(layout: ParallelLayout, axis: str) -> int:
+    """Members of a collective group along ``axis`` (one of ``AXIS_CODES``)."""
+    return layout.world_size if axis == "world" else layout.degree(axis)
 
 
 def coll_id(axis_code: np.ndarray, group_index: np.ndarray, gseq: np.ndarray) -> np.ndarray:
@@ -119,7 +125,7 @@ def _group_columns(e: EncodedProgram, rank: np.ndarray, tables: LayoutTables) ->
         mask = is_coll & (axis_code == code)
         if mask.any():
             group_index[mask] = tables.group_index[axis][rank[mask]]
-            group_size[mask] = layout.world_size if axis == "world" else layout.degree(axis)
+            group_size[mask] = axis_size(layout, axis)
             spanned[mask] = tables.nodes_spanned[axis][rank[mask]]
     peer = np.where(p2p_dir != 0, rank + p2p_dir * layout.stride("pp"), gf.NONE)
     is_p2p = p2p_dir != 0

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from prism.graph.build.bind import AXIS_CODES, EncodedProgram
+from prism.graph.build.bind import AXIS_CODES, EncodedProgram, axis_size
 from prism.graph.build.compose import IDLE
 from prism.schemas.cluster import ClusterSpec
 from prism.schemas.layout import ParallelLayout
@@ -26,11 +26,7 @@ REACH_FACTOR = 2.0
 
 def longest_collective_gap_ns(stages: Iterable[EncodedProgram], layout: ParallelLayout) -> int:
     """The most compute any collective of ``stages`` over more than one rank comes after (0: none)."""
-    shared = [
-        code
-        for axis, code in AXIS_CODES.items()
-        if (layout.world_size if axis == "world" else layout.degree(axis)) > 1
-    ]
+    shared = [code for axis, code in AXIS_CODES.items() if axis_size(layout, axis) > 1]
     longest = 0
     for e in stages:
         collective = e.columns["is_coll"] & np.isin(e.columns["axis_code"], shared)
