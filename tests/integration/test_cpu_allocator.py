@@ -19,9 +19,11 @@ PROGRAM = textwrap.dedent(
         assert count_frees_on_every_thread()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
         held = [torch.empty(1 << 20, dtype=torch.uint8)]
-        threading.Thread(target=held.clear).start()  # the block's last reference dies on that thread
-        while held:
-            pass
+        # The block's last reference dies on that thread. Join, not poll: list.clear() empties the
+        # list before it drops the references, so an empty list does not mean the block is freed.
+        freer = threading.Thread(target=held.clear)
+        freer.start()
+        freer.join()
         later = torch.empty(4096, dtype=torch.uint8)
     prof.export_chrome_trace(sys.argv[1])
     """
