@@ -97,18 +97,19 @@ def block_phases_ms(wall_ns: Mapping[str, float], iteration_ns: float) -> dict[s
 
 
 def measured_blocks_ms(
-    block_ns: Sequence[Mapping[str, int]], warmup: int, iteration_ns: float, skip: int = 0
+    block_ns: Sequence[Mapping[str, int]], iteration_ns: Sequence[int], warmup: int, skip: int = 0
 ) -> dict[str, float] | None:
     """``block_phases_ms`` of a rank that ran (for real, or replayed) from its blocks' wall times
-    (``RankResult.block_ns``, ``TimedRun.block_ns``), medians over the clean unprofiled
-    iterations less the first ``skip``; None where it recorded none."""
-    clean = clean_unprofiled(list(block_ns), warmup)[skip:] if block_ns else []
-    if not clean:
+    (``RankResult.block_ns``, ``TimedRun.block_ns``) and its iterations' (``iteration_ns``), part
+    by part the median over its clean unprofiled iterations (less the first ``skip``) of that
+    part's time in each iteration. The rows add up to each iteration; their medians need not add
+    up to the median iteration (``measured_phases_ms``). None where it recorded no blocks."""
+    blocks = clean_unprofiled(list(block_ns), warmup)[skip:] if block_ns else []
+    iterations = clean_unprofiled(list(iteration_ns), warmup)[skip:]
+    if not blocks or len(blocks) != len(iterations):
         return None
-    kinds = {kind for b in clean for kind in b}
-    return block_phases_ms(
-        {k: float(statistics.median(b.get(k, 0) for b in clean)) for k in kinds}, iteration_ns
-    )
+    each = [block_phases_ms(b, t) for b, t in zip(blocks, iterations, strict=True)]
+    return {part: float(statistics.median(e[part] for e in each)) for part in BLOCK_PHASES}
 
 
 def graph_own_ns(graph_path: Path, rank: int) -> dict[str, float]:

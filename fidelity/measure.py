@@ -311,5 +311,5 @@ def replayed_run(report: RankReport, static: int, replay_dir: Path, warmup: int)
         dynamic_bytes=int(report.measured_peak_bytes) - static,
         phases_ms={p.phase: (p.measured_ms, p.predicted_ms) for p in report.phases},
         own_ms=measured_phases_ms(result, warmup, skip),
-        blocks_ms=measured_blocks_ms(result.block_ns, warmup, wall_ns, skip),
+        blocks_ms=measured_blocks_ms(result.block_ns, result.iteration_ns, warmup, skip),
     )

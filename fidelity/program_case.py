@@ -120,7 +120,7 @@ def measure_real_program(
             parts_ms={},
             dynamic_bytes=memory.peak_delta_bytes,
             drift_bytes=memory.drift_bytes,
-            blocks_ms=measured_blocks_ms(timed.block_ns, settings.warmup, float(steady)),
+            blocks_ms=measured_blocks_ms(timed.block_ns, timed.iteration_ns, settings.warmup),
         )
         clean_marks = clean_unprofiled(timed.marks_ns, settings.warmup)
         hooks[rank] = (

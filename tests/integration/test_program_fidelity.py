@@ -42,12 +42,14 @@ def test_a_program_is_compared_with_its_own_torchrun_run(tmp_path: Path, program
         # iteration began plus what the iteration allocates at its peak (to the byte, so far).
         assert abs(record["mem_err_pct"]) < 0.1, record
         # The real run, the simulation and the replay split the iteration by block alike: the
-        # parts (forward, backward, optimizer, other) add up to each side's iteration.
+        # parts (forward, backward, optimizer, other) add up to each iteration, so their medians
+        # to about the median iteration (a part's right tail moves the whole's median), and the
+        # simulation's to its iteration exactly.
         blocks = record["block_err"]
         assert set(blocks) == {"forward", "backward", "optimizer", "other"}
         assert blocks["forward"]["measured_ms"] > 0 and blocks["backward"]["predicted_ms"] > 0
         assert sum(p["measured_ms"] for p in blocks.values()) == pytest.approx(
-            record["real_iter_ms"], abs=0.01
+            record["real_iter_ms"], rel=0.1
         )
         assert sum(p["predicted_ms"] for p in blocks.values()) == pytest.approx(
             record["pred_iter_ms"], abs=0.01

@@ -106,11 +106,20 @@ def test_a_programs_blocks_add_up_to_the_iteration_and_show_where_a_total_is_off
 
     # Warm-up 4: iterations 1 and 2 are the clean ones; a transfer block ('send_fwd') is 'other'.
     block_ns = [{"bwd": 1}] + [{"fwd": 20e6, "bwd": 60e6, "optim": 5e6, "send_fwd": 2e6}] * 3
-    real = measured_blocks_ms(block_ns, warmup=4, iteration_ns=100e6)
+    iteration_ns = [2] + [100e6] * 3
+    real = measured_blocks_ms(block_ns, iteration_ns, warmup=4)
     assert set(real) == set(BLOCK_PHASES)
     assert real == pytest.approx({"forward": 20, "backward": 60, "optimizer": 5, "other": 15})
-    assert measured_blocks_ms([], warmup=4, iteration_ns=100e6) is None
-    assert measured_blocks_ms(block_ns, warmup=4, iteration_ns=100e6, skip=2) is None
+    assert measured_blocks_ms([], iteration_ns, warmup=4) is None
+    assert measured_blocks_ms(block_ns, iteration_ns, warmup=4, skip=2) is None
+
+    # Each part is the median of its time in each iteration: 'other' is 10 ms in every clean
+    # iteration, not the 20 ms the median iteration (100) less the blocks' medians (20 + 60) makes.
+    forward, backward = [20e6, 30e6, 20e6], [60e6, 60e6, 70e6]
+    block_ns = [{}] + [{"fwd": f, "bwd": b} for f, b in zip(forward, backward, strict=True)] + [{}]
+    iteration_ns = [1] + [f + b + 10e6 for f, b in zip(forward, backward, strict=True)] + [1]
+    real = measured_blocks_ms(block_ns, iteration_ns, warmup=5)
+    assert real == pytest.approx({"forward": 20, "backward": 60, "optimizer": 0, "other": 10})
 
     # A replay right in total whose backward (a DDP bucket's all-reduce inside it) is 50 % long.
     pred = block_phases_ms({"fwd": 20e6, "bwd": 90e6, "optim": 5e6}, 100e6)
