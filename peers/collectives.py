@@ -32,8 +32,14 @@ from prism.peers.recorder import CommOp
 _REDUCE_NAMES = {op: name.lower() for name, op in dist.ReduceOp.RedOpType.__members__.items()}
 
 
+_SUM = dist.ReduceOp.SUM
+
+
 def _reduce_name(opts) -> str:
-    return _REDUCE_NAMES[opts.reduceOp.op]
+    op = opts.reduceOp
+    # Most reductions are sums: one comparison, where the table's key (the op's enum, hashed by
+    # pybind) costs a µs or more on every call.
+    return "sum" if op == _SUM else _REDUCE_NAMES[op.op]
 
 
 class CollectivesMixin:

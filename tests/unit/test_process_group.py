@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import threading
@@ -18,10 +19,11 @@ from torch.profiler import ProfilerActivity, profile
 from prism.peers.backend import BACKEND_NAME, VirtualWorld, activate, current_comm_log
 from prism.peers.clock import CommClock, Completion, FreeRunningClock, ImmediateClock, PendingCall
 from prism.peers.host_work import HostWork
-from prism.peers.process_group import GroupMode, ProcessGroupPrism
+from prism.peers.process_group import GroupMode, ProcessGroupPrism, _pending
+from prism.peers.recorder import CommRecorder
 from prism.peers.standin import standin_values
 from prism.schemas.annotations import Phase, group_label, try_parse_mark
-from prism.schemas.comm_log import CommCall, HeldTime, read_comm_log, write_comm_log
+from prism.schemas.comm_log import CallSite, CommCall, HeldTime, read_comm_log, write_comm_log
 from prism.schemas.layout import ParallelLayout
 
 LAYOUT = ParallelLayout(tp=2, pp=2, dp=2)  # rank 5: tp 1, dp 0, pp 1
@@ -508,6 +510,28 @@ def test_profiler_trace_has_comm_marks_and_distributed_info(world: None, tmp_pat
         (Phase.COMM, "broadcast", "world", 0, 8),
         (Phase.COMM, "send", "world", 1, 32),
     ]
+
+
+def test_a_call_is_marked_only_while_a_profiler_records(world: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    opened: list[str] = []
+    real = torch.profiler.record_function
+    monkeypatch.setattr(torch.profiler, "record_function", lambda name: opened.append(name) or real(name))
+    dist.all_reduce(torch.ones(4))
+    assert opened == []  # unprofiled, nothing would record the mark: it would cost µs a call for nothing
+    with profile(activities=[ProfilerActivity.CPU]):
+        dist.all_reduce(torch.ones(4))
+    assert len(opened) == 1 and try_parse_mark(opened[0]).op == "all_reduce"
+
+
+def test_a_pending_call_carries_every_field_of_its_call_site() -> None:
+    record = CommRecorder(rank=0, world_size=8).begin(
+        op="send", group="3", label="pp.0", group_size=8, gseq=5, bytes=64, dtype="float32", shape=(16,),
+        peer=4, tag=7, reduce_op=None, async_op=True, delegated=False,
+    )  # fmt: skip
+    pending = _pending(record)
+    assert {f.name: getattr(pending, f.name) for f in dataclasses.fields(CallSite)} == {
+        f.name: getattr(record, f.name) for f in dataclasses.fields(CallSite)
+    }
 
 
 def test_a_virtual_collective_hands_its_host_work_over_with_its_modelled_end(
