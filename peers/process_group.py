@@ -12,9 +12,10 @@ One process is one real rank of a world of N. For each group it joins, the group
   just those two (made when the group is, as both must make it), so real data flows between
   real ranks, and the clock is told of it.
 
-Every call is logged (``prism.peers.recorder``) and runs inside a ``prism:comm`` mark so that it
-shows in Kineto traces: a Python process group bypasses the c10d dispatcher, so no ``c10d::*`` op
-would appear otherwise. The entry points are in ``prism.peers.collectives`` and ``.p2p``.
+Every call is logged (``prism.peers.recorder``), and while a profiler records it runs inside a
+``prism:comm`` mark so that it shows in Kineto traces: a Python process group bypasses the c10d
+dispatcher, so no ``c10d::*`` op would appear otherwise (unprofiled, a mark would cost each call
+µs that no trace keeps). The entry points are in ``prism.peers.collectives`` and ``.p2p``.
 """
 
 from __future__ import annotations
