@@ -12,10 +12,9 @@ One process is one real rank of a world of N. For each group it joins, the group
   just those two (made when the group is, as both must make it), so real data flows between
   real ranks, and the clock is told of it.
 
-Every call is logged (``prism.peers.recorder``), and while a profiler records it runs inside a
-``prism:comm`` mark so that it shows in Kineto traces: a Python process group bypasses the c10d
-dispatcher, so no ``c10d::*`` op would appear otherwise (unprofiled, a mark would cost each call
-µs that no trace keeps). The entry points are in ``prism.peers.collectives`` and ``.p2p``.
+Every call is logged (``prism.peers.recorder``) and runs inside a ``prism:comm`` mark so that it
+shows in Kineto traces: a Python process group bypasses the c10d dispatcher, so no ``c10d::*`` op
+would appear otherwise. The entry points are in ``prism.peers.collectives`` and ``.p2p``.
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ from functools import partial
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
-from torch.autograd import _profiler_enabled
 
 from prism.peers.clock import CommClock, PendingCall
 from prism.peers.collectives import CollectivesMixin
@@ -200,13 +198,13 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
             async_op=async_op,
             delegated=on_real,
         )
-        serve = partial(self._serve, record, payload, virtual, real, pair, device, after_real)
-        if _profiler_enabled():  # a mark for the trace; unprofiled, nothing records one (µs a call)
-            mark = Mark(phase=Phase.COMM, op=op.value, group=self._group.label, gseq=gseq, bytes=nbytes)
-            with torch.profiler.record_function(format_mark(mark)):
-                work = serve()
-        else:
-            work = serve()
+        # Marked in every iteration, profiled or not. Unmarked, a virtual collective returns about
+        # 4.5 µs sooner, and what the process does while the call's host work starts (1.5 ms
+        # after a 2.7 MB all-reduce on the 2-vCPU VM) moves out of the call into the program's
+        # own time, which the graph keeps: dp simulations came out 12-15 % long.
+        mark = Mark(phase=Phase.COMM, op=op.value, group=self._group.label, gseq=gseq, bytes=nbytes)
+        with torch.profiler.record_function(format_mark(mark)):
+            work = self._serve(record, payload, virtual, real, pair, device, after_real)
         record.exit_ns = time.time_ns()
         self._recorder.commit(record)
         if self._coalesced is not None and work is not None:
