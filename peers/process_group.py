@@ -19,6 +19,7 @@ would appear otherwise. The entry points are in ``prism.peers.collectives`` and 
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import itertools
 import time
@@ -39,7 +40,7 @@ from prism.peers.received_values import ReceivedValues
 from prism.peers.recorder import CallRecord, CommOp, CommRecorder, describe_payload
 from prism.peers.virtual_work import VirtualCompletion, VirtualWork, arm_timeout
 from prism.schemas.annotations import Mark, Phase, format_mark
-from prism.schemas.comm_log import CommGroup
+from prism.schemas.comm_log import CallSite, CommGroup
 
 BACKEND_NAME = "prism"
 _CPU = torch.device("cpu")
@@ -204,38 +205,27 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
         # own time, which the graph keeps: dp simulations came out 12-15 % long.
         mark = Mark(phase=Phase.COMM, op=op.value, group=self._group.label, gseq=gseq, bytes=nbytes)
         with torch.profiler.record_function(format_mark(mark)):
-            work = self._serve(record, payload, virtual, real, pair, device, after_real)
+            if not on_real:
+                work = self._virtual_work(record, virtual())
+            else:
+                target = device or (payload[0].device if payload else _CPU)
+                if pair is None:
+                    issue = partial(real, self._delegate(target))
+                else:  # the peer's rank in the pair backend: 0 for the lower global rank
+                    issue = partial(real, pair, to=int(self._global(self._rank) < peer))
+                finished = self._clock.real_call(_pending(record))
+                on_done = record.finish if finished is None else partial(_finish_and_tell, record, finished)
+                if after_real is not None:
+                    on_done = partial(_both, after_real, on_done)
+                if target.type == "cpu":  # gloo: the program's thread makes the last free
+                    work = CallerReleasesWork.issue(list(payload), issue, on_done, record.asked)
+                else:
+                    work = track_completion(issue(), on_done)
         record.exit_ns = time.time_ns()
         self._recorder.commit(record)
         if self._coalesced is not None and work is not None:
             self._coalesced.append(work)
         return work
-
-    def _serve(
-        self,
-        record: CallRecord,
-        payload: Sequence[torch.Tensor],
-        virtual: Callable[[], object],
-        real: Callable[[dist.Backend], dist.Work],
-        pair: dist.Backend | None,
-        device: torch.device | None,
-        after_real: Callable[[], None] | None,
-    ) -> dist.Work:
-        """The call served: virtually, or on the real backend (the whole group's, or ``pair``)."""
-        if not record.delegated:
-            return self._virtual_work(record, virtual())
-        target = device or (payload[0].device if payload else _CPU)
-        if pair is None:
-            issue = partial(real, self._delegate(target))
-        else:  # the peer's rank in the pair backend: 0 for the lower global rank
-            issue = partial(real, pair, to=int(self._global(self._rank) < record.peer))
-        finished = self._clock.real_call(_pending(record))
-        on_done = record.finish if finished is None else partial(_finish_and_tell, record, finished)
-        if after_real is not None:
-            on_done = partial(_both, after_real, on_done)
-        if target.type == "cpu":  # gloo: the program's thread makes the last free
-            return CallerReleasesWork.issue(list(payload), issue, on_done, record.asked)
-        return track_completion(issue(), on_done)
 
     def _virtual_work(self, record: CallRecord, result: object) -> dist.Work:
         future = torch.futures.Future()
@@ -325,11 +315,11 @@ def _run_eagerly(cls: type) -> type:
 ProcessGroupPrism = _run_eagerly(ProcessGroupPrism)
 
 
+_SITE_FIELDS = tuple(f.name for f in dataclasses.fields(CallSite))
+
+
 def _pending(record: CallRecord) -> PendingCall:
-    return PendingCall(
-        op=record.op, group=record.group, label=record.label, group_size=record.group_size, gseq=record.gseq,
-        bytes=record.bytes, peer=record.peer, async_op=record.async_op, enter_ns=record.enter_ns,
-    )  # fmt: skip
+    return PendingCall(**{name: getattr(record, name) for name in _SITE_FIELDS})
 
 
 def _both(first: Callable[[], None], then: Callable[[], None]) -> None:
