@@ -13,7 +13,16 @@ took more than ``--slow-post-ms``.
 
 A graph prices a transfer by the comm model and lets the program go on at once after posting
 it; a post that blocks in the real run is time neither the simulation nor a replay's virtual
-peers have. The two hooks are private functions of torch's pipelining schedules (torch 2.5-2.9).
+peers have. The two hooks are private functions of torch's pipelining schedules (torch 2.5-2.13).
+
+With ``--graph GRAPH`` (a graph of the same program at the same layout, ``prism-build-graph``),
+each rank's iteration is also cut at its waits: the program's own time before each wait (since
+the previous one returned), each wait, and the time after the last, real (medians over the
+iterations after the warm-up) beside the graph's simulation, where a wait is the time from
+reaching a ``prism:wait`` node to its end. The places add up to the iteration on both sides, so
+the table says where a simulated iteration's error sits: in a rank's own work between two waits,
+or in a wait (the other rank's work and the transfer). Waits with no post between them (one
+batch's works) count as one.
 """
 
 from __future__ import annotations
@@ -43,24 +52,31 @@ def probe(argv: list[str]) -> None:
     iterations: list[int] = []
     posts: list[tuple[int, int]] = []  # (iteration, ns)
     waits: list[tuple[int, int]] = []
-    began = [time.perf_counter_ns()]
+    spans: list[tuple[str, int, int]] = []  # ("post" | "wait", began, ended): perf_counter_ns
+    bounds: list[int] = [time.perf_counter_ns()]  # where each iteration ended (the first: the start)
     post, wait = schedules._batch_p2p, schedules._wait_batch_p2p
 
     def timed_post(ops, desc=None):
         t0 = time.perf_counter_ns()
         works = post(ops, desc)
-        posts.append((len(iterations), time.perf_counter_ns() - t0))
+        t1 = time.perf_counter_ns()
+        if ops:  # the schedules post and wait on empty batches too: nothing happens there
+            posts.append((len(iterations), t1 - t0))
+            spans.append(("post", t0, t1))
         return works
 
     def timed_wait(works) -> None:
         t0 = time.perf_counter_ns()
         wait(works)
-        waits.append((len(iterations), time.perf_counter_ns() - t0))
+        t1 = time.perf_counter_ns()
+        if works:
+            waits.append((len(iterations), t1 - t0))
+            spans.append(("wait", t0, t1))
 
     def step_ended(optimizer, args, kwargs) -> None:
         now = time.perf_counter_ns()
-        iterations.append(now - began[0])
-        began[0] = now
+        iterations.append(now - bounds[-1])
+        bounds.append(now)
 
     schedules._batch_p2p, schedules._wait_batch_p2p = timed_post, timed_wait
     register_optimizer_step_post_hook(step_ended)
@@ -70,7 +86,87 @@ def probe(argv: list[str]) -> None:
         runpy.run_path(argv[0], run_name="__main__")
     finally:
         out = Path(os.environ[PROBE_ENV]) / f"rank{os.environ['RANK']}.json"
-        out.write_text(json.dumps({"iterations": iterations, "posts": posts, "waits": waits}))
+        out.write_text(
+            json.dumps(
+                {"iterations": iterations, "posts": posts, "waits": waits, "spans": spans, "bounds": bounds}
+            )
+        )
+
+
+Span = tuple[str, int, int]  # ("post" | "wait", began, ended), ns
+
+
+def cut_at_waits(spans: list[Span], start: int, end: int) -> tuple[list[int], list[int]]:
+    """One iteration cut at its waits: the program's own time before each wait (since the wait
+    before it returned, or the iteration began) and after the last, and each wait's time (ns).
+    Waits with no post between them (one batch's works) are one wait."""
+    before, waits = [], []
+    at, merge = start, False
+    for kind, began, ended in sorted(spans, key=lambda s: s[1]):
+        if kind == "post":
+            merge = False
+            continue
+        if merge:
+            waits[-1] += ended - at
+        else:
+            before.append(began - at)
+            waits.append(ended - began)
+        at, merge = ended, True
+    return [*before, end - at], waits
+
+
+def real_cuts(data: dict, warmup: int) -> list[tuple[list[int], list[int]]]:
+    """``cut_at_waits`` of every iteration after the warm-up of a rank's probe file."""
+    bounds, spans = data["bounds"], [tuple(s) for s in data["spans"]]
+    return [
+        cut_at_waits([s for s in spans if start <= s[1] < end], start, end)
+        for start, end in zip(bounds[warmup:-1], bounds[warmup + 1 :], strict=True)
+    ]
+
+
+def simulated_cut(graph: Path, rank: int) -> tuple[list[int], list[int]]:
+    """``cut_at_waits`` of the rank's steady pass in the graph's simulation: a wait is the time from
+    when the program reached a ``prism:wait`` node to its end; a transfer's call marks a post."""
+    from prism.graph.export.trace import rank_trace
+
+    events = sorted(
+        (e for e in rank_trace(graph, rank)["traceEvents"] if e["ph"] == "X" and e["tid"] == 1),
+        key=lambda e: e["ts"],
+    )
+    start = reached = round(events[0]["ts"] * 1e3)
+    spans: list[Span] = []
+    for e in events:
+        began, ended = round(e["ts"] * 1e3), round((e["ts"] + e["dur"]) * 1e3)
+        if e["cat"] == "user_annotation":  # the call; its span is the transfer, not the program's
+            spans.append(("post", began, began))
+            continue
+        if e["name"] == "prism:wait":
+            spans.append(("wait", reached, ended))
+        reached = max(reached, ended)
+    return cut_at_waits(spans, start, reached)
+
+
+def segment_rows(
+    real: list[tuple[list[int], list[int]]], simulated: tuple[list[int], list[int]]
+) -> list[dict]:
+    """Per place in the iteration (the program's own time before wait k, wait k, ...), the real
+    median and the simulated time in ms; raises when the two cut the iteration differently."""
+    shapes = {(len(b), len(w)) for b, w in real}
+    if len(shapes) != 1:
+        raise SystemExit(f"the real iterations wait a different number of times: {sorted(shapes)}")
+    if shapes != {(len(simulated[0]), len(simulated[1]))}:
+        raise SystemExit(
+            f"the real run waits {len(real[0][1])} times an iteration, the simulation "
+            f"{len(simulated[1])} times: not the same program or layout"
+        )
+    rows = []
+    for k, sim_ns in enumerate(simulated[0]):
+        rows.append({"place": f"own time before wait {k}" if k < len(simulated[1]) else "own time after the last wait",
+                     "real_ms": statistics.median(b[k] for b, _ in real) / 1e6, "sim_ms": sim_ns / 1e6})  # fmt: skip
+        if k < len(simulated[1]):
+            rows.append({"place": f"wait {k}", "real_ms": statistics.median(w[k] for _, w in real) / 1e6,
+                         "sim_ms": simulated[1][k] / 1e6})  # fmt: skip
+    return rows
 
 
 def _per_iteration(events: list[list[int]], count: int) -> list[float]:
@@ -115,6 +211,10 @@ def main() -> None:
     parser.add_argument("--slow-post-ms", type=float, default=5.0)
     parser.add_argument("--timeout-s", type=float, default=600.0)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--graph", type=Path, help="a graph of the same program and layout: each rank's iteration cut at its "
+        "waits, real (medians) beside simulated"
+    )  # fmt: skip
     parser.add_argument("program", nargs=argparse.REMAINDER, help="-- train.py ARGS")
     args = parser.parse_args()
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
@@ -134,6 +234,10 @@ def main() -> None:
             r: summarize(Path(out) / f"rank{r}.json", args.warmup, args.slow_post_ms)
             for r in range(args.nproc)
         }
+        if args.graph is not None:
+            for r, summary in ranks.items():
+                cuts = real_cuts(json.loads((Path(out) / f"rank{r}.json").read_text()), args.warmup)
+                summary["segments"] = segment_rows(cuts, simulated_cut(args.graph, r))
     table = Table(
         title=f"{' '.join(program)}: the pipeline schedule's transfers in the real run (ms per iteration)"
     )
@@ -146,7 +250,22 @@ def main() -> None:
             f"{s['post_ms']:.2f} ({s['post_p90_ms']:.2f})", f"{s['longest_post_ms']:.2f}",
             f"{s['wait_ms']:.2f} ({s['wait_p90_ms']:.2f})", f"{s['slow_post_share']:.0%}",
         )  # fmt: skip
-    Console(width=160).print(table)
+    console = Console(width=160)
+    console.print(table)
+    for rank, s in ranks.items():
+        if "segments" not in s:
+            continue
+        cut = Table(
+            title=f"rank {rank}: the iteration cut at its waits, real (median) vs simulated ({args.graph}), ms"
+        )
+        for column in ("place", "real", "simulated", "simulated - real"):
+            cut.add_column(column, justify="right")
+        for row in s["segments"]:
+            cut.add_row(row["place"], f"{row['real_ms']:.2f}", f"{row['sim_ms']:.2f}",
+                        f"{row['sim_ms'] - row['real_ms']:+.2f}")  # fmt: skip
+        real_sum, sim_sum = (sum(row[k] for row in s["segments"]) for k in ("real_ms", "sim_ms"))
+        cut.add_row("sum", f"{real_sum:.2f}", f"{sim_sum:.2f}", f"{sim_sum - real_sum:+.2f}")
+        console.print(cut)
     if args.json:
         args.json.write_text(json.dumps({"program": program, "nproc": args.nproc, "ranks": ranks}, indent=1))
         print(f"wrote {args.json}")
