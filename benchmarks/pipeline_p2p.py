@@ -49,9 +49,6 @@ def probe(argv: list[str]) -> None:
     from torch.distributed.pipelining import schedules
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    iterations: list[int] = []
-    posts: list[tuple[int, int]] = []  # (iteration, ns)
-    waits: list[tuple[int, int]] = []
     spans: list[tuple[str, int, int]] = []  # ("post" | "wait", began, ended): perf_counter_ns
     bounds: list[int] = [time.perf_counter_ns()]  # where each iteration ended (the first: the start)
     post, wait = schedules._batch_p2p, schedules._wait_batch_p2p
@@ -59,24 +56,18 @@ def probe(argv: list[str]) -> None:
     def timed_post(ops, desc=None):
         t0 = time.perf_counter_ns()
         works = post(ops, desc)
-        t1 = time.perf_counter_ns()
         if ops:  # the schedules post and wait on empty batches too: nothing happens there
-            posts.append((len(iterations), t1 - t0))
-            spans.append(("post", t0, t1))
+            spans.append(("post", t0, time.perf_counter_ns()))
         return works
 
     def timed_wait(works) -> None:
         t0 = time.perf_counter_ns()
         wait(works)
-        t1 = time.perf_counter_ns()
         if works:
-            waits.append((len(iterations), t1 - t0))
-            spans.append(("wait", t0, t1))
+            spans.append(("wait", t0, time.perf_counter_ns()))
 
     def step_ended(optimizer, args, kwargs) -> None:
-        now = time.perf_counter_ns()
-        iterations.append(now - bounds[-1])
-        bounds.append(now)
+        bounds.append(time.perf_counter_ns())
 
     schedules._batch_p2p, schedules._wait_batch_p2p = timed_post, timed_wait
     register_optimizer_step_post_hook(step_ended)
@@ -86,11 +77,7 @@ def probe(argv: list[str]) -> None:
         runpy.run_path(argv[0], run_name="__main__")
     finally:
         out = Path(os.environ[PROBE_ENV]) / f"rank{os.environ['RANK']}.json"
-        out.write_text(
-            json.dumps(
-                {"iterations": iterations, "posts": posts, "waits": waits, "spans": spans, "bounds": bounds}
-            )
-        )
+        out.write_text(json.dumps({"spans": spans, "bounds": bounds}))
 
 
 Span = tuple[str, int, int]  # ("post" | "wait", began, ended), ns
@@ -115,13 +102,19 @@ def cut_at_waits(spans: list[Span], start: int, end: int) -> tuple[list[int], li
     return [*before, end - at], waits
 
 
-def real_cuts(data: dict, warmup: int) -> list[tuple[list[int], list[int]]]:
-    """``cut_at_waits`` of every iteration after the warm-up of a rank's probe file."""
+def iterations_of(data: dict) -> list[tuple[int, int, list[Span]]]:
+    """Every iteration of a rank's probe file: its start, its end, and the posts and waits that
+    began in it."""
     bounds, spans = data["bounds"], [tuple(s) for s in data["spans"]]
     return [
-        cut_at_waits([s for s in spans if start <= s[1] < end], start, end)
-        for start, end in zip(bounds[warmup:-1], bounds[warmup + 1 :], strict=True)
+        (start, end, [s for s in spans if start <= s[1] < end])
+        for start, end in zip(bounds[:-1], bounds[1:], strict=True)
     ]
+
+
+def real_cuts(data: dict, warmup: int) -> list[tuple[list[int], list[int]]]:
+    """``cut_at_waits`` of every iteration after the warm-up of a rank's probe file."""
+    return [cut_at_waits(spans, start, end) for start, end, spans in iterations_of(data)[warmup:]]
 
 
 def simulated_cut(graph: Path, rank: int) -> tuple[list[int], list[int]]:
@@ -169,27 +162,24 @@ def segment_rows(
     return rows
 
 
-def _per_iteration(events: list[list[int]], count: int) -> list[float]:
-    sums = [0] * count
-    for it, ns in events:
-        if it < count:
-            sums[it] += ns
-    return [s / 1e6 for s in sums]
-
-
 def _p90(values: list[float]) -> float:
     return statistics.quantiles(values, n=10)[-1] if len(values) > 1 else values[0]
 
 
 def summarize(rank_file: Path, warmup: int, slow_post_ms: float) -> dict:
-    data = json.loads(rank_file.read_text())
-    count = len(data["iterations"])
-    if count <= warmup:
-        raise SystemExit(f"{rank_file}: {count} iteration(s), not more than the {warmup} of warm-up")
-    keep = slice(warmup, count)
-    iters = [ns / 1e6 for ns in data["iterations"]][keep]
-    posts, waits = _per_iteration(data["posts"], count)[keep], _per_iteration(data["waits"], count)[keep]
-    longest = max((ns / 1e6 for it, ns in data["posts"] if warmup <= it < count), default=0.0)
+    iterations = iterations_of(json.loads(rank_file.read_text()))
+    if len(iterations) <= warmup:
+        raise SystemExit(
+            f"{rank_file}: {len(iterations)} iteration(s), not more than the {warmup} of warm-up"
+        )
+    kept = iterations[warmup:]
+
+    def ms(spans: list[Span], kind: str) -> list[float]:
+        return [(ended - began) / 1e6 for k, began, ended in spans if k == kind]
+
+    iters = [(end - start) / 1e6 for start, end, _ in kept]
+    posts, waits = ([sum(ms(spans, kind)) for *_, spans in kept] for kind in ("post", "wait"))
+    longest = max((p for *_, spans in kept for p in ms(spans, "post")), default=0.0)
     return {
         "iterations": len(iters),
         "iter_ms": statistics.median(iters), "iter_p90_ms": _p90(iters),

@@ -70,6 +70,6 @@ def test_a_graph_that_waits_otherwise_is_one_error(pipeline_p2p) -> None:
 
 def test_too_few_iterations_for_the_warm_up_is_one_error(pipeline_p2p, tmp_path: Path) -> None:
     rank_file = tmp_path / "rank0.json"
-    rank_file.write_text(json.dumps({"iterations": [1_000_000] * 3, "posts": [], "waits": []}))
+    rank_file.write_text(json.dumps({"bounds": [0, 1_000_000, 2_000_000, 3_000_000], "spans": []}))
     with pytest.raises(SystemExit, match="3 iteration"):
         pipeline_p2p.summarize(rank_file, warmup=3, slow_post_ms=5.0)
