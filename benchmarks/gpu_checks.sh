@@ -18,6 +18,9 @@
 #   from_traces   benchmarks/from_traces.py on both: each step recorded vs its graph's simulation
 #   gpu_tests     pytest tests/gpu (CUDA capture; a real NCCL pair where there are two GPUs; the
 #                 graph of a GPU trace recorded here reproduces its step within 1 %)
+#   stream_gate   benchmarks/gpu_stream_gate.py: how precisely the host can hold a CUDA stream for
+#                 a time it names (host functions, stream wait values), for virtual peers' calls
+#                 that end on the GPU's timeline
 #   gpt_*         the built-in GPT on CUDA: a slice of tp=2 pp=2 dp=4 captured with --device
 #                 cuda, its graph built and simulated, ranks 0 and 3 replayed on the GPU (one
 #                 after the other where the host has one GPU)
@@ -76,6 +79,7 @@ step trace_job 90 "$PY" benchmarks/gpu_trace_job.py --out "$OUT/traces"
 step trace_job_wide 90 "$PY" benchmarks/gpu_trace_job.py --out "$OUT/traces_wide" --hidden 4096 --layers 4 --batch 8 --seq 512
 step from_traces 90 "$PY" benchmarks/from_traces.py "$OUT/traces" "$OUT/traces_wide"
 step gpu_tests 180 "$PY" -m pytest -q -rs -p no:cacheprovider tests/gpu
+step stream_gate 90 "$PY" benchmarks/gpu_stream_gate.py --json "$OUT/stream_gate.json"
 
 GPT=(--layers 4 --hidden 256 --heads 4 --seq-len 128 --microbatches 4 --vocab 4096)
 step gpt_capture 120 bash -c 'cli "$@"' cli prism.capture.cli --device $DEVICE --tp 2 --pp 2 --dp 4 "${GPT[@]}" --warmup 5 --iterations 2 --overwrite -o "$OUT/gpt_cap"
