@@ -15,6 +15,7 @@ the program's line that made it, rather than hanging on peers that do not exist.
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 from collections.abc import Callable
 from datetime import timedelta
@@ -51,6 +52,13 @@ def _replace_everywhere(original: Callable, replacement: Callable) -> None:
         for name, value in list(vars(module).items()):
             if value is original:
                 setattr(module, name, replacement)
+
+
+def taken_by(function: Callable, **arguments: object) -> dict[str, object]:
+    """Those of ``arguments`` that ``function`` takes: older torch releases take fewer (2.11's
+    ``new_group`` has no ``sort_ranks``), and a program may run on any of them."""
+    parameters = inspect.signature(function).parameters
+    return {name: value for name, value in arguments.items() if name in parameters}
 
 
 def _unsupported(name: str, why: str) -> Callable:
@@ -131,11 +139,14 @@ def install(world: VirtualWorld, *, rank: int, world_size: int) -> None:
     ) -> dist.ProcessGroup:
         # The default group's backend is prism's: asking for none gives it.
         return original_new_group(
-            ranks=ranks,
-            timeout=timeout,
-            use_local_synchronization=use_local_synchronization,
-            group_desc=group_desc,
-            sort_ranks=sort_ranks,
+            **taken_by(
+                original_new_group,
+                ranks=ranks,
+                timeout=timeout,
+                use_local_synchronization=use_local_synchronization,
+                group_desc=group_desc,
+                sort_ranks=sort_ranks,
+            )
         )
 
     expected_rank, expected_world = rank, world_size
