@@ -36,7 +36,7 @@ import torch
 from numba import carray, cfunc, types
 
 HOLD_NS = 300_000  # the hold the host times once the stream reaches the gate
-_AHEAD_CYCLES = 400_000  # a kernel before each gate, so that the host reaches it first
+_AHEAD_CYCLES = 100_000_000  # a kernel before each gate (about 50 ms on an H200): the host stays ahead
 
 _libc = ctypes.CDLL(None)
 _clock_gettime = _libc.clock_gettime
@@ -74,6 +74,7 @@ def _loaded_library(stem: str, fallbacks: tuple[str, ...]) -> ctypes.CDLL:
 
 def _launch_host_fn() -> Callable[[int, int, int], int]:
     cudart = _loaded_library("libcudart", ("libcudart.so.13", "libcudart.so.12", "libcudart.so"))
+    cudart = ctypes.PyDLL(cudart._name)  # calls keep the GIL: no wait to get it back after each
     launch = cudart.cudaLaunchHostFunc
     launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     launch.restype = ctypes.c_int
@@ -87,6 +88,14 @@ def _seen_done(event: torch.cuda.Event, deadline_s: float = 2.0) -> int | None:
         if time.monotonic() > end:
             return None
     return time.time_ns()
+
+
+def _sleep_until_done(event: torch.cuda.Event, deadline_s: float = 2.0) -> None:
+    """Wait for ``event`` in short sleeps, which let go of the GIL (the stream's timing is the
+    figure here, not how soon this thread sees it)."""
+    end = time.monotonic() + deadline_s
+    while not event.query() and time.monotonic() < end:
+        time.sleep(20e-6)
 
 
 class _Busy:
@@ -120,23 +129,24 @@ def _summary(values_ns: list[float]) -> dict:
 
 
 def _gated(
-    samples: int,
-    gate: Callable[[], None],
-    held_ns: Callable[[], int],
-    unstick: Callable[[], None] = lambda: None,
+    samples: int, gate: Callable[[torch.cuda.Event], int], unstick: Callable[[], None] = lambda: None
 ) -> dict:
-    """Overshoot of ``samples`` gates: the stream's stop (events around the gate) minus the hold."""
+    """Overshoot of ``samples`` gates: the stream's stop (events around the gate) minus the hold.
+
+    ``gate(after)`` puts its gate on the stream, records ``after`` behind it, lets the gate go
+    where the host does that, and returns the hold it timed. A long kernel before each gate keeps
+    the host ahead of the GPU, so that the stream never waits for the host to enqueue the gate or
+    ``after`` (a busy thread can keep this one from the GIL for several switch intervals)."""
     overshoot = []
     for _ in range(samples):
         torch.cuda._sleep(_AHEAD_CYCLES)
         before, after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         before.record()
-        gate()
-        after.record()
+        held = gate(after)
         if _seen_done(after) is None:
             unstick()
             raise RuntimeError("the stream did not pass the gate within 2 s")
-        overshoot.append(before.elapsed_time(after) * 1e6 - held_ns())
+        overshoot.append(before.elapsed_time(after) * 1e6 - held)
     return _summary(overshoot)
 
 
@@ -153,12 +163,15 @@ def python_host_fn(samples: int) -> dict:
     callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(hold)  # alive while the stream may call it
     pointer = ctypes.cast(callback, ctypes.c_void_p)
 
-    def gate() -> None:
+    def gate(after: torch.cuda.Event) -> int:
         code = launch(stream.cuda_stream, pointer, None)
         if code:
             raise RuntimeError(f"cudaLaunchHostFunc returned {code}")
+        after.record()
+        _sleep_until_done(after)  # without the GIL, which the callback needs
+        return times[1] - times[0]
 
-    return _gated(samples, gate, lambda: times[1] - times[0])
+    return _gated(samples, gate)
 
 
 def compiled_host_fn(samples: int) -> dict:
@@ -166,16 +179,19 @@ def compiled_host_fn(samples: int) -> dict:
     slots = np.zeros(6, dtype=np.int64)
     slots[2] = HOLD_NS
 
-    def gate() -> None:
+    def gate(after: torch.cuda.Event) -> int:
         code = launch(stream.cuda_stream, _compiled_gate.address, slots.ctypes.data)
         if code:
             raise RuntimeError(f"cudaLaunchHostFunc returned {code}")
+        after.record()
+        _sleep_until_done(after)
+        return int(slots[1] - slots[0])
 
-    return _gated(samples, gate, lambda: int(slots[1] - slots[0]))
+    return _gated(samples, gate)
 
 
 def wait_value(samples: int) -> dict:
-    cuda = ctypes.CDLL("libcuda.so.1")
+    cuda = ctypes.PyDLL("libcuda.so.1")  # calls keep the GIL: no wait to get it back after each
     wait = cuda.cuStreamWaitValue32_v2
     wait.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
     wait.restype = ctypes.c_int
@@ -186,25 +202,25 @@ def wait_value(samples: int) -> dict:
     if code:
         raise RuntimeError(f"cuMemHostGetDevicePointer_v2 returned {code}")
     stream = torch.cuda.current_stream()
-    state = {"value": 0, "held": 0}
+    value = [0]
 
-    def gate() -> None:
-        state["value"] += 1
+    def gate(after: torch.cuda.Event) -> int:
+        value[0] += 1
         reached = torch.cuda.Event()
         reached.record()
-        code = wait(stream.cuda_stream, device_ptr.value, state["value"], 0)  # CU_STREAM_WAIT_VALUE_GEQ
+        code = wait(stream.cuda_stream, device_ptr.value, value[0], 0)  # CU_STREAM_WAIT_VALUE_GEQ
         if code:
             raise RuntimeError(f"cuStreamWaitValue32_v2 returned {code}")
-        seen = _seen_done(reached)
+        after.record()
+        seen = _seen_done(reached)  # the host learns of the arrival by polling, in Python
         if seen is None:
-            cell.value = 1 << 30  # let the stream go before giving up
             raise RuntimeError("the stream did not reach the gate within 2 s")
         while time.time_ns() < seen + HOLD_NS:
             pass
-        cell.value = state["value"]
-        state["held"] = time.time_ns() - seen
+        cell.value = value[0]
+        return time.time_ns() - seen
 
-    return _gated(samples, gate, lambda: state["held"], unstick=lambda: setattr(cell, "value", 1 << 30))
+    return _gated(samples, gate, unstick=lambda: setattr(cell, "value", 1 << 30))
 
 
 def sleep_kernel(samples: int) -> dict:
