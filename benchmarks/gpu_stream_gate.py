@@ -58,27 +58,38 @@ def _compiled_gate(user):  # slots: entered, left, hold, -, timespec (2 words)
     slots[1] = now
 
 
-def _loaded_library(stem: str, fallbacks: tuple[str, ...]) -> ctypes.CDLL:
-    """The copy of a CUDA library torch loaded, else the first of ``fallbacks`` that loads."""
+def _loaded_library(stem: str, fallbacks: tuple[str, ...]) -> ctypes.PyDLL:
+    """The copy of a CUDA library torch loaded, else the first of ``fallbacks`` that loads. Its
+    calls keep the GIL: the caller needs no wait to get it back after each."""
     for line in Path("/proc/self/maps").read_text().splitlines():
         path = line.split()[-1]
         if f"/{stem}" in path and ".so" in path:
-            return ctypes.CDLL(path)
+            return ctypes.PyDLL(path)
     for name in fallbacks:
         try:
-            return ctypes.CDLL(name)
+            return ctypes.PyDLL(name)
         except OSError:
             continue
     raise OSError(f"no {stem} found")
 
 
-def _launch_host_fn() -> Callable[[int, int, int], int]:
+def _host_fn_gated(samples: int, fn: int, user: int | None, held_ns: Callable[[], int]) -> dict:
+    """``_gated`` with ``cudaLaunchHostFunc(fn, user)`` as the gate; ``held_ns()``: the hold it timed."""
     cudart = _loaded_library("libcudart", ("libcudart.so.13", "libcudart.so.12", "libcudart.so"))
-    cudart = ctypes.PyDLL(cudart._name)  # calls keep the GIL: no wait to get it back after each
     launch = cudart.cudaLaunchHostFunc
     launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     launch.restype = ctypes.c_int
-    return launch
+    stream = torch.cuda.current_stream()
+
+    def gate(after: torch.cuda.Event) -> int:
+        code = launch(stream.cuda_stream, fn, user)
+        if code:
+            raise RuntimeError(f"cudaLaunchHostFunc returned {code}")
+        after.record()
+        _sleep_until_done(after)  # without the GIL, which a Python callback needs
+        return held_ns()
+
+    return _gated(samples, gate)
 
 
 def _seen_done(event: torch.cuda.Event, deadline_s: float = 2.0) -> int | None:
@@ -151,7 +162,6 @@ def _gated(
 
 
 def python_host_fn(samples: int) -> dict:
-    launch, stream = _launch_host_fn(), torch.cuda.current_stream()
     times = [0, 0]
 
     def hold(_user: int) -> None:  # on CUDA's callback thread, once the stream is there
@@ -161,33 +171,16 @@ def python_host_fn(samples: int) -> dict:
         times[1] = now
 
     callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(hold)  # alive while the stream may call it
-    pointer = ctypes.cast(callback, ctypes.c_void_p)
-
-    def gate(after: torch.cuda.Event) -> int:
-        code = launch(stream.cuda_stream, pointer, None)
-        if code:
-            raise RuntimeError(f"cudaLaunchHostFunc returned {code}")
-        after.record()
-        _sleep_until_done(after)  # without the GIL, which the callback needs
-        return times[1] - times[0]
-
-    return _gated(samples, gate)
+    pointer = ctypes.cast(callback, ctypes.c_void_p).value
+    return _host_fn_gated(samples, pointer, None, lambda: times[1] - times[0])
 
 
 def compiled_host_fn(samples: int) -> dict:
-    launch, stream = _launch_host_fn(), torch.cuda.current_stream()
     slots = np.zeros(6, dtype=np.int64)
     slots[2] = HOLD_NS
-
-    def gate(after: torch.cuda.Event) -> int:
-        code = launch(stream.cuda_stream, _compiled_gate.address, slots.ctypes.data)
-        if code:
-            raise RuntimeError(f"cudaLaunchHostFunc returned {code}")
-        after.record()
-        _sleep_until_done(after)
-        return int(slots[1] - slots[0])
-
-    return _gated(samples, gate)
+    return _host_fn_gated(
+        samples, _compiled_gate.address, slots.ctypes.data, lambda: int(slots[1] - slots[0])
+    )
 
 
 def wait_value(samples: int) -> dict:
@@ -254,21 +247,19 @@ def main() -> int:
     torch.zeros(1, device="cuda")
     result: dict = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
                     "hold_us": HOLD_NS / 1e3, "switch_interval_ms": sys.getswitchinterval() * 1e3}  # fmt: skip
-    try:
-        result["sleep_kernel"] = sleep_kernel(args.samples)
-    except Exception as error:
-        result["sleep_kernel"] = {"error": f"{type(error).__name__}: {error}"}
-    print("sleep_kernel", json.dumps(result["sleep_kernel"]), flush=True)
-    for way in (compiled_host_fn, python_host_fn, wait_value):
-        for busy in (False, True):
-            name = f"{way.__name__}_{'busy' if busy else 'idle'}"
-            try:
-                with _Busy(busy):
-                    result[name] = way(args.samples)
-            except Exception as error:  # each on its own: one that fails leaves the others
-                result[name] = {"error": f"{type(error).__name__}: {error}"}
-            torch.cuda.synchronize()
-            print(name, json.dumps(result[name]), flush=True)
+    ways = [("sleep_kernel", sleep_kernel, False)] + [
+        (f"{way.__name__}_{'busy' if busy else 'idle'}", way, busy)
+        for way in (compiled_host_fn, python_host_fn, wait_value)
+        for busy in (False, True)
+    ]
+    for name, way, busy in ways:
+        try:
+            with _Busy(busy):
+                result[name] = way(args.samples)
+        except Exception as error:  # each on its own: one that fails leaves the others
+            result[name] = {"error": f"{type(error).__name__}: {error}"}
+        torch.cuda.synchronize()
+        print(name, json.dumps(result[name]), flush=True)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
     return 0
