@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,12 +44,17 @@ def case_dir(work_dir: Path, label: str) -> Path:
     return work_dir / label.replace(" ", "_").replace("=", "")
 
 
-def _repeat_dir(settings: RunSettings, label: str, repeat: int) -> tempfile.TemporaryDirectory | Path:
+@contextmanager
+def repeat_dir(settings: RunSettings, label: str, repeat: int) -> Iterator[Path]:
+    """Where one repeat of a case runs: kept under ``--work-dir`` (``case_dir``), else a
+    temporary directory removed after it."""
     if settings.work_dir is None:
-        return tempfile.TemporaryDirectory(prefix="prism-fidelity-")
+        with tempfile.TemporaryDirectory(prefix="prism-fidelity-") as tmp:
+            yield Path(tmp)
+        return
     path = case_dir(settings.work_dir, label) / f"repeat{repeat}"
     path.mkdir(parents=True, exist_ok=False)
-    return path
+    yield path
 
 
 def run_case_detailed(
@@ -66,11 +72,9 @@ def run_case_detailed(
     label = case_label(config, captured)
     real, pred, paced, replayed, slices, latencies = [], [], [], [], [], []
     for repeat in range(repeats):
-        holder = _repeat_dir(settings, label, repeat)
-        root = Path(holder.name) if isinstance(holder, tempfile.TemporaryDirectory) else holder
-        step = f"[{label}] repeat {repeat + 1}/{repeats}:"
-        bracket = settings.replay and settings.bracket
-        try:
+        with repeat_dir(settings, label, repeat) as root:
+            step = f"[{label}] repeat {repeat + 1}/{repeats}:"
+            bracket = settings.replay and settings.bracket
             if not bracket:
                 say(f"{step} every rank real")
                 real.append(measure_real(config, settings, root / "real"))
@@ -93,9 +97,6 @@ def run_case_detailed(
                 say(f"{step} every rank real (after the replay)")
                 real.append(bracketed(before, measure_real(config, settings, root / "real_after")))
             latencies += capture_latencies(root / "real")
-        finally:
-            if isinstance(holder, tempfile.TemporaryDirectory):
-                holder.cleanup()
     return CaseResult(
         records=paired_records(label, real, pred)
         + paired_records(label, real, paced, "paced")

@@ -31,13 +31,13 @@ import shlex
 import statistics
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 from prism.capture.runner import CaptureOptions, RealMode, run_capture
+from prism.fidelity.case import repeat_dir
 from prism.fidelity.compare import paired_records
 from prism.fidelity.explain import block_phases_ms, measured_blocks_ms, sim_breakdown
 from prism.fidelity.measure import RankRun, RunSettings, beside_load, replayed_run
@@ -197,8 +197,7 @@ def run_program_case(
     say = progress or (lambda _: None)
     real, pred, replayed, hooks = [], [], [], []
     for repeat in range(repeats):
-        with tempfile.TemporaryDirectory(prefix="prism-fidelity-program-") as tmp:
-            root = Path(tmp) if settings.work_dir is None else settings.work_dir / f"repeat{repeat}"
+        with repeat_dir(settings, case.label, repeat) as root:
             step = f"[{case.label}] repeat {repeat + 1}/{repeats}:"
             say(f"{step} every rank real under torchrun")
             runs, hook = measure_real_program(case, settings, root / "real")

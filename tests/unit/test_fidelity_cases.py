@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from prism.fidelity import CaseError, captured_config, case_label, parse_case
+from prism.fidelity import CaseError, RunSettings, captured_config, case_label, parse_case
+from prism.fidelity.case import repeat_dir
 
 JOB = "tp=1 pp=2 dp=1 layers=8 hidden=64 heads=2 seq=16 mbs=1 microbatches=8"
 
@@ -52,3 +55,18 @@ def test_random_cases_are_valid_reproducible_and_vary():
     assert all(_case_gflop(c) <= MAX_CASE_GFLOP for c in configs)
     assert {c.dtype for c in configs} == {"float32", "bfloat16"}
     assert all(case_label(c) == text for c, text in zip(configs, cases, strict=True))
+
+
+def test_each_case_keeps_its_repeats_apart_under_one_work_dir(tmp_path: Path) -> None:
+    kept = RunSettings(work_dir=tmp_path)
+    roots = []
+    for label in ("examples/ddp.py --steps 40 (dp=2)", "examples/fsdp2.py --steps 40 (dp=2)"):
+        with repeat_dir(kept, label, 0) as root:
+            (root / "capture").mkdir()  # what a repeat writes
+            roots.append(root)
+    assert roots[0] != roots[1] and all(r.name == "repeat0" and (r / "capture").is_dir() for r in roots)
+    with pytest.raises(FileExistsError), repeat_dir(kept, "examples/ddp.py --steps 40 (dp=2)", 0):
+        pass  # a repeat never runs over an earlier one's files
+    with repeat_dir(RunSettings(), "any", 0) as temporary:
+        assert temporary.is_dir()
+    assert not temporary.exists()  # without a work dir nothing is kept
