@@ -39,7 +39,7 @@ from prism.peers.p2p import PointToPointMixin
 from prism.peers.received_values import ReceivedValues
 from prism.peers.recorder import CallRecord, CommOp, CommRecorder, describe_payload
 from prism.peers.virtual_work import VirtualCompletion, VirtualWork, arm_timeout
-from prism.schemas.annotations import Mark, Phase, format_mark
+from prism.schemas.annotations import comm_mark_name
 from prism.schemas.comm_log import CallSite, CommGroup
 
 BACKEND_NAME = "prism"
@@ -203,8 +203,7 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
         # 4.5 µs sooner, and what the process does while the call's host work starts (1.5 ms
         # after a 2.7 MB all-reduce on the 2-vCPU VM) moves out of the call into the program's
         # own time, which the graph keeps: dp simulations came out 12-15 % long.
-        mark = Mark(phase=Phase.COMM, op=op.value, group=self._group.label, gseq=gseq, bytes=nbytes)
-        with torch.profiler.record_function(format_mark(mark)):
+        with torch.profiler.record_function(comm_mark_name(op.value, self._group.label, gseq, nbytes)):
             if not on_real:
                 work = self._virtual_work(record, virtual())
             else:

@@ -13,6 +13,7 @@ from prism.schemas.annotations import (
     MarkError,
     Part,
     Phase,
+    comm_mark_name,
     format_mark,
     group_label,
     is_mark,
@@ -138,3 +139,22 @@ def test_group_label() -> None:
     assert group_label("dp", 0) == "dp.0"
     assert group_label("world", 0) == "world"
     assert parse_mark(format_mark(Mark(phase=Phase.COMM, group=group_label("pp", 5)))).group == "pp.5"
+
+
+@settings(max_examples=200)
+@given(
+    op=st.text(st.characters(exclude_characters="|="), min_size=1, max_size=12),
+    group=texts,
+    gseq=st.integers(min_value=0, max_value=10**9),
+    nbytes=st.integers(min_value=0, max_value=10**12),
+)
+def test_a_calls_mark_named_in_parts_is_the_mark_format_mark_writes(op, group, gseq, nbytes) -> None:
+    mark = Mark(phase=Phase.COMM, op=op, group=group, gseq=gseq, bytes=nbytes)
+    name = comm_mark_name(op, group, gseq, nbytes)
+    assert name == format_mark(mark)
+    assert parse_mark(name) == mark
+
+
+def test_a_calls_mark_refuses_what_the_grammar_refuses() -> None:
+    with pytest.raises(MarkError):
+        comm_mark_name("all_reduce", "tp|0", 0, 8)
