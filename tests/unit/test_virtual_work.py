@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from prism.peers.recorder import CallRecord
+from prism.peers.recorder import CommRecorder
 from prism.peers.scheduler import SCHEDULER
 from prism.peers.virtual_work import VirtualCompletion, VirtualWork
 
@@ -21,9 +21,11 @@ def virtual_call(*, async_op: bool = True) -> tuple[VirtualCompletion, VirtualWo
     future = torch.futures.Future()
     completed_on: list[threading.Thread] = []
     future.add_done_callback(lambda _: completed_on.append(threading.current_thread()))
-    completion = VirtualCompletion(
-        CallRecord(done_ns=0, wait_ns=0, first_wait_ns=0, async_op=async_op), future, [torch.zeros(4)]
-    )
+    record = CommRecorder(rank=0, world_size=2).begin(
+        op="all_reduce", group="0", label="dp.0", group_size=2, gseq=0, bytes=16, dtype="float32",
+        shape=(4,), async_op=async_op,
+    )  # fmt: skip
+    completion = VirtualCompletion(record, future, [torch.zeros(4)])
     return completion, VirtualWork(future, completion), completed_on
 
 
