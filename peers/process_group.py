@@ -200,9 +200,9 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
             delegated=on_real,
         )
         # Marked in every iteration, profiled or not. Unmarked, a virtual collective returns a few
-        # µs sooner (the record_function), and what the process does while the call's host work starts (1.5 ms
-        # after a 2.7 MB all-reduce on the 2-vCPU VM) moves out of the call into the program's
-        # own time, which the graph keeps: dp simulations came out 12-15 % long.
+        # µs sooner (the record_function), and what the process does while the call's host work
+        # starts (1.5 ms after a 2.7 MB all-reduce on the 2-vCPU VM) moves out of the call into
+        # the program's own time, which the graph keeps: dp simulations came out 12-15 % long.
         with torch.profiler.record_function(comm_mark_name(op.value, self._group.label, gseq, nbytes)):
             if not on_real:
                 work = self._virtual_work(record, virtual())
