@@ -17,6 +17,7 @@ part of a real CPU run that neither times.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import json
 import os
@@ -74,6 +75,12 @@ def _worker(way: str, args: argparse.Namespace, out: Path) -> None:
         steps.append((t1 - t0, t2 - t1, t3 - t2, t3 - t0))
     (out / f"{way}.rank{rank}.json").write_text(json.dumps(steps[SKIP:]))
     if distributed:
+        # Both ranks past their last exchange, and DDP's reducer (which holds the group) freed
+        # here rather than at interpreter exit: gloo's threads otherwise abort now and then as
+        # the process ends.
+        dist.barrier()
+        del model, optimizer
+        gc.collect()
         dist.destroy_process_group()
 
 
