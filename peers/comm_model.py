@@ -65,6 +65,9 @@ OPS: tuple[str, ...] = (
 )
 """Operation names of the comm log."""
 _CHAIN_OPS = ("all_gather", "reduce_scatter", "broadcast", "reduce")
+COLD_FLOOR = 0.5
+"""Least share of its back-to-back price a collective is priced at after compute (a negative
+``cold_call``); measured: 0.74 at the least (``benchmarks/results/cold_gaps_short.txt``)."""
 
 
 def op_class(op: str) -> str:
@@ -104,7 +107,8 @@ class CommModel:
 
         ``op`` is one name for all rows or an array of names; the work is vectorised per
         distinct op, never per row. ``idle_ns``, the compute each call's rank did since its
-        previous call, adds the spec's ``cold_call`` latency to collectives (not to p2p).
+        previous call, adds the spec's ``cold_call`` latency to collectives (not to p2p); a
+        negative one takes them down to ``COLD_FLOOR`` of their price at the least.
         """
         durations = self._durations_ns(op, bytes, group_size, nodes_spanned)
         if idle_ns is None or not self.spec.cold_call:
@@ -112,7 +116,10 @@ class CommModel:
         ops = np.broadcast_to(np.asarray(op), durations.shape)
         collective = (np.asarray(group_size) > 1) & ~np.isin(ops, list(P2P_OPS))
         extra = self.spec.cold_extra_s(np.asarray(idle_ns, dtype=np.float64) / 1e9)
-        return durations + np.where(collective, _to_ns(extra), 0)
+        # The table is one figure per gap over all sizes: a negative one never takes a call
+        # below a share of its back-to-back price.
+        cold = np.maximum(durations + _to_ns(extra), (durations * COLD_FLOOR).astype(np.int64))
+        return np.where(collective, cold, durations)
 
     def _durations_ns(self, op, bytes, group_size, nodes_spanned) -> np.ndarray:
         n, p, k = np.broadcast_arrays(

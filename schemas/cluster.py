@@ -13,7 +13,8 @@ names: bytes per second, seconds. Bandwidths are *per GPU, one direction*.
     [latency_factor]
     barrier = 1.0
     [cold_call]          # optional: extra latency of a collective after this many µs of compute
-    1000 = 0.0004
+    500 = -0.0001        # (negative: cheaper than back to back)
+    4000 = 0.0004
     [measured.all_reduce]  # optional: measured one-node times, group size -> [bytes, seconds]
     2 = [[512, 0.0017], [65536, 0.0012], [1048576, 0.0031]]
 """
@@ -102,9 +103,11 @@ class ClusterSpec:
     each virtual collective (``prism.peers.host_work``). Empty: calls cost the host nothing."""
     cold_call: Mapping[str, float] = field(default_factory=dict, hash=False)
     """Extra latency (s) of a collective by the compute (µs, integer keys) its rank did since
-    its previous call; interpolated linearly, 0 at 0 µs, constant past the last point. Empty:
-    calls cost the same however long the rank computed before them (``prism-calibrate
-    --cold-gaps-ms`` measures it; on a VM a call after a long compute pays a wake-up)."""
+    its previous call, over the same call back to back; interpolated linearly, 0 at 0 µs,
+    constant past the last point. Empty: calls cost the same however long the rank computed
+    before them (``prism-calibrate --cold-gaps-ms`` measures it; on a VM a call after a long
+    compute pays a wake-up, and a small one after 0.5-1 ms is cheaper than back to back, so
+    values may be negative)."""
     measured: Mapping[str, Mapping[int, Points]] = field(default_factory=dict, hash=False)
     """Measured durations of calls within one node: op class -> group size -> (bytes, seconds)
     points. Where a call's group sits on one node and its class and size are listed, the comm
@@ -259,10 +262,7 @@ def _check_cold_call(values: object) -> MappingProxyType[str, float]:
     for key, value in values.items():  # type: ignore[union-attr]
         if not str(key).isdigit():
             raise ClusterSpecError(f"cold_call keys are whole microseconds, got {key!r}")
-        number = _number(f"cold_call.{key}", value)
-        if number < 0:
-            raise ClusterSpecError(f"cold_call.{key} must be non-negative, got {number!r}")
-        checked[str(int(key))] = number
+        checked[str(int(key))] = _number(f"cold_call.{key}", value)
     return MappingProxyType(checked)
 
 

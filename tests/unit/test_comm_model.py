@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from prism.peers.comm_model import (
+    COLD_FLOOR,
     OPS,
     CommModel,
     layout_nodes_spanned,
@@ -257,7 +258,7 @@ GOOD = SPEC.to_toml()
         (GOOD.replace("gpus_per_node = 8\n", ""), "lacks required key"),
         (GOOD.replace("[latency_factor]", "[latency_factor]\nall_reduce = -1.0"), "non-negative"),
         (GOOD.replace("[cold_call]", "[cold_call]\nfast = 0.001"), "whole microseconds"),
-        (GOOD.replace("[cold_call]", "[cold_call]\n1000 = -0.001"), "non-negative"),
+        (GOOD.replace("[cold_call]", "[cold_call]\n1000 = inf"), "finite number"),
         (
             GOOD.replace("[bandwidth_efficiency]", "[bandwidth_efficiency]\nallreduce = 0.9"),
             "unknown op class",
@@ -284,6 +285,20 @@ def test_cold_calls_add_latency_to_collectives_by_the_compute_before_them() -> N
     assert extra.tolist() == [0, 600_000, 0, 0]  # p2p and a group of one pay nothing
     assert (model.durations_ns(ops, *args) == plain.durations_ns(ops, *args)).all()  # no idle given
     assert ClusterSpec.from_toml(spec.to_toml()) == spec
+
+
+def test_calls_after_a_short_compute_can_be_cheaper_but_never_below_the_floor() -> None:
+    """On a VM small calls after 0.5-1 ms of compute beat back-to-back ones: a negative extra."""
+    spec = replace(preset("h100-ib"), cold_call={"1000": -2e-4, "4000": 1e-4})
+    assert ClusterSpec.from_toml(spec.to_toml()) == spec
+    model, plain = CommModel(spec), CommModel(preset("h100-ib"))
+    ops = np.array(["all_reduce", "all_reduce", "send"])
+    args = (np.array([2**30, 512, 512]), np.array([8, 8, 2]), np.ones(3, np.int64))
+    idle = np.full(3, 1_000_000)
+    cold, warm = model.durations_ns(ops, *args, idle_ns=idle), plain.durations_ns(ops, *args)
+    assert warm[0] > 1_000_000 and cold[0] == warm[0] - 200_000  # a large call: the whole 0.2 ms off
+    assert warm[1] < 400_000 and cold[1] == int(warm[1] * COLD_FLOOR)  # a small one: down to the floor
+    assert cold[2] == warm[2]  # p2p: no cold price
 
 
 # -- measured points ---------------------------------------------------------------------------
