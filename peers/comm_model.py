@@ -111,13 +111,13 @@ class CommModel:
         negative one takes them down to ``COLD_FLOOR`` of their price at the least.
         """
         durations = self._durations_ns(op, bytes, group_size, nodes_spanned)
-        if idle_ns is None or not self.spec.cold_call:
+        if idle_ns is None or not self.spec.has_cold_calls:
             return durations
         ops = np.broadcast_to(np.asarray(op), durations.shape)
         collective = (np.asarray(group_size) > 1) & ~np.isin(ops, list(P2P_OPS))
-        extra = self.spec.cold_extra_s(np.asarray(idle_ns, dtype=np.float64) / 1e9)
-        # The table is one figure per gap over all sizes: a negative one never takes a call
-        # below a share of its back-to-back price.
+        extra = self.spec.cold_extra_s(np.asarray(idle_ns, dtype=np.float64) / 1e9, bytes)
+        # A noisy (or all-sizes) figure: a negative one never takes a call below a share of
+        # its back-to-back price.
         cold = np.maximum(durations + _to_ns(extra), (durations * COLD_FLOOR).astype(np.int64))
         return np.where(collective, cold, durations)
 

@@ -15,6 +15,8 @@ names: bytes per second, seconds. Bandwidths are *per GPU, one direction*.
     [cold_call]          # optional: extra latency of a collective after this many µs of compute
     500 = -0.0001        # (negative: cheaper than back to back)
     4000 = 0.0004
+    [cold_call_by_size.65536]  # optional: the same, measured at one call size (bytes)
+    500 = -0.0003
     [measured.all_reduce]  # optional: measured one-node times, group size -> [bytes, seconds]
     2 = [[512, 0.0017], [65536, 0.0012], [1048576, 0.0031]]
 """
@@ -108,6 +110,12 @@ class ClusterSpec:
     before them (``prism-calibrate --cold-gaps-ms`` measures it; on a VM a call after a long
     compute pays a wake-up, and a small one after 0.5-1 ms is cheaper than back to back, so
     values may be negative)."""
+    cold_call_by_size: Mapping[int, Mapping[str, float]] = field(default_factory=dict, hash=False)
+    """The ``cold_call`` table measured per call size: bytes -> (µs -> seconds). Where present, a
+    collective's extra latency is each size's table at its gap, interpolated linearly in
+    log(bytes) between the sizes and flat outside them, and ``cold_call`` is not used: a small
+    call after a short compute gains more than a large one (``prism-calibrate --cold-gaps-ms``
+    writes both)."""
     measured: Mapping[str, Mapping[int, Points]] = field(default_factory=dict, hash=False)
     """Measured durations of calls within one node: op class -> group size -> (bytes, seconds)
     points. Where a call's group sits on one node and its class and size are listed, the comm
@@ -121,16 +129,32 @@ class ClusterSpec:
     def cold_reach_s(self) -> float:
         """The longest compute gap the ``cold_call`` table was measured at (0 without one); past
         it the extra latency stays at that gap's."""
-        return max((int(k) * 1e-6 for k in self.cold_call), default=0.0)
+        tables = (self.cold_call, *self.cold_call_by_size.values())
+        return max((int(k) * 1e-6 for table in tables for k in table), default=0.0)
 
-    def cold_extra_s(self, idle_s):
-        """Extra latency of collectives after ``idle_s`` seconds of compute (numpy arrays welcome)."""
+    @property
+    def has_cold_calls(self) -> bool:
+        """Whether collectives are priced by the compute before them at all."""
+        return bool(self.cold_call or self.cold_call_by_size)
+
+    def cold_extra_s(self, idle_s, nbytes=None):
+        """Extra latency of collectives of ``nbytes`` (any size if None) after ``idle_s`` seconds of
+        compute (numpy arrays welcome, broadcast against each other)."""
+        idle = np.asarray(idle_s, dtype=np.float64)
+        if self.cold_call_by_size and nbytes is not None:
+            sizes = sorted(self.cold_call_by_size)
+            logs = np.log2(np.maximum(np.asarray(nbytes, dtype=np.float64), 1.0))
+            idle, logs = np.broadcast_arrays(idle, logs)
+            by_size = np.stack([_interp_gaps(self.cold_call_by_size[n], idle) for n in sizes])
+            where = np.interp(logs, np.log2(sizes), np.arange(len(sizes), dtype=np.float64))
+            low = np.floor(where).astype(np.int64)
+            high = np.minimum(low + 1, len(sizes) - 1)
+            below = np.take_along_axis(by_size, low[None], 0)[0]
+            above = np.take_along_axis(by_size, high[None], 0)[0]
+            return below + (where - low) * (above - below)
         if not self.cold_call:
-            return np.zeros_like(np.asarray(idle_s, dtype=np.float64))
-        points = sorted((int(k) * 1e-6, v) for k, v in self.cold_call.items())
-        gaps = np.array([0.0] + [g for g, _ in points if g > 0])
-        extra = np.array([0.0] + [v for g, v in points if g > 0])
-        return np.interp(np.asarray(idle_s, dtype=np.float64), gaps, extra)
+            return np.zeros_like(idle)
+        return _interp_gaps(self.cold_call, idle)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -147,7 +171,8 @@ class ClusterSpec:
             object.__setattr__(self, name, value)
         for table in _FACTOR_TABLES:
             object.__setattr__(self, table, _check_table(table, getattr(self, table)))
-        object.__setattr__(self, "cold_call", _check_cold_call(self.cold_call))
+        object.__setattr__(self, "cold_call", _check_cold_call("cold_call", self.cold_call))
+        object.__setattr__(self, "cold_call_by_size", _check_cold_by_size(self.cold_call_by_size))
         object.__setattr__(self, "measured", _check_measured(self.measured))
 
     def efficiency(self, op_class: str) -> float:
@@ -161,6 +186,7 @@ class ClusterSpec:
         out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
         for table in _TABLES:
             out[table] = dict(out[table])
+        out["cold_call_by_size"] = {str(n): dict(table) for n, table in self.cold_call_by_size.items()}
         out["measured"] = {
             cls: {str(p): [list(point) for point in points] for p, points in by_size.items()}
             for cls, by_size in self.measured.items()
@@ -180,11 +206,14 @@ class ClusterSpec:
 
     def to_toml(self) -> str:
         data = self.to_dict()
-        nested = (*_TABLES, "measured")
+        nested = (*_TABLES, "cold_call_by_size", "measured")
         lines = [f"{key} = {_toml_value(value)}" for key, value in data.items() if key not in nested]
         for table in _TABLES:
             lines += ["", f"[{table}]"]
             lines += [f"{key} = {_toml_value(value)}" for key, value in sorted(data[table].items())]
+        for n, table in data["cold_call_by_size"].items():
+            lines += ["", f"[cold_call_by_size.{n}]"]
+            lines += [f"{key} = {_toml_value(value)}" for key, value in sorted(table.items(), key=_by_int)]
         for cls, by_size in data["measured"].items():
             lines += ["", f"[measured.{cls}]"]
             for p, points in sorted(by_size.items(), key=lambda item: int(item[0])):
@@ -228,7 +257,19 @@ class ClusterSpec:
 
 
 def _required(name: str) -> bool:
-    return name not in ("base_latency_s", "notes", "measured", *_TABLES)
+    return name not in ("base_latency_s", "notes", "measured", "cold_call_by_size", *_TABLES)
+
+
+def _by_int(item: tuple[str, object]) -> int:
+    return int(item[0])
+
+
+def _interp_gaps(table: Mapping[str, float], idle_s: np.ndarray) -> np.ndarray:
+    """A cold table (µs -> s) at ``idle_s``: linear, 0 at 0 µs, flat past its last gap."""
+    points = sorted((int(k) * 1e-6, v) for k, v in table.items())
+    gaps = np.array([0.0] + [g for g, _ in points if g > 0])
+    extra = np.array([0.0] + [v for g, v in points if g > 0])
+    return np.interp(idle_s, gaps, extra)
 
 
 def _number(name: str, value: object) -> float:
@@ -255,15 +296,26 @@ def _check_table(table: str, values: object) -> MappingProxyType[str, float]:
     return MappingProxyType(checked)
 
 
-def _check_cold_call(values: object) -> MappingProxyType[str, float]:
+def _check_cold_call(where: str, values: object) -> MappingProxyType[str, float]:
     if not hasattr(values, "items"):
-        raise ClusterSpecError(f"cold_call must be a table of µs -> seconds, got {values!r}")
+        raise ClusterSpecError(f"{where} must be a table of µs -> seconds, got {values!r}")
     checked: dict[str, float] = {}
     for key, value in values.items():  # type: ignore[union-attr]
         if not str(key).isdigit():
-            raise ClusterSpecError(f"cold_call keys are whole microseconds, got {key!r}")
-        checked[str(int(key))] = _number(f"cold_call.{key}", value)
+            raise ClusterSpecError(f"{where} keys are whole microseconds, got {key!r}")
+        checked[str(int(key))] = _number(f"{where}.{key}", value)
     return MappingProxyType(checked)
+
+
+def _check_cold_by_size(values: object) -> MappingProxyType[int, MappingProxyType[str, float]]:
+    if not hasattr(values, "items"):
+        raise ClusterSpecError(f"cold_call_by_size must be a table of bytes -> cold table, got {values!r}")
+    checked = {}
+    for n, table in values.items():  # type: ignore[union-attr]
+        if not str(n).isdigit() or int(n) < 1:
+            raise ClusterSpecError(f"cold_call_by_size keys are call sizes in bytes (1 or more), got {n!r}")
+        checked[int(n)] = _check_cold_call(f"cold_call_by_size.{n}", table)
+    return MappingProxyType(dict(sorted(checked.items())))
 
 
 def _check_measured(values: object) -> MappingProxyType[str, MappingProxyType[int, Points]]:

@@ -348,22 +348,37 @@ def cold_reps(gap_ms: float, config: CalibrationConfig) -> int:
     return min(config.reps, max(MIN_COLD_REPS, within))
 
 
-def cold_call_table(spec: ClusterSpec, config: CalibrationConfig) -> dict[str, float]:
-    """Extra latency of collectives after each of ``config.cold_gaps_ms`` of compute, over ``spec``."""
+@dataclass(frozen=True)
+class ColdTables:
+    """Extra latency of collectives after each compute gap (µs -> s), over the back-to-back model."""
+
+    all_sizes: dict[str, float]
+    """Per gap, the median over every timed point (the spec's ``cold_call``)."""
+    by_size: dict[int, dict[str, float]]
+    """Per call size, per gap, the median over the ops timed at that size (``cold_call_by_size``)."""
+
+
+def cold_call_tables(spec: ClusterSpec, config: CalibrationConfig) -> ColdTables:
+    """Time collectives after each of ``config.cold_gaps_ms`` of compute; their extra over ``spec``."""
     model = CommModel(spec)
     ops = tuple(op for op in config.ops if op_class(op) != "p2p")
-    table = {}
+    all_sizes: dict[str, float] = {}
+    by_size: dict[int, dict[str, float]] = {}
     for gap_ms in config.cold_gaps_ms:
         cold = run_benchmark(
             max_procs=config.max_procs, sizes=config.sizes, ops=ops, reps=cold_reps(gap_ms, config),
             calls_per_rep=config.calls_per_rep, warmup=config.warmup, timeout_s=config.timeout_s,
             compute_between_s=gap_ms / 1e3,
         )  # fmt: skip
-        extra = [s.seconds - model.duration_ns(s.op, s.bytes, s.group_size, 1) / 1e9 for s in cold]
+        gap = str(round(gap_ms * 1000))
+        extra = [(s.bytes, s.seconds - model.duration_ns(s.op, s.bytes, s.group_size, 1) / 1e9) for s in cold]
         # Signed: small calls after 0.5-1 ms of compute are cheaper than back to back here
-        # (benchmarks/results/cold_gaps_short.txt), and tp's come after about that much.
-        table[str(round(gap_ms * 1000))] = statistics.median(extra) if extra else 0.0
-    return table
+        # (benchmarks/results/cold_gaps_short.txt), and tp's come after about that much; by size,
+        # because that gain is a small call's, not a 32 MiB one's.
+        all_sizes[gap] = statistics.median(v for _, v in extra) if extra else 0.0
+        for n in sorted({n for n, _ in extra}):
+            by_size.setdefault(n, {})[gap] = statistics.median(v for m, v in extra if m == n)
+    return ColdTables(all_sizes=all_sizes, by_size=by_size)
 
 
 def calibrate(config: CalibrationConfig) -> CalibrationResult:
@@ -404,11 +419,15 @@ def calibrate(config: CalibrationConfig) -> CalibrationResult:
             spec, host_ns_per_byte=host, notes=spec.notes + "; host work per byte of calls from 1 MiB"
         )
     if config.measured_table:
-        spec = replace(line, measured=measured_table(measured), notes=notes + "; measured table of its sizes")
+        spec = replace(
+            spec, measured=measured_table(measured), notes=spec.notes + "; measured table of its sizes"
+        )
     if config.cold_gaps_ms:
+        cold = cold_call_tables(spec, config)
         spec = replace(
             spec,
-            cold_call=cold_call_table(spec, config),
+            cold_call=cold.all_sizes,
+            cold_call_by_size=cold.by_size,
             notes=spec.notes
             + f"; cold collectives after {', '.join(f'{g:g}' for g in config.cold_gaps_ms)} ms",
         )

@@ -49,6 +49,8 @@ def test_quick_calibration_predicts_what_it_measured(tmp_path) -> None:
     assert result.median_rel_error < 0.5
     assert ClusterSpec.load(result.path) == result.spec
     assert result.spec.name == "local" and result.spec.gpus_per_node >= 2
+    # The measured table comes on top of the host work the 1 MiB calls measured, not instead.
+    assert result.spec.measured and result.spec.host_ns_per_byte["all_reduce"] > 0
     # The spec prices the timed points as timed, whatever the line's error.
     model = CommModel(result.spec)
     for c in result.checks:
@@ -115,7 +117,14 @@ def test_cold_gaps_give_the_spec_a_cold_call_table(tmp_path) -> None:
     spec = calibrate(config).spec
     assert not spec.measured  # the α-β line alone unless asked
     assert set(spec.cold_call) == {"500", "2000"} and all(math.isfinite(v) for v in spec.cold_call.values())
-    assert ClusterSpec.load(tmp_path / "local.toml").cold_call == spec.cold_call
+    # Per size too: one all-reduce a size, so each size's figure is its own point's extra.
+    assert set(spec.cold_call_by_size) == {4 * KiB, 8 * MiB}
+    assert all(set(table) == {"500", "2000"} for table in spec.cold_call_by_size.values())
+    for gap in ("500", "2000"):
+        figures = sorted(table[gap] for table in spec.cold_call_by_size.values())
+        assert spec.cold_call[gap] == pytest.approx(sum(figures) / 2)  # the median of two
+    loaded = ClusterSpec.load(tmp_path / "local.toml")
+    assert loaded.cold_call == spec.cold_call and loaded.cold_call_by_size == spec.cold_call_by_size
     assert "cold collectives after 0.5, 2 ms" in spec.notes
 
 

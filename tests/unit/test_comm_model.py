@@ -259,6 +259,11 @@ GOOD = SPEC.to_toml()
         (GOOD.replace("[latency_factor]", "[latency_factor]\nall_reduce = -1.0"), "non-negative"),
         (GOOD.replace("[cold_call]", "[cold_call]\nfast = 0.001"), "whole microseconds"),
         (GOOD.replace("[cold_call]", "[cold_call]\n1000 = inf"), "finite number"),
+        (GOOD + "\n[cold_call_by_size.small]\n500 = 0.001\n", "call sizes in bytes"),
+        (GOOD + "\n[cold_call_by_size.0]\n500 = 0.001\n", "call sizes in bytes"),
+        (GOOD + "\n[cold_call_by_size.512]\nhalf = 0.001\n", "whole microseconds"),
+        (GOOD + "\n[cold_call_by_size.512]\n500 = nan\n", "finite number"),
+        ("cold_call_by_size = 3\n" + GOOD, "bytes -> cold table"),
         (
             GOOD.replace("[bandwidth_efficiency]", "[bandwidth_efficiency]\nallreduce = 0.9"),
             "unknown op class",
@@ -362,3 +367,23 @@ def test_measured_table_round_trips_and_bad_tables_are_rejected() -> None:
     ]:
         with pytest.raises(ClusterSpecError, match=message):
             replace(SPEC, measured=table)
+
+
+def test_a_per_size_cold_table_prices_small_and_large_calls_apart() -> None:
+    """Measured per size, a call's extra is its size's (log-interpolated between sizes, flat
+    outside them), and the all-sizes figure is not used."""
+    by_size = {512: {"1000": -3e-4, "4000": 2e-4}, 32 * 2**20: {"1000": 1e-4, "4000": 6e-4}}
+    spec = replace(preset("h100-ib"), cold_call={"1000": 5.0}, cold_call_by_size=by_size)
+    assert ClusterSpec.from_toml(spec.to_toml()) == spec
+    sizes = np.array([256, 512, 128 * 2**10, 32 * 2**20, 2**30])  # 128 KiB: halfway in log2
+    assert spec.cold_extra_s(np.full(5, 1e-3), sizes).tolist() == pytest.approx(
+        [-3e-4, -3e-4, -1e-4, 1e-4, 1e-4]
+    )
+    assert spec.cold_extra_s(2.5e-3, 512) == pytest.approx(-5e-5)  # between the gaps of one size
+    assert spec.cold_extra_s(np.array([0.0, 1.0]), 512).tolist() == pytest.approx([0.0, 2e-4])
+    assert spec.cold_reach_s == pytest.approx(4e-3)
+    model, plain = CommModel(spec), CommModel(preset("h100-ib"))
+    ops = np.array(["all_reduce", "all_reduce", "send"])
+    args = (np.array([2**30, 32 * 2**20, 2**30]), np.array([8, 8, 2]), np.ones(3, np.int64))
+    cold = model.durations_ns(ops, *args, idle_ns=np.full(3, 4_000_000))
+    assert (cold - plain.durations_ns(ops, *args)).tolist() == [600_000, 600_000, 0]
