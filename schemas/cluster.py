@@ -301,7 +301,7 @@ def _check_cold_call(where: str, values: object) -> MappingProxyType[str, float]
         raise ClusterSpecError(f"{where} must be a table of µs -> seconds, got {values!r}")
     checked: dict[str, float] = {}
     for key, value in values.items():  # type: ignore[union-attr]
-        if not str(key).isdigit():
+        if not str(key).isdecimal():
             raise ClusterSpecError(f"{where} keys are whole microseconds, got {key!r}")
         checked[str(int(key))] = _number(f"{where}.{key}", value)
     return MappingProxyType(checked)
@@ -312,7 +312,7 @@ def _check_cold_by_size(values: object) -> MappingProxyType[int, MappingProxyTyp
         raise ClusterSpecError(f"cold_call_by_size must be a table of bytes -> cold table, got {values!r}")
     checked = {}
     for n, table in values.items():  # type: ignore[union-attr]
-        if not str(n).isdigit() or int(n) < 1:
+        if not str(n).isdecimal() or int(n) < 1:
             raise ClusterSpecError(f"cold_call_by_size keys are call sizes in bytes (1 or more), got {n!r}")
         checked[int(n)] = _check_cold_call(f"cold_call_by_size.{n}", table)
     return MappingProxyType(dict(sorted(checked.items())))
@@ -333,7 +333,7 @@ def _check_measured(values: object) -> MappingProxyType[str, MappingProxyType[in
         sizes: dict[int, Points] = {}
         for p, points in by_size.items():
             where = f"measured.{cls}.{p}"
-            if not str(p).isdigit() or int(p) < 2:
+            if not str(p).isdecimal() or int(p) < 2:
                 raise ClusterSpecError(f"measured.{cls} keys are group sizes of 2 or more, got {p!r}")
             sizes[int(p)] = _check_points(where, points)
         checked[cls] = MappingProxyType(dict(sorted(sizes.items())))

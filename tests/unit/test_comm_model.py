@@ -260,6 +260,10 @@ GOOD = SPEC.to_toml()
         (GOOD.replace("[cold_call]", "[cold_call]\nfast = 0.001"), "whole microseconds"),
         (GOOD.replace("[cold_call]", "[cold_call]\n1000 = inf"), "finite number"),
         (GOOD + "\n[cold_call_by_size.small]\n500 = 0.001\n", "call sizes in bytes"),
+        # Unicode digits that int() refuses: the spec's own error, not a ValueError.
+        (GOOD.replace("[cold_call]", '[cold_call]\n"²" = 0.001'), "whole microseconds"),
+        (GOOD + '\n[cold_call_by_size."²"]\n500 = 0.001\n', "call sizes in bytes"),
+        (GOOD + '\n[measured.gather]\n"²" = [[512, 0.001]]\n', "group sizes of 2 or more"),
         (GOOD + "\n[cold_call_by_size.0]\n500 = 0.001\n", "call sizes in bytes"),
         (GOOD + "\n[cold_call_by_size.512]\nhalf = 0.001\n", "whole microseconds"),
         (GOOD + "\n[cold_call_by_size.512]\n500 = nan\n", "finite number"),
