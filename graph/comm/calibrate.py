@@ -227,7 +227,8 @@ class CalibrationConfig:
     """> 0: time cold calls, each after this much compute (``calibrate_bench``)."""
     cold_gaps_ms: tuple[float, ...] = ()
     """Also time cold collectives after each of these compute gaps and write the spec's
-    ``cold_call`` table: per gap, the median over sizes of (cold mean − the spec's model)."""
+    ``cold_call`` table (per gap, the median over sizes of cold mean − the spec's model) and its
+    ``cold_call_by_size`` (the same per size)."""
     measured_table: bool = False
     """Write the timed points into the spec's ``measured`` table, so that calls within one node
     are priced from them (interpolated) rather than from the fitted α-β line. Off by default:

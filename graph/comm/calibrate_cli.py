@@ -97,7 +97,7 @@ def calibrate_command(
         str,
         typer.Option(
             help="Comma-separated compute gaps (ms) after which collectives are also timed, giving the "
-            "spec's cold_call table (e.g. 0.5,1,2,4,16,64); reach the longest compute before one of the "
+            "spec's cold_call table, over all sizes and per size (e.g. 0.5,1,2,4,16,64); reach the longest compute before one of the "
             "job's collectives (a gradient all-reduce comes after the whole backward)."
         ),
     ] = "",
