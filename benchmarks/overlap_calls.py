@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import tempfile
 import time
@@ -30,14 +29,10 @@ import torch.multiprocessing as mp
 from rich.console import Console
 from rich.table import Table
 
+from prism.capture.launch import free_port
+
 CHUNK = 48
 """Side of the square matmul the members compute in: 10-20 µs each here."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _compute_until(deadline_ns: int, a, work=None) -> tuple[int, int, int]:
@@ -83,10 +78,9 @@ def _worker(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
                     rows.append((rnd, n, way, issue, time.monotonic_ns(), 0, 0))
                     continue
                 count, done, during = _compute_until(issue + span_ns, a, work)
-                if not done:  # still in flight after the span: every matmul of it ran beside the call
-                    work.wait()
-                    done, during = time.monotonic_ns(), count
                 work.wait()
+                if not done:  # still in flight after the span: every matmul of it ran beside the call
+                    done, during = time.monotonic_ns(), count
                 rows.append((rnd, n, way, issue, done, during, min(done, issue + span_ns) - issue))
     everyone = [None, None]
     dist.all_gather_object(everyone, [r for r in rows if r[0] >= args.warmup])
@@ -136,7 +130,7 @@ def main() -> None:
         parser.error("--sizes are bytes of float32 tensors: positive multiples of 4")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rows.json")
-        mp.start_processes(_worker, args=(_free_port(), args, out), nprocs=2, start_method="spawn")
+        mp.start_processes(_worker, args=(free_port(), args, out), nprocs=2, start_method="spawn")
         summary = _summarise(json.loads(Path(out).read_text()))
     table = Table(
         title="2-process gloo all-reduce: latency after the later issue (ms), mean / median over rounds"

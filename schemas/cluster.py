@@ -216,7 +216,7 @@ class ClusterSpec:
             lines += [f"{key} = {_toml_value(value)}" for key, value in sorted(table.items(), key=_by_int)]
         for cls, by_size in data["measured"].items():
             lines += ["", f"[measured.{cls}]"]
-            for p, points in sorted(by_size.items(), key=lambda item: int(item[0])):
+            for p, points in sorted(by_size.items(), key=_by_int):
                 pairs = ", ".join(f"[{n}, {_toml_value(t)}]" for n, t in points)
                 lines.append(f"{p} = [{pairs}]")
         return "\n".join(lines) + "\n"
