@@ -229,7 +229,11 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
     def _virtual_work(self, record: CallRecord, result: object) -> dist.Work:
         future = torch.futures.Future()
         pending = _pending(record)
-        completion = VirtualCompletion(record, future, result, spin=self._clock.keeps_time)
+        # A capture's clocks (a replay's runs the co-simulation: it holds) note the program's
+        # unseen waits, whose time the build takes out of the program's own.
+        completion = VirtualCompletion(
+            record, future, result, spin=self._clock.keeps_time, note_unseen_waits=not self._clock.holds
+        )
         began = time.time_ns()
         answer = None if self._host_work is None else _AnswerAfterWork(self._host_work, record, completion)
         self._clock.submit(pending, completion.at if answer is None else answer)

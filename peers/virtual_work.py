@@ -15,6 +15,14 @@ makes them, and frees on a helper thread would be missing from the trace (a rank
 hold memory it had freed). A helper thread completing a call the program waits on would hold
 the tensors in its frame while the woken program drops its own references, and those frees
 would go missing too.
+
+A capture also notes where its program blocked on a call without asking prism (C++ waiting on
+the call's future: DDP's reducer at the end of ``backward()``): the future was handed out and
+never waited on from Python, and when the call completes the thread that took the future has
+slept for a while (``prism.peers.thread_sleep``). The call's record then says the program
+waited from that long before the completion (``wait_ns`` and ``first_wait_ns``), as a wait the
+program made itself does: the build takes that hold out of the program's own time and puts the
+call's wait node there.
 """
 
 from __future__ import annotations
@@ -28,12 +36,16 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
+from prism.peers import thread_sleep
 from prism.peers.clock import PendingCall
 from prism.peers.recorder import CallRecord
 from prism.peers.scheduler import SCHEDULER
 
 _SPIN_NS = 1_000_000
 """The last stretch before a completion is spun, not slept (see ``sleep_until_due``)."""
+MIN_UNSEEN_WAIT_NS = 100_000
+"""How long before a call's completion the thread that took its future must have begun to sleep
+for a wait to be noted: shorter sleeps are the thread's own (a lock, the interpreter's)."""
 
 
 class VirtualCompletion:
@@ -50,14 +62,19 @@ class VirtualCompletion:
         "_observed",
         "_named",
         "_spin",
+        "_note_unseen",
+        "_taken",
         "__weakref__",
     )
 
     def __init__(
-        self, record: CallRecord, future: torch.futures.Future, result: object, *, spin: bool = True
-    ) -> None:
+        self, record: CallRecord, future: torch.futures.Future, result: object, *, spin: bool = True,
+        note_unseen_waits: bool = False,
+    ) -> None:  # fmt: skip
         self._record, self._future, self._result = record, future, result
         self._spin = spin  # keep the named time to the µs (``CommClock.keeps_time``)
+        self._note_unseen = note_unseen_waits  # a capture's: see the module's docstring
+        self._taken: thread_sleep.SleepProbe | None = None  # the counters of the thread that took the future
         self._due: int | None = None
         self._lock = threading.Lock()
         self._settled = False  # a time was named (or the call failed): the timeout no longer applies
@@ -99,6 +116,8 @@ class VirtualCompletion:
             if self._observed:
                 return
             self._observed = True
+            if self._note_unseen:
+                self._taken = thread_sleep.probe()
             due, scheduled = self._due, self._settled and not self._waited and self._future is not None
         if scheduled:  # named already, not yet completed
             if due is None or due <= time.time_ns():
@@ -128,6 +147,7 @@ class VirtualCompletion:
         with self._lock:
             self._waited = True
         self._record.waiting()
+        began = time.time_ns()
         self._named.acquire()  # a time, or the timeout's failure
         self._named.release()  # stays open, like a set Event, for any other waiter
         if self._due is not None:
@@ -136,6 +156,7 @@ class VirtualCompletion:
                 time.sleep((remaining - (_SPIN_NS if self._spin else 0)) / 1e9)
             while time.time_ns() < self._due:
                 pass
+        thread_sleep.HELD.add(time.time_ns() - began)
         self.complete()
 
     def _complete_unless_waited(self) -> None:
@@ -151,7 +172,23 @@ class VirtualCompletion:
         if future is None:
             return  # already completed (or failed)
         self._record.finish(self._due)
+        if unless_waited and self._taken is not None:
+            self._note_unseen_wait(self._taken)
         future.set_result(result)
+
+    def _note_unseen_wait(self, taken: thread_sleep.SleepProbe) -> None:
+        """If the thread that took the future has slept since, unseen by prism, and from well
+        before the call's time, the call held it from then. (A sleep that began after the call's
+        time is not a wait for it: a thread that computes still hands the interpreter to the
+        completing thread for a moment, and sleeps meanwhile.)"""
+        record = self._record
+        slept = None if record.first_wait_ns else thread_sleep.slept_since(taken)
+        if slept is None:
+            return
+        now, ns = slept
+        began = max(now - ns, taken.wall_ns)
+        if record.done_ns - began >= MIN_UNSEEN_WAIT_NS:
+            record.wait_ns = record.first_wait_ns = began
 
     def expire(self, call: PendingCall, timeout: timedelta) -> None:
         """Fail the call if its clock has named no completion time by now."""

@@ -91,11 +91,15 @@ class CommCall(CallSite):
     wait_ns: int = 0
     """Wall time the program began to wait on the call's Work while it was still in flight: it
     was held from then until ``done_ns``. 0 when it never waited on it unfinished (and for calls
-    on a real backend, whose waits the log does not see)."""
+    on a real backend, whose waits the log does not see). A capture also notes a wait made
+    outside Python (C++ blocking on the call's future, as DDP's reducer does at the end of
+    ``backward()``), from how long the thread that took the future slept before the call
+    completed (``prism.peers.virtual_work``)."""
     first_wait_ns: int = 0
     """Wall time the program first called ``wait()`` on the call's Work, finished or not (where an
-    asynchronous call is waited for); 0 when it never did from Python (DDP's reducer waits from
-    C++) or the call ran on a real backend."""
+    asynchronous call is waited for), or began a wait made outside Python that a capture noted
+    (``wait_ns``); 0 when it never did, or waited from C++ on a call already complete (DDP's
+    reducer), or the call ran on a real backend."""
     clock_ns: int = 0
     """Time the call spent in a completion clock that holds the program (a replay's or paced
     capture's co-simulation runs there) before returning: held, ending at ``exit_ns``. 0 under

@@ -11,8 +11,10 @@ are their means over the iterations, its memory (with what the Python between op
 frees, ``_memory``) the median over the profiled iterations after the first.
 
 An asynchronous call completes at a wait node: where the program called ``wait()`` on its
-Work in the capture (the comm log's ``first_wait_ns``: a pipeline schedule posts its receives
-early and waits for them later). Calls whose waits the log does not see: one made during a
+Work in the capture, or blocked on it from C++ (the comm log's ``first_wait_ns``: a pipeline
+schedule posts its receives early and waits for them later; DDP's reducer waits for its last
+buckets as ``backward()`` ends). Calls whose waits the log does not see (complete before the
+program came to them): one made during a
 backward pass (DDP's bucket all-reduces, issued from autograd hooks: the unit before it is one
 of ``BACKWARD_OPS``) is waited for where that backward pass ends, as DDP's reducer does before
 ``backward()`` returns; any other is waited for right after it is made (a functional

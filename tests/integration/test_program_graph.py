@@ -14,27 +14,30 @@ from prism.graph.io.parquet import read_metadata, read_rank
 from prism.graph.io.validate import validate_graph
 from prism.graph.sim.load import load_sim_graph
 from prism.graph.sim.simulate import simulate
+from prism.peers.comm_model import CommModel
 from prism.schemas import graph_format as gf
+from prism.schemas.cluster import ClusterSpec, preset
+from prism.schemas.comm_log import read_comm_log
 from prism.schemas.iterations import clean_unprofiled
-from prism.schemas.manifest import read_manifest
+from prism.schemas.manifest import CaptureFiles, read_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 TINY = ("--steps", "50", "--hidden", "32", "--layers", "2", "--vocab", "64", "--batch", "2", "--seq", "8")
 
 
-def _capture(out: Path, layout: tuple[int, int, int], *program: str) -> Path:
+def _capture(out: Path, layout: tuple[int, int, int], *program: str, options: tuple[str, ...] = ()) -> Path:
     tp, pp, dp = layout
-    args = ["--tp", str(tp), "--pp", str(pp), "--dp", str(dp), "--warmup", "4", "--iterations", "2"]
+    args = ["--tp", str(tp), "--pp", str(pp), "--dp", str(dp), "--warmup", "4", "--iterations", "2", *options]
     result = runner.invoke(capture_app, [*args, "-o", str(out), "--", *program])
     assert result.exit_code == 0, result.output
     return out
 
 
-def _build(capture: Path, out: Path, layout: tuple[int, int, int]):
+def _build(capture: Path, out: Path, layout: tuple[int, int, int], *options: str):
     tp, pp, dp = layout
     return runner.invoke(
-        build_app, [str(capture), "--tp", str(tp), "--pp", str(pp), "--dp", str(dp), "-o", str(out)]
+        build_app, [str(capture), "--tp", str(tp), "--pp", str(pp), "--dp", str(dp), "-o", str(out), *options]
     )
 
 
@@ -76,6 +79,40 @@ def test_a_programs_graph_keeps_its_captured_layout(ddp_capture: Path, tmp_path:
     assert result.exit_code == 2
     assert "keeps the captured layout: build with --tp 1 --pp 1 --dp 1024" in result.output
     assert not (tmp_path / "g.parquet").exists()
+
+
+def test_the_hold_of_ddps_last_bucket_is_the_graphs_wait_not_the_programs_time(tmp_path: Path) -> None:
+    # A held capture blocks DDP's reducer, which waits on its buckets from C++ as backward()
+    # ends, for the all-reduce's price. That block is the call's wait, which the graph charges
+    # itself: it must not stay in the program's own time as well.
+    spec = ClusterSpec.from_dict(preset("h100-ib").to_dict() | {"intra_latency_s": 0.01})
+    spec_file = spec.save(tmp_path / "spec.toml")
+    capture = _capture(
+        tmp_path / "cap",
+        (1, 1, 2),
+        str(ROOT / "examples" / "ddp.py"),
+        *TINY,
+        options=("--hold-calls", str(spec_file)),
+    )
+    manifest = read_manifest(capture)
+    reduces = [c for c in read_comm_log(CaptureFiles(capture).comm(0)).calls if c.op == "all_reduce"]
+    price = CommModel(spec).duration_ns("all_reduce", reduces[-1].bytes, 2, 1)
+    assert price > 15_000_000
+    # The capture noted where the program blocked, and took the block out of its own time.
+    steady = reduces[len(reduces) // 2 :]
+    assert all(c.first_wait_ns == c.wait_ns > 0 and c.done_ns - c.wait_ns > price // 2 for c in steady)
+    (rank,) = manifest.ranks
+    assert min(rank.result.held_ns[1:]) > price // 2
+    graph = tmp_path / "g.parquet"
+    result = _build(capture, graph, (1, 1, 2), "--cluster", str(spec_file))
+    assert result.exit_code == 0, result.output
+    nodes = read_rank(graph, 0).to_pandas()
+    last = nodes.index[nodes[gf.NAME] == "all_reduce"][-1]
+    waits = nodes.index[nodes[gf.NAME] == "prism:wait"]
+    assert any(last in nodes.at[w, gf.DEPS] for w in waits)
+    after = nodes.loc[last + 1 :]
+    after = after[after[gf.PHASE] == "bwd"]
+    assert after[gf.DUR_NS].sum() + after[gf.GAP_NS].sum() < price // 2
 
 
 SUBGROUP_PROGRAM = """

@@ -10,14 +10,18 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 import torch
 
+from prism.peers import thread_sleep
 from prism.peers.recorder import CommRecorder
 from prism.peers.scheduler import SCHEDULER
 from prism.peers.virtual_work import VirtualCompletion, VirtualWork
 
 
-def virtual_call(*, async_op: bool = True) -> tuple[VirtualCompletion, VirtualWork, list[threading.Thread]]:
+def virtual_call(
+    *, async_op: bool = True, note_unseen_waits: bool = False
+) -> tuple[VirtualCompletion, VirtualWork, list[threading.Thread]]:
     future = torch.futures.Future()
     completed_on: list[threading.Thread] = []
     future.add_done_callback(lambda _: completed_on.append(threading.current_thread()))
@@ -25,7 +29,9 @@ def virtual_call(*, async_op: bool = True) -> tuple[VirtualCompletion, VirtualWo
         op="all_reduce", group="0", label="dp.0", group_size=2, gseq=0, bytes=16, dtype="float32",
         shape=(4,), async_op=async_op,
     )  # fmt: skip
-    completion = VirtualCompletion(record, future, [torch.zeros(4)])
+    completion = VirtualCompletion(
+        record, future, [torch.zeros(4)], spin=False, note_unseen_waits=note_unseen_waits
+    )
     return completion, VirtualWork(future, completion), completed_on
 
 
@@ -95,3 +101,78 @@ def test_the_first_wait_on_a_call_is_noted_even_when_it_is_complete() -> None:
     work.wait()
     work.wait()
     assert before <= record.first_wait_ns <= time.time_ns()
+
+
+needs_schedstat = pytest.mark.skipif(
+    thread_sleep.probe() is None, reason="the kernel gives no thread run times"
+)
+
+
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+@needs_schedstat
+@pytest.mark.parametrize("note", [True, False])
+def test_a_wait_on_a_handed_out_future_that_prism_does_not_see_is_noted_in_a_capture(note: bool) -> None:
+    # As DDP's reducer does: take the future, compute, then block on it from C++ (here the
+    # future's own wait, which VirtualWork never sees) until the scheduler completes the call.
+    completion, work, _ = virtual_call(note_unseen_waits=note)
+    future = work.get_future()
+    taken = time.time_ns()
+    completion.at(taken + 60_000_000)
+    _busy(0.02)
+    blocked = time.time_ns()
+    future.wait()
+    record = completion._record
+    if not note:  # a replay's calls: the co-simulation times them, nothing to take out
+        assert record.wait_ns == record.first_wait_ns == 0
+        return
+    assert record.first_wait_ns == record.wait_ns
+    # The hold began where the thread stopped computing, not where it took the future.
+    assert blocked - 10_000_000 < record.wait_ns < record.done_ns
+    assert record.done_ns - record.wait_ns > 25_000_000
+
+
+@needs_schedstat
+def test_a_handed_out_future_that_completes_while_its_thread_computes_notes_no_wait() -> None:
+    completion, work, _ = virtual_call(note_unseen_waits=True)
+    future = work.get_future()
+    completion.at(time.time_ns() + 20_000_000)
+    deadline = time.time_ns() + 5_000_000_000
+    while not future.done() and time.time_ns() < deadline:
+        _busy(0.005)  # the call completes meanwhile, on the scheduler
+    _busy(0.01)
+    assert future.done()
+    assert completion._record.wait_ns == completion._record.first_wait_ns == 0
+
+
+@needs_schedstat
+def test_a_wait_prism_sees_is_not_noted_again_as_unseen() -> None:
+    # The program waits on the Work from Python: its own wait, noted as such, and the scheduler
+    # leaves the completion to it.
+    completion, work, _ = virtual_call(note_unseen_waits=True)
+    work.get_future()
+    completion.at(time.time_ns() + 30_000_000)
+    before = time.time_ns()
+    work.wait()
+    record = completion._record
+    assert before <= record.first_wait_ns <= record.wait_ns < record.done_ns
+
+
+@needs_schedstat
+def test_thread_sleep_counts_sleep_not_compute_and_leaves_out_prism_s_own_waits() -> None:
+    taken = thread_sleep.probe()
+    _busy(0.03)
+    _, computing = thread_sleep.slept_since(taken)
+    taken = thread_sleep.probe()
+    time.sleep(0.03)
+    _, sleeping = thread_sleep.slept_since(taken)
+    taken = thread_sleep.probe()
+    time.sleep(0.03)
+    thread_sleep.HELD.add(30_000_000)  # as a held call's wait() counts its sleep
+    _, held = thread_sleep.slept_since(taken)
+    assert computing < 10_000_000 < 25_000_000 < sleeping
+    assert held < 10_000_000
