@@ -88,6 +88,25 @@ def _unsteady_noise(scales: dict | None) -> str | None:
     )
 
 
+NOISY_CV = 0.10
+"""Coefficient of variation of a captured rank's clean unprofiled iterations above which the build
+warns that the machine was busy while they ran: a quiet 2-vCPU VM gives 2-5 %."""
+
+
+def _noisy_capture(scales: dict | None) -> str | None:
+    """A warning when a captured rank's clean unprofiled iterations, which every time of the graph
+    is scaled to, varied by more than ``NOISY_CV``: their median may be a slow spell's."""
+    noisy = [s for s in (scales or {}).values() if s.get("noise_cv", 0.0) > NOISY_CV]
+    if not noisy:
+        return None
+    worst = max(noisy, key=lambda s: s["noise_cv"])
+    return (
+        f"the clean unprofiled iterations of captured rank {worst['rank']} varied by {100 * worst['noise_cv']:.0f} % "
+        f"(coefficient of variation; {len(noisy)} rank(s) above {100 * NOISY_CV:.0f} %): the machine was busy while "
+        "they ran, and the graph's times are scaled to them; capture again on a quiet machine"
+    )
+
+
 def _correction(scale: dict) -> str:
     """'×0.290 (rank 0; by phase ×0.095–0.420; 7.1 of a profiled 10.0 ms own iteration)': the role's
     factor, the range of its phases', and how much of the profiled iteration it takes out."""
@@ -214,8 +233,9 @@ def build(
                 f"clean unprofiled one: predictions are of profiled iterations (capture with --warmup {DEFAULT_WARMUP})",
                 highlight=False,
             )
-        if (unsteady := _unsteady_noise(result.time_scales)) is not None:
-            console.print(f"[yellow]warning:[/] {unsteady}", highlight=False, soft_wrap=True)
+        for warning in (_unsteady_noise(result.time_scales), _noisy_capture(result.time_scales)):
+            if warning is not None:
+                console.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
         for line in result.warnings:
             console.print(f"[yellow]warning:[/] {line}", highlight=False, soft_wrap=True)
     if summary is not None:

@@ -134,6 +134,18 @@ def test_the_build_warns_only_of_a_noise_estimate_that_rests_on_few_iterations()
     assert warning is not None and "rank(s) 0 rests on 3 clean" in warning and "7680" not in warning
 
 
+def test_the_build_warns_of_a_capture_whose_unprofiled_iterations_ran_on_a_busy_machine() -> None:
+    from prism.graph.build.cli import NOISY_CV, _noisy_capture
+
+    def role(rank: int, cv: float) -> dict:
+        return {"rank": rank, "noise_cv": cv, "clean_iterations": 10}
+
+    assert _noisy_capture({"first": role(0, 0.037)}) is None
+    assert _noisy_capture(None) is None
+    warning = _noisy_capture({"first": role(0, NOISY_CV + 0.01), "last": role(7680, 0.26)})
+    assert warning is not None and "rank 7680 varied by 26 %" in warning and "2 rank(s)" in warning
+
+
 def test_the_commands_default_warm_up_leaves_a_steady_noise_estimate() -> None:
     from prism.capture.cli import capture
     from prism.replay.cli import replay
