@@ -4,10 +4,10 @@ A virtual call's Work can be waited on where prism does not see it: DDP's reduce
 futures of its bucket all-reduces from C++, at the end of ``backward()``. A capture that holds
 such a call for its price then blocks the program for part of it, and that block lands in the
 trace as a gap the graph would keep as the program's own time, on top of the wait its graph
-models. The kernel counts a
-thread's time on a core and waiting for one (``/proc/<pid>/task/<tid>/schedstat``, ns); whatever
-else of a stretch of wall time it spent asleep. Where the kernel does not give these counts
-(not Linux), nothing is measured and nothing is noted.
+models. The kernel counts a thread's time on a core and waiting for one
+(``/proc/<pid>/task/<tid>/schedstat``, ns); whatever else of a stretch of wall time it spent
+asleep. Where the kernel does not give these counts (not Linux), nothing is measured and
+nothing is noted.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ class SleepProbe(NamedTuple):
     run_ns: int
     """Time on a core plus time waiting for one, so far."""
     held_ns: int
-    """Time it slept in prism's own waits so far (``HELD``): already held time, not to count twice."""
+    """Time it spent in prism's own waits so far (``HELD``): held time already, not to count twice."""
 
 
 class _HeldByThread:
-    """Per thread, the time it slept in waits prism sees (a held virtual call's ``wait()``)."""
+    """Per thread, the time it spent in waits prism sees (a virtual call's ``wait()``)."""
 
     def __init__(self) -> None:
         self._ns: dict[int, int] = {}
