@@ -147,7 +147,7 @@ class VirtualCompletion:
         with self._lock:
             self._waited = True
         self._record.waiting()
-        began = time.time_ns()
+        began = time.time_ns() if self._note_unseen else 0
         self._named.acquire()  # a time, or the timeout's failure
         self._named.release()  # stays open, like a set Event, for any other waiter
         if self._due is not None:
@@ -156,7 +156,8 @@ class VirtualCompletion:
                 time.sleep((remaining - (_SPIN_NS if self._spin else 0)) / 1e9)
             while time.time_ns() < self._due:
                 pass
-        thread_sleep.HELD.add(time.time_ns() - began)
+        if self._note_unseen:  # a capture's: its unseen waits are told from the thread's other sleeps
+            thread_sleep.HELD.add(time.time_ns() - began)
         self.complete()
 
     def _complete_unless_waited(self) -> None:
@@ -182,7 +183,9 @@ class VirtualCompletion:
         time is not a wait for it: a thread that computes still hands the interpreter to the
         completing thread for a moment, and sleeps meanwhile.)"""
         record = self._record
-        slept = None if record.first_wait_ns else thread_sleep.slept_since(taken)
+        if record.first_wait_ns:
+            return
+        slept = thread_sleep.slept_since(taken)
         if slept is None:
             return
         now, ns = slept

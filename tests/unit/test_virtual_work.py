@@ -29,9 +29,7 @@ def virtual_call(
         op="all_reduce", group="0", label="dp.0", group_size=2, gseq=0, bytes=16, dtype="float32",
         shape=(4,), async_op=async_op,
     )  # fmt: skip
-    completion = VirtualCompletion(
-        record, future, [torch.zeros(4)], spin=False, note_unseen_waits=note_unseen_waits
-    )
+    completion = VirtualCompletion(record, future, [torch.zeros(4)], note_unseen_waits=note_unseen_waits)
     return completion, VirtualWork(future, completion), completed_on
 
 
