@@ -111,6 +111,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a fresh calibration also times collectives after these compute gaps (e.g. 0.5,1,2,4)",
     )  # fmt: skip
     parser.add_argument(
+        "--calibrate-busy-rounds", type=int, default=0,
+        help="a fresh calibration also times all-reduces beside compute over this many rounds "
+        "(prism-calibrate --busy-rounds; the spec's busy_call table)",
+    )  # fmt: skip
+    parser.add_argument(
         "--calibrate-sizes", type=str, default=",".join(map(str, CALIBRATION_SIZES)),
         help="comma-separated bytes a fresh calibration times (e.g. 512,64KiB,16MiB) [default: the "
         "default cases' own sizes and points around them]",
@@ -228,7 +233,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
             args.cluster_spec, into, recalibrate=args.recalibrate or case is not None,
             compute_between_ms=args.calibrate_between_ms, reps=args.calibrate_reps,
             cold_gaps_ms=tuple(float(g) for g in args.calibrate_cold_gaps_ms.split(",") if g.strip()),
-            sizes=sizes, measured_table=args.calibrate_table,
+            sizes=sizes, measured_table=args.calibrate_table, busy_rounds=args.calibrate_busy_rounds,
             ops=PROGRAM_CALIBRATION_OPS if args.program else CALIBRATION_OPS,
         )  # fmt: skip
 

@@ -102,6 +102,7 @@ class CommModel:
         group_size: np.ndarray,
         nodes_spanned: np.ndarray,
         idle_ns: np.ndarray | None = None,
+        overlap_ns: np.ndarray | None = None,
     ) -> np.ndarray:
         """Durations in ns (int64) of many calls at once; arguments broadcast against each other.
 
@@ -109,17 +110,33 @@ class CommModel:
         distinct op, never per row. ``idle_ns``, the compute each call's rank did since its
         previous call, adds the spec's ``cold_call`` latency to collectives (not to p2p); a
         negative one takes them down to ``COLD_FLOOR`` of their price at the least.
+        ``overlap_ns``, the compute each call's rank does while the call is in flight (an
+        asynchronous call, up to its wait), stretches collectives by the spec's ``busy_call``
+        factor ``f``: the call progresses at ``1/f`` of its idle rate while its rank computes and
+        at the full rate after, so a price ``D`` becomes ``min(f·D, D + overlap·(1 − 1/f))``,
+        before any cold latency is added (the factor is measured on calls made after the same
+        wait whether their members compute or not).
         """
         durations = self._durations_ns(op, bytes, group_size, nodes_spanned)
-        if idle_ns is None or not self.spec.has_cold_calls:
+        cold_calls = idle_ns is not None and self.spec.has_cold_calls
+        busy_calls = overlap_ns is not None and bool(self.spec.busy_call)
+        if not (cold_calls or busy_calls):
             return durations
         ops = np.broadcast_to(np.asarray(op), durations.shape)
         collective = (np.asarray(group_size) > 1) & ~np.isin(ops, list(P2P_OPS))
-        extra = self.spec.cold_extra_s(np.asarray(idle_ns, dtype=np.float64) / 1e9, bytes)
-        # A noisy (or all-sizes) figure: a negative one never takes a call below a share of
-        # its back-to-back price.
-        cold = np.maximum(durations + _to_ns(extra), (durations * COLD_FLOOR).astype(np.int64))
-        return np.where(collective, cold, durations)
+        priced = durations
+        if busy_calls:
+            factor = self.spec.busy_factor(bytes)
+            overlap = np.maximum(np.asarray(overlap_ns, dtype=np.float64), 0.0)
+            priced = np.rint(np.minimum(priced * factor, priced + overlap * (1.0 - 1.0 / factor))).astype(
+                np.int64
+            )
+        if cold_calls:
+            extra = self.spec.cold_extra_s(np.asarray(idle_ns, dtype=np.float64) / 1e9, bytes)
+            # A noisy (or all-sizes) figure: a negative one never takes a call below a share of
+            # its back-to-back price.
+            priced = np.maximum(priced + _to_ns(extra), (durations * COLD_FLOOR).astype(np.int64))
+        return np.where(collective, priced, durations)
 
     def _durations_ns(self, op, bytes, group_size, nodes_spanned) -> np.ndarray:
         n, p, k = np.broadcast_arrays(

@@ -17,6 +17,8 @@ names: bytes per second, seconds. Bandwidths are *per GPU, one direction*.
     4000 = 0.0004
     [cold_call_by_size.65536]  # optional: the same, measured at one call size (bytes)
     500 = -0.0003
+    [busy_call]          # optional: a collective's time with its members computing, over idle,
+    65536 = 3.8          # by call size (bytes)
     [measured.all_reduce]  # optional: measured one-node times, group size -> [bytes, seconds]
     2 = [[512, 0.0017], [65536, 0.0012], [1048576, 0.0031]]
 """
@@ -65,7 +67,7 @@ _FLOAT_FIELDS = (
     "base_latency_s",
 )
 _FACTOR_TABLES = ("bandwidth_efficiency", "latency_factor", "host_ns_per_byte")
-_TABLES = (*_FACTOR_TABLES, "cold_call")
+_TABLES = (*_FACTOR_TABLES, "cold_call", "busy_call")
 Points = tuple[tuple[int, float], ...]
 """(bytes, seconds) pairs of one op class and group size, by increasing bytes."""
 
@@ -116,6 +118,14 @@ class ClusterSpec:
     log(bytes) between the sizes and flat outside them, and ``cold_call`` is not used: a small
     call after a short compute gains more than a large one (``prism-calibrate --cold-gaps-ms``
     writes both)."""
+    busy_call: Mapping[str, float] = field(default_factory=dict, hash=False)
+    """How many times its price a collective takes when every member computes all through it,
+    by call size (bytes, integer keys); interpolated linearly in log(bytes), flat outside the
+    sizes, never below 1. A call its rank computes beside for part of its flight is priced in
+    between (``prism.peers.comm_model``). Empty: calls cost the same whatever their members do
+    while they run. On a CPU test bed a gloo call's exchanges run on threads that must take a
+    core from the members' compute (``prism-calibrate --busy-rounds`` measures it: 2-4x on a
+    2-vCPU VM); NCCL's run on the device."""
     measured: Mapping[str, Mapping[int, Points]] = field(default_factory=dict, hash=False)
     """Measured durations of calls within one node: op class -> group size -> (bytes, seconds)
     points. Where a call's group sits on one node and its class and size are listed, the comm
@@ -156,6 +166,16 @@ class ClusterSpec:
             return np.zeros_like(idle)
         return _interp_gaps(self.cold_call, idle)
 
+    def busy_factor(self, nbytes) -> np.ndarray:
+        """The ``busy_call`` factor at ``nbytes`` (an array welcome); 1 without a table."""
+        n = np.asarray(nbytes, dtype=np.float64)
+        if not self.busy_call:
+            return np.ones_like(n)
+        sizes = sorted((int(k), v) for k, v in self.busy_call.items())
+        logs = np.log2([k for k, _ in sizes])
+        factor = np.interp(np.log2(np.maximum(n, 1.0)), logs, [v for _, v in sizes])
+        return np.maximum(factor, 1.0)
+
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ClusterSpecError(f"name must be a non-empty string, got {self.name!r}")
@@ -173,6 +193,7 @@ class ClusterSpec:
             object.__setattr__(self, table, _check_table(table, getattr(self, table)))
         object.__setattr__(self, "cold_call", _check_cold_call("cold_call", self.cold_call))
         object.__setattr__(self, "cold_call_by_size", _check_cold_by_size(self.cold_call_by_size))
+        object.__setattr__(self, "busy_call", _check_busy_call(self.busy_call))
         object.__setattr__(self, "measured", _check_measured(self.measured))
 
     def efficiency(self, op_class: str) -> float:
@@ -305,6 +326,20 @@ def _check_cold_call(where: str, values: object) -> MappingProxyType[str, float]
             raise ClusterSpecError(f"{where} keys are whole microseconds, got {key!r}")
         checked[str(int(key))] = _number(f"{where}.{key}", value)
     return MappingProxyType(checked)
+
+
+def _check_busy_call(values: object) -> MappingProxyType[str, float]:
+    if not hasattr(values, "items"):
+        raise ClusterSpecError(f"busy_call must be a table of bytes -> factor, got {values!r}")
+    checked: dict[str, float] = {}
+    for key, value in values.items():  # type: ignore[union-attr]
+        if not str(key).isdecimal() or int(key) < 1:
+            raise ClusterSpecError(f"busy_call keys are call sizes in bytes (1 or more), got {key!r}")
+        factor = _number(f"busy_call.{key}", value)
+        if factor <= 0:
+            raise ClusterSpecError(f"busy_call.{key} must be positive, got {factor!r}")
+        checked[str(int(key))] = factor
+    return MappingProxyType(dict(sorted(checked.items(), key=_by_int)))
 
 
 def _check_cold_by_size(values: object) -> MappingProxyType[int, MappingProxyType[str, float]]:

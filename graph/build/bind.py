@@ -14,7 +14,18 @@ import pandas as pd
 import pyarrow as pa
 
 from prism.graph.build import op_table as ot
-from prism.graph.build.compose import DEPS, GSEQ, IDLE, LAYER, MB, P2P_DIR, P2P_SEQ, SKEW, StageProgram
+from prism.graph.build.compose import (
+    DEPS,
+    GSEQ,
+    IDLE,
+    LAYER,
+    MB,
+    OVERLAP,
+    P2P_DIR,
+    P2P_SEQ,
+    SKEW,
+    StageProgram,
+)
 from prism.graph.build.templates import GROUP_AXIS
 from prism.graph.comm.placement import LayoutTables
 from prism.peers.comm_model import CommModel
@@ -98,7 +109,7 @@ def encode_program(program: StageProgram) -> EncodedProgram:
         (P2P_DIR, P2P_DIR),
     ):
         columns[name] = nodes[source].to_numpy(dtype=np.int64)
-    for name in (ot.DUR_NS, ot.GAP_NS, ot.BYTES, ot.ALLOC_BYTES, ot.FREE_BYTES, ot.SEQ, SKEW, IDLE):
+    for name in (ot.DUR_NS, ot.GAP_NS, ot.BYTES, ot.ALLOC_BYTES, ot.FREE_BYTES, ot.SEQ, SKEW, IDLE, OVERLAP):
         columns[name] = nodes[name].to_numpy(dtype=np.int64)
     columns[gf.IS_ASYNC] = nodes[ot.IS_ASYNC].to_numpy(dtype=bool)
     columns["comm_op"] = nodes[ot.COMM_OP].to_numpy(dtype=object).astype(str)
@@ -150,8 +161,14 @@ def _durations(e: EncodedProgram, k: int, groups: dict[str, np.ndarray], comm: C
         nbytes = _tile(e.columns[ot.BYTES], k)[is_comm]
         dur = dur.copy()
         idle = _tile(e.columns[IDLE], k)[is_comm]
+        overlap = _tile(e.columns[OVERLAP], k)[is_comm]
         dur[is_comm] = comm.durations_ns(
-            ops, nbytes, groups[gf.GROUP_SIZE][is_comm], groups["spanned"][is_comm], idle_ns=idle
+            ops,
+            nbytes,
+            groups[gf.GROUP_SIZE][is_comm],
+            groups["spanned"][is_comm],
+            idle_ns=idle,
+            overlap_ns=overlap,
         )
     return dur
 

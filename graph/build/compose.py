@@ -29,14 +29,14 @@ from prism.graph.build.templates import (
     RoleTemplate,
     TemplateError,
 )
-from prism.graph.sim.noise import collective_skew_ns, work_between
+from prism.graph.sim.noise import collective_skew_ns, work_between, work_in_flight
 from prism.schemas.annotations import Direction, Phase, block_kind
 from prism.schemas.gpt_params import stage_buckets
 from prism.schemas.pipeline_schedule import Action, Step, one_f_one_b
 from prism.schemas.workload import GPTConfig
 
 # Rank-independent columns of a stage program.
-MB, LAYER, GSEQ, P2P_DIR, P2P_SEQ, DEPS, IS_WAIT, SKEW, IDLE = (
+MB, LAYER, GSEQ, P2P_DIR, P2P_SEQ, DEPS, IS_WAIT, SKEW, IDLE, OVERLAP = (
     "mb",
     "layer",
     "gseq",
@@ -46,6 +46,7 @@ MB, LAYER, GSEQ, P2P_DIR, P2P_SEQ, DEPS, IS_WAIT, SKEW, IDLE = (
     "is_wait",
     "skew_ns",
     "idle_ns",
+    "overlap_ns",
 )
 WAIT_NAME = "prism:wait"
 POST_NAME = "prism:post"
@@ -72,7 +73,7 @@ class StageProgram:
     src_rank: int
     """Captured rank whose templates it was built from."""
     nodes: pd.DataFrame
-    """Template columns plus MB, LAYER, GSEQ, P2P_DIR, P2P_SEQ, DEPS, IS_WAIT, SKEW, IDLE."""
+    """Template columns plus MB, LAYER, GSEQ, P2P_DIR, P2P_SEQ, DEPS, IS_WAIT, SKEW, IDLE, OVERLAP."""
 
 
 def _sections(steps: tuple[Step, ...]) -> list[tuple[str, str]]:
@@ -294,26 +295,38 @@ def compose_stage(template: RoleTemplate, *, cfg: GPTConfig, captured: GPTConfig
     program.add(_segment(template, POST))
     nodes = finish_nodes(program.pieces)
     sizes = {"tp": cfg.tp, "dp": cfg.dp, "world": cfg.layout.world_size}
-    nodes[SKEW], nodes[IDLE] = waiting_columns(nodes, sizes, template.noise_cv, template.call_jitter_ns)
+    nodes[SKEW], nodes[IDLE], nodes[OVERLAP] = waiting_columns(
+        nodes, sizes, template.noise_cv, template.call_jitter_ns
+    )
     return StageProgram(stage=stage, src_rank=template.rank, nodes=nodes)
 
 
 def waiting_columns(
     nodes: pd.DataFrame, sizes: dict[str, int], noise_cv: float, call_jitter_ns: float
-) -> tuple[np.ndarray, np.ndarray]:
-    """(SKEW, IDLE) of a stage program: each collective's expected arrival skew over groups of
-    ``sizes`` (``prism.graph.sim.noise``), and each call's compute and gaps since the previous call.
-    What a rank does by itself: a compute node's duration after its arrival, plus every gap."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(SKEW, IDLE, OVERLAP) of a stage program: each collective's expected arrival skew over
+    groups of ``sizes`` (``prism.graph.sim.noise``), each call's compute and gaps since the
+    previous call, and each asynchronous call's compute and gaps while it is in flight (up to
+    its wait). What a rank does by itself: a compute node's duration after its arrival, plus
+    every gap."""
     is_comm = nodes[ot.IS_COMM].to_numpy(dtype=bool)
     own = np.where(is_comm, 0, nodes[ot.DUR_NS].to_numpy(dtype=np.int64))
-    work = own + nodes[ot.GAP_NS].to_numpy(dtype=np.int64)
+    gap = nodes[ot.GAP_NS].to_numpy(dtype=np.int64)
+    work = own + gap
     is_coll = is_comm & (nodes[P2P_DIR].to_numpy() == 0)
     axis = np.where(is_coll, nodes[GROUP_AXIS].to_numpy(dtype=object), "").astype(str)
     skew = collective_skew_ns(work, own, axis, sizes, noise_cv, call_jitter_ns)
     rows = np.flatnonzero(is_comm)
     idle = np.zeros(len(is_comm), np.int64)
     idle[rows] = np.round(work_between(work, own, rows)).astype(np.int64)
-    return skew, idle
+    in_flight = np.flatnonzero(is_comm & nodes[ot.IS_ASYNC].to_numpy(dtype=bool))
+    overlap = np.zeros(len(is_comm), np.int64)
+    if len(in_flight):
+        deps = [d if isinstance(d, list) else [] for d in nodes[DEPS]] if DEPS in nodes else [[]] * len(nodes)
+        deps_ptr = np.concatenate([[0], np.cumsum([len(d) for d in deps])])
+        flat = np.array([i for d in deps for i in d], np.int64)
+        overlap[in_flight] = work_in_flight(own, gap, in_flight, deps_ptr, flat)
+    return skew, idle, overlap
 
 
 def _finish_columns(frame: pd.DataFrame) -> pd.DataFrame:

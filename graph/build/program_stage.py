@@ -37,6 +37,7 @@ from prism.graph.build.compose import (
     IDLE,
     LAYER,
     MB,
+    OVERLAP,
     P2P_DIR,
     SKEW,
     StageProgram,
@@ -208,5 +209,5 @@ def program_stage(
     pieces.append(units.iloc[start:])
     nodes = finish_nodes(pieces)
     sizes = {"tp": layout.tp, "dp": layout.dp, "pp": layout.pp, "world": layout.world_size}
-    nodes[SKEW], nodes[IDLE] = waiting_columns(nodes, sizes, noise_cv, call_jitter_ns)
+    nodes[SKEW], nodes[IDLE], nodes[OVERLAP] = waiting_columns(nodes, sizes, noise_cv, call_jitter_ns)
     return StageProgram(stage=stage, src_rank=rank, nodes=nodes)

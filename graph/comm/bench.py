@@ -27,6 +27,7 @@ from __future__ import annotations
 import itertools
 import json
 import multiprocessing as mp
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -323,3 +324,147 @@ def _transfer(x, rank: int, *, tag: int, calls: int, sender_compute_s: float):
 
     recv.compute_before_s = 0.0  # computing through the transfer would hide its time
     return recv
+
+
+# -- collectives beside compute ----------------------------------------------------------------
+
+BUSY_CHUNK = 48
+"""Side of the square matmuls a busy member computes, polling its call between them (10-20 µs
+each on a 2-vCPU VM: the resolution of a busy call's end)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BusySample:
+    """A 2-member all-reduce of one size, its members idle through it and computing through it."""
+
+    bytes: int
+    idle_s: float
+    """Mean latency after the later issue, the call waited on at once."""
+    busy_s: float
+    """The same with both members computing from their issue until the call completes."""
+    compute_rate: float
+    """The members' matmul rate while the call is in flight over their rate with no call in
+    flight (1.0: the call takes nothing from the compute)."""
+    rounds: int
+
+    @property
+    def factor(self) -> float:
+        return self.busy_s / self.idle_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class _BusyPlan:
+    port: int
+    sizes: tuple[int, ...]
+    rounds: int
+    warmup: int
+    span_s: float
+    timeout_s: float
+    result_path: str
+
+
+def run_busy_benchmark(
+    *, sizes: tuple[int, ...], rounds: int, warmup: int = 3, span_s: float = 0.02, timeout_s: float = 300.0
+) -> list[BusySample]:
+    """Time a 2-process gloo all-reduce of each size in three ways, round after round (a slow
+    spell of the machine falls on all of them): idle (issued and waited on at once, as the
+    calibration's points are), busy (each member computes matmuls for ``span_s`` after issuing it,
+    polling it between them, then waits) and no call (the same compute alone, for the rate)."""
+    from torch.distributed.elastic.utils.distributed import get_free_port
+
+    if any(n < 4 for n in sizes) or rounds < 1 or warmup < 0 or not span_s > 0:
+        raise ValueError("busy benchmark: sizes of 4 bytes or more, rounds ≥ 1, warmup ≥ 0, a positive span")
+    with tempfile.TemporaryDirectory(prefix="prism-busy-") as tmp:
+        plan = _BusyPlan(
+            port=get_free_port(), sizes=tuple(sorted(sizes)), rounds=rounds, warmup=warmup, span_s=span_s,
+            timeout_s=timeout_s, result_path=str(Path(tmp) / "rows.json"),
+        )  # fmt: skip
+        ctx = mp.get_context("spawn")
+        procs = [ctx.Process(target=_busy_worker, args=(r, plan), daemon=True) for r in range(2)]
+        for proc in procs:
+            proc.start()
+        _join(procs, timeout_s)
+        members = json.loads(Path(plan.result_path).read_text())
+    return summarise_busy(members, rounds)
+
+
+def _compute_until(deadline_ns: int, a, work=None) -> tuple[int, int, int]:
+    """Matmuls until ``deadline_ns`` and, with ``work``, until it has completed; returns (matmuls,
+    when ``work`` was first seen complete (0: never polled), matmuls done before that)."""
+    import torch
+
+    done_ns, n, n_during = 0, 0, 0
+    while time.monotonic_ns() < deadline_ns or (work is not None and not done_ns):
+        torch.mm(a, a)
+        n += 1
+        if work is not None and not done_ns and work.is_completed():
+            done_ns, n_during = time.monotonic_ns(), n
+    return n, done_ns, n_during
+
+
+def _busy_worker(rank: int, plan: _BusyPlan) -> None:
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)  # one compute thread per member, as the jobs' ranks run
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{plan.port}", rank=rank, world_size=2,
+        timeout=timedelta(seconds=plan.timeout_s),
+    )  # fmt: skip
+    a = torch.randn(BUSY_CHUNK, BUSY_CHUNK)
+    span_ns = int(plan.span_s * 1e9)
+    tensors = {n: torch.zeros(max(1, n // 4)) for n in plan.sizes}
+    rows = []  # (bytes, way, issue_ns, done_ns, matmuls in flight, ns in flight)
+    for rnd in range(plan.warmup + plan.rounds):
+        for n in plan.sizes:
+            for way in ("idle", "busy", "no call"):
+                dist.barrier()
+                issue = time.monotonic_ns()
+                if way == "no call":
+                    count, _, _ = _compute_until(issue + span_ns, a)
+                    row = (n, way, issue, issue + span_ns, count, span_ns)
+                else:
+                    work = dist.all_reduce(tensors[n], async_op=True)
+                    if way == "idle":
+                        work.wait()
+                        row = (n, way, issue, time.monotonic_ns(), 0, 0)
+                    else:
+                        _, done, during = _compute_until(issue + span_ns, a, work)
+                        work.wait()
+                        row = (n, way, issue, done, during, done - issue)
+                if rnd >= plan.warmup:
+                    rows.append(row)
+    everyone = [None, None]
+    dist.all_gather_object(everyone, rows)
+    if rank == 0:
+        Path(plan.result_path).write_text(json.dumps(everyone))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def summarise_busy(members: list[list], rounds: int) -> list[BusySample]:
+    """Per size: each way's latency after the later issue (mean over members, then over rounds)
+    and the compute rate in flight. ``members``: each member's rows, in the same order."""
+    by_size: dict[int, dict[str, list[float]]] = {}
+    for rows in zip(*members, strict=True):
+        n, way = rows[0][0], rows[0][1]
+        stats = by_size.setdefault(n, {"idle": [], "busy": [], "rate": [], "alone": []})
+        if way == "no call":
+            stats["alone"] += [r[4] / r[5] for r in rows]
+            continue
+        last_issue = max(r[2] for r in rows)
+        stats[way].append(statistics.fmean(r[3] - last_issue for r in rows) / 1e9)
+        if way == "busy":
+            stats["rate"] += [r[4] / r[5] for r in rows if r[5] > 0]
+    return [
+        BusySample(
+            bytes=n,
+            idle_s=statistics.fmean(s["idle"]),
+            busy_s=statistics.fmean(s["busy"]),
+            compute_rate=statistics.fmean(s["rate"]) / statistics.fmean(s["alone"]) if s["rate"] else 1.0,
+            rounds=rounds,
+        )  # fmt: skip
+        for n, s in sorted(by_size.items())
+    ]

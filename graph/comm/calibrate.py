@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from prism.graph.comm.bench import CalibrationError, Sample, run_benchmark
+from prism.graph.comm.bench import CalibrationError, Sample, run_benchmark, run_busy_benchmark
 from prism.graph.comm.call_latency import LoggedCalls, call_latencies, capture_logs
 from prism.peers.comm_model import OPS, CommModel, op_class, single_node_terms
 from prism.schemas.cluster import OP_CLASSES, ClusterSpec, local_path
@@ -229,6 +229,11 @@ class CalibrationConfig:
     """Also time cold collectives after each of these compute gaps and write the spec's
     ``cold_call`` table (per gap, the median over sizes of cold mean − the spec's model) and its
     ``cold_call_by_size`` (the same per size)."""
+    busy_rounds: int = 0
+    """> 0: also time 2-member all-reduces of each size with both members computing through them,
+    against idle, over this many rounds (``bench.run_busy_benchmark``), and write the ratio of the
+    means into the spec's ``busy_call`` table (CPU test beds: gloo's exchanges need the cores the
+    members compute on)."""
     measured_table: bool = False
     """Write the timed points into the spec's ``measured`` table, so that calls within one node
     are priced from them (interpolated) rather than from the fitted α-β line. Off by default:
@@ -253,13 +258,18 @@ class CalibrationConfig:
             raise ValueError(f"the timeout must be a positive number of seconds, got {self.timeout_s}")
         if not self.compute_between_ms >= 0 or math.isinf(self.compute_between_ms):  # nan too
             raise ValueError(f"compute_between_ms must be 0 or more, got {self.compute_between_ms}")
+        if self.busy_rounds < 0:
+            raise ValueError(f"busy_rounds must be 0 (off) or more, got {self.busy_rounds}")
         if not all(0 < g < math.inf for g in self.cold_gaps_ms):
             raise ValueError(f"cold gaps must be positive milliseconds, got {self.cold_gaps_ms}")
         if not self.bench and not self.comm_logs:
             raise ValueError("without the microbenchmark there is nothing to fit: give --capture")
-        if not self.bench and (self.cold_gaps_ms or self.measured_table or self.compute_between_ms):
+        if not self.bench and (
+            self.cold_gaps_ms or self.measured_table or self.compute_between_ms or self.busy_rounds
+        ):
             raise ValueError(
-                "--cold-gaps-ms, --table and --compute-between-ms time the microbenchmark: not with --no-bench"
+                "--cold-gaps-ms, --busy-rounds, --table and --compute-between-ms time the microbenchmark: "
+                "not with --no-bench"
             )
 
 
@@ -431,6 +441,15 @@ def calibrate(config: CalibrationConfig) -> CalibrationResult:
             cold_call_by_size=cold.by_size,
             notes=spec.notes
             + f"; cold collectives after {', '.join(f'{g:g}' for g in config.cold_gaps_ms)} ms",
+        )
+    if config.busy_rounds:
+        busy = run_busy_benchmark(
+            sizes=config.sizes, rounds=config.busy_rounds, warmup=config.warmup, timeout_s=config.timeout_s
+        )
+        spec = replace(
+            spec,
+            busy_call={str(s.bytes): s.factor for s in busy},
+            notes=spec.notes + f"; all-reduces beside compute over {config.busy_rounds} rounds",
         )
     path = spec.save(config.out or local_path())
     # Checked against the α-β line alone: the measured table would reproduce its own points.

@@ -101,6 +101,14 @@ def calibrate_command(
             "job's collectives (a gradient all-reduce comes after the whole backward)."
         ),
     ] = "",
+    busy_rounds: Annotated[
+        int,
+        typer.Option(
+            help="Also time 2-member all-reduces of each size with both members computing through them, over "
+            "this many rounds (e.g. 30; 0: off), giving the spec's busy_call table: on a CPU test bed, what "
+            "a call costs beside compute (DDP's bucket all-reduces during backward)."
+        ),
+    ] = DEFAULT.busy_rounds,
     table: Annotated[
         bool,
         typer.Option(
@@ -115,7 +123,7 @@ def calibrate_command(
             sizes=tuple(parse_size(s) for s in sizes.split(",") if s.strip()),
             max_procs=max_procs, ops=tuple(o.strip() for o in ops.split(",") if o.strip()), reps=reps,
             timeout_s=timeout, comm_logs=tuple(capture or ()), bench=bench, out=out, compute_between_ms=compute_between_ms,
-            cold_gaps_ms=_gaps(cold_gaps_ms), measured_table=table,
+            cold_gaps_ms=_gaps(cold_gaps_ms), busy_rounds=busy_rounds, measured_table=table,
         )  # fmt: skip
         if bench:
             err_console.print(f"[bold]prism-calibrate[/] {config.max_procs} gloo processes, sizes {sizes}")

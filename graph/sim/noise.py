@@ -163,3 +163,38 @@ def work_between(
     last_arrival = arrival[last][np.cumsum(first) - 1]  # of the row's rank
     interval[first] = (arrival + total - last_arrival)[first]
     return interval
+
+
+def work_in_flight(
+    own_ns: np.ndarray,
+    gap_ns: np.ndarray,
+    calls: np.ndarray,
+    deps_ptr: np.ndarray,
+    deps: np.ndarray,
+    rank_ptr: np.ndarray | None = None,
+) -> np.ndarray:
+    """The work each asynchronous call of ``calls`` has its rank do while it is in flight: the
+    compute (``own_ns``) and gaps of the nodes after it up to the first later node of its lane
+    that depends on it (its wait), and that node's gap; 0 for a call nothing there waits for.
+
+    Nodes are in program order, grouped by lane (``rank_ptr``: where each lane's nodes begin,
+    then the end; None: one lane); ``deps_ptr``/``deps`` list each node's dependencies (CSR,
+    node indices)."""
+    calls = np.asarray(calls, dtype=np.int64)
+    if len(calls) == 0:
+        return np.zeros(0, np.int64)
+    n = len(own_ns)
+    if rank_ptr is None:
+        rank_ptr = np.array([0, n])
+    lane = np.searchsorted(rank_ptr, np.arange(n), side="right") - 1
+    owner = np.repeat(np.arange(n, dtype=np.int64), np.diff(deps_ptr))
+    deps = np.asarray(deps, dtype=np.int64)
+    waits = (owner > deps) & (lane[owner] == lane[deps])
+    first_wait = np.full(n, n, np.int64)
+    np.minimum.at(first_wait, deps[waits], owner[waits])
+    gap = np.asarray(gap_ns, dtype=np.int64)
+    cum = np.concatenate([[0], np.cumsum(np.asarray(own_ns, dtype=np.int64) + gap)])
+    wait = first_wait[calls]
+    at = np.minimum(wait, n - 1)
+    between = cum[at] - cum[calls + 1] + gap[at]
+    return np.where(wait < n, np.maximum(between, 0), 0)

@@ -17,7 +17,7 @@ import numpy as np
 from prism.graph.comm.placement import LayoutTables
 from prism.graph.sim.engine import COMPUTE, RECV, SEND
 from prism.graph.sim.load import graph_column
-from prism.graph.sim.noise import work_between
+from prism.graph.sim.noise import work_between, work_in_flight
 from prism.graph.sim.simulate import SimGraph
 from prism.peers.comm_model import CommModel
 from prism.schemas import graph_format as gf
@@ -157,8 +157,14 @@ def _recost(graph: SimGraph, path: Path, spec: ClusterSpec, ranks: np.ndarray) -
     spanned[p2p] = 1 + (tables.node_of_rank[rank[p2p]] != tables.node_of_rank[peer[p2p]])
     own = np.where(comm, 0, graph.dur)
     idle = np.round(work_between(own + graph.gap, own, np.flatnonzero(comm), graph.rank_ptr)).astype(np.int64)
+    calls = np.flatnonzero(comm)
+    overlap = np.where(
+        graph.is_async[calls],
+        work_in_flight(own, graph.gap, calls, graph.deps_ptr, graph.deps, graph.rank_ptr),
+        0,
+    )
     dur = graph.dur.copy()
-    dur[comm] = CommModel(spec).durations_ns(op, nbytes, size, spanned, idle_ns=idle)
+    dur[comm] = CommModel(spec).durations_ns(op, nbytes, size, spanned, idle_ns=idle, overlap_ns=overlap)
     return dur
 
 

@@ -9,7 +9,15 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from prism.graph.comm.bench import RECEIVER, _mean_latency_s, _Plan, _time_points, run_benchmark
+from prism.graph.comm.bench import (
+    RECEIVER,
+    _mean_latency_s,
+    _Plan,
+    _time_points,
+    run_benchmark,
+    run_busy_benchmark,
+    summarise_busy,
+)
 from prism.graph.comm.calibrate import (
     CalibrationConfig,
     CalibrationError,
@@ -126,6 +134,45 @@ def test_cold_gaps_give_the_spec_a_cold_call_table(tmp_path) -> None:
     loaded = ClusterSpec.load(tmp_path / "local.toml")
     assert loaded.cold_call == spec.cold_call and loaded.cold_call_by_size == spec.cold_call_by_size
     assert "cold collectives after 0.5, 2 ms" in spec.notes
+
+
+def test_busy_latencies_count_from_the_later_issue_and_rates_against_compute_alone() -> None:
+    ms = 1_000_000
+    # (bytes, way, issue_ns, done_ns, matmuls in flight, ns in flight), the same rows in each member.
+    member0 = [
+        (512, "idle", 0, 2 * ms, 0, 0),
+        (512, "busy", 0, 7 * ms, 35, 7 * ms),
+        (512, "no call", 0, 0, 100, 20 * ms),
+    ]
+    member1 = [
+        (512, "idle", 1 * ms, 2 * ms, 0, 0),
+        (512, "busy", 1 * ms, 5 * ms, 16, 4 * ms),
+        (512, "no call", 0, 0, 100, 20 * ms),
+    ]
+    (sample,) = summarise_busy([member0, member1], rounds=1)
+    assert sample.idle_s == pytest.approx(1e-3)  # both exits at 2 ms, the later issue at 1 ms
+    assert sample.busy_s == pytest.approx(5e-3)  # exits at 7 and 5 ms: 6 and 4 after it
+    assert sample.factor == pytest.approx(5.0)
+    assert sample.compute_rate == pytest.approx(((35 / 7 + 16 / 4) / 2) / 5)  # against 5 matmuls a ms alone
+
+
+@pytest.mark.slow
+def test_busy_rounds_give_the_spec_a_busy_call_table(tmp_path) -> None:
+    samples = run_busy_benchmark(sizes=(64 * KiB, 1 * MiB), rounds=2, warmup=1, span_s=0.005, timeout_s=60)
+    assert [s.bytes for s in samples] == [64 * KiB, 1 * MiB]
+    assert all(s.idle_s > 0 and s.busy_s > 0 and 0 < s.compute_rate < 2 and s.rounds == 2 for s in samples)
+    config = CalibrationConfig(
+        sizes=(4 * KiB, 8 * MiB), max_procs=2, ops=("all_reduce",), reps=2, timeout_s=60,
+        out=tmp_path / "local.toml", busy_rounds=2,
+    )  # fmt: skip
+    spec = calibrate(config).spec
+    assert set(spec.busy_call) == {str(4 * KiB), str(8 * MiB)} and all(v > 0 for v in spec.busy_call.values())
+    assert ClusterSpec.load(tmp_path / "local.toml").busy_call == spec.busy_call
+    assert "all-reduces beside compute over 2 rounds" in spec.notes
+    with pytest.raises(ValueError, match="busy_rounds"):
+        CalibrationConfig(busy_rounds=-1)
+    with pytest.raises(ValueError, match="--busy-rounds"):
+        CalibrationConfig(bench=False, comm_logs=(tmp_path,), busy_rounds=3)
 
 
 @pytest.mark.slow

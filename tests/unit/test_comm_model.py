@@ -268,6 +268,11 @@ GOOD = SPEC.to_toml()
         (GOOD + "\n[cold_call_by_size.512]\nhalf = 0.001\n", "whole microseconds"),
         (GOOD + "\n[cold_call_by_size.512]\n500 = nan\n", "finite number"),
         ("cold_call_by_size = 3\n" + GOOD, "bytes -> cold table"),
+        (GOOD.replace("[busy_call]", "[busy_call]\nsmall = 2.0"), "call sizes in bytes"),
+        (GOOD.replace("[busy_call]", "[busy_call]\n0 = 2.0"), "call sizes in bytes"),
+        (GOOD.replace("[busy_call]", "[busy_call]\n512 = 0"), "must be positive"),
+        (GOOD.replace("[busy_call]", "[busy_call]\n512 = inf"), "finite number"),
+        ("busy_call = 3\n" + GOOD.replace("[busy_call]\n", ""), "bytes -> factor"),
         (
             GOOD.replace("[bandwidth_efficiency]", "[bandwidth_efficiency]\nallreduce = 0.9"),
             "unknown op class",
@@ -308,6 +313,44 @@ def test_calls_after_a_short_compute_can_be_cheaper_but_never_below_the_floor() 
     assert warm[0] > 1_000_000 and cold[0] == warm[0] - 200_000  # a large call: the whole 0.2 ms off
     assert warm[1] < 400_000 and cold[1] == int(warm[1] * COLD_FLOOR)  # a small one: down to the floor
     assert cold[2] == warm[2]  # p2p: no cold price
+
+
+def test_busy_factor_interpolates_in_log_bytes_and_never_goes_below_one() -> None:
+    spec = replace(SPEC, busy_call={"65536": 3.0, "1048576": 2.0, "16777216": 0.8})
+    assert ClusterSpec.from_toml(spec.to_toml()) == spec
+    # 262144 is halfway in log2 between 64 KiB and 1 MiB; flat outside; 0.8 floored to 1.
+    # 4 MiB: halfway between 1 MiB (2.0) and 16 MiB (0.8).
+    assert spec.busy_factor([512, 65536, 262144, 1048576, 4194304, 2**30]).tolist() == pytest.approx(
+        [3.0, 3.0, 2.5, 2.0, 1.4, 1.0]
+    )
+    assert SPEC.busy_factor([512, 2**30]).tolist() == [1.0, 1.0]  # no table: no stretch
+
+
+def test_a_collective_its_rank_computes_beside_is_stretched_by_processor_sharing() -> None:
+    """A price D with factor f: the call runs at 1/f of its rate while its rank computes, at the
+    full rate after; at most f·D."""
+    spec = replace(SPEC, busy_call={"65536": 3.0})
+    model, plain = CommModel(spec), CommModel(SPEC)
+    ops = np.array(["all_reduce"] * 4 + ["send", "all_reduce"])
+    args = (np.full(6, 65536), np.array([2, 2, 2, 2, 2, 1]), np.ones(6, np.int64))
+    d = int(plain.durations_ns("all_reduce", np.array([65536]), np.array([2]), np.array([1]))[0])
+    overlap = np.array([0, 3 * d // 2, 3 * d, 100 * d, 100 * d, 100 * d])
+    busy = model.durations_ns(ops, *args, overlap_ns=overlap)
+    # D + overlap·(1 − 1/3): 1.5 D of compute -> 2 D; 3 D and more -> capped at 3 D.
+    assert busy[:4].tolist() == [d, 2 * d, 3 * d, 3 * d]
+    assert busy[4] == plain.durations_ns(ops, *args)[4]  # a transfer: not a collective's threads
+    assert busy[5] == 0  # a group of one costs nothing
+    assert (model.durations_ns(ops, *args) == plain.durations_ns(ops, *args)).all()  # no overlap given
+
+
+def test_busy_calls_stretch_the_warm_price_and_the_cold_latency_adds_on_top() -> None:
+    spec = replace(SPEC, busy_call={"65536": 2.0}, cold_call={"1000": 1e-4})
+    args = (np.array([65536]), np.array([2]), np.array([1]))
+    warm = CommModel(SPEC).durations_ns("all_reduce", *args)[0]
+    both = CommModel(spec).durations_ns(
+        "all_reduce", *args, idle_ns=np.array([10**6]), overlap_ns=np.array([10**9])
+    )
+    assert both[0] == 2 * warm + 100_000
 
 
 # -- measured points ---------------------------------------------------------------------------

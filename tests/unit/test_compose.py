@@ -37,7 +37,7 @@ ACT_BYTES = CAPTURED.micro_batch_size * CAPTURED.seq_len * CAPTURED.hidden * 4
 class FakeComm:
     """Comm model stand-in: 1 µs per KiB, so durations are easy to check."""
 
-    def durations_ns(self, ops, nbytes, group_size, nodes_spanned, idle_ns=None):
+    def durations_ns(self, ops, nbytes, group_size, nodes_spanned, idle_ns=None, overlap_ns=None):
         return (np.asarray(nbytes) // 1024 * 1000).astype(np.int64)
 
 

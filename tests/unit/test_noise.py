@@ -10,13 +10,14 @@ import pytest
 from test_compose import CAPTURED, template
 
 from prism.graph.build import op_table as ot
-from prism.graph.build.compose import GROUP_AXIS, P2P_DIR, SKEW, compose_stage
+from prism.graph.build.compose import DEPS, GROUP_AXIS, IS_WAIT, OVERLAP, P2P_DIR, SKEW, compose_stage
 from prism.graph.sim.noise import (
     call_jitter_ns,
     collective_skew_ns,
     expected_max_normal,
     iteration_cv,
     work_between,
+    work_in_flight,
 )
 from prism.schemas.iterations import STEADY_CLEAN
 
@@ -96,6 +97,36 @@ def test_composed_programs_skew_only_their_collectives() -> None:
     assert dp[SKEW].iloc[0] > tp[SKEW].max()  # a whole iteration since the last gradient sync
     quiet = compose_stage(template(1), cfg=CAPTURED, captured=CAPTURED, stage=1).nodes
     assert (quiet[SKEW] == 0).all()
+
+
+def _csr(deps: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    return np.cumsum([0] + [len(d) for d in deps]), np.array([i for d in deps for i in d], np.int64)
+
+
+def test_work_in_flight_is_what_the_rank_does_between_a_call_and_its_wait() -> None:
+    # Lane 0: call 0 (async), compute 1-2, wait 3 on 0; call 4, never waited for.
+    # Lane 1: compute 5, wait 6 on lane 0's call 0 (another lane's node: not its wait).
+    own = np.array([0, 100, 200, 0, 0, 50, 0])
+    gap = np.array([0, 10, 20, 30, 0, 5, 0])
+    ptr, flat = _csr([[], [], [], [0], [], [], [0]])
+    got = work_in_flight(own, gap, np.array([0, 4]), ptr, flat, rank_ptr=np.array([0, 5, 7]))
+    assert got.tolist() == [100 + 10 + 200 + 20 + 30, 0]
+    # One lane: lane 1's wait is now the only later dependent after lane 0's own wait.
+    assert work_in_flight(own, gap, np.array([0]), ptr, flat).tolist() == [360]
+    assert work_in_flight(own, gap, np.array([], np.int64), ptr, flat).tolist() == []
+
+
+def test_composed_async_calls_carry_the_compute_they_fly_beside() -> None:
+    nodes = compose_stage(template(1), cfg=CAPTURED, captured=CAPTURED, stage=1).nodes
+    is_async = nodes[ot.IS_COMM].to_numpy(dtype=bool) & nodes[ot.IS_ASYNC].to_numpy(dtype=bool)
+    assert is_async.any() and (nodes.loc[~is_async, OVERLAP] == 0).all()
+    own = np.where(nodes[ot.IS_COMM], 0, nodes[ot.DUR_NS]) + nodes[ot.GAP_NS].to_numpy()
+    for call in np.flatnonzero(is_async):
+        wait = next(
+            i for i in range(call + 1, len(nodes)) if nodes[IS_WAIT].iat[i] and call in nodes[DEPS].iat[i]
+        )
+        assert nodes[OVERLAP].iat[call] == own[call + 1 : wait].sum() + nodes[ot.GAP_NS].iat[wait]
+    assert (nodes.loc[is_async, OVERLAP] > 0).any()
 
 
 def test_graph_wide_intervals_equal_each_programs_own() -> None:

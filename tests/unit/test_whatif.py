@@ -61,3 +61,32 @@ def test_slow_rank_scales_only_its_compute(tmp_path: Path) -> None:
     assert list(simulate(slow, iterations=1).iteration_ns) == [610, 610]
     with pytest.raises(WhatIfError, match="not in the graph"):
         apply_what_if(g, path, WhatIf(slow_ranks=(SlowRank(rank=9, factor=2.0),)))
+
+
+def test_a_cluster_what_if_prices_async_calls_by_the_compute_they_fly_beside(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    import numpy as np
+
+    from prism.peers.comm_model import CommModel
+    from prism.schemas.cluster import preset
+
+    cfg = config(tp=2)
+    call = collective(9, 10, 2, **{gf.NAME: "all_reduce", gf.BYTES: 65536, gf.IS_ASYNC: True})
+    wait = compute(0, **{gf.DEPS: [0]})
+    programs = [
+        [call, compute(1000), compute(2000), wait, collective(10, 10, 2, **{gf.NAME: "all_reduce"})]
+    ] * 2
+    path = write(tmp_path / "g.parquet", cfg, programs)
+    g = load_sim_graph(path)
+    plain = replace(preset("h100-ib"), name="plain")
+    busy = replace(plain, busy_call={"65536": 2.0})
+    d = CommModel(plain).duration_ns("all_reduce", 65536, 2, 1)
+    priced = apply_what_if(g, path, WhatIf(cluster=busy)).dur
+    # In flight beside 3,000 ns of compute, at half its rate: D + 1,500 ns, at most 2 D.
+    assert (
+        priced.tolist()
+        == [min(2 * d, d + 1500), 1000, 2000, 0, CommModel(plain).duration_ns("all_reduce", 0, 2, 1)] * 2
+    )
+    assert (apply_what_if(g, path, WhatIf(cluster=plain)).dur[[0, 5]] == d).all()
+    assert np.array_equal(g.dur[[0, 5]], [10, 10])  # the original is untouched
