@@ -108,7 +108,9 @@ def normalize_rank(capture_dir: str | os.PathLike, rank: int) -> pd.DataFrame:
     )
     _add_marks(df, np.maximum(start, end - 1), marks)
     _add_comm(df, log, files.comm(rank))
-    _take_out_held(df, log)
+    offset = _trace_offset(df, log)
+    _waits_on_trace_clock(df, offset)
+    _take_out_held(df, log, offset)
     mem = attribute_memory(trace.memory, start, end, its["start_ns"].to_numpy()[win])
     df[T.ALLOC_BYTES], df[T.FREE_BYTES] = mem.alloc_bytes, mem.free_bytes
     df[T.GAP_ALLOC_BYTES], df[T.GAP_FREE_BYTES] = mem.gap_alloc_bytes, mem.gap_free_bytes
@@ -221,20 +223,35 @@ def _add_comm(df: pd.DataFrame, log: CommLog, path: Path) -> None:
     df.loc[df[T.IS_COMM], T.NAME] = df.loc[df[T.IS_COMM], T.COMM_OP]
 
 
-def _take_out_held(df: pd.DataFrame, log: CommLog) -> None:
-    """Take the time prism held the program (a paced capture's emulated waits and engine work)
-    out of the gaps and durations it fell in: they are to hold the program's own time, and the
-    graph charges the waits itself. The waits are on the wall clock (comm log), the units on the
-    trace's: the offset between the two is ``trace_offset_ns`` of the calls' marks."""
-    held = HeldTime(log)
-    if not held or not df[T.IS_COMM].any():
-        return
+def _trace_offset(df: pd.DataFrame, log: CommLog) -> int | None:
+    """The trace's clock minus the comm log's (``trace_offset_ns`` of the calls' marks); None
+    without calls."""
+    if not df[T.IS_COMM].any():
+        return None
     enter = {(c.group, c.gseq): c.enter_ns for c in log.calls}
     comm = df[df[T.IS_COMM]]
-    offset = trace_offset_ns(
+    return trace_offset_ns(
         (start, enter[(group, gseq)])
         for start, group, gseq in zip(comm[T.START_NS], comm[T.GROUP_NAME], comm[T.GSEQ], strict=True)
     )
+
+
+def _waits_on_trace_clock(df: pd.DataFrame, offset: int | None) -> None:
+    """Where the program waited for each call, on the trace's clock as the units' starts are
+    (``program_stage`` places each wait among them)."""
+    if offset is not None:
+        waited = df[T.FIRST_WAIT_NS].to_numpy() > 0
+        df.loc[waited, T.FIRST_WAIT_NS] += offset
+
+
+def _take_out_held(df: pd.DataFrame, log: CommLog, offset: int | None) -> None:
+    """Take the time prism held the program (a paced capture's emulated waits and engine work)
+    out of the gaps and durations it fell in: they are to hold the program's own time, and the
+    graph charges the waits itself. The waits are on the wall clock (comm log), the units on the
+    trace's, ``offset`` (``_trace_offset``) after it."""
+    held = HeldTime(log)
+    if not held or offset is None:
+        return
     start = df[T.START_NS].to_numpy() - offset
     end = start + df[T.DUR_NS].to_numpy()
     until = np.array(

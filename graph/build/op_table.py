@@ -44,7 +44,7 @@ BYTES = "bytes"  # payload bytes this rank contributes (recv: receives)
 DTYPE = "dtype"
 PEER = "peer"  # global rank of the other side of send/recv/broadcast
 IS_ASYNC = "is_async"  # CommCall.async_op
-FIRST_WAIT_NS = "first_wait_ns"  # CommCall.first_wait_ns: where the program waited for it (0: unseen)
+FIRST_WAIT_NS = "first_wait_ns"  # CommCall.first_wait_ns, on the trace's clock (0: not waited on)
 POST_NS = "post_ns"  # derived by the build: an async transfer's post, host time run after its call
 
 # -- memory (one device: the accelerator when the trace has its events, else the CPU) ---------

@@ -27,6 +27,7 @@ END = ITERATION_END
 RANK = 5
 TID = 100
 BASE_NS = 1_700_000_000_000_000_000
+LOG_BEHIND_NS = 20_000
 TP_GROUP = CommGroup(name="g-tp", label="tp.0", ranks=(4, 5), real_ranks=(5,))
 
 
@@ -53,10 +54,13 @@ class Capture:
         self.events.append(_span(name, "user_annotation", ts, dur, tid, self._rf))
 
     def comm(
-        self, ts: float, dur: float, gseq: int, *, group: CommGroup = TP_GROUP, op: str = "all_reduce"
-    ) -> None:
+        self, ts: float, dur: float, gseq: int, *, group: CommGroup = TP_GROUP, op: str = "all_reduce",
+        waited_at: float | None = None,
+    ) -> None:  # fmt: skip
+        """A call whose log is on a clock 20 µs behind the trace's; ``waited_at``: where the
+        program waited for it, in the trace's µs."""
         self.mark(f"prism:comm|op={op}|group={group.label}|gseq={gseq}|bytes=64", ts, dur)
-        enter = BASE_NS + int(ts * 1000) - 20_000
+        enter = BASE_NS + int(ts * 1000) - LOG_BEHIND_NS
         self.calls.append(
             CommCall(
                 seq=len(self.calls),
@@ -72,6 +76,7 @@ class Capture:
                 peer=4 if op == "send" else None,
                 enter_ns=enter,
                 exit_ns=enter + int(dur * 1000) + 30_000,
+                first_wait_ns=0 if waited_at is None else BASE_NS + int(waited_at * 1000) - LOG_BEHIND_NS,
             )
         )
 
@@ -180,6 +185,15 @@ def test_comm_mark_absorbs_its_ops_and_joins_the_log(cap: Capture) -> None:
     assert not comm[T.IS_ASYNC] and comm[T.ET_INPUT_SHAPES] == ""
     plain = df.iloc[0]
     assert (plain[T.COMM_OP], plain[T.GSEQ], plain[T.PEER], plain[T.GROUP_NAME]) == ("", -1, -1, "")
+
+
+def test_where_the_program_waited_is_on_the_traces_clock(cap: Capture) -> None:
+    cap.mark("prism:iter|iter=0", 0, 100)
+    cap.comm(10, 8, gseq=0, waited_at=50)
+    cap.op("aten::add", 30, 30)
+    cap.comm(70, 8, gseq=1)
+    df = ops(normalize_rank(cap.write(), RANK))
+    assert df[T.FIRST_WAIT_NS].tolist() == [ns(50), 0, 0]  # within aten::add, as the program was
 
 
 def test_op_wrapping_a_comm_is_opened(cap: Capture) -> None:
