@@ -38,10 +38,11 @@ def resolve_spec(
 ) -> SpecChoice:  # fmt: skip
     """``path`` if given; else the calibrated 'local' preset; else (or if ``recalibrate``) calibrate now.
 
-    A fresh calibration times gloo ``ops`` (all_reduce and send/recv) of ``sizes`` between 2 processes
-    (fitted, and written into the spec's measured table too if ``measured_table``; cold calls
-    after ``compute_between_ms`` of compute when > 0; a ``cold_call`` table for
-    ``cold_gaps_ms``; a ``busy_call`` table over ``busy_rounds`` rounds) and is written to ``calibrate_into``, never to the shared 'local' path.
+    A fresh calibration times gloo ``ops`` (all_reduce and send/recv) of ``sizes`` between 2
+    processes (fitted, and written into the spec's measured table too if ``measured_table``; cold
+    calls after ``compute_between_ms`` of compute when > 0; a ``cold_call`` table for
+    ``cold_gaps_ms``; a ``busy_call`` table over ``busy_rounds`` rounds > 0) and is written to
+    ``calibrate_into``, never to the shared 'local' path.
     """
     if path is not None:
         return SpecChoice(spec=ClusterSpec.load(path), source=f"{path} (given)")
