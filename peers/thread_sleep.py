@@ -7,7 +7,9 @@ trace as a gap the graph would keep as the program's own time, on top of the wai
 models. The kernel counts a thread's time on a core and waiting for one
 (``/proc/<pid>/task/<tid>/schedstat``, ns); whatever else of a stretch of wall time it spent
 asleep. Where the kernel does not give these counts (not Linux), nothing is measured and
-nothing is noted.
+nothing is noted. A total does not say whether the thread slept in one stretch (a block on the
+call) or in many short ones (a lock, the interpreter handed to another thread): only a thread
+that is blocked as the call completes (``blocked``) was waiting for it.
 """
 
 from __future__ import annotations
@@ -52,6 +54,36 @@ def _run_ns(tid: int) -> int | None:
     except (OSError, ValueError):
         return None
     return int(on_cpu) + int(waiting)
+
+
+BLOCKED_CHECK_S = 50e-6
+"""How long ``blocked`` watches a thread's run time, the interpreter let go meanwhile."""
+
+
+def blocked(tid: int) -> bool | None:
+    """Whether thread ``tid`` of this process is blocked on something other than the interpreter:
+    asleep now (the kernel's state S or D) and not run at all over ``BLOCKED_CHECK_S`` with the
+    caller's hold on the interpreter let go (a thread waiting for the interpreter takes it and
+    runs); None where the kernel does not say."""
+    state, before = _state(tid), _run_ns(tid)
+    if state is None or before is None:
+        return None
+    if not state:
+        return False
+    time.sleep(BLOCKED_CHECK_S)  # lets go of the interpreter
+    after = _run_ns(tid)
+    return None if after is None else after == before
+
+
+def _state(tid: int) -> bool | None:
+    """Asleep (S or D) now; None if the thread's state cannot be read (ended, not Linux)."""
+    try:
+        with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 1 :].split()  # the name before it may hold spaces
+    return fields[0] in (b"S", b"D") if fields else None
 
 
 def probe() -> SleepProbe | None:

@@ -178,15 +178,18 @@ class VirtualCompletion:
         future.set_result(result)
 
     def _note_unseen_wait(self, taken: thread_sleep.SleepProbe) -> None:
-        """If the thread that took the future has slept since, unseen by prism, and from well
-        before the call's time, the call held it from then. (A sleep that began after the call's
-        time is not a wait for it: a thread that computes still hands the interpreter to the
-        completing thread for a moment, and sleeps meanwhile.)"""
+        """If the thread that took the future is blocked as the call completes and has slept since,
+        unseen by prism, from well before the call's time, the call held it from then. (A thread
+        still computing slept in short stretches, a lock or the interpreter handed to another
+        thread, not on the call: noted, they would put a wait in the middle of DDP's backward,
+        where the program never blocked. A sleep that began after the call's time is not a wait
+        for it either: a thread that computes still hands the interpreter to the completing
+        thread for a moment, and sleeps meanwhile.)"""
         record = self._record
         if record.first_wait_ns:
             return
         slept = thread_sleep.slept_since(taken)
-        if slept is None:
+        if slept is None or not thread_sleep.blocked(taken.tid):
             return
         now, ns = slept
         began = max(now - ns, taken.wall_ns)

@@ -148,6 +148,43 @@ def test_a_handed_out_future_that_completes_while_its_thread_computes_notes_no_w
 
 
 @needs_schedstat
+def test_short_sleeps_of_a_thread_that_computes_through_the_call_are_not_a_wait() -> None:
+    # DDP's first bucket: the future is taken and the backward goes on; the thread sleeps now and
+    # then (a lock, the interpreter), a few ms in all, but never blocks on the call.
+    a = torch.randn(96, 96)
+    completion, work, _ = virtual_call(note_unseen_waits=True)
+    future = work.get_future()
+    taken = thread_sleep.probe()
+    due = time.time_ns() + 40_000_000
+    completion.at(due)
+    for _ in range(10):  # short sleeps in the first half of the call's flight
+        time.sleep(0.001)
+        _busy(0.001)
+    deadline = time.time_ns() + 5_000_000_000
+    while not future.done() and time.time_ns() < deadline:
+        torch.mm(a, a)  # computing, the interpreter let go inside, as a backward does
+    assert future.done() and thread_sleep.slept_since(taken)[1] > 5_000_000
+    assert completion._record.wait_ns == completion._record.first_wait_ns == 0
+
+
+@needs_schedstat
+def test_a_thread_is_blocked_while_it_waits_and_not_while_it_computes() -> None:
+    me = threading.get_native_id()
+    assert thread_sleep.blocked(me) is False  # running: reading its own state
+    gate = threading.Event()
+    tids: list[int] = []
+    waiter = threading.Thread(target=lambda: (tids.append(threading.get_native_id()), gate.wait()))
+    waiter.start()
+    deadline = time.time() + 5
+    while (not tids or not thread_sleep.blocked(tids[0])) and time.time() < deadline:
+        time.sleep(0.001)
+    assert thread_sleep.blocked(tids[0]) is True
+    gate.set()
+    waiter.join()
+    assert not thread_sleep.blocked(tids[0])  # ended (its entry may linger a moment)
+
+
+@needs_schedstat
 def test_a_wait_prism_sees_is_not_noted_again_as_unseen() -> None:
     # The program waits on the Work from Python: its own wait, noted as such, and the scheduler
     # leaves the completion to it.
