@@ -124,7 +124,7 @@ class ClusterSpec:
     sizes, never below 1. A call its rank computes beside for part of its flight is priced in
     between (``prism.peers.comm_model``). Empty: calls cost the same whatever their members do
     while they run. On a CPU test bed a gloo call's exchanges run on threads that must take a
-    core from the members' compute (``prism-calibrate --busy-rounds`` measures it: 2-4x on a
+    core from the members' compute (``prism-calibrate --busy-rounds`` measures it: 2-7x on a
     2-vCPU VM); NCCL's run on the device."""
     measured: Mapping[str, Mapping[int, Points]] = field(default_factory=dict, hash=False)
     """Measured durations of calls within one node: op class -> group size -> (bytes, seconds)
