@@ -368,8 +368,9 @@ def run_busy_benchmark(
 ) -> list[BusySample]:
     """Time a 2-process gloo all-reduce of each size in three ways, round after round (a slow
     spell of the machine falls on all of them): idle (issued and waited on at once, as the
-    calibration's points are), busy (each member computes matmuls for ``span_s`` after issuing it,
-    polling it between them, then waits) and no call (the same compute alone, for the rate)."""
+    calibration's points are), busy (each member computes matmuls after issuing it, polling it
+    between them, for at least ``span_s`` and until it has completed) and no call (the same
+    compute alone for ``span_s``, for the rate)."""
     from torch.distributed.elastic.utils.distributed import get_free_port
 
     if any(n < 4 for n in sizes) or rounds < 1 or warmup < 0 or not span_s > 0:
