@@ -15,7 +15,6 @@ import pyarrow as pa
 
 from prism.graph.build import op_table as ot
 from prism.graph.build.compose import (
-    DEPS,
     GSEQ,
     IDLE,
     LAYER,
@@ -25,6 +24,7 @@ from prism.graph.build.compose import (
     P2P_SEQ,
     SKEW,
     StageProgram,
+    deps_csr,
 )
 from prism.graph.build.templates import GROUP_AXIS
 from prism.graph.comm.placement import LayoutTables
@@ -113,9 +113,7 @@ def encode_program(program: StageProgram) -> EncodedProgram:
         columns[name] = nodes[name].to_numpy(dtype=np.int64)
     columns[gf.IS_ASYNC] = nodes[ot.IS_ASYNC].to_numpy(dtype=bool)
     columns["comm_op"] = nodes[ot.COMM_OP].to_numpy(dtype=object).astype(str)
-    lengths = np.array([len(d) for d in nodes[DEPS]], np.int32)
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-    values = np.array([i for d in nodes[DEPS] for i in d], np.int32)
+    offsets, values = deps_csr(nodes)
     return EncodedProgram(program, columns, dictionaries, offsets, values)
 
 

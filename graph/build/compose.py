@@ -322,11 +322,17 @@ def waiting_columns(
     in_flight = np.flatnonzero(is_comm & nodes[ot.IS_ASYNC].to_numpy(dtype=bool))
     overlap = np.zeros(len(is_comm), np.int64)
     if len(in_flight):
-        deps = [d if isinstance(d, list) else [] for d in nodes[DEPS]] if DEPS in nodes else [[]] * len(nodes)
-        deps_ptr = np.concatenate([[0], np.cumsum([len(d) for d in deps])])
-        flat = np.array([i for d in deps for i in d], np.int64)
-        overlap[in_flight] = work_in_flight(own, gap, in_flight, deps_ptr, flat)
+        overlap[in_flight] = work_in_flight(own, gap, in_flight, *deps_csr(nodes))
     return skew, idle, overlap
+
+
+def deps_csr(nodes: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """The DEPS column of finished nodes (``finish_nodes``: a list each) as (offsets, values),
+    int32: node ``i`` depends on ``values[offsets[i]:offsets[i + 1]]``."""
+    deps = nodes[DEPS]
+    offsets = np.concatenate([[0], np.cumsum([len(d) for d in deps])]).astype(np.int32)
+    values = np.array([i for d in deps for i in d], np.int32)
+    return offsets, values
 
 
 def _finish_columns(frame: pd.DataFrame) -> pd.DataFrame:
