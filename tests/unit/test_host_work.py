@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 
@@ -98,3 +100,26 @@ def test_a_rank_job_asks_for_it_on_cpu_only() -> None:
     assert (
         host_work_of(dataclasses.replace(job, config=GPTConfig(device="cuda"))) is None
     )  # NCCL: on the device
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs a core for each thread")
+def test_the_work_goes_on_while_the_programs_thread_holds_the_interpreter() -> None:
+    # gloo's threads never take the interpreter lock: the work must not wait for the program.
+    work = HostWork({"all_reduce": 1.0})
+    done = threading.Event()
+    work.start("all_reduce", 60 * 10**6, None, then=done.set)  # 60 ms of work
+    time.sleep(0.01)  # the work's thread takes the task and enters the work
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(10.0)  # pure Python below keeps the lock until it sleeps
+    try:
+        spin_until = time.perf_counter() + 0.2
+        while time.perf_counter() < spin_until:
+            pass
+    finally:
+        sys.setswitchinterval(interval)
+    spun = time.perf_counter()
+    assert done.wait(timeout=10)
+    # The work ran beside the spin; a loop that needed the lock between chunks would be about
+    # one chunk in, its 60 ms still ahead.
+    assert time.perf_counter() - spun < 0.03
+    assert work.done_ns >= 55_000_000
