@@ -71,6 +71,13 @@ class NodeKind(enum.StrEnum):
     RECV = "recv"  # pipeline transfer from ``peer``
 
 
+WAIT_NAME = "prism:wait"
+"""``name`` of a zero-cost compute node that waits for asynchronous calls."""
+POST_NAME = "prism:post"
+"""``name`` of a compute node right after an asynchronous call on CPU: the host time the call
+took the program's thread (the post), which the comm model does not price."""
+
+
 # Column names: every reader and writer uses these constants.
 RANK = "rank"
 STREAM = "stream"

@@ -32,6 +32,7 @@ from prism.graph.build.templates import (
 from prism.graph.sim.noise import collective_skew_ns, work_between, work_in_flight
 from prism.schemas.annotations import Direction, Phase, block_kind
 from prism.schemas.gpt_params import stage_buckets
+from prism.schemas.graph_format import POST_NAME, WAIT_NAME
 from prism.schemas.pipeline_schedule import Action, Step, one_f_one_b
 from prism.schemas.workload import GPTConfig
 
@@ -48,8 +49,6 @@ MB, LAYER, GSEQ, P2P_DIR, P2P_SEQ, DEPS, IS_WAIT, SKEW, IDLE, OVERLAP = (
     "idle_ns",
     "overlap_ns",
 )
-WAIT_NAME = "prism:wait"
-POST_NAME = "prism:post"
 
 _STEP_KINDS = {
     Action.FORWARD: FWD,
@@ -307,8 +306,9 @@ def waiting_columns(
     """(SKEW, IDLE, OVERLAP) of a stage program: each collective's expected arrival skew over
     groups of ``sizes`` (``prism.graph.sim.noise``), each call's compute and gaps since the
     previous call, and each asynchronous call's compute and gaps while it is in flight (up to
-    its wait). What a rank does by itself: a compute node's duration after its arrival, plus
-    every gap."""
+    its wait; posts left out: a post is the call's own host work, which runs the call rather than
+    competing with it). What a rank does by itself: a compute node's duration after its arrival,
+    plus every gap."""
     is_comm = nodes[ot.IS_COMM].to_numpy(dtype=bool)
     own = np.where(is_comm, 0, nodes[ot.DUR_NS].to_numpy(dtype=np.int64))
     gap = nodes[ot.GAP_NS].to_numpy(dtype=np.int64)
@@ -322,7 +322,8 @@ def waiting_columns(
     in_flight = np.flatnonzero(is_comm & nodes[ot.IS_ASYNC].to_numpy(dtype=bool))
     overlap = np.zeros(len(is_comm), np.int64)
     if len(in_flight):
-        overlap[in_flight] = work_in_flight(own, gap, in_flight, *deps_csr(nodes))
+        computing = np.where(nodes[ot.NAME].to_numpy() == POST_NAME, 0, own)
+        overlap[in_flight] = work_in_flight(computing, gap, in_flight, *deps_csr(nodes))
     return skew, idle, overlap
 
 

@@ -24,12 +24,14 @@ device. On CPU a blocking call is the collective (gloo runs it on the host, and 
 was measured on such calls), so its captured time is dropped. On CUDA the host only launches the
 call and the device runs the collective: the captured time is the launch, host work the model
 does not price, and it stays, scaled like compute, in the gap before the call's node (the role's
-factor is over iterations that include it). A transfer posted asynchronously on CPU is host work
-too, the post (some 30-230 µs of a stage's time per transfer, ``host_kept``), but gloo's post
-begins the transfer (it writes from the calling thread) and the calibrated price runs from its
-start: so the post runs *after* the call's node (``ot.POST_NS``, a node of its own,
-``compose.finish_nodes``), the transfer starting where the program posts it and the program
-going on once its post is done.
+factor is over iterations that include it). A call made asynchronously on CPU is host work too,
+the post (``host_kept``): some 30-230 µs of a stage's time per posted transfer; for a DDP bucket's
+all-reduce the issue and the program's thread giving way to the call's own work on the same cores
+(the host work of virtual calls, ``prism.peers.host_work``; 0.5-0.8 ms a call in a 14 ms model's
+capture, which the graph had dropped and the real run's backward holds). gloo's post begins the
+call and the calibrated price runs from its start: so the post runs *after* the call's node
+(``ot.POST_NS``, a node of its own, ``compose.finish_nodes``), the call starting where the
+program posts it and the program going on once its post is done.
 
 Which warm-up iterations are clean is ``prism.schemas.iterations.clean_unprofiled``.
 """
@@ -48,7 +50,6 @@ import pandas as pd
 from prism.graph.build import op_table as ot
 from prism.graph.build.templates import POST, PRE, RoleTemplate, Segment
 from prism.schemas.annotations import GLUE
-from prism.schemas.comm_log import P2P_OPS
 from prism.schemas.iterations import clean_unprofiled
 from prism.schemas.manifest import RankResult
 
@@ -173,13 +174,13 @@ def correction_scale(
 def host_kept(units: pd.DataFrame, *, launches: bool) -> np.ndarray:
     """Which of ``units`` (an op table's columns) are calls whose captured time is host work the
     comm model does not price, to stay in the rank's time (``scaled_times``): with ``launches``
-    (CUDA) every call, and on any device a transfer posted asynchronously (a send or recv that
-    returned a Work: the post)."""
+    (CUDA) every call, and on any device a call made asynchronously (one that returned a Work:
+    the post)."""
     is_comm = units[ot.IS_COMM].fillna(False).to_numpy(dtype=bool)
     if launches:
         return is_comm
     is_async = units[ot.IS_ASYNC].fillna(False).to_numpy(dtype=bool)
-    return is_comm & is_async & units[ot.COMM_OP].astype(str).isin(P2P_OPS).to_numpy()
+    return is_comm & is_async
 
 
 class ScaledTimes(NamedTuple):

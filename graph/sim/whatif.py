@@ -158,9 +158,10 @@ def _recost(graph: SimGraph, path: Path, spec: ClusterSpec, ranks: np.ndarray) -
     own = np.where(comm, 0, graph.dur)
     idle = np.round(work_between(own + graph.gap, own, np.flatnonzero(comm), graph.rank_ptr)).astype(np.int64)
     calls = np.flatnonzero(comm)
+    computing = np.where(graph_column(path, gf.NAME, subset) == gf.POST_NAME, 0, own)  # as the build
     overlap = np.where(
         graph.is_async[calls],
-        work_in_flight(own, graph.gap, calls, graph.deps_ptr, graph.deps, graph.rank_ptr),
+        work_in_flight(computing, graph.gap, calls, graph.deps_ptr, graph.deps, graph.rank_ptr),
         0,
     )
     dur = graph.dur.copy()

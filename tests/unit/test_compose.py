@@ -17,11 +17,10 @@ from prism.graph.build.compose import (
     MB,
     P2P_DIR,
     P2P_SEQ,
-    POST_NAME,
-    WAIT_NAME,
     compose_stage,
     finish_nodes,
     wait_node,
+    waiting_columns,
 )
 from prism.graph.build.templates import TemplateError, build_role_template, split_segments
 from prism.graph.comm.placement import LayoutTables
@@ -137,7 +136,7 @@ def test_stage_program_is_1f1b_for_pp4_m8(stage: int) -> None:
     fwd0 = program[(program[ot.PHASE] == "fwd") & (program[MB] == 0) & (program[LAYER] >= 0)]
     assert list(dict.fromkeys(fwd0[LAYER])) == layers
     # Every asynchronous transfer is waited for by a later wait node.
-    waits = program.index[program[ot.NAME] == WAIT_NAME]
+    waits = program.index[program[ot.NAME] == gf.WAIT_NAME]
     transfers = program.index[(program[P2P_DIR] != 0)]
     waited = {d for w in waits for d in program.at[w, "deps"]}
     assert set(transfers) <= waited and all(d < w for w in waits for d in program.at[w, "deps"])
@@ -194,6 +193,24 @@ def test_a_dp1_capture_cannot_give_a_gradient_sync() -> None:
         compose_stage(role, cfg=replace(captured, dp=8), captured=captured, stage=0)
 
 
+def test_an_asynchronous_collectives_post_is_not_compute_it_flies_beside() -> None:
+    # The post is the call's own host work (its issue, and on CPU the program's thread giving way
+    # to the call's work): it runs the call rather than competing with it for the cores.
+    def unit(name: str, dur: int, post: int = 0, comm: str = "") -> pd.DataFrame:
+        return pd.DataFrame(
+            {ot.NAME: [name], ot.PHASE: ["bwd"], ot.DUR_NS: [dur], ot.GAP_NS: [10], ot.POST_NS: [post],
+             ot.IS_COMM: [bool(comm)], ot.IS_ASYNC: [bool(comm)], ot.COMM_OP: [comm], P2P_DIR: [0]}
+        )  # fmt: skip
+
+    nodes = finish_nodes(
+        [unit("all_reduce", 999, post=500, comm="all_reduce"), unit("mm", 300), wait_node([0], "bwd")]
+    )
+    assert nodes[ot.NAME].tolist() == ["all_reduce", gf.POST_NAME, "mm", gf.WAIT_NAME]
+    nodes["group_axis"] = ["dp", "", "", ""]
+    _, _, overlap = waiting_columns(nodes, {"tp": 1, "dp": 2, "world": 2}, 0.0, 0.0)
+    assert overlap.tolist() == [300 + 10, 0, 0, 0]  # the mm and its gap, and the wait's gap (0)
+
+
 def test_a_post_runs_after_its_call_in_the_calls_phase_and_waits_still_name_their_calls() -> None:
     # gloo's post begins the transfer (the calibrated price runs from its start) and the program
     # goes on once the post is done: the post is a node right after its call, never before it.
@@ -212,9 +229,9 @@ def test_a_post_runs_after_its_call_in_the_calls_phase_and_waits_still_name_thei
             wait_node([0, 2], "p2p_wait"),
         ]
     )
-    assert nodes[ot.NAME].tolist() == ["send", POST_NAME, "mm", "recv", POST_NAME, WAIT_NAME]
+    assert nodes[ot.NAME].tolist() == ["send", gf.POST_NAME, "mm", "recv", gf.POST_NAME, gf.WAIT_NAME]
     assert ot.POST_NS not in nodes
-    posts = nodes[nodes[ot.NAME] == POST_NAME]
+    posts = nodes[nodes[ot.NAME] == gf.POST_NAME]
     assert posts[ot.PHASE].tolist() == ["send_fwd", "recv_bwd"]
     assert posts[ot.DUR_NS].tolist() == [40, 30] and (posts[ot.GAP_NS] == 0).all()
     assert not posts[ot.IS_COMM].any() and not posts[ot.IS_ASYNC].any()

@@ -101,9 +101,9 @@ def test_a_capture_without_phase_times_keeps_one_factor_per_role() -> None:
 
 
 def _posted(units) -> np.ndarray:
-    """The template's transfers posted asynchronously (their call: the post)."""
+    """The template's calls made asynchronously (their call: the post)."""
     is_comm, is_async = (units[c].to_numpy(dtype=bool) for c in (ot.IS_COMM, ot.IS_ASYNC))
-    return is_comm & is_async & units[ot.NAME].isin(["send", "recv"]).to_numpy()
+    return is_comm & is_async
 
 
 def test_scaling_multiplies_compute_and_gaps_and_leaves_comm_alone() -> None:
@@ -126,7 +126,7 @@ def test_scaling_multiplies_compute_and_gaps_and_leaves_comm_alone() -> None:
     assert posts > 0  # the stage's transfers are posted
 
 
-def test_on_cpu_a_posted_transfer_keeps_its_post_and_a_blocking_collective_drops_its_call() -> None:
+def test_on_cpu_an_asynchronous_call_keeps_its_post_and_a_blocking_collective_drops_its_call() -> None:
     is_comm = np.array([False, True, True, True, True])
     units = pd.DataFrame(
         {
@@ -136,7 +136,8 @@ def test_on_cpu_a_posted_transfer_keeps_its_post_and_a_blocking_collective_drops
         }
     )
     kept = host_kept(units, launches=False)
-    assert kept.tolist() == [False, True, False, True, False]  # an async collective: priced whole
+    # Every call that returned a Work keeps its time as a post; a blocking one is the collective.
+    assert kept.tolist() == [False, True, False, True, True]
     assert host_kept(units, launches=True).tolist() == is_comm.tolist()
     dur, gap, post = scaled_times(
         np.array([100, 40, 500, 60, 300]), np.array([10, 10, 10, 10, 10]), is_comm, np.full(5, 0.5), kept=kept,
@@ -144,7 +145,7 @@ def test_on_cpu_a_posted_transfer_keeps_its_post_and_a_blocking_collective_drops
     )  # fmt: skip
     assert dur.tolist() == [50, 40, 500, 60, 300]  # calls: the comm model replaces them
     assert gap.tolist() == [5] * 5
-    assert post.tolist() == [0, 20, 0, 30, 0]  # the post runs after its call: it begins the transfer
+    assert post.tolist() == [0, 20, 0, 30, 150]  # the post runs after its call: it begins the call
 
 
 def test_on_cuda_a_calls_captured_time_is_its_launch_and_stays_before_its_node() -> None:
