@@ -27,8 +27,8 @@ does not price, and it stays, scaled like compute, in the gap before the call's 
 factor is over iterations that include it). A call made asynchronously on CPU is host work too,
 the post (``host_kept``): some 30-230 µs of a stage's time per posted transfer; for a DDP bucket's
 all-reduce the issue and the program's thread giving way to the call's own work on the same cores
-(the host work of virtual calls, ``prism.peers.host_work``; 0.5-0.8 ms a call in a 14 ms model's
-capture, which the graph had dropped and the real run's backward holds). gloo's post begins the
+(the host work of virtual calls, ``prism.peers.host_work``; 0.5-0.8 ms a call in a 14 ms
+model's capture on a 2-vCPU VM). gloo's post begins the
 call and the calibrated price runs from its start: so the post runs *after* the call's node
 (``ot.POST_NS``, a node of its own, ``compose.finish_nodes``), the call starting where the
 program posts it and the program going on once its post is done.

@@ -143,7 +143,8 @@ def _recost(graph: SimGraph, path: Path, spec: ClusterSpec, ranks: np.ndarray) -
     comm = graph.kind != COMPUTE
     rank = ranks[graph.node_rank()][comm]
     subset = _subset(graph, ranks)
-    op = graph_column(path, gf.NAME, subset)[comm].astype(str)
+    names = graph_column(path, gf.NAME, subset)
+    op = names[comm].astype(str)
     kind = graph_column(path, gf.GROUP_KIND, subset)[comm].astype(str)
     nbytes = graph_column(path, gf.BYTES, subset)[comm]
     size = graph_column(path, gf.GROUP_SIZE, subset)[comm]
@@ -158,7 +159,7 @@ def _recost(graph: SimGraph, path: Path, spec: ClusterSpec, ranks: np.ndarray) -
     own = np.where(comm, 0, graph.dur)
     idle = np.round(work_between(own + graph.gap, own, np.flatnonzero(comm), graph.rank_ptr)).astype(np.int64)
     calls = np.flatnonzero(comm)
-    computing = np.where(graph_column(path, gf.NAME, subset) == gf.POST_NAME, 0, own)  # as the build
+    computing = np.where(names == gf.POST_NAME, 0, own)  # as the build: a post is its call's own work
     overlap = np.where(
         graph.is_async[calls],
         work_in_flight(computing, graph.gap, calls, graph.deps_ptr, graph.deps, graph.rank_ptr),
