@@ -20,10 +20,11 @@ from prism.graph.build.profiler_overhead import (
     Correction,
     calls_are_launches,
     correction_scale,
+    own_ns,
     scale_template,
 )
 from prism.graph.build.program_graph import program_stages
-from prism.graph.build.templates import RoleTemplate, TemplateError, build_role_template
+from prism.graph.build.templates import POST, PRE, RoleTemplate, TemplateError, build_role_template
 from prism.graph.comm.placement import LayoutTables
 from prism.graph.io.parquet import RANKS_PER_ROW_GROUP, GraphWriter
 from prism.graph.io.parts import remove_graph
@@ -33,6 +34,7 @@ from prism.graph.sim.noise import call_jitter_ns, iteration_cv
 from prism.peers.comm_model import CommModel
 from prism.schemas import PRISM_VERSION
 from prism.schemas import graph_format as gf
+from prism.schemas.annotations import GLUE
 from prism.schemas.cluster import ClusterSpec
 from prism.schemas.comm_log import HeldTime, read_comm_log
 from prism.schemas.graph_format import GraphMetadata
@@ -153,6 +155,9 @@ def load_templates(
         cv = iteration_cv(rank.result.own_iteration_ns, manifest.job.warmup)
         jitter = _call_jitter_ns(capture_dir, rank.rank, ops, manifest)
         template = replace(template, noise_cv=cv, call_jitter_ns=jitter)
+        if scale is not None:  # the glue the trace holds (its iteration mark's) to the timer's glue
+            glue = [template.segments[kind].units for kind in (PRE, POST) if kind in template.segments]
+            scale = scale.fitted({GLUE: sum(map(own_ns, glue))})
         # Launches and posts are kept, corrected or not.
         template = scale_template(template, scale, launches=calls_are_launches(manifest.job.device))
         if scale is not None:

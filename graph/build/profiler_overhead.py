@@ -85,7 +85,10 @@ class TimeScale:
     """Unprofiled iterations the median is over."""
     phase_factors: Mapping[str, float] = field(default_factory=dict)
     """Unprofiled median / profiled mean own time of each phase (``annotations.block_kind``, and
-    ``GLUE``); empty: the role's factor for every unit."""
+    ``GLUE``); empty: the role's factor for every unit. ``fitted`` takes a phase's profiled time
+    from the templates instead."""
+    phase_unprofiled_ns: Mapping[str, float] = field(default_factory=dict)
+    """Unprofiled median own time per iteration of each phase in ``phase_factors``."""
     launches: bool = False
     """The rank's process-group calls are launched onto a device (CUDA): their captured time is
     host work that stays in the graph, before each call's node (with or without a time scale:
@@ -100,6 +103,22 @@ class TimeScale:
         """The factor of a unit of block kind ``kind`` (None: glue outside every block)."""
         return self.phase_factors.get(GLUE if kind is None else kind, self.factor)
 
+    def fitted(self, template_ns: Mapping[str, float]) -> TimeScale:
+        """This scale with each phase of ``template_ns`` (the profiled own time per iteration the
+        templates hold of it: their units' means) scaled to its unprofiled median, so that the
+        graph holds exactly what the timer measured unprofiled. The timer and the trace can cut
+        an iteration differently: the timer's iteration is the whole step, the trace's only its
+        ``prism:iter`` mark (the loss read back after the mark, the step's start before it are
+        the timer's glue alone, some 0.2-0.6 ms of a profiled step); and a program's units
+        between two blocks are the next block's in the timer, glue in the trace. A phase the
+        templates hold too little of to measure keeps its factor."""
+        factors = dict(self.phase_factors)
+        for kind, ns in template_ns.items():
+            unprofiled = self.phase_unprofiled_ns.get(kind)
+            if unprofiled is not None and ns >= MIN_PHASE_NS:
+                factors[kind] = unprofiled / ns
+        return replace(self, phase_factors=factors)
+
     def to_dict(self) -> dict:
         return {
             "rank": self.rank,
@@ -108,6 +127,9 @@ class TimeScale:
             "profiled_ms": round(self.profiled_ns / 1e6, 3),
             "clean_iterations": self.clean_iterations,
             "phase_factors": {kind: round(f, 6) for kind, f in sorted(self.phase_factors.items())},
+            "phase_unprofiled_ms": {
+                kind: round(ns / 1e6, 6) for kind, ns in sorted(self.phase_unprofiled_ns.items())
+            },
             "launches": self.launches,
         }
 
@@ -116,16 +138,27 @@ def phase_factors(phase_ns: Sequence[Mapping[str, int]], warmup: int) -> dict[st
     """Unprofiled median / profiled mean own time of every phase the profiled iterations ran for
     at least ``MIN_PHASE_NS`` (``TimeScale.profiled_ns`` says why a mean); empty without
     per-phase times or a clean unprofiled iteration."""
+    unprofiled = phase_unprofiled_ns(phase_ns, warmup)
+    profiled = phase_ns[warmup:]
+    factors = {}
+    for kind, unprofiled_ns in unprofiled.items():
+        profiled_ns = statistics.fmean(p.get(kind, 0) for p in profiled)
+        if profiled_ns >= MIN_PHASE_NS:
+            factors[kind] = unprofiled_ns / profiled_ns
+    return factors
+
+
+def phase_unprofiled_ns(phase_ns: Sequence[Mapping[str, int]], warmup: int) -> dict[str, float]:
+    """Median own time over the clean unprofiled iterations of every phase the profiled ones
+    ran (and the unprofiled ones too); empty without per-phase times or a clean iteration."""
     clean, profiled = clean_unprofiled(phase_ns, warmup), phase_ns[warmup:]
     if not clean or not profiled:
         return {}
-    factors = {}
-    for kind in sorted({k for p in profiled for k in p}):
-        unprofiled_ns = statistics.median(p.get(kind, 0) for p in clean)
-        profiled_ns = statistics.fmean(p.get(kind, 0) for p in profiled)
-        if profiled_ns >= MIN_PHASE_NS and unprofiled_ns > 0:
-            factors[kind] = unprofiled_ns / profiled_ns
-    return factors
+    medians = {
+        kind: float(statistics.median(p.get(kind, 0) for p in clean))
+        for kind in sorted({k for p in profiled for k in p})
+    }
+    return {kind: ns for kind, ns in medians.items() if ns > 0}
 
 
 def time_scale(
@@ -144,6 +177,7 @@ def time_scale(
         profiled_ns=float(statistics.fmean(profiled)),
         clean_iterations=len(clean),
         phase_factors=phase_factors(result.phase_ns, warmup) if by_phase else {},
+        phase_unprofiled_ns=phase_unprofiled_ns(result.phase_ns, warmup) if by_phase else {},
         launches=launches,
     )
 
@@ -181,6 +215,13 @@ def host_kept(units: pd.DataFrame, *, launches: bool) -> np.ndarray:
         return is_comm
     is_async = units[ot.IS_ASYNC].fillna(False).to_numpy(dtype=bool)
     return is_comm & is_async
+
+
+def own_ns(units: pd.DataFrame) -> float:
+    """The own time ``units`` (an op table's columns) hold: every gap, and the durations of all
+    but the calls (the comm model prices those)."""
+    compute = ~units[ot.IS_COMM].fillna(False).to_numpy(dtype=bool)
+    return float(units[ot.GAP_NS].sum() + units[ot.DUR_NS].to_numpy()[compute].sum())
 
 
 class ScaledTimes(NamedTuple):

@@ -13,7 +13,7 @@ from prism.graph.build.alike import call_sequence, check_alike
 from prism.graph.build.bind import encode_program
 from prism.graph.build.normalize import normalize_rank
 from prism.graph.build.profiler_overhead import Correction, calls_are_launches, correction_scale
-from prism.graph.build.program_stage import program_stage
+from prism.graph.build.program_stage import fitted_scale, program_stage
 from prism.graph.build.templates import TemplateError
 from prism.graph.sim.noise import iteration_cv
 from prism.schemas import PRISM_VERSION
@@ -111,6 +111,7 @@ def program_stages(
         captured = sources[stage]
         ops_of_stage = ops(captured.rank)
         scale = correction_scale(captured.result, manifest.job.warmup, correction, manifest.job.device)
+        scale = scale and fitted_scale(ops_of_stage, scale)
         cv = iteration_cv(captured.result.own_iteration_ns, manifest.job.warmup)
         stage_program = program_stage(
             ops_of_stage, rank=captured.rank, stage=stage, layout=layout, scale=scale,

@@ -45,9 +45,9 @@ from prism.graph.build.compose import (
     wait_node,
     waiting_columns,
 )
-from prism.graph.build.profiler_overhead import TimeScale, host_kept, scaled_times
+from prism.graph.build.profiler_overhead import TimeScale, host_kept, own_ns, scaled_times
 from prism.graph.build.templates import GROUP_AXIS, TemplateError
-from prism.schemas.annotations import block_kind
+from prism.schemas.annotations import GLUE, block_kind
 from prism.schemas.layout import ParallelLayout
 
 BACKWARD_OPS = ("autograd::engine::evaluate_function", "torch::autograd::", "torch::distributed::reducer::")
@@ -108,11 +108,48 @@ def _memory(iteration: pd.DataFrame) -> np.ndarray:
     return np.stack([alloc, free])
 
 
+def timed_kinds(units: pd.DataFrame) -> list[str | None]:
+    """Each unit's phase as the capture's phase timer counts its time
+    (``prism.capture.phase_timer.own_phase_ns``): a block's units its own, the units between two
+    blocks the next block's, those before the first block and after the last glue (None)."""
+    kinds = [block_kind(phase) for phase in units[ot.PHASE].astype(str)]
+    blocks = [i for i, kind in enumerate(kinds) if kind is not None]
+    if not blocks:
+        return kinds
+    out: list[str | None] = [None] * len(kinds)
+    following = None
+    for i in range(blocks[-1], blocks[0] - 1, -1):
+        following = kinds[i] if kinds[i] is not None else following
+        out[i] = following
+    return out
+
+
+def fitted_scale(ops: pd.DataFrame, scale: TimeScale) -> TimeScale:
+    """``scale`` with each phase's factor taken against what the stage program holds of it
+    (``TimeScale.fitted``): the mean own time of its units over the profiled iterations, cut as
+    the phase timer cuts (``timed_kinds``)."""
+    iterations = _iterations(ops)
+    units = iterations[0][[ot.IS_COMM]].copy()
+    units[ot.DUR_NS], units[ot.GAP_NS] = _mean_times(iterations)
+    kinds = [GLUE if kind is None else kind for kind in timed_kinds(iterations[0])]
+    return scale.fitted({kind: own_ns(part) for kind, part in units.groupby(np.array(kinds), sort=True)})
+
+
+def _mean_times(iterations: list[pd.DataFrame]) -> tuple[np.ndarray, np.ndarray]:
+    """Each unit's mean duration and gap over ``iterations`` (ns)."""
+    dur, gap = (
+        np.mean([it[column].to_numpy(dtype=np.float64) for it in iterations], axis=0)
+        for column in (ot.DUR_NS, ot.GAP_NS)
+    )
+    return dur, gap
+
+
 def _factors(units: pd.DataFrame, scale: TimeScale | None) -> np.ndarray:
-    """Each unit's profiler correction: its phase's factor (glue's outside every phase mark)."""
+    """Each unit's profiler correction: the factor of its phase as the timer counts it
+    (``timed_kinds``; glue's outside every phase mark)."""
     if scale is None:
         return np.ones(len(units))
-    return np.array([scale.factor_of(block_kind(phase)) for phase in units[ot.PHASE].astype(str)])
+    return np.array([scale.factor_of(kind) for kind in timed_kinds(units)])
 
 
 def _units(
@@ -124,10 +161,7 @@ def _units(
     units = iterations[0].copy()
     is_comm = units[ot.IS_COMM].to_numpy(dtype=bool)
     factor = _factors(units, scale)
-    dur, gap = (
-        np.mean([it[column].to_numpy(dtype=np.float64) for it in iterations], axis=0)
-        for column in (ot.DUR_NS, ot.GAP_NS)
-    )
+    dur, gap = _mean_times(iterations)
     kept = host_kept(units, launches=launches)
     units[ot.DUR_NS], units[ot.GAP_NS], units[ot.POST_NS] = scaled_times(
         dur, gap, is_comm, factor, kept=kept, launches=launches

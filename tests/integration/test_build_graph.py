@@ -155,6 +155,13 @@ def test_profiler_correction_by_phase_predicts_each_phase_as_it_ran_unprofiled(
     optim = corrected[corrected[gf.PHASE] == "optim"]
     graph_ms = (optim[gf.DUR_NS].sum() + optim[gf.GAP_NS].sum()) / 1e6  # the graph holds one iteration
     assert graph_ms == pytest.approx(unprofiled_ms, rel=0.3)
+    # The glue outside every block (zeroing gradients, the loss read back, some of it outside
+    # the trace's iteration mark) is the timer's unprofiled median of it, exactly.
+    glue_ms = np.median([p[GLUE] for p in result.phase_ns[1 : manifest.job.warmup - 1]]) / 1e6
+    outside = corrected[corrected[gf.PHASE] == "iter"]
+    compute = outside[gf.KIND] == gf.NodeKind.COMPUTE.value
+    graph_glue_ms = (outside.loc[compute, gf.DUR_NS].sum() + outside[gf.GAP_NS].sum()) / 1e6
+    assert graph_glue_ms == pytest.approx(glue_ms, rel=1e-3)
 
 
 def test_collectives_wait_for_the_captured_ranks_per_call_noise(slice_capture: Path, tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from prism.peers.comm_model import CommModel
 from prism.schemas import graph_format as gf
 from prism.schemas.cluster import ClusterSpec, preset
 from prism.schemas.comm_log import read_comm_log
+from prism.schemas.graph_format import POST_NAME
 from prism.schemas.iterations import clean_unprofiled
 from prism.schemas.manifest import CaptureFiles, read_manifest
 
@@ -72,6 +73,12 @@ def test_a_ddp_program_becomes_a_valid_1024_rank_graph_that_simulates(
     assert 0.5 * unprofiled < sim.iteration_ns[0] < 2 * unprofiled
     # Peak memory: the tensors held when the profiled iterations began, plus the iteration's peak.
     assert sim.peak_bytes[0] > rank.result.static_bytes > 0
+    # The rank's own time is the timer's unprofiled one, phase by phase (the posts of its
+    # bucket all-reduces, which the timer leaves to the calls, come on top).
+    clean = clean_unprofiled(rank.result.phase_ns, manifest.job.warmup)
+    timed = sum(np.median([p.get(kind, 0) for p in clean]) for kind in {k for p in clean for k in p})
+    own = nodes[(nodes[gf.KIND] == gf.NodeKind.COMPUTE.value) & (nodes[gf.NAME] != POST_NAME)]
+    assert own[gf.DUR_NS].sum() + nodes[gf.GAP_NS].sum() == pytest.approx(timed, rel=1e-3)
 
 
 def test_a_programs_graph_keeps_its_captured_layout(ddp_capture: Path, tmp_path: Path) -> None:

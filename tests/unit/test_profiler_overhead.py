@@ -94,6 +94,28 @@ def test_each_phase_gets_its_own_unprofiled_to_profiled_ratio() -> None:
     assert by_role is not None and not by_role.phase_factors and by_role.factor_of("optim") == by_role.factor
 
 
+def test_a_fitted_scale_takes_each_phase_to_its_unprofiled_time_from_what_the_templates_hold() -> None:
+    per_iteration = [phases(50, 20, 5), phases(30, 5, 2), phases(32, 5, 2), phases(40, 10, 3)]
+    per_iteration += [phases(62, 50, 4), phases(62, 50, 4), phases(60, 52, 4)]
+    scale = time_scale(result([sum(p.values()) for p in per_iteration], phase_ns=per_iteration), warmup=4)
+    assert scale is not None
+    assert dict(scale.phase_unprofiled_ns) == pytest.approx(
+        {"fwd": 31 * MS, "optim": 5 * MS, GLUE: 2 * MS, "send_fwd": 10_000}
+    )
+    # The trace's iteration mark holds 3 of the timer's 4 profiled ms of glue (the rest ran
+    # outside the mark): scaled by the timer's 0.5 the graph would hold 1.5 of the 2 unprofiled ms.
+    fitted = scale.fitted({GLUE: 3 * MS, "optim": 51 * MS, "send_fwd": 20_000})
+    assert fitted.factor_of(None) * 3 * MS == pytest.approx(2 * MS)
+    assert fitted.factor_of("optim") == pytest.approx(5 / 51)
+    assert fitted.factor_of("fwd") == scale.factor_of("fwd")  # not given: its own ratio stays
+    assert fitted.factor_of("send_fwd") == scale.factor  # too little to measure: the role's, as before
+    assert fitted.to_dict()["phase_unprofiled_ms"][GLUE] == pytest.approx(2.0)
+    by_role = time_scale(
+        result([sum(p.values()) for p in per_iteration], phase_ns=per_iteration), warmup=4, by_phase=False
+    )
+    assert by_role is not None and by_role.fitted({GLUE: 3 * MS}) == by_role  # one factor: nothing to fit
+
+
 def test_a_capture_without_phase_times_keeps_one_factor_per_role() -> None:
     scale = time_scale(result((900, 200, 210, 190, 350, 400, 410, 390)), warmup=5)
     assert scale is not None and not scale.phase_factors
