@@ -24,7 +24,15 @@ from prism.graph.build.profiler_overhead import (
     scale_template,
 )
 from prism.graph.build.program_graph import program_stages
-from prism.graph.build.templates import POST, PRE, RoleTemplate, TemplateError, build_role_template
+from prism.graph.build.templates import (
+    GRAD_SYNC,
+    OPTIM,
+    POST,
+    PRE,
+    RoleTemplate,
+    TemplateError,
+    build_role_template,
+)
 from prism.graph.comm.placement import LayoutTables
 from prism.graph.io.parquet import RANKS_PER_ROW_GROUP, GraphWriter
 from prism.graph.io.parts import remove_graph
@@ -155,15 +163,26 @@ def load_templates(
         cv = iteration_cv(rank.result.own_iteration_ns, manifest.job.warmup)
         jitter = _call_jitter_ns(capture_dir, rank.rank, ops, manifest)
         template = replace(template, noise_cv=cv, call_jitter_ns=jitter)
-        if scale is not None:  # the glue the trace holds (its iteration mark's) to the timer's glue
-            glue = [template.segments[kind].units for kind in (PRE, POST) if kind in template.segments]
-            scale = scale.fitted({GLUE: sum(map(own_ns, glue))})
+        if scale is not None:
+            scale = scale.fitted(*_once_an_iteration(template))
         # Launches and posts are kept, corrected or not.
         template = scale_template(template, scale, launches=calls_are_launches(manifest.job.device))
         if scale is not None:
             scales[role.value] = scale.to_dict() | {"noise_cv": round(cv, 6), "call_jitter_ns": round(jitter)}
         templates[role] = template
     return templates, (scales if correct and len(scales) == len(templates) else None)
+
+
+def _once_an_iteration(template: RoleTemplate) -> tuple[dict[str, float], dict[str, tuple[str, ...]]]:
+    """The own time the template holds of the phases an iteration runs once, as the phase timer
+    names them (glue: the pre and post segments; the optimizer step), and what the step absorbs:
+    a gradient sync's time where the sync has no op (no data parallelism), which sits in the gap
+    before the step's first op. ``TimeScale.fitted``'s arguments."""
+    held = {GLUE: sum(own_ns(template.segments[k].units) for k in (PRE, POST) if k in template.segments)}
+    if OPTIM not in template.segments:
+        return held, {}
+    held[OPTIM] = own_ns(template.segments[OPTIM].units)
+    return held, ({} if GRAD_SYNC in template.segments else {OPTIM: (GRAD_SYNC,)})
 
 
 def _call_jitter_ns(capture_dir: Path, rank: int, ops, manifest: CaptureManifest) -> float:

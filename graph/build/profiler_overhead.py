@@ -103,20 +103,27 @@ class TimeScale:
         """The factor of a unit of block kind ``kind`` (None: glue outside every block)."""
         return self.phase_factors.get(GLUE if kind is None else kind, self.factor)
 
-    def fitted(self, template_ns: Mapping[str, float]) -> TimeScale:
+    def fitted(
+        self, template_ns: Mapping[str, float], absorbs: Mapping[str, Sequence[str]] = {}
+    ) -> TimeScale:  # noqa: B006
         """This scale with each phase of ``template_ns`` (the profiled own time per iteration the
         templates hold of it: their units' means) scaled to its unprofiled median, so that the
-        graph holds exactly what the timer measured unprofiled. The timer and the trace can cut
+        graph holds exactly what the timer measured unprofiled; with the phases ``absorbs`` names
+        for it added (a block with no op of its own, a gradient sync without data parallelism:
+        its time is in the gap before the next block's first op). The timer and the trace can cut
         an iteration differently: the timer's iteration is the whole step, the trace's only its
         ``prism:iter`` mark (the loss read back after the mark, the step's start before it are
-        the timer's glue alone, some 0.2-0.6 ms of a profiled step); and a program's units
+        the timer's glue alone, a few hundred µs of a profiled step); and a program's units
         between two blocks are the next block's in the timer, glue in the trace. A phase the
         templates hold too little of to measure keeps its factor."""
         factors = dict(self.phase_factors)
         for kind, ns in template_ns.items():
             unprofiled = self.phase_unprofiled_ns.get(kind)
             if unprofiled is not None and ns >= MIN_PHASE_NS:
-                factors[kind] = unprofiled / ns
+                extra = sum(
+                    self.phase_unprofiled_ns.get(other, 0.0) for other in (absorbs or {}).get(kind, ())
+                )
+                factors[kind] = (unprofiled + extra) / ns
         return replace(self, phase_factors=factors)
 
     def to_dict(self) -> dict:

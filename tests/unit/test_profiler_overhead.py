@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
 import pandas as pd
@@ -114,6 +114,12 @@ def test_a_fitted_scale_takes_each_phase_to_its_unprofiled_time_from_what_the_te
         result([sum(p.values()) for p in per_iteration], phase_ns=per_iteration), warmup=4, by_phase=False
     )
     assert by_role is not None and by_role.fitted({GLUE: 3 * MS}) == by_role  # one factor: nothing to fit
+    # A gradient sync with no op of its own (no data parallelism) is in the gap before the
+    # optimizer step's first op: the step's templates hold both.
+    synced = replace(scale, phase_unprofiled_ns={**scale.phase_unprofiled_ns, "grad_sync": 1 * MS})
+    assert synced.fitted({"optim": 60 * MS}, {"optim": ("grad_sync",)}).factor_of("optim") == pytest.approx(
+        6 / 60
+    )
 
 
 def test_a_capture_without_phase_times_keeps_one_factor_per_role() -> None:
