@@ -54,11 +54,11 @@ def _summary(result: BuildResult, out: Path) -> Table:
     scales = result.time_scales
     table.add_row(
         "profiler correction (unprofiled / profiled)",
-        ", ".join(_correction(s) for s in scales.values()) if scales else "none",
+        "\n".join(_correction(s) for s in scales.values()) if scales else "none",  # a role a line
     )
     if scales:
         table.add_row(
-            "arrival noise (iteration cv, call jitter)", ", ".join(_noise(s) for s in scales.values())
+            "arrival noise (iteration cv, call jitter)", "\n".join(_noise(s) for s in scales.values())
         )
     return table
 
