@@ -104,8 +104,8 @@ class TimeScale:
         return self.phase_factors.get(GLUE if kind is None else kind, self.factor)
 
     def fitted(
-        self, template_ns: Mapping[str, float], absorbs: Mapping[str, Sequence[str]] = {}
-    ) -> TimeScale:  # noqa: B006
+        self, template_ns: Mapping[str, float], absorbs: Mapping[str, Sequence[str]] | None = None
+    ) -> TimeScale:
         """This scale with each phase of ``template_ns`` (the profiled own time per iteration the
         templates hold of it: their units' means) scaled to its unprofiled median, so that the
         graph holds exactly what the timer measured unprofiled; with the phases ``absorbs`` names
@@ -116,13 +116,11 @@ class TimeScale:
         the timer's glue alone, a few hundred µs of a profiled step); and a program's units
         between two blocks are the next block's in the timer, glue in the trace. A phase the
         templates hold too little of to measure keeps its factor."""
-        factors = dict(self.phase_factors)
+        factors, absorbs = dict(self.phase_factors), absorbs or {}
         for kind, ns in template_ns.items():
             unprofiled = self.phase_unprofiled_ns.get(kind)
             if unprofiled is not None and ns >= MIN_PHASE_NS:
-                extra = sum(
-                    self.phase_unprofiled_ns.get(other, 0.0) for other in (absorbs or {}).get(kind, ())
-                )
+                extra = sum(self.phase_unprofiled_ns.get(other, 0.0) for other in absorbs.get(kind, ()))
                 factors[kind] = (unprofiled + extra) / ns
         return replace(self, phase_factors=factors)
 
