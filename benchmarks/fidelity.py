@@ -28,6 +28,7 @@ from prism.fidelity import (
     DEFAULT_CASES,
     CaseError,
     CaseResult,
+    Pacing,
     RunSettings,
     SpecChoice,
     captured_config,
@@ -132,9 +133,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="skip the replay rows (each role's rank replayed against the graph)",
     )
     parser.add_argument(
-        "--paced", action="store_true",
-        help="also capture each role paced by the slice's graph and predict from that (rows 'paced'); "
-        "the replay then runs against the paced graph",
+        "--paced", nargs="?", const=Pacing.ALL, default=Pacing.OFF, type=Pacing, metavar="{all,pipelines}",
+        help="also capture each role paced by the slice's graph and predict from that (rows 'paced'): "
+        "of every case (--paced, --paced all) or of the pp > 1 cases (--paced pipelines); those "
+        "cases' replay then runs against the paced graph",
     )  # fmt: skip
     parser.add_argument(
         "--free-load", action="store_true",

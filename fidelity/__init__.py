@@ -37,13 +37,14 @@ from prism.fidelity.cases import (
     random_cases,
 )
 from prism.fidelity.compare import mean_abs, mean_errors
-from prism.fidelity.measure import PACED_GRAPH, RankRun, RunSettings, build_case_graph
+from prism.fidelity.measure import PACED_GRAPH, Pacing, RankRun, RunSettings, build_case_graph
 from prism.fidelity.spec import CALIBRATION_SIZES, SpecChoice, resolve_spec
 
 __all__ = [
     "CALIBRATION_SIZES",
     "DEFAULT_CASES",
     "PACED_GRAPH",
+    "Pacing",
     "CaseError",
     "CaseResult",
     "RankRun",

@@ -83,7 +83,7 @@ def run_case_detailed(
             pred.append(predicted)
             slices.append(slice_parts)
             graph = "graph.parquet"
-            if settings.paced:
+            if settings.paces(config):
                 say(f"{step} paced capture, build, simulate")
                 paced.append(predict_paced(config, spec, settings, root))
                 graph = PACED_GRAPH

@@ -149,14 +149,29 @@ def mean_abs(records: list[dict], key: str) -> float:
     return float(np.mean([abs(r[key]) for r in records])) if records else float("nan")
 
 
-SOURCE_PREFIX = {"simulation": "", "paced": "paced_", "replay": "replay_"}
+SOURCE_PREFIX = {"simulation": "", "paced": "paced_", "replay": "replay_", "final": "final_"}
+
+
+def final_records(records: list[dict]) -> list[dict]:
+    """The simulation of the graph each case ends with: its paced record where the case was
+    captured paced, else its slice's ('simulation'); empty where no case was paced (then it is
+    the 'simulation' records)."""
+    paced = {(r["case"], r["rank"]): r for r in records if r["source"] == "paced"}
+    if not paced:
+        return []
+    return [
+        {**paced.get((r["case"], r["rank"]), r), "source": "final"}
+        for r in records
+        if r["source"] == "simulation"
+    ]
 
 
 def mean_errors(records: list[dict]) -> dict[str, float]:
     """The mean |errors| of each source present in ``records``, as a fidelity JSON's keys:
-    ``mean_abs_iter_err_pct`` (simulation), ``paced_...``, ``replay_...``; the same for the
-    paired iteration error and the memory error."""
+    ``mean_abs_iter_err_pct`` (simulation), ``paced_...``, ``replay_...``, and ``final_...``
+    (``final_records``); the same for the paired iteration error and the memory error."""
     out = {}
+    records = records + final_records(records)
     for source, prefix in SOURCE_PREFIX.items():
         chosen = [r for r in records if r["source"] == source]
         if chosen:

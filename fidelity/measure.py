@@ -7,6 +7,7 @@ import json
 import statistics
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from functools import partial
 from pathlib import Path
 from typing import TypeVar
@@ -40,6 +41,17 @@ from prism.schemas.workload import GPTConfig
 T = TypeVar("T")
 
 
+class Pacing(StrEnum):
+    """Which cases are also captured paced by their slice's graph (``prism-capture-paced``)."""
+
+    OFF = "off"
+    PIPELINES = "pipelines"
+    """Only cases with pp > 1: a slice's stage computes back to back where the real pipeline's
+    computes after its waits for the other stages, and pacing puts those waits back; a tp or
+    dp slice already waits in its held calls, and pacing those has overshot (docs/fidelity.md)."""
+    ALL = "all"
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunSettings:
     """How each side of the comparison is run."""
@@ -61,10 +73,10 @@ class RunSettings:
     paced_load: bool = True
     """Beside a paced capture or a replay, the load ranks are replays of the same graph, so they
     wait where the real run's ranks wait (``MatchedLoad(paced_by=...)``); False: free-running."""
-    paced: bool = False
-    """Also capture each role again paced by the slice's graph (``prism-capture-paced``),
-    build that graph and simulate it: records of source 'paced'. The replay then runs against
-    the paced graph."""
+    paced: Pacing = Pacing.OFF
+    """Which cases also capture each role again paced by the slice's graph
+    (``prism-capture-paced``), build that graph and simulate it: records of source 'paced'.
+    Their replay then runs against the paced graph."""
     host_ns_per_byte: Mapping[str, float] = field(default_factory=dict, hash=False)
     """The spec's host work of virtual collectives (``ClusterSpec.host_ns_per_byte``), done by the
     slice captures, the load ranks and the replays alike (``prism.peers.host_work``); empty: none."""
@@ -77,6 +89,10 @@ class RunSettings:
     take the repeat's real time as the mean of the two: a drift of the machine during the
     replay cancels to first order (the real side moved by up to 20 % between runs an hour
     apart on the 2-vCPU VM). False: one real run per repeat, first."""
+
+    def paces(self, config: GPTConfig) -> bool:
+        """Whether ``config``'s case is also captured paced."""
+        return self.paced is Pacing.ALL or (self.paced is Pacing.PIPELINES and config.layout.pp > 1)
 
 
 @dataclass(frozen=True, kw_only=True)

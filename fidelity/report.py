@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from prism.fidelity.compare import mean_abs
+from prism.fidelity.compare import final_records, mean_abs
 
 
 def machine() -> dict:
@@ -49,6 +49,7 @@ SOURCE_TITLES = {
     "simulation": "simulation",
     "paced": "simulation of the paced capture's graph",
     "replay": "replay of each captured rank against the graph (its wall time)",
+    "final": "simulation of the graph each case ends with (paced where captured paced, else the slice's)",
 }
 
 
@@ -165,6 +166,7 @@ def summary_table(records: list[dict], ids: dict[str, str], worst: int = 3) -> T
         "max mem err",
     ):
         table.add_column(column, justify="left" if column in ("source", f"worst {worst}") else "right")
+    records = records + final_records(records)
     for source in SOURCE_TITLES:
         rows = [r for r in records if r["source"] == source]
         if not rows:
@@ -177,7 +179,10 @@ def summary_table(records: list[dict], ids: dict[str, str], worst: int = 3) -> T
             source, str(len(rows)), f"{mean_abs(rows, 'iter_err_pct'):.1f}%", f"{abs(ranked[0]['iter_err_pct']):.1f}%",
             top, f"{mean_abs(rows, 'mem_err_pct'):.3f}%", f"{max(abs(r['mem_err_pct']) for r in rows):.3f}%",
         )  # fmt: skip
-    table.caption = "replay: the replayed rank's wall time; memory: peak"
+    table.caption = (
+        "replay: the replayed rank's wall time; final: the paced graph's simulation where a case "
+        "was captured paced, else the slice's; memory: peak"
+    )
     return table
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from prism.fidelity.compare import _median_sem_pct, mean_errors, paired_records
-from prism.fidelity.measure import RankRun, bracketed
+from prism.fidelity.cases import parse_case
+from prism.fidelity.compare import _median_sem_pct, final_records, mean_errors, paired_records
+from prism.fidelity.measure import Pacing, RankRun, RunSettings, bracketed
 
 
 def test_real_median_standard_error() -> None:
@@ -49,6 +50,34 @@ def test_mean_errors_are_kept_apart_by_source() -> None:
         "mean_abs_iter_err_pct": 3.0, "mean_abs_paired_err_pct": 1.5, "mean_abs_mem_err_pct": 0.25,
         "replay_mean_abs_iter_err_pct": 3.0, "replay_mean_abs_paired_err_pct": 1.5, "replay_mean_abs_mem_err_pct": 0.1,
     }  # fmt: skip
+
+
+def test_the_final_graph_is_the_paced_one_where_a_case_was_paced() -> None:
+    def record(case: str, rank: int, source: str, err: float) -> dict:
+        return {"case": case, "rank": rank, "source": source, "iter_err_pct": err, "paired_err_pct": err, "mem_err_pct": 0.0}  # fmt: skip
+
+    # A tp case from its slice only; a pipeline from its slice (-12 %) and paced (+2 %).
+    records = [
+        record("tp", 0, "simulation", -4.0),
+        record("pp", 0, "simulation", -12.0),
+        record("pp", 1, "simulation", -10.0),
+        record("pp", 0, "paced", 2.0),
+        record("pp", 1, "paced", -4.0),
+    ]
+    final = {(r["case"], r["rank"]): r["iter_err_pct"] for r in final_records(records)}
+    assert final == {("tp", 0): -4.0, ("pp", 0): 2.0, ("pp", 1): -4.0}
+    means = mean_errors(records)
+    assert means["mean_abs_iter_err_pct"] == pytest.approx(26 / 3, abs=0.01)
+    assert means["final_mean_abs_iter_err_pct"] == pytest.approx(10 / 3, abs=0.01)
+    # Without paced records the final graph is the slice's: no separate figure.
+    assert final_records(records[:3]) == [] and "final_mean_abs_iter_err_pct" not in mean_errors(records[:3])
+
+
+def test_pacing_picks_the_cases_it_names() -> None:
+    pipeline, tensor = parse_case("tp=1 pp=2 dp=1 layers=2"), parse_case("tp=2 pp=1 dp=1 layers=2")
+    for pacing, paced in ((Pacing.OFF, (False, False)), (Pacing.PIPELINES, (True, False)), (Pacing.ALL, (True, True))):  # fmt: skip
+        settings = RunSettings(paced=pacing)
+        assert (settings.paces(pipeline), settings.paces(tensor)) == paced
 
 
 def test_phases_add_up_to_the_iteration_and_show_a_total_right_by_cancellation() -> None:
