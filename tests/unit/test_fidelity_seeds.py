@@ -1,0 +1,61 @@
+"""benchmarks/fidelity_seeds.py: one line a kept random-case run, the final graph's errors beside the slice's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "fidelity_seeds.py"
+
+
+def _run(results: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--results", str(results), "--markdown"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def _record(case: str, rank: int, source: str, err: float, mem: float = 0.0) -> dict:
+    return {"case": case, "rank": rank, "source": source, "iter_err_pct": err, "mem_err_pct": mem}
+
+
+def _keep(results: Path, name: str, command: str, date: str, records: list[dict]) -> None:
+    meta = {"repeats": 3, "machine": {"date": date}}
+    (results / f"{name}.json").write_text(json.dumps({"records": records, "meta": meta}))
+    header = f"# command: {command}\n# commit: abc1234 (with uncommitted changes)\n# date: {date}\n# machine: x\n\n"
+    (results / f"{name}.txt").write_text(header + "tables\n")
+
+
+def test_each_seed_is_a_row_newest_first_with_its_final_graph(tmp_path: Path) -> None:
+    base = "python benchmarks/fidelity.py --random 10 --repeats 3"
+    _keep(tmp_path, "fidelity_random_11", f"{base} --seed 11 --recalibrate", "2026-11-01T10:00:00+00:00", [
+        _record("tp", 0, "simulation", -4.0), _record("tp", 0, "replay", 2.0, 0.05),
+    ])  # fmt: skip
+    _keep(tmp_path, "fidelity_random_22", f"{base} --seed 22 --paced pipelines --cluster-spec s/spec.toml", "2026-11-02T10:00:00+00:00", [
+        _record("tp", 0, "simulation", -2.0),
+        _record("pp", 0, "simulation", -12.0),
+        _record("pp", 0, "paced", 4.0),
+        _record("pp", 0, "replay", 1.0),
+    ])  # fmt: skip
+    done = _run(tmp_path)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split(" | ") for line in done.stdout.splitlines()[2:]]
+    assert [r[0] for r in rows] == ["| 22", "| 11"]
+    newer, older = rows
+    # The final graph: the tp case from its slice (-2 %), the pipeline paced (+4 %).
+    assert newer[1:7] == ["2026-11-02", "abc1234", "3, pipelines paced, spec spec.toml", "7.0 (12.0)", "3.0 (4.0)", "1.0 (1.0)"]  # fmt: skip
+    # Nothing paced: the final graph is the slice's.
+    assert older[3:7] == ["3, one fresh calibration", "4.0 (4.0)", "=", "2.0 (2.0)"]
+    assert older[7] == "0.050 |"
+
+
+def test_a_result_without_its_record_header_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "fidelity_random_1.json").write_text(json.dumps({"records": [], "meta": {}}))
+    (tmp_path / "fidelity_random_1.txt").write_text("just tables\n")
+    done = _run(tmp_path)
+    assert (
+        done.returncode == 2 and done.stderr.startswith("error: ") and "benchmarks/record.py" in done.stderr
+    )
+    assert "Traceback" not in done.stderr
