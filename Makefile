@@ -63,7 +63,7 @@ results: install
 SEED ?= 31
 results-random: install
 	$(RECORD) fidelity_random -- $(BIN)/python benchmarks/fidelity.py --random 10 --seed $(SEED) --repeats 3 --warmup 12 \
-	    --paced pipelines --cluster-spec benchmarks/results/fidelity-spec.toml --json benchmarks/results/fidelity_random.json
+	    --cluster-spec benchmarks/results/fidelity-spec.toml --json benchmarks/results/fidelity_random.json
 
 # Each example program against its own torchrun run (world 2), one layout per command (about 32 min).
 FIDELITY_PROGRAMS = $(BIN)/python benchmarks/fidelity.py --repeats 5 --warmup 12
