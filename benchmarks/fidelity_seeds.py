@@ -1,12 +1,19 @@
-"""Every random-case fidelity run kept, one line a seed: the table docs/fidelity.md shows.
+"""Every random-case fidelity run kept, one line a seed: the table docs/fidelity.md shows; and
+with ``--bias``, where predictions are off the same way across seeds.
 
     .venv/bin/python benchmarks/fidelity_seeds.py [--results DIR] [--markdown]
+    .venv/bin/python benchmarks/fidelity_seeds.py --bias [--since 2026-11-27] [--source simulation|final|replay]
 
 Reads ``DIR/fidelity_random*.json`` (``benchmarks/fidelity.py --random N --seed S --json``) and
 the header ``benchmarks/record.py`` wrote into the ``.txt`` beside each (command, commit). Per
 seed, the mean and max |iteration error| over every rank of the slice's graph, of the graph each
 case ends with (``prism.fidelity.compare.final_records``: the paced one where the case was
 captured paced), and of the replay's wall time; the largest |memory error|. Newest first.
+
+``--bias`` pools the records of every run since a date by kind of rank (tp, dp, a pipeline's
+first and last stage) and, for the iteration and each phase, gives the median signed error, the
+median difference in ms and how many records came out short: an error that noise makes is as
+often long as short, one of the method's keeps its sign from seed to seed.
 """
 
 from __future__ import annotations
@@ -14,8 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
-from dataclasses import dataclass
+from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
@@ -36,6 +45,8 @@ class SeedRun:
     errors: dict[str, tuple[float, float] | None]
     """Per source ('simulation', 'final', 'replay'): (mean, max) |iteration error|, %."""
     memory_pct: float
+    records: list[dict] = field(repr=False, default_factory=list)
+    """Every record of the run, with its 'final' ones."""
 
     def row(self) -> tuple[str, ...]:
         def cell(source: str) -> str:
@@ -93,13 +104,51 @@ def read_seed_run(path: Path) -> SeedRun:
         how=f"{data['meta']['repeats']}{_pacing(command)}, {_pricing(command)}",
         errors={source: _errors(records, source) for source in ("simulation", "final", "replay")},
         memory_pct=max(abs(r["mem_err_pct"]) for r in data["records"]),
+        records=records,
     )
+
+
+def rank_kind(record: dict) -> str:
+    """tp, dp, or a pipeline's first or last stage (world 2: rank 0 or 1)."""
+    layout = dict(item.split("=", 1) for item in record["case"].split() if "=" in item)
+    if layout.get("pp", "1") != "1":
+        return "pp first stage" if record["rank"] == 0 else "pp last stage"
+    return "tp" if layout.get("tp", "1") != "1" else "dp"
+
+
+BIAS_COLUMNS = ("ranks", "part", "records", "median error", "median ms (pred - real)", "short")
+
+
+def bias_rows(runs: list[SeedRun], source: str) -> list[tuple[str, ...]]:
+    """Per kind of rank, the iteration's and each phase's signed errors pooled over ``runs``."""
+    pooled: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
+    for run in runs:
+        for r in (r for r in run.records if r["source"] == source):
+            kind = rank_kind(r)
+            pooled[(kind, "iteration")].append((r["iter_err_pct"], r["pred_iter_ms"] - r["real_iter_ms"]))
+            for phase, p in (r.get("phase_err") or {}).items():
+                # Without transfers there is no bubble (runs before seed 577215 gave one).
+                if p.get("err_pct") is not None and (phase != "bubble" or kind.startswith("pp")):
+                    pooled[(kind, phase)].append((p["err_pct"], p["predicted_ms"] - p["measured_ms"]))
+    rows = []
+    for (kind, part), values in sorted(
+        pooled.items(), key=lambda kv: (kv[0][0], kv[0][1] != "iteration", kv[0][1])
+    ):
+        errors, deltas = [e for e, _ in values], [d for _, d in values]
+        short = sum(e < 0 for e in errors)
+        rows.append((kind, part, str(len(values)), f"{statistics.median(errors):+.1f}%", f"{statistics.median(deltas):+.2f}", f"{short}/{len(values)}"))  # fmt: skip
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table (for the docs)")
+    parser.add_argument("--bias", action="store_true", help="signed errors by kind of rank and phase, pooled")
+    parser.add_argument(
+        "--since", default="", help="--bias: only runs made on or after this date (YYYY-MM-DD)"
+    )
+    parser.add_argument("--source", choices=("simulation", "final", "replay"), default="simulation")
     args = parser.parse_args(argv)
     try:
         runs = [read_seed_run(p) for p in args.results.glob("fidelity_random*.json")]
@@ -107,19 +156,32 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     runs.sort(key=lambda r: r.stamp, reverse=True)
-    if args.markdown:
-        print("| " + " | ".join(COLUMNS) + " |")
-        print("|" + "---|" * 4 + "---:|" * (len(COLUMNS) - 4))
-        for run in runs:
-            print("| " + " | ".join(run.row()) + " |")
+    if args.bias:
+        chosen = [r for r in runs if r.stamp[:10] >= args.since]
+        title = f"'{args.source}' against real over {len(chosen)} seeds since {args.since or 'the first'}"
+        show(title, BIAS_COLUMNS, 2, bias_rows(chosen, args.source), markdown=args.markdown)
         return 0
-    table = Table(title="random-case fidelity runs, mean (max) |iteration error| over every rank, %")
-    for column in COLUMNS:
-        table.add_column(column, justify="left" if column in COLUMNS[:4] else "right")
-    for run in runs:
-        table.add_row(*run.row())
-    Console().print(table)
+    title = "random-case fidelity runs, mean (max) |iteration error| over every rank, %"
+    show(title, COLUMNS, 4, [run.row() for run in runs], markdown=args.markdown)
     return 0
+
+
+def show(
+    title: str, columns: tuple[str, ...], left: int, rows: list[tuple[str, ...]], *, markdown: bool
+) -> None:
+    """Print ``rows`` as a rich table, or as Markdown (the first ``left`` columns text, the rest numbers)."""
+    if markdown:
+        print("| " + " | ".join(columns) + " |")
+        print("|" + "---|" * left + "---:|" * (len(columns) - left))
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
+        return
+    table = Table(title=title)
+    for i, column in enumerate(columns):
+        table.add_column(column, justify="left" if i < left else "right")
+    for row in rows:
+        table.add_row(*row)
+    Console().print(table)
 
 
 if __name__ == "__main__":

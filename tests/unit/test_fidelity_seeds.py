@@ -10,9 +10,9 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "fidelity_seeds.py"
 
 
-def _run(results: Path) -> subprocess.CompletedProcess[str]:
+def _run(results: Path, *options: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(SCRIPT), "--results", str(results), "--markdown"],
+        [sys.executable, str(SCRIPT), "--results", str(results), *(options or ("--markdown",))],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
 
@@ -59,3 +59,32 @@ def test_a_result_without_its_record_header_is_an_error(tmp_path: Path) -> None:
         done.returncode == 2 and done.stderr.startswith("error: ") and "benchmarks/record.py" in done.stderr
     )
     assert "Traceback" not in done.stderr
+
+
+def test_bias_pools_signed_errors_by_kind_of_rank_and_phase(tmp_path: Path) -> None:
+    def phased(case: str, rank: int, err: float, backward: tuple[float, float]) -> dict:
+        real, pred = backward
+        phases = {"backward": {"measured_ms": real, "predicted_ms": pred, "err_pct": (pred - real) / real * 100},
+                  "bubble": {"measured_ms": 0.5, "predicted_ms": 0.0, "err_pct": -100.0}}  # fmt: skip
+        return {**_record(case, rank, "simulation", err), "real_iter_ms": 100.0, "pred_iter_ms": 100.0 + err, "phase_err": phases}  # fmt: skip
+
+    base = "python benchmarks/fidelity.py --random 10 --repeats 3"
+    pp, dp = "tp=1 pp=2 dp=1 layers=2", "tp=1 pp=1 dp=2 layers=2"
+    _keep(tmp_path, "fidelity_random_1", f"{base} --seed 1", "2026-10-01T10:00:00+00:00", [phased(pp, 0, 50.0, (10, 20))])  # fmt: skip
+    _keep(tmp_path, "fidelity_random_2", f"{base} --seed 2", "2026-11-02T10:00:00+00:00", [
+        phased(pp, 0, -6.0, (10, 9)), phased(pp, 1, 2.0, (10, 10.5)), phased(dp, 0, -3.0, (10, 9.5)),
+    ])  # fmt: skip
+    _keep(tmp_path, "fidelity_random_3", f"{base} --seed 3", "2026-11-03T10:00:00+00:00", [
+        phased(pp, 0, -4.0, (10, 8)), phased(dp, 0, 1.0, (10, 10)),
+    ])  # fmt: skip
+    done = _run(tmp_path, "--bias", "--since", "2026-11-01", "--markdown")
+    assert done.returncode == 0, done.stderr
+    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in done.stdout.splitlines()[2:]]
+    rows = {tuple(c[:2]): c[2:] for c in cells}
+    # Seed 1 is before --since; the first stage of two runs: -6 and -4 % (median -5), both short.
+    assert rows[("pp first stage", "iteration")] == ["2", "-5.0%", "-5.00", "2/2"]
+    assert rows[("pp first stage", "backward")] == ["2", "-15.0%", "-1.50", "2/2"]
+    assert rows[("pp last stage", "iteration")] == ["1", "+2.0%", "+2.00", "0/1"]
+    assert rows[("dp", "iteration")] == ["2", "-1.0%", "-1.00", "1/2"]
+    # A pipeline has a bubble to get wrong; ranks without transfers do not.
+    assert ("pp first stage", "bubble") in rows and ("dp", "bubble") not in rows
