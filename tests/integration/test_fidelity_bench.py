@@ -73,12 +73,13 @@ def _check_record(record: dict) -> None:
         assert sum(p[side] for p in phases.values()) == pytest.approx(record[total], rel=within)
         assert phases["forward"][side] > 0 and phases["backward"][side] > 0
         # A pipeline stage waits for its neighbour in transfers: the bubble, and no collective.
-        # The first stage waits for every microbatch's gradient; the last only for the first
-        # microbatch, 0-5 % of a tiny iteration (none where its own work before the first
-        # receive outlasts the first stage's forward, as a paced graph's did in a CI run). The
-        # posts of its transfers are its own time, not bubble.
-        least = 0.005 * record[total] if record["rank"] == 0 else 0.0
-        assert phases[BUBBLE][side] >= least and phases[COMMUNICATION][side] == 0
+        # The first stage waits for every microbatch's gradient, however little when its own
+        # compute is slow (0.4 % of a tiny paced iteration in a CI run); the last only for the
+        # first microbatch (none where its own work before the first receive outlasts the first
+        # stage's forward, as a paced graph's did in a CI run). The posts of its transfers are
+        # its own time, not bubble.
+        bubble = phases[BUBBLE][side]
+        assert (bubble > 0 if record["rank"] == 0 else bubble >= 0) and phases[COMMUNICATION][side] == 0
     for key, kind in types.items():
         assert isinstance(record[key], kind), (key, record[key])
     assert record["source"] in ("simulation", "paced", "replay")
