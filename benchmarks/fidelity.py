@@ -117,6 +117,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(prism-calibrate --busy-rounds; the spec's busy_call table)",
     )  # fmt: skip
     parser.add_argument(
+        "--calibrate-wake-gaps-ms", type=str, default="",
+        help="a fresh calibration also times compute after waits of these lengths (e.g. 0.25,0.5,1,2,4,16; "
+        "prism-calibrate --wake-gaps-ms; the spec's wake_compute table)",
+    )  # fmt: skip
+    parser.add_argument(
         "--calibrate-sizes", type=str, default=",".join(map(str, CALIBRATION_SIZES)),
         help="comma-separated bytes a fresh calibration times (e.g. 512,64KiB,16MiB) [default: the "
         "default cases' own sizes and points around them]",
@@ -236,6 +241,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
             compute_between_ms=args.calibrate_between_ms, reps=args.calibrate_reps,
             cold_gaps_ms=tuple(float(g) for g in args.calibrate_cold_gaps_ms.split(",") if g.strip()),
             sizes=sizes, measured_table=args.calibrate_table, busy_rounds=args.calibrate_busy_rounds,
+            wake_gaps_ms=tuple(float(g) for g in args.calibrate_wake_gaps_ms.split(",") if g.strip()),
             ops=PROGRAM_CALIBRATION_OPS if args.program else CALIBRATION_OPS,
         )  # fmt: skip
 

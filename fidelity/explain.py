@@ -112,11 +112,14 @@ def measured_blocks_ms(
     return {part: float(statistics.median(e[part] for e in each)) for part in BLOCK_PHASES}
 
 
-def graph_own_ns(graph_path: Path, rank: int) -> dict[str, float]:
-    """A graph rank's own time by block kind: its compute nodes' durations and every node's gap."""
+def graph_own_ns(graph_path: Path, rank: int, spans_ns: np.ndarray | None = None) -> dict[str, float]:
+    """A graph rank's own time by block kind: its compute nodes' durations (or, with ``spans_ns``,
+    a simulation's span of each of the rank's nodes: a compute's wake cost with it) and every
+    node's gap."""
     nodes = read_rank(graph_path, rank, columns=[gf.PHASE, gf.KIND, gf.DUR_NS, gf.GAP_NS]).to_pandas()
     compute = nodes[gf.KIND].astype(str) == NodeKind.COMPUTE.value
-    own = np.where(compute, nodes[gf.DUR_NS], 0) + nodes[gf.GAP_NS].to_numpy()
+    took = nodes[gf.DUR_NS].to_numpy() if spans_ns is None else spans_ns
+    own = np.where(compute, took, 0) + nodes[gf.GAP_NS].to_numpy()
     # A transfer's phase has no direction here: 'other' either way.
     phases = nodes[gf.PHASE].astype(str).to_numpy()
     return {str(kind): float(ns) for kind, ns in pd.Series(own).groupby(phases).sum().items()}

@@ -241,11 +241,14 @@ def _simulated(config: GPTConfig, graph_path: Path, settings: RunSettings) -> di
     result = simulate(graph, iterations=settings.sim_iterations)
     split = breakdown(graph, result)
     parts, exposed_comm = sim_breakdown(split), split.exposed_comm_ns
+    spans = result.end_ns - result.start_ns
     return {
         rank: RankRun(
             iter_ns=float(result.iteration_ns[rank]),
             own_ms=own_phases_ms(
-                graph_own_ns(graph_path, rank), float(result.iteration_ns[rank]), float(exposed_comm[rank])
+                graph_own_ns(graph_path, rank, spans[graph.rank_rows(rank)]),
+                float(result.iteration_ns[rank]),
+                float(exposed_comm[rank]),
             ),
             peak_bytes=int(result.peak_bytes[rank]),
             parts_ms=parts[rank],

@@ -34,14 +34,15 @@ def resolve_spec(
     path: Path | None, calibrate_into: Path, *, recalibrate: bool = False, compute_between_ms: float = 0.0,
     reps: int = CalibrationConfig.reps, cold_gaps_ms: tuple[float, ...] = (),
     sizes: tuple[int, ...] = CALIBRATION_SIZES, measured_table: bool = False,
-    ops: tuple[str, ...] = CALIBRATION_OPS, busy_rounds: int = 0,
+    ops: tuple[str, ...] = CALIBRATION_OPS, busy_rounds: int = 0, wake_gaps_ms: tuple[float, ...] = (),
 ) -> SpecChoice:  # fmt: skip
     """``path`` if given; else the calibrated 'local' preset; else (or if ``recalibrate``) calibrate now.
 
     A fresh calibration times gloo ``ops`` (all_reduce and send/recv) of ``sizes`` between 2
     processes (fitted, and written into the spec's measured table too if ``measured_table``; cold
     calls after ``compute_between_ms`` of compute when > 0; a ``cold_call`` table for
-    ``cold_gaps_ms``; a ``busy_call`` table over ``busy_rounds`` rounds > 0) and is written to
+    ``cold_gaps_ms``; a ``busy_call`` table over ``busy_rounds`` rounds > 0; a ``wake_compute``
+    table for ``wake_gaps_ms``) and is written to
     ``calibrate_into``, never to the shared 'local' path.
     """
     if path is not None:
@@ -62,6 +63,7 @@ def resolve_spec(
             sizes=sizes,
             measured_table=measured_table,
             busy_rounds=busy_rounds,
+            wake_gaps_ms=wake_gaps_ms,
         )
     )
     why = "--recalibrate" if recalibrate else f"no 'local' spec at {local_path()}"

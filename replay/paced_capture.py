@@ -41,15 +41,13 @@ from prism.schemas import graph_format as gf
 from prism.schemas.files import write_json_atomic
 from prism.schemas.iterations import DEFAULT_WARMUP
 from prism.schemas.manifest import (
+    PACED_MODE,
     CaptureFiles,
     CaptureManifest,
     RankJob,
     write_manifest,
 )
 from prism.schemas.workload import GPTConfig
-
-PACED_MODE = "paced"
-"""``CaptureManifest.mode`` of a paced capture."""
 
 
 def paced_config(graph: Path) -> GPTConfig:

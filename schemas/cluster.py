@@ -19,6 +19,8 @@ names: bytes per second, seconds. Bandwidths are *per GPU, one direction*.
     500 = -0.0003
     [busy_call]          # optional: a collective's time with its members computing, over idle,
     65536 = 3.8          # by call size (bytes)
+    [wake_compute]       # optional: extra time of a rank's compute after it waited this many µs
+    1200 = 0.00008       # for a peer, over the same compute back to back
     [measured.all_reduce]  # optional: measured one-node times, group size -> [bytes, seconds]
     2 = [[512, 0.0017], [65536, 0.0012], [1048576, 0.0031]]
 """
@@ -67,7 +69,7 @@ _FLOAT_FIELDS = (
     "base_latency_s",
 )
 _FACTOR_TABLES = ("bandwidth_efficiency", "latency_factor", "host_ns_per_byte")
-_TABLES = (*_FACTOR_TABLES, "cold_call", "busy_call")
+_TABLES = (*_FACTOR_TABLES, "cold_call", "busy_call", "wake_compute")
 Points = tuple[tuple[int, float], ...]
 """(bytes, seconds) pairs of one op class and group size, by increasing bytes."""
 
@@ -126,6 +128,14 @@ class ClusterSpec:
     while they run. On a CPU test bed a gloo call's exchanges run on threads that must take a
     core from the members' compute (``prism-calibrate --busy-rounds`` measures it: 2-7x on a
     2-vCPU VM); NCCL's run on the device."""
+    wake_compute: Mapping[str, float] = field(default_factory=dict, hash=False)
+    """Extra time (s) of the compute a rank does right after it waited (µs, integer keys) for a
+    peer, over the same compute back to back; interpolated linearly, 0 at 0 µs, flat past the
+    last point. The simulation adds it after every wait for a late peer, the wait a capture's
+    virtual peers, never late, did not make (``prism.graph.sim.engine``). Empty: compute costs
+    the same after a wait. On a shared CPU host a rank blocked for a few ms loses its core and
+    its caches (``prism-calibrate --wake-gaps-ms`` measures it: 0.1 ms after a 2 ms wait, 0.65 ms
+    after 16 ms on a 2-vCPU VM); a GPU's kernels do not pay it."""
     measured: Mapping[str, Mapping[int, Points]] = field(default_factory=dict, hash=False)
     """Measured durations of calls within one node: op class -> group size -> (bytes, seconds)
     points. Where a call's group sits on one node and its class and size are listed, the comm
@@ -194,6 +204,7 @@ class ClusterSpec:
         object.__setattr__(self, "cold_call", _check_cold_call("cold_call", self.cold_call))
         object.__setattr__(self, "cold_call_by_size", _check_cold_by_size(self.cold_call_by_size))
         object.__setattr__(self, "busy_call", _check_busy_call(self.busy_call))
+        object.__setattr__(self, "wake_compute", _check_cold_call("wake_compute", self.wake_compute))
         object.__setattr__(self, "measured", _check_measured(self.measured))
 
     def efficiency(self, op_class: str) -> float:
@@ -231,7 +242,9 @@ class ClusterSpec:
         lines = [f"{key} = {_toml_value(value)}" for key, value in data.items() if key not in nested]
         for table in _TABLES:
             lines += ["", f"[{table}]"]
-            lines += [f"{key} = {_toml_value(value)}" for key, value in sorted(data[table].items())]
+            items = data[table].items()
+            order = _by_int if all(str(k).isdecimal() for k in data[table]) else None  # µs, bytes
+            lines += [f"{key} = {_toml_value(value)}" for key, value in sorted(items, key=order)]
         for n, table in data["cold_call_by_size"].items():
             lines += ["", f"[cold_call_by_size.{n}]"]
             lines += [f"{key} = {_toml_value(value)}" for key, value in sorted(table.items(), key=_by_int)]
@@ -283,6 +296,15 @@ def _required(name: str) -> bool:
 
 def _by_int(item: tuple[str, object]) -> int:
     return int(item[0])
+
+
+def wake_points_ns(table: Mapping[str, float]) -> tuple[np.ndarray, np.ndarray]:
+    """A ``wake_compute`` table (µs -> s) as (wait ns, extra ns) arrays from (0, 0), for the engine."""
+    table = _check_cold_call("wake_compute", table)
+    points = sorted((int(k) * 1000, v * 1e9) for k, v in table.items() if int(k) > 0)
+    waits = np.array([0] + [w for w, _ in points], np.float64)
+    extra = np.array([0.0] + [e for _, e in points], np.float64)
+    return waits, extra
 
 
 def _interp_gaps(table: Mapping[str, float], idle_s: np.ndarray) -> np.ndarray:

@@ -268,6 +268,11 @@ class CapturedRank:
     """What the rank process measured."""
 
 
+PACED_MODE = "paced"
+"""``CaptureManifest.mode`` of a paced capture (``prism.replay.paced_capture``): its compute ran
+after the waits a graph gave it, so its graph's compute already holds what a wait costs it."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class CaptureManifest:
     """Everything later stages need to know about a capture (``manifest.json``)."""
@@ -275,7 +280,7 @@ class CaptureManifest:
     layout: ParallelLayout
     """Target layout, rank order included."""
     mode: str
-    """'roles' (one real rank per role, peers virtual) or 'all' (every rank real)."""
+    """'roles' (one real rank per role, peers virtual), 'all' (every rank real) or ``PACED_MODE``."""
     job: RankJob
     """The job every captured rank ran."""
     ranks: tuple[CapturedRank, ...]

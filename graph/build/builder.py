@@ -47,7 +47,7 @@ from prism.schemas.cluster import ClusterSpec
 from prism.schemas.comm_log import HeldTime, read_comm_log
 from prism.schemas.graph_format import GraphMetadata
 from prism.schemas.layout import ParallelLayout, Role
-from prism.schemas.manifest import CaptureFiles, CaptureManifest, ManifestError, read_manifest
+from prism.schemas.manifest import PACED_MODE, CaptureFiles, CaptureManifest, ManifestError, read_manifest
 from prism.schemas.workload import ConfigError, GPTConfig
 
 ProgressCallback = Callable[[int, int], None]
@@ -237,7 +237,7 @@ def build_graph(options: BuildOptions, progress: ProgressCallback | None = None)
     metadata = GraphMetadata(
         layout=layout.to_dict(),
         model=cfg.to_dict(),
-        cluster=options.cluster.to_dict(),
+        cluster=_priced_cluster(options.cluster, manifest),
         capture_digest=_digest(options.capture_dir),
         build_options={"microbatches": cfg.microbatches, "layers": cfg.layers, "ranks_per_row_group": _row_group_ranks(options)},
         prism_version=PRISM_VERSION,
@@ -247,6 +247,14 @@ def build_graph(options: BuildOptions, progress: ProgressCallback | None = None)
     return BuildResult(
         config=cfg, metadata=metadata, report=report, warnings=_warnings(stages, layout, options)
     )
+
+
+def _priced_cluster(spec: ClusterSpec, manifest: CaptureManifest) -> dict:
+    """The spec the graph is simulated with. A paced capture's compute already ran after its
+    waits: its graph must not pay their wake cost again."""
+    if manifest.mode == PACED_MODE:
+        spec = replace(spec, wake_compute={})
+    return spec.to_dict()
 
 
 def _warnings(stages: list, layout: ParallelLayout, options: BuildOptions) -> tuple[str, ...]:

@@ -37,6 +37,7 @@ import numpy as np
 
 from prism.graph.comm.bench import CalibrationError, Sample, run_benchmark, run_busy_benchmark
 from prism.graph.comm.call_latency import LoggedCalls, call_latencies, capture_logs
+from prism.graph.comm.wake_bench import run_wake_benchmark, wake_table
 from prism.peers.comm_model import OPS, CommModel, op_class, single_node_terms
 from prism.schemas.cluster import OP_CLASSES, ClusterSpec, local_path
 from prism.schemas.comm_log import read_comm_log
@@ -234,6 +235,12 @@ class CalibrationConfig:
     against idle, over this many rounds (``bench.run_busy_benchmark``), and write the ratio of the
     means into the spec's ``busy_call`` table (CPU test beds: gloo's exchanges need the cores the
     members compute on)."""
+    wake_gaps_ms: tuple[float, ...] = ()
+    """Also time compute right after a wait of about each of these (ms) for a computing neighbour,
+    against back to back (``wake_bench.run_wake_benchmark``), and write the spec's
+    ``wake_compute`` table."""
+    wake_rounds: int = 100
+    """Rounds of the wake benchmark (each goes through every gap once)."""
     measured_table: bool = False
     """Write the timed points into the spec's ``measured`` table, so that calls within one node
     are priced from them (interpolated) rather than from the fitted α-β line. Off by default:
@@ -260,6 +267,8 @@ class CalibrationConfig:
             raise ValueError(f"compute_between_ms must be 0 or more, got {self.compute_between_ms}")
         if self.busy_rounds < 0:
             raise ValueError(f"busy_rounds must be 0 (off) or more, got {self.busy_rounds}")
+        if any(not g > 0 or math.isinf(g) for g in self.wake_gaps_ms) or self.wake_rounds < 1:
+            raise ValueError("wake gaps must be positive ms and wake rounds at least 1")
         if not all(0 < g < math.inf for g in self.cold_gaps_ms):
             raise ValueError(f"cold gaps must be positive milliseconds, got {self.cold_gaps_ms}")
         if not self.bench and not self.comm_logs:
@@ -450,6 +459,16 @@ def calibrate(config: CalibrationConfig) -> CalibrationResult:
             spec,
             busy_call={str(s.bytes): s.factor for s in busy},
             notes=spec.notes + f"; all-reduces beside compute over {config.busy_rounds} rounds",
+        )
+    if config.wake_gaps_ms:
+        wake = run_wake_benchmark(
+            gaps_ms=config.wake_gaps_ms, rounds=config.wake_rounds, timeout_s=config.timeout_s
+        )
+        spec = replace(
+            spec,
+            wake_compute=wake_table(wake),
+            notes=spec.notes
+            + f"; compute after waits of {', '.join(f'{g:g}' for g in config.wake_gaps_ms)} ms",
         )
     path = spec.save(config.out or local_path())
     # Checked against the α-β line alone: the measured table would reproduce its own points.

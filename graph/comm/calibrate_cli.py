@@ -109,6 +109,17 @@ def calibrate_command(
             "a call costs beside compute (DDP's bucket all-reduces during backward)."
         ),
     ] = DEFAULT.busy_rounds,
+    wake_gaps_ms: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated waits (ms) after which a rank's compute is also timed against back to back, "
+            "giving the spec's wake_compute table (e.g. 0.25,0.5,1,2,4,16): on a shared CPU host, compute "
+            "after a pipeline stage waited for its neighbour runs slower."
+        ),
+    ] = "",
+    wake_rounds: Annotated[
+        int, typer.Option(help="Rounds of the --wake-gaps-ms benchmark.")
+    ] = DEFAULT.wake_rounds,
     table: Annotated[
         bool,
         typer.Option(
@@ -124,6 +135,7 @@ def calibrate_command(
             max_procs=max_procs, ops=tuple(o.strip() for o in ops.split(",") if o.strip()), reps=reps,
             timeout_s=timeout, comm_logs=tuple(capture or ()), bench=bench, out=out, compute_between_ms=compute_between_ms,
             cold_gaps_ms=_gaps(cold_gaps_ms), busy_rounds=busy_rounds, measured_table=table,
+            wake_gaps_ms=_gaps(wake_gaps_ms, "--wake-gaps-ms"), wake_rounds=wake_rounds,
         )  # fmt: skip
         if bench:
             err_console.print(f"[bold]prism-calibrate[/] {config.max_procs} gloo processes, sizes {sizes}")
@@ -145,11 +157,11 @@ def calibrate_command(
     )
 
 
-def _gaps(text: str) -> tuple[float, ...]:
+def _gaps(text: str, option: str = "--cold-gaps-ms") -> tuple[float, ...]:
     try:
         return tuple(float(g) for g in text.split(",") if g.strip())
     except ValueError:
-        raise ValueError(f"cannot read --cold-gaps-ms {text!r}: write milliseconds, e.g. 0.5,1,2,4") from None
+        raise ValueError(f"cannot read {option} {text!r}: write milliseconds, e.g. 0.5,1,2,4") from None
 
 
 def _env_hint(path: Path) -> str:

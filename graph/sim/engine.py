@@ -18,6 +18,11 @@ Semantics (each rank one lane of nodes in program order; durations from the grap
   virtual members alone), and ``end = E[max(real arrivals, that)] + dur``.
 - send / recv: a rendezvous, as gloo and NCCL transfers of activations are: the transfer runs
   from the later of the two posts for ``dur``; both nodes end together.
+- a rank that waited for a late peer computes slower after it: the wait's ``wake`` cost
+  (``wake_cost``, the spec's ``wake_compute`` table) is added to its next compute node. Only the
+  part of a wait spent on members that arrived late counts beyond what the graph's compute
+  already holds: the capture's virtual peers were never late, so its compute already ran after
+  waits of the call's own length.
 - a dependency may be on a node of another rank's lane (a GPU stream's kernel waiting for the
   CPU call that launched it, a synchronizing call waiting for a kernel): the node waits until
   that node has ended, plus the dependency's ``deps_lag`` (a launch latency; 0 without one), and
@@ -124,11 +129,22 @@ def _arrive(i, ready, external, dur, slot, slot_size, slot_nodes_ptr, slot_nodes
     return n_runnable
 
 
+@numba.njit(cache=True)
+def wake_cost(waited, late, wake_wait, wake_extra):
+    """Extra ns of a rank's next compute after it waited ``waited`` ns, ``late`` of them for
+    members that came late: the table at the whole wait less the table at the wait without them."""
+    if len(wake_wait) == 0 or late <= 0:
+        return 0
+    whole = np.interp(float(waited), wake_wait, wake_extra)
+    kept = np.interp(float(max(waited - late, 0)), wake_wait, wake_extra)
+    return max(np.int64(round(whole - kept)), np.int64(0))
+
+
 @numba.njit(cache=True, nogil=True)  # a replay advances it in a thread of the launcher, beside the program
 def advance(
     rank_ptr, kind, dur, gap, is_async, slot, slot_size, slot_nodes_ptr, slot_nodes, deps_ptr, deps, deps_lag,
     start, end, arrived, last_arrival, pc, clock, waiting_node, next_waiter, runnable, n_runnable, hedged, mu, sd,
-    pure, real_last, budget, target,
+    pure, real_last, wake_wait, wake_extra, owed, budget, target,
 ):  # fmt: skip
     """Advance every runnable, non-external rank until it blocks or finishes; returns the queue length.
 
@@ -137,6 +153,7 @@ def advance(
     Stops early, between nodes, once ``budget`` nodes ran (``budget`` > 0) or node ``target``
     has an end (``target`` >= 0); the rank it was running goes back on top of the queue, so a
     later call goes on where this one stopped (the result does not depend on where that was).
+    ``owed``: per lane, the wake cost its next compute node pays (``wake_cost``).
     """
     ran = 0
     while n_runnable > 0:
@@ -151,21 +168,30 @@ def advance(
             if start[i] >= 0:  # resumed after blocking on this synchronous call
                 clock[r] = end[i]
                 pc[r] += 1
+                waited = end[i] - start[i]
+                owed[r] = max(owed[r], wake_cost(waited, waited - dur[i], wake_wait, wake_extra))
                 continue
-            ready = clock[r] + gap[i]
-            blocked = -1
+            reached = clock[r] + gap[i]
+            ready = reached
+            blocked, setter = -1, -1
             for j in range(deps_ptr[i], deps_ptr[i + 1]):
                 d = deps[j]
                 if end[d] < 0:
                     blocked = d
                     break
-                ready = max(ready, end[d] + (deps_lag[j] if len(deps_lag) else 0))
+                dep_ready = end[d] + (deps_lag[j] if len(deps_lag) else 0)
+                if dep_ready > ready:
+                    ready, setter = dep_ready, d
             if blocked >= 0:
                 _wait_on(blocked, r, waiting_node, next_waiter)
                 break
+            if setter >= 0 and kind[setter] != COMPUTE:  # waited for a call: how long its peers kept it
+                late = min(end[setter] - start[setter] - dur[setter], ready - reached)
+                owed[r] = max(owed[r], wake_cost(ready - reached, late, wake_wait, wake_extra))
             if kind[i] == COMPUTE:
                 start[i] = ready
-                end[i] = ready + dur[i]
+                end[i] = ready + dur[i] + owed[r]
+                owed[r] = 0
                 clock[r] = end[i]
                 pc[r] += 1
                 if waiting_node[i] >= 0:  # another lane's node depends on it
@@ -245,6 +271,8 @@ class Engine:
         self.pc = np.empty(n_ranks, np.int64)
         self.clock = np.empty(n_ranks, np.int64)
         self.next_waiter = np.empty(n_ranks, np.int64)  # the next rank waiting on the same node
+        self.owed = np.zeros(n_ranks, np.int64)  # wake cost each lane's next compute pays
+        self.wake_wait, self.wake_extra = g.wake_points()
         self.deps_lag = _NO_LAG if g.deps_lag is None else g.deps_lag
         self.external = np.zeros(n_ranks, np.bool_) if external is None else external.astype(np.bool_)
         # A stack: the last rank runs first. ``order`` (nearest the real ranks first) lets a
@@ -268,6 +296,7 @@ class Engine:
         """Begin a pass of a cleared engine, every rank at ``start_clock``."""
         self.pc[:] = self.g.rank_ptr[:-1]
         self.clock[:] = start_clock
+        self.owed.fill(0)
         self.runnable[: len(self._internal)] = self._internal
         self.n_runnable = len(self._internal)
 
@@ -278,8 +307,8 @@ class Engine:
         self.n_runnable = advance(
             g.rank_ptr, g.kind, self.busy, g.gap, g.is_async, g.slot, g.slot_size, g.slot_nodes_ptr, g.slot_nodes,
             g.deps_ptr, g.deps, self.deps_lag, self.start, self.end, self.arrived, self.last_arrival, self.pc,
-            self.clock, self.waiting_node, self.next_waiter, self.runnable, self.n_runnable, *self._hedging(), budget,
-            target,
+            self.clock, self.waiting_node, self.next_waiter, self.runnable, self.n_runnable, *self._hedging(),
+            self.wake_wait, self.wake_extra, self.owed, budget, target,
         )  # fmt: skip
         return self.n_runnable == 0
 

@@ -19,6 +19,7 @@ from prism.graph.io.parquet import GraphReader
 from prism.graph.sim.engine import COLLECTIVE, COMPUTE, RECV, SEND
 from prism.graph.sim.simulate import SimGraph, SimulationError
 from prism.schemas import graph_format as gf
+from prism.schemas.cluster import wake_points_ns
 from prism.schemas.gpt_params import stage_buckets, stage_parameter_numels
 from prism.schemas.layout import ParallelLayout
 from prism.schemas.workload import GPTConfig
@@ -253,7 +254,14 @@ def load_sim_graph(path: str | Path, ranks: np.ndarray | None = None) -> SimGrap
         skew=_skew_or_none(a[gf.SKEW_NS]), is_async=a[gf.IS_ASYNC], slot=slot, slot_size=slot_size,
         slot_nodes_ptr=slot_nodes_ptr, slot_nodes=slot_nodes, deps_ptr=deps_ptr, deps=deps,
         alloc=a[gf.ALLOC_BYTES], free=a[gf.FREE_BYTES], deps_lag=deps_lag, lane_rank=lane_rank,
+        wake_ns=wake_of(metadata.cluster),
     )  # fmt: skip
+
+
+def wake_of(cluster: dict) -> tuple[np.ndarray, np.ndarray] | None:
+    """The engine's wake points of a graph's cluster spec (its metadata's dict); None without."""
+    table = cluster.get("wake_compute") or {}
+    return wake_points_ns(table) if table else None
 
 
 def _with_lane_deps(

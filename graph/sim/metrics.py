@@ -1,7 +1,7 @@
 """Where each rank's iteration goes, and the critical path through the whole job.
 
 A rank's iteration splits exactly into:
-- compute: durations of its compute nodes;
+- compute: spans of its compute nodes (their durations, and the wake cost after a wait);
 - overhead: the gaps before nodes (CPU time between ops: Python, launch, framework);
 - exposed communication: time blocked in synchronous collectives (arrival to end) and
   waiting for asynchronous collectives;
@@ -67,7 +67,7 @@ def breakdown(graph: SimGraph, result: SimResult) -> RankBreakdown:
         weights = values if counted is None else np.where(counted, values, 0)
         return np.bincount(rank, weights=weights, minlength=graph.ranks).astype(np.int64)
 
-    compute = per_rank(np.where(graph.kind == COMPUTE, graph.dur, 0))
+    compute = per_rank(np.where(graph.kind == COMPUTE, span, 0))
     overhead = per_rank(graph.gap.astype(np.float64))
     comm = per_rank(np.where(sync_coll, span, 0) + np.where(~on_transfers, idle, 0))
     bubble = per_rank(np.where(on_transfers, idle, 0))

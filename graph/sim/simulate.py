@@ -61,6 +61,13 @@ class SimGraph:
     lane_rank: np.ndarray | None = None
     """The rank (of the ranks held, 0 ...) each lane belongs to, where ranks have several
     streams; None: one lane a rank, ``rank_ptr`` indexes ranks."""
+    wake_ns: tuple[np.ndarray, np.ndarray] | None = None
+    """The cluster spec's ``wake_compute`` table as (wait ns, extra ns) points from (0, 0)
+    (``ClusterSpec.wake_points_ns``); None: compute costs the same after a wait."""
+
+    def wake_points(self) -> tuple[np.ndarray, np.ndarray]:
+        """``wake_ns``, or empty arrays (no wake cost) for the engine."""
+        return self.wake_ns or (np.zeros(0, np.float64), np.zeros(0, np.float64))
 
     @cached_property
     def busy_ns(self) -> np.ndarray:

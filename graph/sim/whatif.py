@@ -16,7 +16,7 @@ import numpy as np
 
 from prism.graph.comm.placement import LayoutTables
 from prism.graph.sim.engine import COMPUTE, RECV, SEND
-from prism.graph.sim.load import graph_column
+from prism.graph.sim.load import graph_column, wake_of
 from prism.graph.sim.noise import work_between, work_in_flight
 from prism.graph.sim.simulate import SimGraph
 from prism.peers.comm_model import CommModel
@@ -183,7 +183,11 @@ def apply_what_if(
     path = Path(path)
     ranks = np.arange(graph.ranks) if ranks is None else np.asarray(ranks)
     if what_if.cluster is not None:
-        graph = replace(graph, dur=_recost(graph, path, what_if.cluster, ranks))
+        graph = replace(
+            graph,
+            dur=_recost(graph, path, what_if.cluster, ranks),
+            wake_ns=wake_of(what_if.cluster.to_dict()),
+        )
     if what_if.slow_ranks:
         graph = replace(graph, dur=_slow(graph, what_if.slow_ranks, ranks))
     if what_if.delays:

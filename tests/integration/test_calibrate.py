@@ -120,7 +120,7 @@ def test_cold_gaps_give_the_spec_a_cold_call_table(tmp_path) -> None:
         # Sizes far apart: on a noisy 2-vCPU machine a 4 KiB gloo all-reduce sometimes took
         # longer than a 1 MiB one over 3 reps, leaving no bandwidth to fit.
         sizes=(4 * KiB, 8 * MiB), max_procs=2, ops=("all_reduce", "send"), reps=3, timeout_s=60,
-        out=tmp_path / "local.toml", cold_gaps_ms=(0.5, 2),
+        out=tmp_path / "local.toml", cold_gaps_ms=(0.5, 2), wake_gaps_ms=(1.0,), wake_rounds=3,
     )  # fmt: skip
     spec = calibrate(config).spec
     assert not spec.measured  # the α-β line alone unless asked
@@ -134,6 +134,10 @@ def test_cold_gaps_give_the_spec_a_cold_call_table(tmp_path) -> None:
     loaded = ClusterSpec.load(tmp_path / "local.toml")
     assert loaded.cold_call == spec.cold_call and loaded.cold_call_by_size == spec.cold_call_by_size
     assert "cold collectives after 0.5, 2 ms" in spec.notes
+    # The wake table: one point, at the wait the benchmark measured (1 ms and the answer's transfer).
+    ((wait_us, extra_s),) = spec.wake_compute.items()
+    assert 1000 <= int(wait_us) < 50_000 and math.isfinite(extra_s)
+    assert loaded.wake_compute == spec.wake_compute and "compute after waits of 1 ms" in spec.notes
 
 
 def test_busy_latencies_count_from_the_later_issue_and_rates_against_compute_alone() -> None:
