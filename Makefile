@@ -54,7 +54,7 @@ results: install
 	$(RECORD) overlap_calls -- $(BIN)/python benchmarks/overlap_calls.py --json benchmarks/results/overlap_calls.json
 	$(RECORD) fidelity -- $(BIN)/python benchmarks/fidelity.py --repeats 5 --warmup 16 --paced --recalibrate \
 	    --calibrate-into benchmarks/results/fidelity-spec.toml --calibrate-reps 100 --calibrate-cold-gaps-ms 0.5,1,2,4,16,64 \
-	    --json benchmarks/results/fidelity.json --work-dir $$(mktemp -d)/fidelity
+	    --calibrate-wake-gaps-ms 0.25,0.5,1,2,4,8,16,32 --json benchmarks/results/fidelity.json --work-dir $$(mktemp -d)/fidelity
 	$(MAKE) --no-print-directory results-programs
 	$(MAKE) --no-print-directory results-random
 
@@ -71,7 +71,7 @@ PROGRAM_SPEC = benchmarks/results/fidelity-programs-spec.toml
 results-programs: install
 	$(RECORD) fidelity_programs_dp -- $(FIDELITY_PROGRAMS) --dp 2 --recalibrate --calibrate-into $(PROGRAM_SPEC) \
 	    --calibrate-reps 30 --calibrate-cold-gaps-ms 0.5,1,2,4,16,64 --calibrate-busy-rounds 30 \
-	    --json benchmarks/results/fidelity_programs_dp.json \
+	    --calibrate-wake-gaps-ms 0.25,0.5,1,2,4,8,16,32 --json benchmarks/results/fidelity_programs_dp.json \
 	    --program "examples/ddp.py --steps 40" --program "examples/fsdp2.py --steps 40" \
 	    --program "examples/hf_gpt2_ddp.py --steps 40" --program "examples/compile_ddp.py --steps 40"
 	$(RECORD) fidelity_programs_dp_larger -- $(FIDELITY_PROGRAMS) --dp 2 --cluster-spec $(PROGRAM_SPEC) \
