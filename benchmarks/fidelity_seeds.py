@@ -30,7 +30,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from prism.fidelity.compare import final_records
+from prism.fidelity.compare import final_records, mean_abs
 
 COLUMNS = ("seed", "date", "commit", "repeats, pricing", "slice graph (max)", "final graph (max)", "replay, wall (max)", "memory")  # fmt: skip
 
@@ -81,8 +81,8 @@ def _pacing(command: str) -> str:
 
 
 def _errors(records: list[dict], source: str) -> tuple[float, float] | None:
-    values = [abs(r["iter_err_pct"]) for r in records if r["source"] == source]
-    return (sum(values) / len(values), max(values)) if values else None
+    mine = [r for r in records if r["source"] == source]
+    return (mean_abs(mine, "iter_err_pct"), max(abs(r["iter_err_pct"]) for r in mine)) if mine else None
 
 
 def read_seed_run(path: Path) -> SeedRun:

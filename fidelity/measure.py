@@ -46,9 +46,9 @@ class Pacing(StrEnum):
 
     OFF = "off"
     PIPELINES = "pipelines"
-    """Only cases with pp > 1: a slice's stage computes back to back where the real pipeline's
-    computes after its waits for the other stages, and pacing puts those waits back; a tp or
-    dp slice already waits in its held calls, and pacing those has overshot (docs/fidelity.md)."""
+    """Only cases with pp > 1, whose slice's stages compute without the waits for the other
+    stages that pacing puts back (a tp or dp slice already waits in its held calls). Whether that
+    brings a pipeline closer varies from run to run (docs/capture.md)."""
     ALL = "all"
 
 
