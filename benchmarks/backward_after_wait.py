@@ -17,17 +17,9 @@ import multiprocessing as mp
 import statistics
 import time
 
+from prism.graph.comm.wake_bench import mlp_forward
+
 GAPS_MS = (1.0, 4.0, 16.0)
-
-
-def _forward(tokens: int, hidden: int):
-    import torch
-
-    torch.manual_seed(0)
-    x = torch.randn(tokens, hidden)
-    w1 = torch.randn(hidden, 4 * hidden, requires_grad=True)
-    w2 = torch.randn(4 * hidden, hidden, requires_grad=True)
-    return lambda: (torch.nn.functional.gelu(x @ w1) @ w2).sum()
 
 
 def _give(order, seconds: float) -> None:
@@ -42,7 +34,7 @@ def _neighbour(order, port: int, tokens: int, hidden: int) -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=1, world_size=2)
-    forward, answer, seen = _forward(tokens, hidden), torch.zeros(1), 0.0
+    forward, answer, seen = mlp_forward(tokens, hidden), torch.zeros(1), 0.0
     while True:
         while order[0] == seen:
             forward().backward()
@@ -73,7 +65,7 @@ def main() -> None:
     neighbour = ctx.Process(target=_neighbour, args=(order, port, args.tokens, args.hidden))
     neighbour.start()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=2)
-    forward, answer = _forward(args.tokens, args.hidden), torch.zeros(1)
+    forward, answer = mlp_forward(args.tokens, args.hidden), torch.zeros(1)
     for _ in range(10):
         forward().backward()
     times: dict[float, list[tuple[int, int]]] = {}

@@ -23,20 +23,14 @@ import time
 
 import torch
 
+from prism.graph.comm.wake_bench import mlp_forward
+
 GAPS_MS = (1.0, 5.0, 20.0)
 
 
 def _unit(hidden: int, tokens: int):
-    torch.manual_seed(0)
-    x = torch.randn(tokens, hidden)
-    w1 = torch.randn(hidden, 4 * hidden, requires_grad=True)
-    w2 = torch.randn(4 * hidden, hidden, requires_grad=True)
-
-    def run() -> None:
-        y = torch.nn.functional.gelu(x @ w1) @ w2
-        y.sum().backward()
-
-    return run
+    forward = mlp_forward(tokens, hidden)
+    return lambda: forward().backward()
 
 
 def _busy(seconds: float) -> None:

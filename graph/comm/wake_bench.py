@@ -110,18 +110,21 @@ def wake_table(samples: list[WakeSample]) -> dict[str, float]:
     return {str(max(1, round(s.wait_s * 1e6))): s.extra_s for s in samples}
 
 
-def _unit():
+def mlp_forward(tokens: int = UNIT_TOKENS, hidden: int = UNIT_HIDDEN):
+    """The unit's forward: one MLP block (hidden → 4·hidden → hidden) over ``tokens``, returning a
+    scalar to call ``backward`` on (one thread's worth of a small model's layer)."""
     import torch
 
     torch.manual_seed(0)
-    x = torch.randn(UNIT_TOKENS, UNIT_HIDDEN)
-    w1 = torch.randn(UNIT_HIDDEN, 4 * UNIT_HIDDEN, requires_grad=True)
-    w2 = torch.randn(4 * UNIT_HIDDEN, UNIT_HIDDEN, requires_grad=True)
+    x = torch.randn(tokens, hidden)
+    w1 = torch.randn(hidden, 4 * hidden, requires_grad=True)
+    w2 = torch.randn(4 * hidden, hidden, requires_grad=True)
+    return lambda: (torch.nn.functional.gelu(x @ w1) @ w2).sum()
 
-    def run() -> None:
-        (torch.nn.functional.gelu(x @ w1) @ w2).sum().backward()
 
-    return run
+def _unit():
+    forward = mlp_forward()
+    return lambda: forward().backward()
 
 
 def _worker(rank: int, plan: _Plan, order) -> None:
