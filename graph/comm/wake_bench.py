@@ -1,16 +1,16 @@
 """How much longer a rank's compute takes right after it waited for a peer, by how long it waited.
 
 A pipeline stage blocks in a receive until its neighbour sends, then computes. On a shared CPU
-host (a VM's vCPUs above all) that compute runs slower than the same compute back to back: the
-vCPU was descheduled, caches and branch predictors went to the neighbour. A slice capture's rank
-mostly waits only for the modelled transfer, since its virtual neighbours are never late, so the
-graph's compute is the warm one, and a simulated stage that waits for its real neighbours is
-short by this much after every such wait (``prism.graph.sim.engine`` adds it; the spec's
+host (a VM's vCPUs above all) that compute runs slower than the same compute back to back
+(likely its vCPU descheduled, its caches taken by the neighbour). A slice capture's rank mostly
+waits only for the modelled transfer, since its virtual neighbours are never late, so the graph's
+compute is the warm one, and a simulated stage that waits for its neighbours is short by this
+much after every such wait (``prism.graph.sim.engine`` adds it; the spec's
 ``wake_compute`` table holds it).
 
 Two gloo processes on localhost. Rank 0 measures; rank 1 is the neighbour and computes small
-matmuls whenever it is not answering. Each round goes through the conditions in turn, so that the machine's slow
-spells fall on all of them:
+matmuls whenever it is not answering. Each round goes through the conditions in turn, so that
+the machine's slow spells fall on all of them:
 
 - back to back: rank 0 computes a unit, then times ``UNITS_TIMED`` units;
 - after a wait of about ``g`` ms: rank 0 computes a unit, orders its neighbour to compute ``g``
