@@ -17,15 +17,9 @@ import multiprocessing as mp
 import statistics
 import time
 
-from prism.graph.comm.wake_bench import mlp_forward
+from prism.graph.comm.wake_bench import _give, mlp_forward
 
 GAPS_MS = (1.0, 4.0, 16.0)
-
-
-def _give(order, seconds: float) -> None:
-    with order.get_lock():
-        order[1] = seconds
-        order[0] += 1
 
 
 def _neighbour(order, port: int, tokens: int, hidden: int) -> None:
