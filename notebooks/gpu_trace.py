@@ -46,7 +46,8 @@ ROOT = Path.cwd() if (Path.cwd() / "tests").is_dir() else Path.cwd().parent
 sample = ROOT / "tests" / "data" / "gpu_traces" / "nccl_ddp_rank0.json.gz"
 trace_dir = Path(os.environ.get("TRACE_DIR", "")) if os.environ.get("TRACE_DIR") else None
 if trace_dir is None:  # HTA reads a directory: the sample alone in one
-    trace_dir = Path(tempfile.mkdtemp(prefix="prism-gpu-trace-"))
+    workspace = tempfile.TemporaryDirectory(prefix="prism-gpu-trace-")  # removed when the kernel exits
+    trace_dir = Path(workspace.name)
     shutil.copy(sample, trace_dir / sample.name)
 trace_files = sorted(trace_dir.glob("*.json*"))
 print(f"{len(trace_files)} trace(s) in {trace_dir}")

@@ -42,7 +42,9 @@ from prism.schemas.workload import GPTConfig
 
 FIGURES = Path(os.environ.get("PRISM_FIGURES", "figures"))
 FIGURES.mkdir(parents=True, exist_ok=True)
-work = Path(tempfile.mkdtemp(prefix="prism-notebook-"))
+# Captures, graphs and replays go to a folder removed when the kernel exits.
+workspace = tempfile.TemporaryDirectory(prefix="prism-notebook-")
+work = Path(workspace.name)
 H100 = preset("h100-ib")
 config = GPTConfig(layers=8, hidden=64, heads=4, seq_len=32, vocab=256, microbatches=4, tp=1, pp=4, dp=2)
 run_capture(CaptureOptions(config=config, out_dir=work / "capture", warmup=3, iterations=1))
