@@ -17,7 +17,7 @@ import multiprocessing as mp
 import statistics
 import time
 
-from prism.graph.comm.wake_bench import _give, mlp_forward
+from prism.graph.comm.wake_bench import give_order, mlp_forward, next_order
 
 GAPS_MS = (1.0, 4.0, 16.0)
 
@@ -30,10 +30,7 @@ def _neighbour(order, port: int, tokens: int, hidden: int) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=1, world_size=2)
     forward, answer, seen = mlp_forward(tokens, hidden), torch.zeros(1), 0.0
     while True:
-        while order[0] == seen:
-            forward().backward()
-        with order.get_lock():
-            seen, seconds = order[0], order[1]
+        seen, seconds = next_order(order, seen, lambda: forward().backward())
         if seconds < 0:
             break
         deadline = time.monotonic() + seconds
@@ -68,7 +65,7 @@ def main() -> None:
             loss = forward()
             forward().backward()  # the stage's other work between a forward and its backward
             if gap_ms:
-                _give(order, gap_ms / 1e3)
+                give_order(order, gap_ms / 1e3)
                 dist.recv(answer, src=1)
             t = time.perf_counter_ns()
             loss.backward()
@@ -76,7 +73,7 @@ def main() -> None:
             t = time.perf_counter_ns()
             forward().backward()
             times.setdefault(gap_ms, []).append((backward, time.perf_counter_ns() - t))
-    _give(order, -1.0)
+    give_order(order, -1.0)
     dist.barrier()
     neighbour.join()
     base = [statistics.median(t[k] for t in times[0.0]) for k in (0, 1)]

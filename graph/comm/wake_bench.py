@@ -148,16 +148,26 @@ def _worker(rank: int, plan: _Plan, order) -> None:
         _neighbour(order, answer, chunk)
     else:
         rows = _measure(run, plan, order, answer)
-        _give(order, -1.0)
+        give_order(order, -1.0)
         Path(plan.result_path).write_text(json.dumps(rows))
     dist.barrier()
     dist.destroy_process_group()
 
 
-def _give(order, seconds: float) -> None:
+def give_order(order, seconds: float) -> None:
+    """Tell the neighbour to compute ``seconds`` more and then answer (-1: stop). ``order`` is a
+    shared ``Array('d', [number, seconds])``: a gloo receive cannot be polled for orders."""
     with order.get_lock():
         order[1] = seconds
         order[0] += 1
+
+
+def next_order(order, seen: float, busy) -> tuple[float, float]:
+    """Run ``busy()`` until an order after number ``seen`` comes: (its number, its seconds)."""
+    while order[0] == seen:
+        busy()
+    with order.get_lock():
+        return order[0], order[1]
 
 
 def _neighbour(order, answer, chunk) -> None:
@@ -168,10 +178,7 @@ def _neighbour(order, answer, chunk) -> None:
 
     seen = 0.0
     while True:
-        while order[0] == seen:
-            torch.mm(chunk, chunk)
-        with order.get_lock():
-            seen, seconds = order[0], order[1]
+        seen, seconds = next_order(order, seen, lambda: torch.mm(chunk, chunk))
         if seconds < 0:
             return
         _compute_until(time.monotonic_ns() + int(seconds * 1e9), chunk)
@@ -189,7 +196,7 @@ def _measure(run, plan: _Plan, order, answer) -> list[tuple[int, int, int]]:
             blocked = 0
             if condition >= 0:
                 t = time.perf_counter_ns()
-                _give(order, plan.gaps_s[condition])
+                give_order(order, plan.gaps_s[condition])
                 dist.recv(answer, src=1)
                 blocked = time.perf_counter_ns() - t
             t = time.perf_counter_ns()
