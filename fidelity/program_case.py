@@ -99,6 +99,8 @@ def measure_real_program(
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
         "--tee", "3",  # the ranks' lines come prefixed, so a failure can show theirs, not torchrun's
+        # With the run, not a torchelastic_* folder of its own left under /tmp at every run.
+        "--log-dir", str(out / "torchrun"),
         "-m", "prism.fidelity.timed_run", "--out", str(out),
         "--warmup", str(settings.warmup), "--iterations", str(settings.iterations), "--device", case.device,
         "--", *case.argv,

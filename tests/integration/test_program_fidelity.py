@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -74,12 +75,16 @@ def test_a_program_is_compared_with_its_own_torchrun_run(tmp_path: Path, program
 def test_a_program_that_fails_under_torchrun_is_one_error(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("raise SystemExit('no such model')\n")
+    scratch = tmp_path / "tmp"  # the run's temporary folders
+    scratch.mkdir()
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "fidelity.py"), "--program", str(bad), "--dp", "2",
          "--repeats", "1", "--cluster-spec", str(preset("h100-ib").save(tmp_path / "s.toml"))],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "TMPDIR": str(scratch)},
     )  # fmt: skip
     assert done.returncode == 2
     assert "the real run of" in done.stdout and "failed" in done.stdout
     # The ranks' own words, not only torchrun's report of their exit codes.
     assert "no such model" in done.stdout
+    # torchrun's logs went with the run's work folder, removed with it: nothing piles up in /tmp.
+    assert not list(scratch.iterdir()), list(scratch.iterdir())
