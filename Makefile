@@ -58,7 +58,7 @@ results: install
 	$(MAKE) --no-print-directory results-programs
 	$(MAKE) --no-print-directory results-random
 
-# Ten cases drawn at random (a seed not used while developing: 2026, 1127, 31, 515, 4242, 8675, 60221, 31337, 20261127, 112711, 271828, 161803, 141421, 577215, 662607, 314159, 246810, 8128, 1729, 90210, 4747, 7919, 65537 and 299792 are used),
+# Ten cases drawn at random (a seed not used while developing: 2026, 1127, 31, 515, 4242, 8675, 60221, 31337, 20261127, 112711, 271828, 161803, 141421, 577215, 662607, 314159, 246810, 8128, 1729, 90210, 4747, 7919, 65537, 299792 and 173205 are used),
 # priced with the spec the fixed cases calibrated (about 15 min).
 SEED ?= 31
 results-random: install
