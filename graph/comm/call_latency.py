@@ -171,3 +171,36 @@ def transfer_times(logs: Iterable[LoggedCalls]) -> list[TransferTime]:
             )
         )  # fmt: skip
     return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class PostTime:
+    """One asynchronous send or recv's post: its entry to its return, host work the graph keeps
+    as a node after the call (``prism.graph.build.profiler_overhead``)."""
+
+    rank: int
+    """Rank that posted it."""
+    op: str
+    """'send' or 'recv'."""
+    peer: int
+    """The other end's global rank."""
+    bytes: int
+    delegated: bool
+    """Posted on a real gloo group (True) or to a virtual peer (False)."""
+    post_ns: int
+
+
+def post_times(logs: Iterable[LoggedCalls]) -> list[PostTime]:
+    """Every kept asynchronous send and recv with a peer of ``(log, keep)`` pairs, real or
+    virtual: a real run's posts beside a slice's show what a virtual post does not cost."""
+    out = []
+    for log, keep in logs:
+        for i, c in enumerate(log.calls):
+            if c.op in ("send", "recv") and c.async_op and c.peer is not None and (keep is None or keep[i]):
+                out.append(
+                    PostTime(
+                        rank=log.rank, op=c.op, peer=c.peer, bytes=c.bytes, delegated=c.delegated,
+                        post_ns=c.exit_ns - c.enter_ns,
+                    )
+                )  # fmt: skip
+    return out

@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 
-from prism.graph.comm.call_latency import call_latencies, clean_call_mask, transfer_times
+from prism.graph.comm.call_latency import call_latencies, clean_call_mask, post_times, transfer_times
 from prism.schemas.comm_log import CommCall, CommLog
 
 
@@ -96,3 +96,19 @@ def test_a_transfers_time_splits_into_posts_the_receivers_own_work_and_its_block
     # One end missing, or kept out by the mask: no transfer.
     assert transfer_times([(sender, None)]) == []
     assert transfer_times([(sender, None), (receiver, np.zeros(1, np.bool_))]) == []
+
+
+def test_posts_of_real_and_virtual_transfers_alike_and_only_asynchronous_ones() -> None:
+    # A slice's rank posts to a virtual peer (not delegated) as a real run's posts on gloo: both
+    # are read, each with its side, so that the two can be set beside each other.
+    virtual = dataclasses.replace(_posted(0, "send", 100, 130, 140, 150, peer=1), delegated=False)
+    real = _posted(1, "recv", 200, 290, 300, 400, peer=1)
+    blocking = dataclasses.replace(_posted(2, "send", 500, 900, 0, 900, peer=1), async_op=False)
+    no_peer = dataclasses.replace(_posted(3, "recv", 950, 960, 0, 990, peer=1), peer=None)
+    log = _log(0, virtual, real, blocking, no_peer)
+    posts = post_times([(log, None)])
+    assert [(p.op, p.peer, p.delegated, p.post_ns) for p in posts] == [
+        ("send", 1, False, 30),
+        ("recv", 1, True, 90),
+    ]
+    assert post_times([(log, np.array([False, True, True, True]))]) == posts[1:]
