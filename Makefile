@@ -65,7 +65,7 @@ results-random: install
 	$(RECORD) fidelity_random -- $(BIN)/python benchmarks/fidelity.py --random 10 --seed $(SEED) --repeats 3 --warmup 12 \
 	    --cluster-spec benchmarks/results/fidelity-spec.toml --json benchmarks/results/fidelity_random.json
 
-# Each example program against its own torchrun run (world 2), one layout per command (about 75 min).
+# Each example program against its own torchrun run (world 2), one layout per command (about 60 min).
 # Eight interleaved repeats: with five, the real side's own standard error (3-9 % on this VM) was
 # above the 3 % the replay is judged by.
 FIDELITY_PROGRAMS = $(BIN)/python benchmarks/fidelity.py --repeats 8 --warmup 12
