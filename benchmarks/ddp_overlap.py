@@ -95,6 +95,7 @@ def _run(way: str, argv: list[str], out: Path) -> None:
             "torch.distributed.run",
             "--standalone",
             "--nproc-per-node=2",
+            f"--log-dir={out.parent / 'torchrun'}",  # in the temporary folder, not /tmp's torchelastic_*
             *worker,
         ]
     done = subprocess.run(

@@ -213,6 +213,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="prism-p2p-") as out:
         env = os.environ | {PROBE_ENV: out, "OMP_NUM_THREADS": "1"}
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.nproc),
+                   "--log-dir", str(Path(out) / "torchrun"),  # removed with out, not a torchelastic_* in /tmp
                    __file__, *program]  # fmt: skip
         try:
             done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout_s)

@@ -112,8 +112,12 @@ class MatchedLoad(CaptureHooks):
             self.started.append(())
             return None
         others = tuple(r for r in range(self._world) if r not in ranks)
-        env = os.environ | {"OMP_NUM_THREADS": str(self._threads)}
         root = Path(self._dir.name)
+        # Killed mid-export, a rank leaves the profiler's temporary copy of its trace (tens of
+        # MB): in this folder, removed with it, not in the machine's /tmp.
+        scratch = root / "tmp"
+        scratch.mkdir(exist_ok=True)
+        env = os.environ | {"OMP_NUM_THREADS": str(self._threads), "TMPDIR": str(scratch)}
         for rank in others:
             out = root / f"rank{rank}"
             out.mkdir(exist_ok=True)

@@ -195,6 +195,35 @@ def test_matched_load_that_dies_is_an_error(tmp_path: Path) -> None:
             load.batch_done((0,))
 
 
+def test_load_ranks_keep_their_temporary_files_in_the_loads_own_folder(monkeypatch) -> None:
+    # A load rank killed while the profiler exports its trace leaves the trace's temporary copy
+    # (tens of MB) behind: it must land in the load's folder, removed with it, not in /tmp.
+    import prism.fidelity.load as load_module
+
+    envs = []
+
+    class Started:
+        pid = 0
+
+        def __init__(self, command, **kwargs) -> None:
+            envs.append(kwargs["env"])
+
+        def poll(self) -> int:
+            return 0
+
+        def wait(self) -> int:
+            return 0
+
+    monkeypatch.setattr(load_module.subprocess, "Popen", Started)
+    with MatchedLoad(parse_case(TINY), warmup=1, iterations=1) as load:
+        load.batch_starting((0,), {})
+        (env,) = envs  # pp=2: the other stage's rank
+        scratch = Path(env["TMPDIR"])
+        assert scratch.is_dir() and Path(load._dir.name) in scratch.parents
+        load.batch_done((0,))
+    assert not scratch.exists()
+
+
 @pytest.mark.slow
 def test_a_graph_built_for_a_job_larger_than_its_capture(spec_file: Path, tmp_path: Path) -> None:
     from prism.fidelity import RunSettings, captured_config, run_case_detailed

@@ -4,6 +4,7 @@ are timed, iteration by iteration, and the warm-up is left out; no speed claim."
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,13 +30,15 @@ def test_a_pipeline_programs_transfers_are_timed_on_every_rank(tmp_path: Path) -
         done = subprocess.run([str(Path(sys.executable).parent / command[0]), *command[1:]],
                               capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr
-    out = tmp_path / "p2p.json"
+    out, scratch = tmp_path / "p2p.json", tmp_path / "tmp"
+    scratch.mkdir()
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "pipeline_p2p.py"), "--warmup", "3", "--json", str(out),
          "--graph", str(graph), "--", *program, "--steps", "8"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "TMPDIR": str(scratch)},
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
+    assert not list(scratch.iterdir())  # torchrun's logs went with the run: no torchelastic_* left
     ranks = json.loads(out.read_text())["ranks"]
     assert set(ranks) == {"0", "1"}
     for summary in ranks.values():
