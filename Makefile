@@ -66,8 +66,8 @@ results-random: install
 	    --cluster-spec benchmarks/results/fidelity-spec.toml --json benchmarks/results/fidelity_random.json
 
 # Each example program against its own torchrun run (world 2), one layout per command (about 60 min).
-# Eight interleaved repeats: with five, the real side's own standard error (3-9 % on this VM) was
-# above the 3 % the replay is judged by.
+# Eight interleaved repeats: with five, the real side's own standard error (2.3-9.5 % on this VM,
+# 5.5 % on average) was above the 3 % the replay is judged by.
 FIDELITY_PROGRAMS = $(BIN)/python benchmarks/fidelity.py --repeats 8 --warmup 12
 PROGRAM_SPEC = benchmarks/results/fidelity-programs-spec.toml
 results-programs: install
