@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import gzip
 import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +40,23 @@ class Profiler:
         self._prof.step()
 
 
+def export_trace(prof: profile, path: Path) -> None:
+    """Write ``prof``'s Chrome trace to ``path`` (gzipped when it ends in .gz), staged beside it.
+
+    torch stages a .gz export as an uncompressed copy under the system temporary folder, left
+    there when the rank is killed mid-export; staging in ``path``'s own folder keeps every byte
+    of a run inside its output, and the rename makes ``path`` appear whole or not at all."""
+    staged = path.with_name(".tmp-" + path.name.removesuffix(".gz"))
+    prof.export_chrome_trace(str(staged))
+    if path.suffix == ".gz":
+        packed = path.with_name(".tmp-" + path.name)
+        with staged.open("rb") as raw, gzip.open(packed, "wb") as out:
+            shutil.copyfileobj(raw, out)
+        staged.unlink()
+        staged = packed
+    os.replace(staged, path)
+
+
 def _profiler_schedule(spec: ProfileSpec) -> schedule:
     # One profiler warm-up step (when there is a warm-up iteration) lets Kineto settle before
     # the active window; the remaining warm-up iterations are skipped entirely.
@@ -53,15 +72,10 @@ def profiled(spec: ProfileSpec) -> Iterator[Profiler]:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if spec.cuda else [])
     et = ExecutionTraceObserver().register_callback(str(spec.et_path))
 
-    def export(prof: profile) -> None:
-        tmp = spec.kineto_path.with_name(".tmp-" + spec.kineto_path.name)
-        prof.export_chrome_trace(str(tmp))
-        os.replace(tmp, spec.kineto_path)
-
     prof = profile(
         activities=activities,
         schedule=_profiler_schedule(spec),
-        on_trace_ready=export,
+        on_trace_ready=lambda done: export_trace(done, spec.kineto_path),
         record_shapes=True,
         profile_memory=True,
         with_stack=False,

@@ -28,6 +28,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from prism.capture import annotate
 from prism.capture.cpu_allocator import count_frees_on_every_thread
+from prism.capture.profiling import export_trace
 from prism.capture.program_main import run_program
 from prism.capture.program_phases import ProgramPhases
 from prism.capture.step_iterations import ProgramStop, live_tensor_bytes
@@ -145,7 +146,7 @@ class IterationTimer:
     def _stop_profiler(self) -> None:
         if self._profiler is not None:
             self._profiler.__exit__(None, None, None)
-            self._profiler.export_chrome_trace(str(trace_path(self._out, self.run.rank)))
+            export_trace(self._profiler, trace_path(self._out, self.run.rank))
             self._profiler = None
 
 
