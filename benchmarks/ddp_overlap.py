@@ -89,15 +89,9 @@ def _run(way: str, argv: list[str], out: Path) -> None:
     if way == "alone":
         command = [sys.executable, *worker]
     else:
-        command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node=2",
-            f"--log-dir={out.parent / 'torchrun'}",  # in the temporary folder, not /tmp's torchelastic_*
-            *worker,
-        ]
+        from prism.fidelity.torchrun import torchrun_command  # not in the ranks this file also runs as
+
+        command = torchrun_command(2, out.parent / "torchrun", *worker)
     done = subprocess.run(
         command, env=os.environ | {"OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900
     )

@@ -212,9 +212,9 @@ def main() -> None:
         parser.error("give the program after --, e.g. -- examples/pp.py --pp 2")
     with tempfile.TemporaryDirectory(prefix="prism-p2p-") as out:
         env = os.environ | {PROBE_ENV: out, "OMP_NUM_THREADS": "1"}
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.nproc),
-                   "--log-dir", str(Path(out) / "torchrun"),  # removed with out, not a torchelastic_* in /tmp
-                   __file__, *program]  # fmt: skip
+        from prism.fidelity.torchrun import torchrun_command  # not in the ranks this file also runs as
+
+        command = torchrun_command(args.nproc, Path(out) / "torchrun", __file__, *program)
         try:
             done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout_s)
         except subprocess.TimeoutExpired:

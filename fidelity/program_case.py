@@ -30,7 +30,6 @@ import re
 import shlex
 import statistics
 import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -42,6 +41,7 @@ from prism.fidelity.compare import paired_records
 from prism.fidelity.explain import block_phases_ms, measured_blocks_ms, sim_breakdown
 from prism.fidelity.measure import RankRun, RunSettings, beside_load, replayed_run
 from prism.fidelity.timed_run import TimedRun, result_path, trace_path
+from prism.fidelity.torchrun import torchrun_command
 from prism.graph.build.builder import BuildOptions, build_graph
 from prism.graph.io.parquet import read_metadata
 from prism.graph.sim.load import load_sim_graph, static_bytes_of
@@ -96,15 +96,13 @@ def measure_real_program(
 ) -> tuple[dict[int, RankRun], dict]:
     """Run every rank of ``case`` under torchrun; per rank its run, and the hook's cost."""
     world = case.layout.world_size
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-        "--tee", "3",  # the ranks' lines come prefixed, so a failure can show theirs, not torchrun's
-        # With the run, not a torchelastic_* folder of its own left under /tmp at every run.
-        "--log-dir", str(out / "torchrun"),
+    command = torchrun_command(
+        world, out / "torchrun",
         "-m", "prism.fidelity.timed_run", "--out", str(out),
         "--warmup", str(settings.warmup), "--iterations", str(settings.iterations), "--device", case.device,
         "--", *case.argv,
-    ]  # fmt: skip
+        tee=True,
+    )  # fmt: skip
     env = os.environ | {"OMP_NUM_THREADS": "1"}  # what torchrun sets for several processes per node
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
