@@ -9,7 +9,10 @@ pipeline schedule posts (``torch.distributed.pipelining.schedules._batch_p2p``) 
 them (``_wait_batch_p2p``), each iteration cut at the optimizer step. Per rank, over the
 iterations after the warm-up: the iteration, the time inside posts and inside waits (medians and
 p90 of the per-iteration sums), the longest single post, and the share of iterations whose posts
-took more than ``--slow-post-ms``.
+took more than ``--slow-post-ms``. Where a post's time goes: per post its wall time, the CPU
+time of the rank's thread in it and whether the thread was preempted in it (an involuntary
+context switch), and per gloo ``send`` / ``recv`` call inside it (``ProcessGroup.send`` /
+``recv``, entry to return) its wall and CPU time: medians over the posts after the warm-up.
 
 A graph prices a transfer by the comm model and lets the program go on at once after posting
 it; a post that blocks in the real run is time neither the simulation nor a replay's virtual
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import runpy
 import statistics
 import subprocess
@@ -46,19 +50,37 @@ PROBE_ENV = "PRISM_P2P_PROBE_OUT"
 
 def probe(argv: list[str]) -> None:
     """In a rank process under torchrun: run the program with its schedule's posts and waits timed."""
+    import torch.distributed as dist
     from torch.distributed.pipelining import schedules
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     spans: list[tuple[str, int, int]] = []  # ("post" | "wait", began, ended): perf_counter_ns
     bounds: list[int] = [time.perf_counter_ns()]  # where each iteration ended (the first: the start)
+    costs: list[tuple[int, int, int]] = []  # per post: (began, its thread's CPU ns, preempted 0/1)
+    calls: list[tuple[str, int, int, int]] = []  # per gloo call: (send | recv, began, wall ns, CPU ns)
     post, wait = schedules._batch_p2p, schedules._wait_batch_p2p
 
     def timed_post(ops, desc=None):
-        t0 = time.perf_counter_ns()
+        switches = resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
+        cpu, t0 = time.thread_time_ns(), time.perf_counter_ns()
         works = post(ops, desc)
         if ops:  # the schedules post and wait on empty batches too: nothing happens there
             spans.append(("post", t0, time.perf_counter_ns()))
+            preempted = resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw > switches
+            costs.append((t0, time.thread_time_ns() - cpu, int(preempted)))
         return works
+
+    def timed_call(name: str, call):
+        def timed(self, *args, **kwargs):
+            cpu, t0 = time.thread_time_ns(), time.perf_counter_ns()
+            work = call(self, *args, **kwargs)
+            calls.append((name, t0, time.perf_counter_ns() - t0, time.thread_time_ns() - cpu))
+            return work
+
+        return timed
+
+    for name in ("send", "recv"):
+        setattr(dist.ProcessGroup, name, timed_call(name, getattr(dist.ProcessGroup, name)))
 
     def timed_wait(works) -> None:
         t0 = time.perf_counter_ns()
@@ -77,7 +99,7 @@ def probe(argv: list[str]) -> None:
         runpy.run_path(argv[0], run_name="__main__")
     finally:
         out = Path(os.environ[PROBE_ENV]) / f"rank{os.environ['RANK']}.json"
-        out.write_text(json.dumps({"spans": spans, "bounds": bounds}))
+        out.write_text(json.dumps({"spans": spans, "bounds": bounds, "costs": costs, "calls": calls}))
 
 
 Span = tuple[str, int, int]  # ("post" | "wait", began, ended), ns
@@ -167,7 +189,8 @@ def _p90(values: list[float]) -> float:
 
 
 def summarize(rank_file: Path, warmup: int, slow_post_ms: float) -> dict:
-    iterations = iterations_of(json.loads(rank_file.read_text()))
+    data = json.loads(rank_file.read_text())
+    iterations = iterations_of(data)
     if len(iterations) <= warmup:
         raise SystemExit(
             f"{rank_file}: {len(iterations)} iteration(s), not more than the {warmup} of warm-up"
@@ -177,6 +200,23 @@ def summarize(rank_file: Path, warmup: int, slow_post_ms: float) -> dict:
     def ms(spans: list[Span], kind: str) -> list[float]:
         return [(ended - began) / 1e6 for k, began, ended in spans if k == kind]
 
+    since = kept[0][0]
+    costs = [c for c in data.get("costs", []) if c[0] >= since]
+    posts_us = [
+        (ended - began) / 1e3 for k, began, ended in (s for *_, spans in kept for s in spans) if k == "post"
+    ]
+    calls = [c for c in data.get("calls", []) if c[1] >= since]
+
+    def med_us(values: list[float]) -> float | None:
+        return statistics.median(values) / 1e3 if values else None
+
+    where = {
+        "one_post_us": statistics.median(posts_us) if posts_us else None,
+        "post_cpu_us": med_us([c[1] for c in costs]),
+        "preempted_share": sum(c[2] for c in costs) / len(costs) if costs else None,
+        **{f"gloo_{name}_{what}_us": med_us([c[i] for c in calls if c[0] == name])
+           for name in ("send", "recv") for what, i in (("wall", 2), ("cpu", 3))},
+    }  # fmt: skip
     iters = [(end - start) / 1e6 for start, end, _ in kept]
     posts, waits = ([sum(ms(spans, kind)) for *_, spans in kept] for kind in ("post", "wait"))
     longest = max((p for *_, spans in kept for p in ms(spans, "post")), default=0.0)
@@ -186,6 +226,7 @@ def summarize(rank_file: Path, warmup: int, slow_post_ms: float) -> dict:
         "post_ms": statistics.median(posts), "post_p90_ms": _p90(posts), "longest_post_ms": longest,
         "wait_ms": statistics.median(waits), "wait_p90_ms": _p90(waits),
         "slow_post_share": sum(p > slow_post_ms for p in posts) / len(posts),
+        **where,
     }  # fmt: skip
 
 
@@ -243,6 +284,21 @@ def main() -> None:
         )  # fmt: skip
     console = Console(width=160)
     console.print(table)
+    where = Table(title="where a post's time goes (µs, medians over the posts after the warm-up)")
+    for column in ("rank", "post", "its CPU", "preempted in it", "gloo send (CPU)", "gloo recv (CPU)"):
+        where.add_column(column, justify="right")
+
+    def us(value: float | None, cpu: float | None = None) -> str:
+        if value is None:
+            return "-"
+        return f"{value:.0f}" if cpu is None else f"{value:.0f} ({cpu:.0f})"
+
+    for rank, s in ranks.items():
+        where.add_row(
+            str(rank), us(s["one_post_us"]), us(s["post_cpu_us"]), "-" if s["preempted_share"] is None else f"{s['preempted_share']:.0%}",
+            us(s["gloo_send_wall_us"], s["gloo_send_cpu_us"]), us(s["gloo_recv_wall_us"], s["gloo_recv_cpu_us"]),
+        )  # fmt: skip
+    console.print(where)
     for rank, s in ranks.items():
         if "segments" not in s:
             continue

@@ -45,6 +45,10 @@ def test_a_pipeline_programs_transfers_are_timed_on_every_rank(tmp_path: Path) -
         assert summary["iterations"] == 5  # 8 optimizer steps, 3 of warm-up
         assert 0 < summary["post_ms"] < summary["iter_ms"]  # 1F1B posts a transfer every microbatch
         assert 0 <= summary["wait_ms"] < summary["iter_ms"]
+        # Where a post's time goes: the gloo calls inside it, and its thread's CPU time.
+        assert 0 < summary["gloo_send_wall_us"] < summary["one_post_us"] * 10
+        assert summary["gloo_recv_wall_us"] > 0 and summary["post_cpu_us"] > 0
+        assert 0 <= summary["preempted_share"] <= 1
         # The same waits on both sides, the places adding up to an iteration on each.
         places = summary["segments"]
         assert sum(p["place"].startswith("wait") for p in places) >= 2
