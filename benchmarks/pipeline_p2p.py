@@ -202,16 +202,14 @@ def summarize(rank_file: Path, warmup: int, slow_post_ms: float) -> dict:
 
     since = kept[0][0]
     costs = [c for c in data.get("costs", []) if c[0] >= since]
-    posts_us = [
-        (ended - began) / 1e3 for k, began, ended in (s for *_, spans in kept for s in spans) if k == "post"
-    ]
+    one_posts = [p for *_, spans in kept for p in ms(spans, "post")]
     calls = [c for c in data.get("calls", []) if c[1] >= since]
 
     def med_us(values: list[float]) -> float | None:
         return statistics.median(values) / 1e3 if values else None
 
     where = {
-        "one_post_us": statistics.median(posts_us) if posts_us else None,
+        "one_post_us": statistics.median(one_posts) * 1e3 if one_posts else None,
         "post_cpu_us": med_us([c[1] for c in costs]),
         "preempted_share": sum(c[2] for c in costs) / len(costs) if costs else None,
         **{f"gloo_{name}_{what}_us": med_us([c[i] for c in calls if c[0] == name])
@@ -219,7 +217,7 @@ def summarize(rank_file: Path, warmup: int, slow_post_ms: float) -> dict:
     }  # fmt: skip
     iters = [(end - start) / 1e6 for start, end, _ in kept]
     posts, waits = ([sum(ms(spans, kind)) for *_, spans in kept] for kind in ("post", "wait"))
-    longest = max((p for *_, spans in kept for p in ms(spans, "post")), default=0.0)
+    longest = max(one_posts, default=0.0)
     return {
         "iterations": len(iters),
         "iter_ms": statistics.median(iters), "iter_p90_ms": _p90(iters),

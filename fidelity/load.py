@@ -113,8 +113,8 @@ class MatchedLoad(CaptureHooks):
             return None
         others = tuple(r for r in range(self._world) if r not in ranks)
         root = Path(self._dir.name)
-        # Killed mid-export, a rank leaves the profiler's temporary copy of its trace (tens of
-        # MB): in this folder, removed with it, not in the machine's /tmp.
+        # Load ranks are killed when the batch ends: whatever temporary files they leave (torch's,
+        # a library's) land in this folder, removed with it, not in the machine's /tmp.
         scratch = root / "tmp"
         scratch.mkdir(exist_ok=True)
         env = os.environ | {"OMP_NUM_THREADS": str(self._threads), "TMPDIR": str(scratch)}

@@ -196,8 +196,8 @@ def test_matched_load_that_dies_is_an_error(tmp_path: Path) -> None:
 
 
 def test_load_ranks_keep_their_temporary_files_in_the_loads_own_folder(monkeypatch) -> None:
-    # A load rank killed while the profiler exports its trace leaves the trace's temporary copy
-    # (tens of MB) behind: it must land in the load's folder, removed with it, not in /tmp.
+    # Load ranks are killed when the batch ends, leaving whatever temporary files they had open:
+    # those must land in the load's folder, removed with it, not in /tmp.
     import prism.fidelity.load as load_module
 
     envs = []
