@@ -149,7 +149,13 @@ def mean_abs(records: list[dict], key: str) -> float:
     return float(np.mean([abs(r[key]) for r in records])) if records else float("nan")
 
 
-SOURCE_PREFIX = {"simulation": "", "paced": "paced_", "replay": "replay_", "final": "final_"}
+SOURCE_PREFIX = {
+    "simulation": "",
+    "paced": "paced_",
+    "replay": "replay_",
+    "final": "final_",
+    "floor": "floor_",
+}
 
 
 def final_records(records: list[dict]) -> list[dict]:

@@ -50,6 +50,7 @@ SOURCE_TITLES = {
     "paced": "simulation of the paced capture's graph",
     "replay": "replay of each captured rank against the graph (its wall time)",
     "final": "simulation of the graph each case ends with (paced where captured paced, else the slice's)",
+    "floor": "a second real run where the prediction stands (A/A: the error of a perfect prediction)",
 }
 
 
@@ -120,6 +121,8 @@ _PHASE_TITLES = {
         "replay: each replayed rank's wall iteration by block, real vs replayed",
         _BLOCKS,
     ),
+    ("floor", "phase_err"): ("A/A: each rank's iteration by phase, real vs its twin real run", _OWN),
+    ("floor", "block_err"): ("A/A: each rank's iteration by block, real vs its twin real run", _BLOCKS),
     ("replay", "graph_phase_err"): (
         "replay: each replayed rank's time by phase, as replayed vs the graph's",
         "measured: the replayed rank's time between its calls and in them, by the phase of the graph's "

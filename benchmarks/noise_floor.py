@@ -1,0 +1,193 @@
+"""Noise floor of the fidelity benchmark: every rank real against every rank real (A/A).
+
+    .venv/bin/python benchmarks/noise_floor.py --random 10 --seed S --repeats 5 --warmup 12 \\
+        [--against benchmarks/results/fidelity_random_S.json] [--json out.json]
+    .venv/bin/python benchmarks/noise_floor.py --program "examples/ddp.py --steps 40" --dp 2 --repeats 8 --warmup 12
+
+Runs the cases benchmarks/fidelity.py would run (the same --case / --random / --program options),
+each repeat measuring every rank for real where the fidelity run does and once more where it
+replays (``prism.fidelity.noise_floor``). The twin run's errors are what a prediction exactly
+as good as the real program would score under the same repeats on this machine: the floor the
+fidelity records' errors stand on. With --against, each record of a fidelity JSON of the same
+cases is shown beside its floor. See docs/fidelity.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from prism.fidelity import (
+    DEFAULT_CASES,
+    CaseError,
+    RunSettings,
+    mean_abs,
+    mean_errors,
+    parse_case,
+    random_cases,
+)
+from prism.fidelity.noise_floor import FLOOR, beside_floor, case_floor, program_floor
+from prism.fidelity.program_case import ProgramCase, ProgramRunFailed
+from prism.fidelity.report import case_ids, legend_table, machine, phase_table, records_table, summary_table
+from prism.schemas.files import write_json_atomic
+from prism.schemas.iterations import MIN_WARMUP
+from prism.schemas.layout import LayoutError, ParallelLayout
+
+console = Console(width=max(120, Console().width))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", action="append", default=None, help="key=value ... (repeatable)")
+    parser.add_argument("--random", type=int, default=0, metavar="N", help="N cases drawn at random")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the --random draw")
+    parser.add_argument(
+        "--program", action="append", default=None,
+        help="a program and its arguments, as after `torchrun ... --` (repeatable; with --tp/--pp/--dp)",
+    )  # fmt: skip
+    for axis in ("tp", "pp", "dp"):
+        parser.add_argument(f"--{axis}", type=int, default=1, help=f"{axis} degree of --program cases")
+    parser.add_argument("--repeats", type=int, default=3, help="repeats of each case (medians kept)")
+    parser.add_argument("--warmup", type=int, default=RunSettings.warmup)
+    parser.add_argument("--iterations", type=int, default=RunSettings.iterations, help="profiled iterations")
+    parser.add_argument(
+        "--no-bracket", action="store_true",
+        help="cases of the built-in model: one real run then the twin, as benchmarks/fidelity.py "
+        "--no-bracket measures (default: real, twin, real, the twin against the mean of the two)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--against",
+        type=Path,
+        default=None,
+        help="a fidelity JSON of the same cases: its errors beside the floor",
+    )
+    parser.add_argument("--json", type=Path, default=None, help="also write the records here")
+    parser.add_argument("--work-dir", type=Path, default=None, help="keep the runs here")
+    args = parser.parse_args(argv)
+    if args.program and (args.case or args.random):
+        parser.error("--program cases are measured on their own: give them without --case / --random")
+    if args.case and args.random:
+        parser.error("give --case or --random, not both")
+    if args.random < 0:
+        parser.error("--random must be a number of cases (>= 1)")
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    if args.warmup < MIN_WARMUP:
+        parser.error(
+            f"--warmup must be at least {MIN_WARMUP} (the first and last warm-up iterations are left out)"
+        )
+    if args.against is not None and not args.against.is_file():
+        parser.error(f"--against: {args.against} is not a file")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    against = None
+    if args.against is not None:
+        try:
+            against = json.loads(args.against.read_text())["records"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            console.print(f"[bold red]error:[/] {args.against} is not a fidelity JSON: {e}", highlight=False)
+            return 2
+    settings = RunSettings(
+        warmup=args.warmup, iterations=args.iterations, work_dir=args.work_dir, bracket=not args.no_bracket
+    )
+    try:
+        records = _measure(args, settings)
+    except (CaseError, LayoutError, ProgramRunFailed) as e:
+        console.print(f"[bold red]error:[/] {e}", highlight=False)
+        return 2
+    ids = case_ids(records)
+    key = "block_err" if args.program else "phase_err"
+    tables: list[Table] = [
+        legend_table(ids),
+        records_table(records, ids, FLOOR),
+        phase_table(records, ids, FLOOR, key),
+        summary_table(records, ids),
+    ]
+    rows = beside_floor(against, records) if against is not None else []
+    if rows:
+        tables += [beside_table(rows, ids)]
+    for table in tables:
+        console.print(table)
+    elapsed = time.perf_counter() - started
+    console.print(f"took {elapsed:.0f} s", highlight=False)
+    if args.json:
+        command = ["python", "benchmarks/noise_floor.py", *(sys.argv[1:] if argv is None else argv)]
+        write_json_atomic(
+            args.json,
+            {
+                "records": records,
+                **mean_errors(records),
+                "beside": rows,
+                "meta": {
+                    "command": shlex.join(command),
+                    "cases": {"random": args.random, "seed": args.seed}
+                    if args.random
+                    else "given, fixed or programs",
+                    "repeats": args.repeats,
+                    "warmup": args.warmup,
+                    "iterations": args.iterations,
+                    "bracket": settings.bracket and not args.program,
+                    "elapsed_s": round(elapsed, 1),
+                    "machine": machine(),
+                },  # fmt: skip
+            },
+        )
+        console.print(f"wrote {args.json}")
+    return 0
+
+
+def _measure(args: argparse.Namespace, settings: RunSettings) -> list[dict]:
+    if args.program:
+        layout = ParallelLayout(tp=args.tp, pp=args.pp, dp=args.dp)
+        cases = [ProgramCase(argv=tuple(shlex.split(text)), layout=layout) for text in args.program]
+        return [r for case in cases for r in program_floor(case, args.repeats, settings, progress=_log)]
+    texts = args.case or (random_cases(args.random, args.seed) if args.random else DEFAULT_CASES)
+    configs = [parse_case(text) for text in texts]
+    return [r for config in configs for r in case_floor(config, args.repeats, settings, progress=_log)]
+
+
+def beside_table(rows: list[dict], ids: dict[str, str]) -> Table:
+    """Each fidelity error beside its case's floor, and per source the means and maxima."""
+    table = Table(
+        title="fidelity errors beside the floor (the same case and rank, real against its twin run)"
+    )
+    for column in ("case", "rank", "source", "error", "floor"):
+        table.add_column(column, justify="left" if column in ("case", "source") else "right")
+    for r in rows:
+        table.add_row(
+            ids[r["case"]],
+            str(r["rank"]),
+            r["source"],
+            f"{r['err_pct']:+.1f}%",
+            f"{r['floor_err_pct']:+.1f}%",
+        )
+    notes = []
+    for source in dict.fromkeys(r["source"] for r in rows):
+        chosen = [r for r in rows if r["source"] == source]
+        notes.append(
+            f"{source}: mean |error| {mean_abs(chosen, 'err_pct'):.1f}% (max {max(abs(r['err_pct']) for r in chosen):.1f}%) "
+            f"over a floor of {mean_abs(chosen, 'floor_err_pct'):.1f}% (max {max(abs(r['floor_err_pct']) for r in chosen):.1f}%)"
+        )
+    table.caption = (
+        "; ".join(notes) + "; floor: measured at another time than the fidelity run, on the same machine"
+    )
+    return table
+
+
+def _log(message: str) -> None:
+    console.log(message, markup=False, highlight=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
