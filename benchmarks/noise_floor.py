@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -28,7 +29,6 @@ from prism.fidelity import (
     DEFAULT_CASES,
     CaseError,
     RunSettings,
-    mean_abs,
     mean_errors,
     parse_case,
     random_cases,
@@ -119,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         tables += [beside_table(rows, ids)]
     for table in tables:
         console.print(table)
+    for line in beside_summary(rows):
+        console.print(line, highlight=False)
     elapsed = time.perf_counter() - started
     console.print(f"took {elapsed:.0f} s", highlight=False)
     if args.json:
@@ -158,7 +160,7 @@ def _measure(args: argparse.Namespace, settings: RunSettings) -> list[dict]:
 
 
 def beside_table(rows: list[dict], ids: dict[str, str]) -> Table:
-    """Each fidelity error beside its case's floor, and per source the means and maxima."""
+    """Each fidelity error beside its case's floor."""
     table = Table(
         title="fidelity errors beside the floor (the same case and rank, real against its twin run)"
     )
@@ -172,17 +174,26 @@ def beside_table(rows: list[dict], ids: dict[str, str]) -> Table:
             f"{r['err_pct']:+.1f}%",
             f"{r['floor_err_pct']:+.1f}%",
         )
-    notes = []
+    table.caption = "floor: measured at another time than the fidelity run, on the same machine"
+    return table
+
+
+def beside_summary(rows: list[dict]) -> list[str]:
+    """Per source, the mean, median and max |error| beside the same of the floor, over the same ranks."""
+    lines = []
     for source in dict.fromkeys(r["source"] for r in rows):
         chosen = [r for r in rows if r["source"] == source]
-        notes.append(
-            f"{source}: mean |error| {mean_abs(chosen, 'err_pct'):.1f}% (max {max(abs(r['err_pct']) for r in chosen):.1f}%) "
-            f"over a floor of {mean_abs(chosen, 'floor_err_pct'):.1f}% (max {max(abs(r['floor_err_pct']) for r in chosen):.1f}%)"
+        lines.append(
+            f"{source}: |error| {_spread(chosen, 'err_pct')}; the floor of the same ranks: "
+            f"{_spread(chosen, 'floor_err_pct')}; {sum(abs(r['err_pct']) <= abs(r['floor_err_pct']) for r in chosen)} "
+            f"of {len(chosen)} errors at most their floor's"
         )
-    table.caption = (
-        "; ".join(notes) + "; floor: measured at another time than the fidelity run, on the same machine"
-    )
-    return table
+    return lines
+
+
+def _spread(rows: list[dict], key: str) -> str:
+    values = [abs(r[key]) for r in rows]
+    return f"mean {statistics.mean(values):.1f}%, median {statistics.median(values):.1f}%, max {max(values):.1f}%"
 
 
 def _log(message: str) -> None:

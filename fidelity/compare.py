@@ -68,6 +68,13 @@ def paired_records(
                     round(paired_err - 1.96 * paired_se, 2), round(paired_err + 1.96 * paired_se, 2)
                 ],
                 "real_bracket_drift_pct": _round(_median(drifts)) if drifts else None,
+                # The real runs after the replay against those before it, median against median:
+                # an A/A error made beside the prediction, what noise alone scores at these repeats.
+                "real_after_vs_before_pct": (
+                    round(_err_pct(_median([a for _, a in brackets]), _median([b for b, _ in brackets])), 2)
+                    if brackets
+                    else None
+                ),
                 "real_spread_pct": round(spread, 2),
                 "within_noise": bool(abs(_err_pct(pred_ms, real_ms)) <= moved),
             }

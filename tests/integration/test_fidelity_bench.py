@@ -33,6 +33,7 @@ RECORD_TYPES = {
     "paired_err_pct": float,
     "paired_se_pct": (float, type(None)),
     "real_bracket_drift_pct": (float, type(None)),
+    "real_after_vs_before_pct": (float, type(None)),
     "err_ci95_pct": (list, type(None)),
     "real_spread_pct": float,
     "within_noise": bool,

@@ -47,6 +47,7 @@ def test_each_repeat_runs_real_twin_real_and_sets_the_floor_beside_a_fidelity_ru
     ]
     assert isinstance(data["floor_mean_abs_iter_err_pct"], float)
     assert "fidelity errors beside the floor" in done.stdout
+    assert "simulation: |error| mean 3.0%, median 3.0%, max 3.0%; the floor of the same ranks" in done.stdout
 
 
 def test_a_bad_case_or_fidelity_file_is_one_error_line(tmp_path: Path) -> None:

@@ -35,9 +35,12 @@ def test_paired_errors_compare_each_repeat_with_the_real_runs_beside_it() -> Non
     assert record["paired_se_pct"] == pytest.approx(1.2533 * 11.547 / 3**0.5, abs=0.01)
     # How far the real side moved across the replay: |+22.2 %|, |-9.5 %|, 0 -> median 9.52 %.
     assert record["real_bracket_drift_pct"] == pytest.approx(9.52, abs=0.01)
+    # The runs after against those before, median against median (190 vs 210): an A/A error.
+    assert record["real_after_vs_before_pct"] == pytest.approx(-9.52, abs=0.01)
     # Without brackets there is no drift to report.
     (plain,) = paired_records("c", [run(100)], [run(110)], "replay")
     assert plain["real_bracket_drift_pct"] is None and plain["paired_se_pct"] is None
+    assert plain["real_after_vs_before_pct"] is None
 
 
 def test_mean_errors_are_kept_apart_by_source() -> None:
