@@ -6,7 +6,7 @@ OUT    ?= capture-out
 GRAPH  ?= graph.parquet
 REPLAY ?= replay-out
 
-.PHONY: install demo test test-fast lint results results-programs results-random figures clean
+.PHONY: install demo test test-fast lint results results-programs results-programs-floor results-random figures clean
 
 install: $(VENV)/.installed
 
@@ -58,7 +58,7 @@ results: install
 	$(MAKE) --no-print-directory results-programs
 	$(MAKE) --no-print-directory results-random
 
-# Ten cases drawn at random (a seed not used while developing: 2026, 1127, 31, 515, 4242, 8675, 60221, 31337, 20261127, 112711, 271828, 161803, 141421, 577215, 662607, 314159, 246810, 8128, 1729, 90210, 4747, 7919, 65537, 299792 and 173205 are used),
+# Ten cases drawn at random (a seed not used while developing: 2026, 1127, 31, 515, 4242, 8675, 60221, 31337, 20261127, 112711, 271828, 161803, 141421, 577215, 662607, 314159, 246810, 8128, 1729, 90210, 4747, 7919, 65537, 299792, 173205 and 1618033 are used),
 # priced with the spec the fixed cases calibrated (about 15 min).
 SEED ?= 31
 results-random: install
@@ -87,6 +87,26 @@ results-programs: install
 	    --program "examples/pp.py --pp 2 --schedule ZBVZeroBubble --steps 40"
 	$(RECORD) fidelity_programs_tp -- $(FIDELITY_PROGRAMS) --tp 2 --cluster-spec $(PROGRAM_SPEC) \
 	    --json benchmarks/results/fidelity_programs_tp.json --program "examples/tp_fsdp.py --tp 2 --steps 40"
+
+# The noise floor of results-programs: each program's real run against a second real run of it
+# where the replay stands, eight repeats, beside the latest records (about 25 min).
+FLOOR_PROGRAMS = $(BIN)/python benchmarks/noise_floor.py --repeats 8 --warmup 12
+results-programs-floor: install
+	$(RECORD) noise_floor_programs_dp -- $(FLOOR_PROGRAMS) --dp 2 --against benchmarks/results/fidelity_programs_dp.json \
+	    --json benchmarks/results/noise_floor_programs_dp.json \
+	    --program "examples/ddp.py --steps 40" --program "examples/fsdp2.py --steps 40" \
+	    --program "examples/hf_gpt2_ddp.py --steps 40" --program "examples/compile_ddp.py --steps 40"
+	$(RECORD) noise_floor_programs_dp_larger -- $(FLOOR_PROGRAMS) --dp 2 --against benchmarks/results/fidelity_programs_dp_larger.json \
+	    --json benchmarks/results/noise_floor_programs_dp_larger.json \
+	    --program "examples/compile_ddp.py --steps 40 --hidden 256 --layers 4 --vocab 1024 --seq 64" \
+	    --program "examples/hf_gpt2_ddp.py --steps 40 --layers 4 --hidden 256 --heads 8"
+	$(RECORD) noise_floor_programs_pp -- $(FLOOR_PROGRAMS) --pp 2 --against benchmarks/results/fidelity_programs_pp.json \
+	    --json benchmarks/results/noise_floor_programs_pp.json \
+	    --program "examples/pp.py --pp 2 --schedule GPipe --steps 40" --program "examples/pp.py --pp 2 --schedule 1F1B --steps 40" \
+	    --program "examples/pp.py --pp 2 --schedule Interleaved1F1B --steps 40" \
+	    --program "examples/pp.py --pp 2 --schedule ZBVZeroBubble --steps 40"
+	$(RECORD) noise_floor_programs_tp -- $(FLOOR_PROGRAMS) --tp 2 --against benchmarks/results/fidelity_programs_tp.json \
+	    --json benchmarks/results/noise_floor_programs_tp.json --program "examples/tp_fsdp.py --tp 2 --steps 40"
 
 lint: install
 	$(BIN)/ruff check .
