@@ -39,6 +39,7 @@ from prism.fidelity import (
     run_case_detailed,
 )
 from prism.fidelity.explain import concurrency_probe
+from prism.fidelity.options import add_case_options, check_case_options
 from prism.fidelity.program_case import ProgramCase, ProgramRunFailed, run_program_case
 from prism.fidelity.report import (
     breakdown_table,
@@ -58,7 +59,6 @@ from prism.graph.comm.bench import CalibrationError
 from prism.graph.comm.calibrate import parse_size
 from prism.schemas.cluster import ClusterSpec
 from prism.schemas.files import write_json_atomic
-from prism.schemas.iterations import MIN_WARMUP
 from prism.schemas.layout import LayoutError, ParallelLayout
 
 console = Console(width=max(120, Console().width))
@@ -66,23 +66,11 @@ console = Console(width=max(120, Console().width))
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--case", action="append", default=None, help="key=value ... (repeatable)")
-    parser.add_argument(
-        "--random", type=int, default=0, metavar="N",
-        help="N cases drawn at random (prism.fidelity.cases.random_cases) instead of the fixed ones",
-    )  # fmt: skip
-    parser.add_argument("--seed", type=int, default=0, help="seed of the --random draw")
-    parser.add_argument(
-        "--program", action="append", default=None,
-        help="a program and its arguments, as after `torchrun ... --` (repeatable; with --tp/--pp/--dp)",
-    )  # fmt: skip
-    for axis in ("tp", "pp", "dp"):
-        parser.add_argument(f"--{axis}", type=int, default=1, help=f"{axis} degree of --program cases")
+    add_case_options(parser)
     parser.add_argument(
         "--device", choices=("cpu", "cuda"), default="cpu",
         help="where --program cases run (cuda: one GPU per rank; the program must place itself on it)",
     )  # fmt: skip
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each side per case (medians kept)")
     parser.add_argument("--json", type=Path, default=None, help="also write the records here")
     parser.add_argument(
         "--cluster-spec", type=Path, default=None, help="cluster spec TOML for the comm model"
@@ -130,8 +118,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--calibrate-table", action="store_true",
         help="a fresh calibration also writes its points into the spec's measured table (prism-calibrate --table)",
     )  # fmt: skip
-    parser.add_argument("--warmup", type=int, default=RunSettings.warmup)
-    parser.add_argument("--iterations", type=int, default=RunSettings.iterations, help="profiled iterations")
     parser.add_argument(
         "--no-replay",
         action="store_true",
@@ -168,20 +154,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="capture each slice rank alone instead of beside the world's other ranks (load-matched)",
     )  # fmt: skip
     args = parser.parse_args(argv)
-    if args.program and args.case:
-        parser.error("--program and --case are separate runs")
-    if args.random and (args.case or args.program):
-        parser.error("--random draws the cases: give it without --case or --program")
+    check_case_options(parser, args)
     if args.recalibrate_each and args.cluster_spec is not None:
         parser.error("--recalibrate-each calibrates for each case: give it without --cluster-spec")
-    if args.random < 0:
-        parser.error("--random must be a number of cases (>= 1)")
-    if args.repeats < 1:
-        parser.error("--repeats must be at least 1")
-    if args.warmup < MIN_WARMUP:
-        parser.error(
-            f"--warmup must be at least {MIN_WARMUP}: the real run's time is its clean unprofiled iterations"
-        )
     return args
 
 

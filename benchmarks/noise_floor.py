@@ -34,10 +34,10 @@ from prism.fidelity import (
     random_cases,
 )
 from prism.fidelity.noise_floor import FLOOR, beside_floor, case_floor, program_floor
+from prism.fidelity.options import add_case_options, check_case_options
 from prism.fidelity.program_case import ProgramCase, ProgramRunFailed
 from prism.fidelity.report import case_ids, legend_table, machine, phase_table, records_table, summary_table
 from prism.schemas.files import write_json_atomic
-from prism.schemas.iterations import MIN_WARMUP
 from prism.schemas.layout import LayoutError, ParallelLayout
 
 console = Console(width=max(120, Console().width))
@@ -45,18 +45,7 @@ console = Console(width=max(120, Console().width))
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--case", action="append", default=None, help="key=value ... (repeatable)")
-    parser.add_argument("--random", type=int, default=0, metavar="N", help="N cases drawn at random")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the --random draw")
-    parser.add_argument(
-        "--program", action="append", default=None,
-        help="a program and its arguments, as after `torchrun ... --` (repeatable; with --tp/--pp/--dp)",
-    )  # fmt: skip
-    for axis in ("tp", "pp", "dp"):
-        parser.add_argument(f"--{axis}", type=int, default=1, help=f"{axis} degree of --program cases")
-    parser.add_argument("--repeats", type=int, default=3, help="repeats of each case (medians kept)")
-    parser.add_argument("--warmup", type=int, default=RunSettings.warmup)
-    parser.add_argument("--iterations", type=int, default=RunSettings.iterations, help="profiled iterations")
+    add_case_options(parser)
     parser.add_argument(
         "--no-bracket", action="store_true",
         help="cases of the built-in model: one real run then the twin, as benchmarks/fidelity.py "
@@ -71,18 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, default=None, help="also write the records here")
     parser.add_argument("--work-dir", type=Path, default=None, help="keep the runs here")
     args = parser.parse_args(argv)
-    if args.program and (args.case or args.random):
-        parser.error("--program cases are measured on their own: give them without --case / --random")
-    if args.case and args.random:
-        parser.error("give --case or --random, not both")
-    if args.random < 0:
-        parser.error("--random must be a number of cases (>= 1)")
-    if args.repeats < 1:
-        parser.error("--repeats must be at least 1")
-    if args.warmup < MIN_WARMUP:
-        parser.error(
-            f"--warmup must be at least {MIN_WARMUP} (the first and last warm-up iterations are left out)"
-        )
+    check_case_options(parser, args)
     if args.against is not None and not args.against.is_file():
         parser.error(f"--against: {args.against} is not a file")
     return args

@@ -1,0 +1,47 @@
+"""The command-line options the fidelity benchmarks share: which cases, and how many runs of each.
+
+``benchmarks/fidelity.py`` and ``benchmarks/noise_floor.py`` take the same cases, so that a
+noise floor is measured on exactly the cases of the fidelity run it is set beside.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from prism.fidelity.measure import RunSettings
+from prism.schemas.iterations import MIN_WARMUP
+
+
+def add_case_options(parser: argparse.ArgumentParser) -> None:
+    """--case, --random/--seed, --program with --tp/--pp/--dp; --repeats, --warmup, --iterations."""
+    parser.add_argument("--case", action="append", default=None, help="key=value ... (repeatable)")
+    parser.add_argument(
+        "--random", type=int, default=0, metavar="N",
+        help="N cases drawn at random (prism.fidelity.cases.random_cases) instead of the fixed ones",
+    )  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0, help="seed of the --random draw")
+    parser.add_argument(
+        "--program", action="append", default=None,
+        help="a program and its arguments, as after `torchrun ... --` (repeatable; with --tp/--pp/--dp)",
+    )  # fmt: skip
+    for axis in ("tp", "pp", "dp"):
+        parser.add_argument(f"--{axis}", type=int, default=1, help=f"{axis} degree of --program cases")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each side per case (medians kept)")
+    parser.add_argument("--warmup", type=int, default=RunSettings.warmup)
+    parser.add_argument("--iterations", type=int, default=RunSettings.iterations, help="profiled iterations")
+
+
+def check_case_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """One ``error:`` line (argparse's, exit 2) for options that do not go together."""
+    if args.program and args.case:
+        parser.error("--program and --case are separate runs")
+    if args.random and (args.case or args.program):
+        parser.error("--random draws the cases: give it without --case or --program")
+    if args.random < 0:
+        parser.error("--random must be a number of cases (>= 1)")
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    if args.warmup < MIN_WARMUP:
+        parser.error(
+            f"--warmup must be at least {MIN_WARMUP}: the real run's time is its clean unprofiled iterations"
+        )
