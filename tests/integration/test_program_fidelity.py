@@ -29,7 +29,7 @@ def test_a_program_is_compared_with_its_own_torchrun_run(tmp_path: Path, program
     out = tmp_path / "fidelity.json"
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "fidelity.py"), "--program", program, axis, "2",
-         "--repeats", "1", "--warmup", "5", "--iterations", "2", "--cluster-spec", str(spec), "--json", str(out)],
+         "--repeats", "1", "--warmup", "9", "--iterations", "2", "--cluster-spec", str(spec), "--json", str(out)],
         capture_output=True, text=True, timeout=900, cwd=ROOT,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
@@ -44,19 +44,23 @@ def test_a_program_is_compared_with_its_own_torchrun_run(tmp_path: Path, program
         assert abs(record["mem_err_pct"]) < 0.1, record
         # The real run, the simulation and the replay split the iteration by block alike: the
         # parts (forward, backward, optimizer, other) add up to each iteration, the simulation's
-        # to its iteration exactly. A measured part is the median of its per-iteration values
-        # (three clean iterations here), so the rest is never negative, and the parts' medians
-        # add up to the median iteration only roughly (a part's tail moves the whole's median).
+        # to its iteration exactly. A measured part (the real run's, a replay's) is the median of
+        # its per-iteration values (seven clean iterations here), so the rest is never negative,
+        # and the parts' medians add up to the median iteration only roughly: a stall lands in
+        # one part of one iteration and moves the whole's median, not that part's, once enough
+        # iterations stall (two of three did on a loaded CI host, where the parts summed to
+        # 9.7 ms against a 22.5 ms median iteration).
         blocks = record["block_err"]
         assert set(blocks) == {"forward", "backward", "optimizer", "other"}
         assert blocks["forward"]["measured_ms"] > 0 and blocks["backward"]["predicted_ms"] > 0
         assert blocks["other"]["measured_ms"] >= 0
-        assert sum(p["measured_ms"] for p in blocks.values()) == pytest.approx(
-            record["real_iter_ms"], rel=0.5
-        )
-        assert sum(p["predicted_ms"] for p in blocks.values()) == pytest.approx(
-            record["pred_iter_ms"], abs=0.01
-        )
+        measured = sum(p["measured_ms"] for p in blocks.values())
+        assert measured == pytest.approx(record["real_iter_ms"], rel=0.5), record
+        predicted = sum(p["predicted_ms"] for p in blocks.values())
+        exact = record["source"] == "simulation"
+        assert predicted == pytest.approx(
+            record["pred_iter_ms"], **({"abs": 0.01} if exact else {"rel": 0.5})
+        ), record
     for record in by_source["replay"]:  # its wall time, the corrected one beside it, its phases
         # The corrected time is the co-simulated pass (its Start to its Done, stall taken out), the
         # wall time the program's step to step: the boundaries differ by the step hook's few µs,
