@@ -25,7 +25,6 @@ from rich.console import Console
 
 from prism.fidelity import (
     CALIBRATION_SIZES,
-    DEFAULT_CASES,
     CaseError,
     CaseResult,
     Pacing,
@@ -34,13 +33,12 @@ from prism.fidelity import (
     captured_config,
     mean_errors,
     parse_case,
-    random_cases,
     resolve_spec,
     run_case_detailed,
 )
 from prism.fidelity.explain import concurrency_probe
-from prism.fidelity.options import add_case_options, check_case_options
-from prism.fidelity.program_case import ProgramCase, ProgramRunFailed, run_program_case
+from prism.fidelity.options import add_case_options, case_texts, check_case_options, program_cases
+from prism.fidelity.program_case import ProgramRunFailed, run_program_case
 from prism.fidelity.report import (
     breakdown_table,
     case_ids,
@@ -59,7 +57,7 @@ from prism.graph.comm.bench import CalibrationError
 from prism.graph.comm.calibrate import parse_size
 from prism.schemas.cluster import ClusterSpec
 from prism.schemas.files import write_json_atomic
-from prism.schemas.layout import LayoutError, ParallelLayout
+from prism.schemas.layout import LayoutError
 
 console = Console(width=max(120, Console().width))
 
@@ -67,10 +65,6 @@ console = Console(width=max(120, Console().width))
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_case_options(parser)
-    parser.add_argument(
-        "--device", choices=("cpu", "cuda"), default="cpu",
-        help="where --program cases run (cuda: one GPU per rank; the program must place itself on it)",
-    )  # fmt: skip
     parser.add_argument("--json", type=Path, default=None, help="also write the records here")
     parser.add_argument(
         "--cluster-spec", type=Path, default=None, help="cluster spec TOML for the comm model"
@@ -199,8 +193,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     started = time.perf_counter()
     try:
-        texts = args.case or (random_cases(args.random, args.seed) if args.random else DEFAULT_CASES)
-        cases = [(parse_case(text), captured_config(text)) for text in texts]
+        cases = [(parse_case(text), captured_config(text)) for text in case_texts(args)]
         sizes = tuple(parse_size(s) for s in args.calibrate_sizes.split(",") if s.strip())
     except (CaseError, ValueError) as e:
         console.print(f"[bold red]error:[/] {e}", highlight=False)
@@ -318,14 +311,13 @@ def program_main(
 ) -> int:
     """Each --program against its own run under torchrun."""
     try:
-        layout = ParallelLayout(tp=args.tp, pp=args.pp, dp=args.dp)
+        cases = program_cases(args)
     except LayoutError as e:
         console.print(f"[bold red]error:[/] {e}", highlight=False)
         return 2
     settings = settings_of(args, choice.spec)
     records, hooks, sources = [], [], []
-    for i, text in enumerate(args.program):
-        case = ProgramCase(argv=tuple(shlex.split(text)), layout=layout, device=args.device)
+    for i, case in enumerate(cases):
         case_choice, case_settings = priced(i, choice, settings)
         sources.append(case_choice.source)
         try:

@@ -26,19 +26,17 @@ from rich.console import Console
 from rich.table import Table
 
 from prism.fidelity import (
-    DEFAULT_CASES,
     CaseError,
     RunSettings,
     mean_errors,
     parse_case,
-    random_cases,
 )
 from prism.fidelity.noise_floor import FLOOR, beside_floor, case_floor, program_floor
-from prism.fidelity.options import add_case_options, check_case_options
-from prism.fidelity.program_case import ProgramCase, ProgramRunFailed
+from prism.fidelity.options import add_case_options, case_texts, check_case_options, program_cases
+from prism.fidelity.program_case import ProgramRunFailed
 from prism.fidelity.report import case_ids, legend_table, machine, phase_table, records_table, summary_table
 from prism.schemas.files import write_json_atomic
-from prism.schemas.layout import LayoutError, ParallelLayout
+from prism.schemas.layout import LayoutError
 
 console = Console(width=max(120, Console().width))
 
@@ -129,11 +127,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _measure(args: argparse.Namespace, settings: RunSettings) -> list[dict]:
     if args.program:
-        layout = ParallelLayout(tp=args.tp, pp=args.pp, dp=args.dp)
-        cases = [ProgramCase(argv=tuple(shlex.split(text)), layout=layout) for text in args.program]
+        cases = program_cases(args)
         return [r for case in cases for r in program_floor(case, args.repeats, settings, progress=_log)]
-    texts = args.case or (random_cases(args.random, args.seed) if args.random else DEFAULT_CASES)
-    configs = [parse_case(text) for text in texts]
+    configs = [parse_case(text) for text in case_texts(args)]
     return [r for config in configs for r in case_floor(config, args.repeats, settings, progress=_log)]
 
 

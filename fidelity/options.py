@@ -7,13 +7,18 @@ noise floor is measured on exactly the cases of the fidelity run it is set besid
 from __future__ import annotations
 
 import argparse
+import shlex
 
+from prism.fidelity.cases import DEFAULT_CASES, random_cases
 from prism.fidelity.measure import RunSettings
+from prism.fidelity.program_case import ProgramCase
 from prism.schemas.iterations import MIN_WARMUP
+from prism.schemas.layout import ParallelLayout
 
 
 def add_case_options(parser: argparse.ArgumentParser) -> None:
-    """--case, --random/--seed, --program with --tp/--pp/--dp; --repeats, --warmup, --iterations."""
+    """--case, --random/--seed, --program with --tp/--pp/--dp and --device; --repeats, --warmup,
+    --iterations."""
     parser.add_argument("--case", action="append", default=None, help="key=value ... (repeatable)")
     parser.add_argument(
         "--random", type=int, default=0, metavar="N",
@@ -26,6 +31,10 @@ def add_case_options(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     for axis in ("tp", "pp", "dp"):
         parser.add_argument(f"--{axis}", type=int, default=1, help=f"{axis} degree of --program cases")
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu",
+        help="where --program cases run (cuda: one GPU per rank; the program must place itself on it)",
+    )  # fmt: skip
     parser.add_argument("--repeats", type=int, default=3, help="runs of each side per case (medians kept)")
     parser.add_argument("--warmup", type=int, default=RunSettings.warmup)
     parser.add_argument("--iterations", type=int, default=RunSettings.iterations, help="profiled iterations")
@@ -45,3 +54,19 @@ def check_case_options(parser: argparse.ArgumentParser, args: argparse.Namespace
         parser.error(
             f"--warmup must be at least {MIN_WARMUP}: the real run's time is its clean unprofiled iterations"
         )
+
+
+def case_texts(args: argparse.Namespace) -> list[str]:
+    """The built-in model's cases, as ``parse_case`` reads them: --case, else --random's draw,
+    else the fixed ones."""
+    if args.case:
+        return list(args.case)
+    return list(random_cases(args.random, args.seed) if args.random else DEFAULT_CASES)
+
+
+def program_cases(args: argparse.Namespace) -> list[ProgramCase]:
+    """Each --program at the --tp/--pp/--dp layout on --device (``LayoutError`` for a bad layout)."""
+    layout = ParallelLayout(tp=args.tp, pp=args.pp, dp=args.dp)
+    return [
+        ProgramCase(argv=tuple(shlex.split(text)), layout=layout, device=args.device) for text in args.program
+    ]

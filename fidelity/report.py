@@ -93,9 +93,9 @@ def records_table(records: list[dict], ids: dict[str, str], source: str = "simul
         if drifts
         else ""
     )
-    aa = [r["real_after_vs_before_pct"] for r in records if r.get("real_after_vs_before_pct") is not None]
+    aa = [r for r in records if r.get("real_after_vs_before_pct") is not None]
     if aa:  # the noise floor measured beside the prediction (benchmarks/noise_floor.py measures it alone)
-        moved += f"; after vs before, median against median (A/A): mean |error| {sum(abs(v) for v in aa) / len(aa):.1f}%"
+        moved += f"; after vs before, median against median (A/A): mean |error| {mean_abs(aa, 'real_after_vs_before_pct'):.1f}%"
     noisy = sum(r["within_noise"] for r in records)
     within = f"; {noisy} of {len(records)} errors within how far the real side itself moved" if noisy else ""
     table.caption = (
