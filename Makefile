@@ -6,7 +6,7 @@ OUT    ?= capture-out
 GRAPH  ?= graph.parquet
 REPLAY ?= replay-out
 
-.PHONY: install demo test test-fast lint results results-programs results-programs-floor results-random figures clean
+.PHONY: install demo test test-fast lint results results-programs results-programs-floor results-programs-accumulate results-random figures clean
 
 install: $(VENV)/.installed
 
@@ -87,6 +87,24 @@ results-programs: install
 	    --program "examples/pp.py --pp 2 --schedule ZBVZeroBubble --steps 40"
 	$(RECORD) fidelity_programs_tp -- $(FIDELITY_PROGRAMS) --tp 2 --cluster-spec $(PROGRAM_SPEC) \
 	    --json benchmarks/results/fidelity_programs_tp.json --program "examples/tp_fsdp.py --tp 2 --steps 40"
+
+# Programs that accumulate gradients over microbatches, each against its own torchrun run and
+# then its noise floor, eight repeats: DDP under no_sync with small buckets, and a Hugging Face
+# Llama in FSDP2 (clipping, a cosine schedule) alone and with tensor parallelism inside
+# (about 35 min; the spec recalibrated first).
+ACCUMULATE_SPEC = benchmarks/results/fidelity-accumulate-spec.toml
+ACCUMULATE_DP = --program "examples/ddp.py --steps 40 --accumulate 3 --bucket-cap-mb 1" --program "examples/hf_llama.py --steps 30"
+ACCUMULATE_TP = --program "examples/hf_llama.py --tp 2 --steps 30"
+results-programs-accumulate: install
+	$(RECORD) fidelity_accumulate_dp -- $(FIDELITY_PROGRAMS) --dp 2 --recalibrate --calibrate-into $(ACCUMULATE_SPEC) \
+	    --calibrate-reps 30 --calibrate-cold-gaps-ms 0.5,1,2,4,16,64 --calibrate-busy-rounds 30 \
+	    --calibrate-wake-gaps-ms 0.25,0.5,1,2,4,8,16,32 --json benchmarks/results/fidelity_accumulate_dp.json $(ACCUMULATE_DP)
+	$(RECORD) fidelity_accumulate_tp -- $(FIDELITY_PROGRAMS) --tp 2 --cluster-spec $(ACCUMULATE_SPEC) \
+	    --json benchmarks/results/fidelity_accumulate_tp.json $(ACCUMULATE_TP)
+	$(RECORD) noise_floor_accumulate_dp -- $(FLOOR_PROGRAMS) --dp 2 --against benchmarks/results/fidelity_accumulate_dp.json \
+	    --json benchmarks/results/noise_floor_accumulate_dp.json $(ACCUMULATE_DP)
+	$(RECORD) noise_floor_accumulate_tp -- $(FLOOR_PROGRAMS) --tp 2 --against benchmarks/results/fidelity_accumulate_tp.json \
+	    --json benchmarks/results/noise_floor_accumulate_tp.json $(ACCUMULATE_TP)
 
 # The noise floor of results-programs: each program's real run against a second real run of it
 # where the replay stands, eight repeats, beside the latest records (about 25 min).
