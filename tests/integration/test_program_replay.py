@@ -78,6 +78,8 @@ EVERY_EXAMPLE = [
     ("tp_fsdp", ("--tp", "2", "--pp", "1", "--dp", "512"), 9, ("tp_fsdp.py", "--tp", "2", "--layers", "2")),
     ("hf_gpt2", ("--tp", "1", "--pp", "1", "--dp", "1024"), 9, ("hf_gpt2_ddp.py", "--layers", "2", "--heads", "2")),
     ("compile", ("--tp", "1", "--pp", "1", "--dp", "1024"), 9, ("compile_ddp.py",)),
+    ("ddp_accumulate", ("--tp", "1", "--pp", "1", "--dp", "1024"), 9, ("ddp.py", "--accumulate", "3", "--bucket-cap-mb", "0.001")),
+    ("hf_llama_tp", ("--tp", "2", "--pp", "1", "--dp", "512"), 9, ("hf_llama.py", "--tp", "2", "--layers", "2")),
     ("zbv", ("--tp", "1", "--pp", "2", "--dp", "512"), 9, ("pp.py", "--pp", "2", "--schedule", "ZBVZeroBubble")),
     ("interleaved", ("--tp", "1", "--pp", "2", "--dp", "512"), 521, ("pp.py", "--pp", "2", "--schedule", "Interleaved1F1B")),
 ]  # fmt: skip
@@ -89,7 +91,7 @@ EVERY_EXAMPLE = [
 def test_every_example_replays_with_its_memory(
     tmp_path: Path, layout: tuple, rank: int, program: tuple
 ) -> None:
-    if program[0] == "hf_gpt2_ddp.py":
+    if program[0].startswith("hf_"):
         pytest.importorskip("transformers")
     graph = graph_of(tmp_path, layout, str(EXAMPLES / program[0]), *TINY, *program[1:])
     result = replay(graph, tmp_path / "replay", "--rank", str(rank))
