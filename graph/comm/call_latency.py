@@ -12,7 +12,7 @@ op, bytes, size); a transfer by (source, destination, n-th transfer between them
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,18 +42,42 @@ class CallLatency:
     """Last member's completion minus the last member's arrival."""
 
 
-def clean_call_mask(calls: int, iterations: int, warmup: int) -> np.ndarray:
+def clean_call_mask(
+    calls: int, iterations: int, warmup: int, signatures: Sequence[Hashable] | None = None
+) -> np.ndarray:
     """Which of a rank's ``calls`` (in order) were made in its clean unprofiled iterations.
 
-    Set-up calls come first, then the same number of calls in each of ``iterations``; a log
-    that does not split so (set-up calls as many as an iteration's, or none per iteration)
-    keeps every call rather than guess."""
-    per = calls // iterations if iterations > 0 else 0
+    Set-up calls come first, then the same number of calls in each of ``iterations``. With each
+    call's ``signatures`` (what it did: op, group, bytes, peer), that number is the one under
+    which the most iterations repeat the same calls, so that set-up calls as many as the
+    iterations (weights scattered in a call an iteration's worth) are not read as one more in each.
+    Without them, or where no number repeats, the calls are split evenly, and a log that does
+    not split so (set-up calls as many as an iteration's, or none per iteration) keeps every
+    call rather than guess."""
+    per = _repeating_calls(signatures, iterations) if signatures is not None else None
+    if per is None:
+        per = calls // iterations if iterations > 0 else 0
+        if per == 0 or calls - per * iterations >= per:
+            return np.ones(calls, np.bool_)
     setup = calls - per * iterations
-    if per == 0 or setup >= per:
-        return np.ones(calls, np.bool_)
     iteration = np.r_[np.full(setup, -1), np.repeat(np.arange(iterations), per)]
     return np.isin(iteration, clean_unprofiled(list(range(iterations)), warmup))
+
+
+def _repeating_calls(signatures: Sequence[Hashable], iterations: int) -> int | None:
+    """The number of calls an iteration under which the most iterations, counted back from the
+    last, made the same calls in the same order as the last (the larger number where two tie,
+    at least two iterations alike); None where none did. Counting back stops at the first that
+    differs: set-up calls, or a first iteration that differs (DDP rebuilds its buckets)."""
+    n, best, best_alike = len(signatures), None, 1
+    for per in range(n // iterations if iterations > 0 else 0, 0, -1):
+        last = list(signatures[n - per :])
+        alike = 1
+        while alike < iterations and list(signatures[n - (alike + 1) * per : n - alike * per]) == last:
+            alike += 1
+        if alike > best_alike:
+            best, best_alike = per, alike
+    return best
 
 
 def _real_calls(logs: Iterable[LoggedCalls]) -> Iterator[tuple[CommCall, tuple[int, int, int] | None]]:
@@ -116,7 +140,12 @@ def capture_logs(capture_dir: Path, clean_only: bool = True) -> list[LoggedCalls
     logs = []
     for file in sorted((capture_dir / COMM_DIR).glob("rank*.comm.json")):
         log = read_comm_log(file)
-        keep = clean_call_mask(len(log.calls), job.warmup + job.iterations, job.warmup) if job else None
+        signatures = [(c.op, c.label, c.bytes, c.peer) for c in log.calls]
+        keep = (
+            clean_call_mask(len(log.calls), job.warmup + job.iterations, job.warmup, signatures)
+            if job
+            else None
+        )
         logs.append((log, keep))
     return logs
 

@@ -75,6 +75,24 @@ def test_clean_call_mask_keeps_the_clean_unprofiled_iterations() -> None:
     assert clean_call_mask(7, 5, 4).all() and clean_call_mask(3, 5, 4).all()
 
 
+def test_clean_call_mask_finds_the_iterations_by_the_calls_they_repeat() -> None:
+    # A tensor-parallel program's set-up scatters its weights in as many calls as it runs
+    # iterations (4), then makes 3 all-reduces and one small one an iteration: split evenly, the
+    # log would read as 5 calls an iteration and no set-up.
+    iteration = [("all_reduce", "tp.0", 131072, None)] * 3 + [("all_reduce", "tp.0", 56, None)]
+    signatures = [("scatter", "tp.0", 32768, None)] * 4 + iteration * 4
+    mask = clean_call_mask(len(signatures), 4, 3, signatures)
+    assert mask.tolist() == [False] * 8 + [True] * 4 + [False] * 8  # iteration 1 alone is clean
+    assert clean_call_mask(len(signatures), 4, 3).tolist() == [False] * 5 + [True] * 5 + [False] * 10
+    # Every iteration's calls alike, and set-up calls (eight) dividing evenly into one more call
+    # an iteration: the split under which all five iterations repeat wins.
+    alike = [("scatter", "tp.0", 8192, None)] * 8 + [("all_reduce", "tp.0", 2048, None)] * 20
+    assert clean_call_mask(28, 5, 4, alike).tolist() == [False] * 12 + [True] * 8 + [False] * 8
+    # Iterations that never repeat fall back to the even split.
+    varied = [("all_reduce", "tp.0", n, None) for n in range(20)]
+    assert clean_call_mask(20, 4, 3, varied).tolist() == clean_call_mask(20, 4, 3).tolist()
+
+
 def _posted(seq: int, op: str, enter: int, exit: int, wait: int, done: int, peer: int) -> CommCall:
     posted = _call(seq, op, enter, done, gseq=seq, peer=peer)
     return dataclasses.replace(posted, bytes=65536, async_op=True, exit_ns=exit, first_wait_ns=wait)
