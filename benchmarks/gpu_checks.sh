@@ -34,6 +34,9 @@
 #                 captured, built, simulated, rank 3 replayed
 #   compile_*     examples/compile_ddp.py --compile-inside on CUDA (compiled model in DDP, dp=8):
 #                 captured, built, simulated, rank 3 replayed
+#   llama_*       examples/hf_llama.py --tp 2 on CUDA (a Hugging Face Llama, tensor parallel inside
+#                 FSDP2, tp=2 dp=4, gradient accumulation and clipping): captured, built, simulated,
+#                 rank 3 replayed; skipped where transformers is not installed
 set -u
 OUT=${1:-${OUT:-gpu-checks}}
 ARCHIVE=${2:-}
@@ -107,6 +110,11 @@ step ddp_fidelity 240 "$PY" benchmarks/fidelity.py --device $DEVICE --dp 1 --rep
 program_chain fsdp 1 8 examples/fsdp2.py --device "$DEVICE" --steps 40 "${DDP_MODEL[@]}"
 program_chain tp_fsdp 2 4 examples/tp_fsdp.py --device "$DEVICE" --tp 2 --steps 40 "${DDP_MODEL[@]}"
 program_chain compile 1 8 examples/compile_ddp.py --device "$DEVICE" --compile-inside --steps 40 "${DDP_MODEL[@]}"
+if "$PY" -c "import transformers" 2>/dev/null; then
+  program_chain llama 2 4 examples/hf_llama.py --device "$DEVICE" --tp 2 --steps 40 "${DDP_MODEL[@]}"
+else
+  echo "llama_*: skipped (transformers is not installed)" | tee -a "$OUT/summary.txt"
+fi
 echo "summary:"; cat "$OUT/summary.txt"
 archive
 if [ -n "$ARCHIVE" ]; then
