@@ -30,15 +30,22 @@ runner = CliRunner()
 pytestmark = pytest.mark.slow
 
 
-def check_ddp_program(tmp_path: Path, *program: str) -> None:
+def captured_and_built(
+    tmp_path: Path, layout: tuple[str, ...], *program: str, warmup: int = 4
+) -> tuple[Path, Path]:
+    """A slice of ``program`` captured at ``layout`` (two profiled iterations) and its graph, valid."""
     capture, graph = tmp_path / "cap", tmp_path / "graph.parquet"
-    result = runner.invoke(
-        capture_app, [*LAYOUT, "--warmup", "4", "--iterations", "2", "-o", str(capture), "--", *program]
-    )
+    options = [*layout, "--warmup", str(warmup), "--iterations", "2", "-o", str(capture)]
+    result = runner.invoke(capture_app, [*options, "--", *program])
     assert result.exit_code == 0, result.output
-    result = runner.invoke(build_app, [str(capture), *LAYOUT, "-o", str(graph)])
+    result = runner.invoke(build_app, [str(capture), *layout, "-o", str(graph)])
     assert result.exit_code == 0, result.output
     assert validate_graph(graph).ok
+    return capture, graph
+
+
+def check_ddp_program(tmp_path: Path, *program: str) -> None:
+    capture, graph = captured_and_built(tmp_path, LAYOUT, *program)
     # DDP's bucket all-reduces span the 1,024 ranks and a wait node waits for each of them.
     nodes = read_rank(graph, 513).to_pandas()
     reduce = nodes.index[nodes[gf.NAME] == "all_reduce"]
@@ -75,14 +82,7 @@ def test_ddp_accumulating_gradients_reduces_them_after_its_last_microbatch_only(
         "--bucket-cap-mb",
         "0.001",
     )
-    capture, graph = tmp_path / "cap", tmp_path / "graph.parquet"
-    result = runner.invoke(
-        capture_app, [*LAYOUT, "--warmup", "4", "--iterations", "2", "-o", str(capture), "--", *program]
-    )
-    assert result.exit_code == 0, result.output
-    result = runner.invoke(build_app, [str(capture), *LAYOUT, "-o", str(graph)])
-    assert result.exit_code == 0, result.output
-    assert validate_graph(graph).ok
+    _, graph = captured_and_built(tmp_path, LAYOUT, *program)
     # An iteration is three forward-backward pairs then the optimizer; under no_sync the first two
     # backwards reduce nothing, and the last reduces every bucket (several: 1 KB buckets).
     nodes = read_rank(graph, 513).to_pandas()
@@ -98,11 +98,7 @@ def test_a_hugging_face_llama_with_tensor_parallelism_inside_fsdp2(tmp_path: Pat
     pytest.importorskip("transformers")
     layout = ("--tp", "2", "--pp", "1", "--dp", "512")
     program = (str(EXAMPLES / "hf_llama.py"), "--tp", "2", *TINY, "--layers", "2")
-    capture, graph = tmp_path / "cap", tmp_path / "graph.parquet"
-    result = runner.invoke(
-        capture_app, [*layout, "--warmup", "3", "--iterations", "1", "-o", str(capture), "--", *program]
-    )
-    assert result.exit_code == 0, result.output
+    capture, graph = captured_and_built(tmp_path, layout, *program, warmup=3)
     # The projections' all-reduces on the rank's tp group, FSDP2's gathers and reductions on its dp
     # group, and the clipping's norms on both.
     log = read_comm_log(CaptureFiles(capture).comm(0))
@@ -113,8 +109,5 @@ def test_a_hugging_face_llama_with_tensor_parallelism_inside_fsdp2(tmp_path: Pat
         ("reduce_scatter", "dp.0"),
         ("all_reduce", "dp.0"),
     } <= calls
-    result = runner.invoke(build_app, [str(capture), *layout, "-o", str(graph)])
-    assert result.exit_code == 0, result.output
-    assert validate_graph(graph).ok
     sim = simulate(load_sim_graph(graph), iterations=2)
     assert sim.iteration_ns.min() > 0 and sim.peak_bytes.min() > 0
