@@ -68,7 +68,10 @@ def graph_prices(graph: Path, rank: int) -> dict[Key, dict]:
     nodes = read_rank(graph, rank, columns=[gf.KIND, gf.NAME, gf.BYTES, gf.GROUP_SIZE, gf.DUR_NS]).to_pandas()
     calls = nodes[nodes[gf.KIND].astype(str) == NodeKind.COLLECTIVE.value]
     return {
-        (str(op), int(nbytes), int(size)): {"calls_per_iter": len(group), "price_ms": group[gf.DUR_NS].mean() / 1e6}
+        (str(op), int(nbytes), int(size)): {
+            "calls_per_iter": len(group),
+            "price_ms": group[gf.DUR_NS].mean() / 1e6,
+        }
         for (op, nbytes, size), group in calls.groupby([gf.NAME, gf.BYTES, gf.GROUP_SIZE], observed=True)
     }
 
