@@ -26,7 +26,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from prism.graph.comm.call_latency import call_latencies, capture_logs
+from prism.graph.comm.call_latency import call_latencies, capture_logs, real_calls
 from prism.graph.io.parquet import read_rank
 from prism.schemas import graph_format as gf
 from prism.schemas.graph_format import NodeKind
@@ -37,17 +37,16 @@ console = Console(width=max(120, Console().width))
 Key = tuple[str, int, int]
 
 
-def real_calls(capture: Path) -> dict[Key, dict]:
+def real_call_times(capture: Path) -> dict[Key, dict]:
     """Per (op, bytes, group size): calls an iteration (mean over ranks), each rank's entry to
     completion (ms, mean over calls), and the latency after the last member's arrival."""
     job = read_manifest(capture).job
     clean = len(clean_unprofiled(list(range(job.warmup + job.iterations)), job.warmup))
     logs = capture_logs(capture)
     paid: dict[Key, list[int]] = defaultdict(list)
-    for log, keep in logs:
-        for i, c in enumerate(log.calls):
-            if c.op not in ("send", "recv") and c.delegated and c.done_ns > 0 and (keep is None or keep[i]):
-                paid[(c.op, c.bytes, c.group_size)].append(c.done_ns - c.enter_ns)
+    for c, transfer in real_calls(logs):
+        if transfer is None:  # a collective
+            paid[(c.op, c.bytes, c.group_size)].append(c.done_ns - c.enter_ns)
     latency: dict[Key, list[int]] = defaultdict(list)
     for c in call_latencies(logs):
         if c.op != "send":
@@ -129,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     try:
-        found = rows(real_calls(args.real_capture), graph_prices(args.graph, args.rank))
+        found = rows(real_call_times(args.real_capture), graph_prices(args.graph, args.rank))
     except (FileNotFoundError, ValueError) as e:
         console.print(f"[bold red]error:[/] {e}", highlight=False)
         return 2

@@ -29,13 +29,17 @@ def clean_unprofiled(iterations: Sequence[T], warmup: int) -> tuple[T, ...]:
     return tuple(iterations[1 : max(warmup - 1, 1)])
 
 
+def call_signature(call) -> tuple:
+    """What a logged call did, as iterations are compared by it: op, group label, bytes, peer."""
+    return (call.op, call.label, call.bytes, call.peer)
+
+
 def steady_from(windows: Sequence[tuple[int, int]], calls: Sequence) -> int:
     """The first iteration from which every iteration made the same process-group calls as the
     last one (op, group, bytes, peer of the calls that began in its ``(start, end)`` window):
     before it, a program's set-up and one-time calls (DDP rebuilds its buckets in iteration 1)."""
     signatures = [
-        tuple((c.op, c.label, c.bytes, c.peer) for c in calls if start <= c.enter_ns < end)
-        for start, end in windows
+        tuple(call_signature(c) for c in calls if start <= c.enter_ns < end) for start, end in windows
     ]
     if not signatures:
         return 0

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from prism.schemas.comm_log import CommCall, CommLog, read_comm_log
-from prism.schemas.iterations import clean_unprofiled
+from prism.schemas.iterations import call_signature, clean_unprofiled
 from prism.schemas.manifest import COMM_DIR, MANIFEST_FILE, read_manifest
 
 LoggedCalls = tuple[CommLog, np.ndarray | None]
@@ -80,7 +80,7 @@ def _repeating_calls(signatures: Sequence[Hashable], iterations: int) -> int | N
     return best
 
 
-def _real_calls(logs: Iterable[LoggedCalls]) -> Iterator[tuple[CommCall, tuple[int, int, int] | None]]:
+def real_calls(logs: Iterable[LoggedCalls]) -> Iterator[tuple[CommCall, tuple[int, int, int] | None]]:
     """The delegated (real), completed calls of ``(log, keep)`` pairs of one run, a log per rank,
     ``keep`` a mask over the log's calls (None: all), each with its transfer — (source, dest,
     n-th transfer between them), so that a send and its recv share it — or None for a collective.
@@ -105,10 +105,10 @@ def _real_calls(logs: Iterable[LoggedCalls]) -> Iterator[tuple[CommCall, tuple[i
 
 
 def call_latencies(logs: Iterable[LoggedCalls]) -> list[CallLatency]:
-    """Every instance whose members' logs are all given (``_real_calls``: one run's logs, real
+    """Every instance whose members' logs are all given (``real_calls``: one run's logs, real
     completed calls); an instance missing a member is left out."""
     members: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
-    for c, transfer in _real_calls(logs):
+    for c, transfer in real_calls(logs):
         key = (
             (c.label, c.gseq, c.op, c.bytes, c.group_size)
             if transfer is None
@@ -140,7 +140,7 @@ def capture_logs(capture_dir: Path, clean_only: bool = True) -> list[LoggedCalls
     logs = []
     for file in sorted((capture_dir / COMM_DIR).glob("rank*.comm.json")):
         log = read_comm_log(file)
-        signatures = [(c.op, c.label, c.bytes, c.peer) for c in log.calls]
+        signatures = [call_signature(c) for c in log.calls]
         keep = (
             clean_call_mask(len(log.calls), job.warmup + job.iterations, job.warmup, signatures)
             if job
@@ -179,10 +179,10 @@ class TransferTime:
 
 
 def transfer_times(logs: Iterable[LoggedCalls]) -> list[TransferTime]:
-    """Every transfer whose two ends' real calls are in ``logs`` (``_real_calls``), matched as the
+    """Every transfer whose two ends' real calls are in ``logs`` (``real_calls``), matched as the
     n-th send from one rank to another with the n-th receive of the other from it."""
     ends: dict[tuple[int, int, int], dict[str, CommCall]] = defaultdict(dict)
-    for c, transfer in _real_calls(logs):
+    for c, transfer in real_calls(logs):
         if transfer is not None:
             ends[transfer][c.op] = c
     out = []
