@@ -91,7 +91,7 @@ results-programs: install
 # Programs that accumulate gradients over microbatches, each against its own torchrun run and
 # then its noise floor, eight repeats: DDP under no_sync with small buckets, and a Hugging Face
 # Llama in FSDP2 (clipping, a cosine schedule) alone and with tensor parallelism inside
-# (about 35 min; the spec recalibrated first).
+# (about 30 min; the spec recalibrated first).
 ACCUMULATE_SPEC = benchmarks/results/fidelity-accumulate-spec.toml
 ACCUMULATE_DP = --program "examples/ddp.py --steps 40 --accumulate 3 --bucket-cap-mb 1" --program "examples/hf_llama.py --steps 30"
 ACCUMULATE_TP = --program "examples/hf_llama.py --tp 2 --steps 30"
