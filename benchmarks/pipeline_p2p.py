@@ -52,7 +52,8 @@ def probe(argv: list[str]) -> None:
     """In a rank process under torchrun: run the program with its schedule's posts and waits timed."""
     import torch.distributed as dist
     from torch.distributed.pipelining import schedules
-    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from prism.capture.optimizer_steps import register_outer_step_hooks
 
     spans: list[tuple[str, int, int]] = []  # ("post" | "wait", began, ended): perf_counter_ns
     bounds: list[int] = [time.perf_counter_ns()]  # where each iteration ended (the first: the start)
@@ -92,7 +93,7 @@ def probe(argv: list[str]) -> None:
         bounds.append(time.perf_counter_ns())
 
     schedules._batch_p2p, schedules._wait_batch_p2p = timed_post, timed_wait
-    register_optimizer_step_post_hook(step_ended)
+    register_outer_step_hooks(post=step_ended)
     sys.argv = list(argv)
     sys.path[0] = str(Path(argv[0]).resolve().parent)  # as ``python train.py`` would have it
     try:

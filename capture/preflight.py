@@ -106,15 +106,15 @@ def _check_memory(processes: int, config: GPTConfig, what: str) -> None:
 
 
 def check_output(out_dir: Path, *, overwrite: bool) -> None:
-    """The output must be a new (or, with overwrite, replaceable) directory in a writable parent."""
+    """The output must be a new (or, with overwrite, replaceable) directory in a writable parent,
+    which is made (with its own parents) when missing."""
     if out_dir.exists() and not out_dir.is_dir():
         raise CaptureError(f"output {out_dir} exists and is not a directory")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
         raise CaptureError(f"output directory {out_dir} is not empty; pass --overwrite to replace it")
     parent = out_dir.resolve().parent
-    if not parent.is_dir():
-        raise CaptureError(f"cannot write {out_dir}: parent directory {parent} does not exist")
     try:
+        parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=parent):
             pass
     except OSError as e:

@@ -2,7 +2,7 @@
 
 It becomes global rank R of the target world as torchrun would make it (the torchrun
 environment of R; any backend the program asks for is prism's, ``prism.capture.interpose``),
-runs the user's program as ``__main__``, cuts it into iterations at its optimizer steps
+runs the user's program as ``__main__``, cuts it into iterations at its (outermost) optimizer steps
 (``prism.capture.step_iterations``), profiles the last ``job.iterations`` of the first
 ``warmup + iterations``, then ends the program and writes its Kineto trace, Execution Trace,
 comm log and result into the capture directory ``DIR``. A job's value pass
@@ -20,11 +20,11 @@ import time
 from pathlib import Path
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from prism.capture import annotate, program_profiler
 from prism.capture.interpose import UnsupportedCall, install
 from prism.capture.launch import parse_rank_args
+from prism.capture.optimizer_steps import register_outer_step_hooks
 from prism.capture.phase_timer import PhaseTimer
 from prism.capture.profiling import ProfileSpec, profiled
 from prism.capture.program_phases import ProgramPhases
@@ -92,7 +92,7 @@ def run_program_rank(
             cuda=program.device == "cuda", clock_from=clock_from,
         )  # fmt: skip
         phases.install()  # before the step hook: an optimizer mark closes before its iteration ends
-        hook = register_optimizer_step_post_hook(steps)
+        hook = register_outer_step_hooks(post=steps)
         program_profiler.install(steps)  # after prism's own profiler took the original
         annotate.set_iteration_hook(steps.program_mark)
         annotate.set_phase_timer(timer)
@@ -134,7 +134,7 @@ def run_value_pass(job: RankJob, rank: int, out_dir: Path) -> Path:
         steps += 1
         raise ProgramStop
 
-    hook = register_optimizer_step_post_hook(stop_after_first_step)
+    hook = register_outer_step_hooks(post=stop_after_first_step)
     try:
         _run_until_stopped(program)
     finally:

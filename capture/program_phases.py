@@ -8,7 +8,8 @@ capture and its replay mark, on the program's main thread:
 - **backward**: every run of the autograd engine (``loss.backward()``, ``torch.autograd.backward``
   or ``grad``: a pipeline schedule's per-microbatch backward, DDP's and FSDP's gradient hooks
   inside it);
-- **optimizer**: every ``Optimizer.step`` (global step pre- and post-hooks);
+- **optimizer**: every outermost ``Optimizer.step`` (``prism.capture.optimizer_steps``: a container
+  optimizer's inner steps are inside its own);
 - **forward**: every call of a *root module*, a module no other module holds that owns a
   parameter an optimizer steps (the DDP or FSDP wrapper, a compiled module, a pipeline stage's
   module), outside the backward pass (checkpoint recomputation belongs to backward).
@@ -27,10 +28,10 @@ from collections.abc import Callable
 
 import torch
 import torch.autograd
-from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils.hooks import RemovableHandle
 
 from prism.capture import annotate
+from prism.capture.optimizer_steps import OuterStepHooks, register_outer_step_hooks
 from prism.schemas.annotations import Mark, Phase
 
 
@@ -59,21 +60,22 @@ class ProgramPhases:
         self._backward_depth = 0
         self._open: dict[Phase, object] = {}  # what ``_enter`` opened for each open phase
         self._handles: list[RemovableHandle] = []
+        self._steps: OuterStepHooks | None = None
         self._engine_run_backward: Callable | None = None
         self._rooted = False
 
     def install(self) -> None:
         """Start marking; call before the program runs (and before the capture's own step hook, so
         that an optimizer mark closes before the step ends the iteration)."""
-        self._handles += [
-            register_optimizer_step_pre_hook(self._optimizer_begins),
-            register_optimizer_step_post_hook(self._optimizer_ends),
-        ]
+        self._steps = register_outer_step_hooks(pre=self._optimizer_begins, post=self._optimizer_ends)
         self._engine_run_backward = torch.autograd._engine_run_backward
         torch.autograd._engine_run_backward = self._backward
 
     def remove(self) -> None:
         """Stop marking and close what is open."""
+        if self._steps is not None:
+            self._steps.remove()
+            self._steps = None
         for handle in self._handles:
             handle.remove()
         self._handles.clear()

@@ -33,6 +33,7 @@ from prism.peers.host_work import host_work_of
 from prism.schemas.annotations import group_label
 from prism.schemas.comm_log import CollectiveTime, HeldTime, write_comm_log
 from prism.schemas.files import write_json_atomic
+from prism.schemas.iterations import calls_within
 from prism.schemas.layout import ParallelLayout
 from prism.schemas.manifest import CaptureFiles, RankJob, RankResult
 
@@ -100,6 +101,7 @@ def record_rank(
         wall_s=time.perf_counter() - started,
         held_ns=tuple(held.within(s, e) for s, e in windows),
         collective_ns=tuple(collective.within(s, e) for s, e in windows),
+        calls=calls_within(log.calls, windows),
         **fields,
     )
     if blocks is not None:

@@ -36,7 +36,7 @@ from prism.capture.value_pass import needs_value_pass, value_pass_ranks
 from prism.schemas import PRISM_VERSION
 from prism.schemas.cluster import ClusterSpec
 from prism.schemas.files import write_json_atomic
-from prism.schemas.iterations import DEFAULT_WARMUP
+from prism.schemas.iterations import CUT_HINT, DEFAULT_WARMUP, implausible_iterations
 from prism.schemas.layout import ParallelLayout, Role
 from prism.schemas.manifest import (
     GPT,
@@ -247,6 +247,15 @@ def captured_rank(tmp: Path, rank: int, layout: ParallelLayout) -> CapturedRank:
     )
 
 
+def check_iterations(ranks: tuple[CapturedRank, ...], warmup: int) -> None:
+    """Refuse a capture whose iterations are not its program's training steps (one line)."""
+    for captured in ranks:
+        result = captured.result
+        reason = implausible_iterations(result.iteration_ns, warmup, result.calls)
+        if reason is not None:
+            raise CaptureError(f"rank {captured.rank}'s {reason}; {CUT_HINT}")
+
+
 def device_name(device: str) -> str:
     return torch.cuda.get_device_name() if device == "cuda" else "cpu"
 
@@ -275,6 +284,7 @@ def run_capture(options: CaptureOptions, hooks: CaptureHooks | None = None) -> C
             _run_batch(options, tmp, batch, hooks)
         captured = [b for b in batches if not b.value_pass]
         ranks = tuple(captured_rank(tmp, r, options.layout) for b in captured for r in b.ranks)
+        check_iterations(ranks, job.warmup)
         manifest = CaptureManifest(
             layout=options.layout,
             mode=options.real.value,

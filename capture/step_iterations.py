@@ -1,7 +1,7 @@
-"""Iterations of a program: each ``Optimizer.step`` ends one, unless the program says otherwise.
+"""Iterations of a program: each outermost ``Optimizer.step`` ends one, unless the program says otherwise.
 
-A global optimizer post-hook (``torch.optim.optimizer.register_optimizer_step_post_hook``) sees
-every optimizer step of the program. Iteration k runs from the end of step k-1 (iteration 0:
+A hook on the program's outermost optimizer steps (``prism.capture.optimizer_steps``: a container
+optimizer's inner steps are part of its own) sees every training step. Iteration k runs from the end of step k-1 (iteration 0:
 from the start of the program) to the end of step k; the hook closes its ``prism:iter`` mark,
 tells the completion clock, steps the profiler's schedule, and opens the next. After the last
 iteration of the capture it raises ``ProgramStop`` out of ``optimizer.step()``, which unwinds

@@ -1,8 +1,8 @@
 """One rank of a program's real run: ``torchrun ... -m prism.fidelity.timed_run --out DIR ... -- train.py ARGS``.
 
 The ground truth for a program's fidelity: the unmodified program under plain torchrun, every
-rank real, its own backend (gloo), no prism backend. A global optimizer post-hook times each
-iteration (from one optimizer step's end to the next; on CUDA after waiting for the device, as
+rank real, its own backend (gloo), no prism backend. A hook on the program's outermost optimizer
+steps times each iteration (from one step's end to the next; on CUDA after waiting for the device, as
 prism's capture does) and measures its own cost. Each iteration's wall time in its forward,
 backward and optimizer steps, found as a program's capture finds them
 (``prism.capture.program_phases``), is kept too, the calls made inside them included, with what
@@ -24,10 +24,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from prism.capture import annotate
 from prism.capture.cpu_allocator import count_frees_on_every_thread
+from prism.capture.optimizer_steps import register_outer_step_hooks
 from prism.capture.profiling import export_trace
 from prism.capture.program_main import run_program
 from prism.capture.program_phases import ProgramPhases
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         phases=phases,
     )  # fmt: skip
     phases.install()  # before the timing hook: an optimizer mark closes before its iteration ends
-    hook = register_optimizer_step_post_hook(timer)
+    hook = register_outer_step_hooks(post=timer)
     try:
         run_program(program)
     except ProgramStop:

@@ -7,6 +7,7 @@ the clean unprofiled iterations are ``[1 : warmup - 1]``: a run needs ``warmup >
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from typing import TypeVar
 
@@ -34,6 +35,14 @@ def call_signature(call) -> tuple:
     return (call.op, call.label, call.bytes, call.peer)
 
 
+def calls_within(calls: Sequence, windows: Sequence[tuple[int, int]]) -> tuple[int, ...]:
+    """How many of the logged ``calls`` began in each ``(start, end)`` window."""
+    enters = sorted(c.enter_ns for c in calls)
+    return tuple(
+        bisect.bisect_left(enters, end) - bisect.bisect_left(enters, start) for start, end in windows
+    )
+
+
 def steady_from(windows: Sequence[tuple[int, int]], calls: Sequence) -> int:
     """The first iteration from which every iteration made the same process-group calls as the
     last one (op, group, bytes, peer of the calls that began in its ``(start, end)`` window):
@@ -47,3 +56,52 @@ def steady_from(windows: Sequence[tuple[int, int]], calls: Sequence) -> int:
     while first > 0 and signatures[first - 1] == signatures[-1]:
         first -= 1
     return first
+
+
+CUT_HINT = (
+    "prism ends an iteration at each outermost optimizer step; a program that steps several optimizers one "
+    "after another can step a torch.profiler once a step (prism then cuts there) or mark its steps with "
+    "prism.capture.annotate.iteration"
+)
+"""What a user can do about iterations that are not their program's steps."""
+
+
+def _listed(indices: Sequence[int]) -> str:
+    return ", ".join(map(str, indices[:6])) + (", ..." if len(indices) > 6 else "")
+
+
+SHORTEST_SHARE = 0.05
+"""An iteration below this share of the longest one run alike (both clean, or both profiled) is
+not a training step: no noise makes a program's step 20 times faster, while cutting at something
+other than the step (an inner optimizer's step, a second optimizer stepped after the first) gives
+iterations of near-zero length beside whole ones."""
+
+
+def implausible_iterations(iteration_ns: Sequence[int], warmup: int, calls: Sequence[int] = ()) -> str | None:
+    """Why a run's iterations cannot be the program's training steps, or None.
+
+    Compares the clean unprofiled iterations' times with each other and the profiled ones' with
+    each other (the profiler slows a step several times on CPU), and with ``calls`` (process-group
+    calls begun in each iteration) whether some iterations made calls and others none, as a
+    distributed training step always makes one. The first iteration (set-up, cold) is left out."""
+    silent = [i for i, n in enumerate(calls) if i > 0 and n == 0]
+    calling = [i for i, n in enumerate(calls) if i > 0 and n > 0]
+    if silent and calling:
+        made = sorted({calls[i] for i in calling})
+        counts = str(made[0]) if len(made) == 1 else f"{made[0]}-{made[-1]}"
+        return (
+            f"iterations {_listed(silent)} made no process-group call while {_listed(calling)} made "
+            f"{counts}: they are no training steps"
+        )
+    kinds = {"unprofiled": clean_unprofiled(iteration_ns, warmup), "profiled": tuple(iteration_ns[warmup:])}
+    for kind, times in kinds.items():
+        if len(times) < 2:
+            continue
+        shortest, longest = min(times), max(times)
+        if shortest < SHORTEST_SHARE * longest:
+            listed = ", ".join(f"{ns / 1e6:.3g}" for ns in times[:8])
+            return (
+                f"its {kind} iterations took {listed}{', ...' if len(times) > 8 else ''} ms: one of "
+                f"{shortest / 1e6:.3g} ms beside one of {longest / 1e6:.3g} ms is no training step"
+            )
+    return None

@@ -221,6 +221,9 @@ class RankResult:
     prism's holds included (``prism.capture.phase_timer.block_wall_ns``): measured as a fully real
     run without prism's process group measures itself (``prism.fidelity.timed_run``). Empty in
     captures made before it was recorded."""
+    calls: tuple[int, ...] = ()
+    """Process-group calls the program began in every iteration. Empty in captures made before it
+    was recorded."""
     collective_ns: tuple[int, ...] = ()
     """Time of every iteration in collective calls, waits on them and prism's holds in them
     (``prism.schemas.comm_log.CollectiveTime``); the rest of the time in calls is point-to-point.
@@ -242,6 +245,7 @@ class RankResult:
                 "losses": tuple(data["losses"]),
                 "held_ns": tuple(data.get("held_ns", ())),
                 "collective_ns": tuple(data.get("collective_ns", ())),
+                "calls": tuple(data.get("calls", ())),
                 "phase_ns": tuple(dict(p) for p in data.get("phase_ns", ())),
                 "block_ns": tuple(dict(p) for p in data.get("block_ns", ())),
             }

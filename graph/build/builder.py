@@ -33,6 +33,7 @@ from prism.graph.build.templates import (
     TemplateError,
     build_role_template,
 )
+from prism.graph.build.timing_checks import UntrustedTiming, check_timing
 from prism.graph.comm.placement import LayoutTables
 from prism.graph.io.parquet import RANKS_PER_ROW_GROUP, GraphWriter
 from prism.graph.io.parts import remove_graph
@@ -211,7 +212,8 @@ def build_graph(options: BuildOptions, progress: ProgressCallback | None = None)
     """Build and validate ``options.out``; nothing is left behind on failure."""
     try:
         manifest = read_manifest(options.capture_dir)
-    except ManifestError as e:
+        check_timing(manifest, options.profiler_correction)
+    except (ManifestError, UntrustedTiming) as e:
         raise BuildError(str(e)) from e
     if manifest.job.program is not None:
         return _build_program_graph(options, manifest, progress)

@@ -32,7 +32,7 @@ from prism.graph.traces.kineto import NormalizeError
 from prism.schemas import cli_help
 from prism.schemas.cli_command import PrismCommand
 from prism.schemas.cluster import load_cluster
-from prism.schemas.iterations import DEFAULT_WARMUP, MIN_WARMUP, STEADY_CLEAN
+from prism.schemas.iterations import DEFAULT_WARMUP, STEADY_CLEAN
 from prism.schemas.summary import Summary, write_summary
 from prism.schemas.termination import TERMINATION_SIGNALS, stop_on_termination
 
@@ -178,8 +178,11 @@ def build(
         _fail("--step is for --from-traces")
     try:
         refuse_other_directory(out)  # before any work, not at the end when the graph is put there
+        out.parent.mkdir(parents=True, exist_ok=True)
     except NotAGraphError as e:
         _fail(f"{e}; give another output")
+    except OSError as e:
+        _fail(f"cannot write {out}: {e.strerror or e}")
     # graph.parquet and its summary.json are built beside their places and put there together.
     summary_path = out.with_name("summary.json")
     staged, staged_summary = (p.with_name(f".{p.name}.{os.getpid()}.new") for p in (out, summary_path))
@@ -227,12 +230,6 @@ def build(
         console.print(_traces_table(result, out, summary))
     else:
         console.print(_summary(result, out))
-        if profiler_correction != Correction.NONE and result.time_scales is None:
-            console.print(
-                f"[yellow]warning:[/] the capture ran fewer than {MIN_WARMUP} warm-up iterations, so it has no "
-                f"clean unprofiled one: predictions are of profiled iterations (capture with --warmup {DEFAULT_WARMUP})",
-                highlight=False,
-            )
         for warning in (_unsteady_noise(result.time_scales), _noisy_capture(result.time_scales)):
             if warning is not None:
                 console.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)

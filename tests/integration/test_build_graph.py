@@ -65,7 +65,7 @@ def comm_signature(calls) -> list[tuple]:
 
 
 def test_graph_of_a_full_run_holds_the_calls_the_real_run_made(full_capture: Path, tmp_path: Path) -> None:
-    graph = build(full_capture, tmp_path / "g.parquet")
+    graph = build(full_capture, tmp_path / "g.parquet", Correction.NONE)  # one warm-up iteration: none clean
     files = CaptureFiles(full_capture)
     for rank in range(SMALL.layout.world_size):
         logged = read_comm_log(files.comm(rank)).calls
@@ -289,9 +289,27 @@ def test_layers_must_split_over_stages(slice_capture: Path, tmp_path: Path) -> N
 def test_role_missing_from_the_capture(full_capture: Path, tmp_path: Path) -> None:
     out = tmp_path / "g.parquet"
     result = run_cli(
-        str(full_capture), "--tp", "2", "--pp", "4", "--dp", "2", "--layers", "8", "-o", str(out)
-    )
+        str(full_capture), "--tp", "2", "--pp", "4", "--dp", "2", "--layers", "8", "-o", str(out),
+        "--profiler-correction", "none",
+    )  # fmt: skip
     assert_refused(result, "needs a 'middle' pipeline stage", out)
+
+
+def test_a_graph_into_missing_folders_gets_them(slice_capture: Path, tmp_path: Path) -> None:
+    out = tmp_path / "runs" / "today" / "graph.parquet"
+    result = run_cli(
+        str(slice_capture), "--tp", "2", "--pp", "4", "--dp", "2", "--no-simulate", "-o", str(out)
+    )
+    assert result.exit_code == 0, result.output
+    assert validate_graph(out).ok
+
+
+def test_a_correction_without_a_clean_iteration_is_refused(full_capture: Path, tmp_path: Path) -> None:
+    # One warm-up iteration: the profiler's cost cannot be taken out, so the graph would be of
+    # profiled iterations; say so and what to do rather than predict them.
+    out = tmp_path / "g.parquet"
+    result = run_cli(str(full_capture), "--tp", "2", "--pp", "2", "--dp", "2", "-o", str(out))
+    assert_refused(result, "--warmup 10 (at least 3), or build with --profiler-correction none", out)
 
 
 def test_unknown_manifest_version(slice_capture: Path, tmp_path: Path) -> None:
@@ -348,7 +366,7 @@ def test_small_layouts_without_a_dp_axis_of_their_own(tmp_path: Path, tp: int, p
     config = replace(SMALL, tp=tp, pp=pp, dp=dp)
     capture = tmp_path / "capture"
     run_capture(CaptureOptions(config=config, out_dir=capture, real=RealMode.ALL, warmup=0, iterations=1))
-    graph = build(capture, tmp_path / "g.parquet", tp=tp, pp=pp, dp=dp)
+    graph = build(capture, tmp_path / "g.parquet", Correction.NONE, tp=tp, pp=pp, dp=dp)
     nodes = read_rank(graph, 0).to_pandas()
     dp_calls = nodes[nodes[gf.GROUP_KIND] == "dp"]
     assert (len(dp_calls) > 0) == (dp > 1)

@@ -257,3 +257,68 @@ def test_ddp_captured_at_a_rank_other_than_the_root_passes_ddps_shape_check(tmp_
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert [r.rank for r in read_manifest(out).ranks] == [7]
+
+
+def test_optimizers_stepped_in_turn_without_the_programs_own_cuts_are_refused(tmp_path: Path) -> None:
+    script = tmp_path / "two_optimizers.py"
+    script.write_text(TWO_OPTIMIZERS.format(prelude="", loop="for _ in range(20):\n    train_step()\n"))
+    result, out = capture(
+        tmp_path, "--tp", "1", "--pp", "1", "--dp", "64", "--warmup", "4", "--iterations", "2",
+        program=(str(script),),
+    )  # fmt: skip
+    assert result.exit_code == 2
+    line = error_line(result.output)
+    assert "no training step" in line and "torch.profiler" in line
+    assert not out.exists()
+
+
+CONTAINER_OPTIMIZER = """
+import sys
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+model = torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(4)])
+class Container(torch.optim.Optimizer):
+    # An Optimizer that steps one inner optimizer per model part (torchtitan's OptimizersContainer).
+    def __init__(self, parts):
+        self.inner = [torch.optim.AdamW(part.parameters()) for part in parts]
+        super().__init__([p for part in parts for p in part.parameters()], dict())
+    def step(self, closure=None):
+        for optimizer in self.inner:
+            optimizer.step()
+optimizer = Container([model[:2], model[2:]])
+def train_step():
+    model(torch.ones(256, 128)).sum().backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+    optimizer.step()
+    optimizer.zero_grad()
+{loop}
+"""
+
+
+def predicted_ms(tmp_path: Path, loop: str, name: str) -> tuple[float, int]:
+    script = tmp_path / f"{name}.py"
+    script.write_text(CONTAINER_OPTIMIZER.format(loop=loop))
+    out = tmp_path / name
+    options = ("--tp", "1", "--pp", "1", "--dp", "64", "--warmup", "6", "--iterations", "2")
+    result = runner.invoke(app, [*options, "-o", str(out), "--", str(script), str(tmp_path / "trace.txt")])
+    assert result.exit_code == 0, result.output
+    graph = tmp_path / f"{name}.parquet"
+    built = runner.invoke(build_app, [str(out), "--tp", "1", "--pp", "1", "--dp", "64", "-o", str(graph)])
+    assert built.exit_code == 0, built.output
+    reductions = [c for c in read_comm_log(CaptureFiles(out).comm(0)).calls if c.op == "all_reduce"]
+    return float(simulate(load_sim_graph(graph), iterations=2).iteration_ns.mean()) / 1e6, len(reductions)
+
+
+@pytest.mark.slow
+def test_a_container_optimizers_steps_give_the_graph_its_profiler_steps_give(tmp_path: Path) -> None:
+    profiled = PROFILED_LOOP.replace("range(6)", "range(20)").replace(
+        "wait=1, warmup=1, active=2", "wait=6, warmup=1, active=2"
+    )
+    from_steps, calls = predicted_ms(tmp_path, "for _ in range(20):\n    train_step()\n", "steps")
+    from_profiler, _ = predicted_ms(tmp_path, profiled, "profiler")
+    # Eight training steps, each one iteration with its eight all-reduces, not one per inner optimizer.
+    assert calls == 8 * 8
+    # The same program cut at its optimizer steps or at its profiler's: the same iteration, within
+    # this machine's noise (cut at the inner steps, the graph was 40 times too fast).
+    assert 0.67 < from_steps / from_profiler < 1.5, (from_steps, from_profiler)

@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
-from prism.capture.preflight import CaptureError, check_full_run_fits, check_rank_fits, stage_parameter_count
+from prism.capture.preflight import (
+    CaptureError,
+    check_full_run_fits,
+    check_output,
+    check_rank_fits,
+    stage_parameter_count,
+)
 from prism.capture.workloads.gpt import GPTWorkload
 from prism.peers import BACKEND_NAME, FreeRunningClock, VirtualWorld, activate
 from prism.schemas.gpt_params import stage_buckets, stage_parameter_shapes
@@ -62,3 +68,15 @@ def test_a_rank_beyond_memory_is_refused_before_it_starts(tmp_path) -> None:
         run_capture(CaptureOptions(config=huge, out_dir=tmp_path / "cap"))
     assert list(tmp_path.iterdir()) == []
     check_rank_fits(CONFIG, "cpu")  # the tests' own models fit
+
+
+def test_an_output_in_missing_folders_gets_them(tmp_path) -> None:
+    out = tmp_path / "runs" / "today" / "capture"
+    check_output(out, overwrite=False)
+    assert out.parent.is_dir() and not out.exists()
+
+
+def test_an_output_under_a_file_is_one_error(tmp_path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(CaptureError, match="cannot write .*: Not a directory"):
+        check_output(tmp_path / "file" / "runs" / "capture", overwrite=False)
