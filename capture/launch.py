@@ -107,6 +107,10 @@ def _how_it_ended(code: int) -> str:
     return f"was killed by {name}"
 
 
+RANK_ERROR = "error: "
+"""How a rank process's last log line begins when it ends on an error it explains in that line."""
+
+
 def _log_tail(path: Path, lines: int = 12) -> str:
     try:
         text = path.read_text(errors="replace").strip().splitlines()
@@ -189,6 +193,9 @@ def _wait_all(
             running.discard(rank)
             if code != 0:
                 tail = _log_tail(logs[rank])
+                last = tail.splitlines()[-1] if tail else ""
+                if last.startswith(RANK_ERROR):  # the rank said what went wrong, in one line
+                    raise LaunchError(f"rank {rank}: {last.removeprefix(RANK_ERROR)}")
                 log = f"last lines of its log:\n{tail}" if tail else "its log is empty"
                 raise LaunchError(f"rank {rank} {_how_it_ended(code)}; {log}")
         elif on_event is not None:

@@ -24,11 +24,12 @@ import torch
 from prism.capture import annotate, program_profiler
 from prism.capture.interpose import UnsupportedCall, install
 from prism.capture.launch import parse_rank_args
+from prism.capture.layout_check import GroupOutsideLayout, checked_labeler
 from prism.capture.optimizer_steps import register_outer_step_hooks
 from prism.capture.phase_timer import PhaseTimer
 from prism.capture.profiling import ProfileSpec, profiled
 from prism.capture.program_phases import ProgramPhases
-from prism.capture.rank_main import layout_labeler, record_rank
+from prism.capture.rank_main import record_rank
 from prism.capture.step_iterations import ProgramStop, StepIterations
 from prism.capture.value_pass import known_values, write_values
 from prism.peers.backend import VirtualWorld, current_comm_log
@@ -75,7 +76,7 @@ def run_program_rank(
     torch.set_num_threads(job.threads)
     files = CaptureFiles(out_dir)
     world = VirtualWorld(
-        real_ranks=job.real_ranks_for(rank), clock=clock, labeler=layout_labeler(layout),
+        real_ranks=job.real_ranks_for(rank), clock=clock, labeler=checked_labeler(layout),
         received=known_values(files, layout, rank), host_work=host_work_of(job),
     )  # fmt: skip
     install(world, rank=rank, world_size=layout.world_size)
@@ -123,7 +124,7 @@ def run_value_pass(job: RankJob, rank: int, out_dir: Path) -> Path:
     torch.set_num_threads(job.threads)
     received = ReceivedValues(record=True)
     world = VirtualWorld(
-        real_ranks=job.real_ranks_for(rank), clock=FreeRunningClock(), labeler=layout_labeler(program.layout),
+        real_ranks=job.real_ranks_for(rank), clock=FreeRunningClock(), labeler=checked_labeler(program.layout),
         received=received,
     )  # fmt: skip
     install(world, rank=rank, world_size=program.layout.world_size)
@@ -203,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             run_value_pass(job, args.rank, args.out.resolve())
         else:
             run_program_rank(job, args.rank, args.out.resolve())
-    except ProgramRunError as e:
+    except (ProgramRunError, GroupOutsideLayout) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     return 0

@@ -322,3 +322,29 @@ def test_a_container_optimizers_steps_give_the_graph_its_profiler_steps_give(tmp
     # The same program cut at its optimizer steps or at its profiler's: the same iteration, within
     # this machine's noise (cut at the inner steps, the graph was 40 times too fast).
     assert 0.67 < from_steps / from_profiler < 1.5, (from_steps, from_profiler)
+
+
+def test_a_group_outside_the_layout_stops_the_capture_at_once_naming_the_order(tmp_path: Path) -> None:
+    # tp_fsdp.py builds its (dp, tp) mesh tp-fastest; captured with dp fastest, its first group is
+    # no group of the layout.
+    program = (str(EXAMPLES / "tp_fsdp.py"), "--tp", "2", *TINY_MODEL)
+    options = (
+        "--tp",
+        "2",
+        "--pp",
+        "1",
+        "--dp",
+        "4",
+        "--order",
+        "dp-tp-pp",
+        "--warmup",
+        "3",
+        "--iterations",
+        "1",
+    )
+    result, out = capture(tmp_path, *options, program=program)
+    assert result.exit_code == 2
+    line = error_line(result.output)
+    assert "no group of tp=2 pp=1 dp=4 (dp-tp-pp" in line and "tp_fsdp.py:" in line
+    assert "would match: --tp 2 --pp 1 --dp 4 --order tp-dp-pp (its dp group)" in line
+    assert not out.exists()

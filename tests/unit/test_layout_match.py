@@ -1,0 +1,84 @@
+"""What a user is told when their program builds a group that is no group of the layout: the
+layouts named as matching do have it, and whenever some layout of the world has it one is named."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prism.capture.layout_check import GroupOutsideLayout, checked_labeler
+from prism.schemas.layout import AXES, ParallelLayout
+from prism.schemas.layout_match import matching_layouts, nearest_groups, outside_layout
+
+ORDERS = ["-".join(p) for p in itertools.permutations(AXES)]
+
+
+@st.composite
+def layouts(draw) -> ParallelLayout:
+    tp, pp, dp = (draw(st.sampled_from([1, 2, 3, 4])) for _ in AXES)
+    return ParallelLayout(tp=tp, pp=pp, dp=dp, order=draw(st.sampled_from(ORDERS)))
+
+
+def every_group(world: int) -> set[tuple[int, ...]]:
+    """Brute force: every group of more than one rank of every layout of ``world`` ranks."""
+    groups = set()
+    for tp, pp in itertools.product(range(1, world + 1), repeat=2):
+        if world % (tp * pp):
+            continue
+        for order in ORDERS:
+            layout = ParallelLayout(tp=tp, pp=pp, dp=world // (tp * pp), order=order)
+            groups |= {g for axis in AXES for g in layout.groups(axis) if len(g) > 1}
+    return groups
+
+
+@settings(max_examples=40, deadline=None)
+@given(layout=layouts(), other=layouts())
+def test_named_layouts_have_the_group_and_one_is_named_when_any_has_it(layout, other) -> None:
+    if other.world_size != layout.world_size:
+        other = ParallelLayout(tp=1, pp=1, dp=layout.world_size, order=other.order)
+    known = every_group(layout.world_size)
+    for axis in AXES:
+        for group in other.groups(axis):
+            if len(group) < 2 or layout.group_of_ranks(group) is not None:
+                continue
+            matches = matching_layouts(layout, group)
+            for match, matched_axis in matches:
+                assert match.group_of_ranks(group) == (
+                    matched_axis,
+                    match.group_index(group[0], matched_axis),
+                )
+            assert bool(matches) == (group in known)
+
+
+def test_a_wrong_order_is_named_first() -> None:
+    # A (dp, tp) DeviceMesh built tp-fastest, captured with dp fastest.
+    layout = ParallelLayout(tp=2, pp=1, dp=4, order="dp-tp-pp")
+    line = outside_layout(layout, (0, 2, 4, 6))
+    assert (
+        "--tp 2 --pp 1 --dp 4 --order tp-dp-pp (its dp group)"
+        in line.split("would match:")[1].split(" or ")[0]
+    )
+    assert [(g.axis, g.ranks) for g in nearest_groups(layout, (0, 2, 4, 6))] == [
+        ("dp", (0, 1, 2, 3)),
+        ("tp", (0, 4)),
+    ]
+
+
+def test_a_group_no_layout_has_says_so() -> None:
+    layout = ParallelLayout(tp=2, pp=2, dp=2)
+    assert "no layout of tp, pp and dp of this world has it" in outside_layout(layout, (0, 3, 5))
+
+
+def test_the_capture_stops_at_a_group_outside_the_layout_and_passes_the_layouts_own() -> None:
+    label = checked_labeler(ParallelLayout(tp=2, pp=1, dp=4))
+    assert label((0, 1)) == "tp.0" and label((1, 3, 5, 7)) == "dp.1" and label(tuple(range(8))) == "world"
+    assert label((5,)) == "pp.5"  # pp=1: the degenerate axis holds one rank
+    assert checked_labeler(ParallelLayout(tp=2, pp=2, dp=2))((5,)) is None  # one rank calls no peer
+    with pytest.raises(
+        GroupOutsideLayout,
+        match=r"ranks \[0, 1, 2, 3\] \(4 ranks\).*would match: --tp 2 --pp 1 --dp 4 --order dp-tp-pp",
+    ):
+        label((0, 1, 2, 3))
