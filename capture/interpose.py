@@ -43,7 +43,7 @@ def program_line() -> str:
     return "<unknown>"
 
 
-def _replace_everywhere(original: Callable, replacement: Callable) -> None:
+def replace_everywhere(original: Callable, replacement: Callable) -> None:
     """Rebind ``original`` to ``replacement`` in every loaded torch module that holds it (modules
     imported later copy the rebound name from ``distributed_c10d``)."""
     for module in list(sys.modules.values()):
@@ -150,12 +150,12 @@ def install(world: VirtualWorld, *, rank: int, world_size: int) -> None:
         )
 
     expected_rank, expected_world = rank, world_size
-    _replace_everywhere(original_init, init_process_group)
-    _replace_everywhere(original_new_group, new_group)
+    replace_everywhere(original_init, init_process_group)
+    replace_everywhere(original_new_group, new_group)
     for name in ("recv_object_list", "broadcast_object_list"):
         original = getattr(c10d, name)
-        _replace_everywhere(original, _object_from_virtual_peer(name, original, world))
-    _replace_everywhere(
+        replace_everywhere(original, _object_from_virtual_peer(name, original, world))
+    replace_everywhere(
         c10d.monitored_barrier,
         _unsupported(
             "monitored_barrier", "it reports which ranks failed to arrive, and virtual ranks never do"

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from prism.capture import annotate, program_profiler
+from prism.capture.cpu_mode import install_cpu_mode
 from prism.capture.interpose import UnsupportedCall, install
 from prism.capture.launch import parse_rank_args
 from prism.capture.layout_check import GroupOutsideLayout, checked_labeler
@@ -80,6 +81,8 @@ def run_program_rank(
         received=known_values(files, layout, rank), host_work=host_work_of(job),
     )  # fmt: skip
     install(world, rank=rank, world_size=layout.world_size)
+    if program.device == "cpu":
+        install_cpu_mode()
     spec = ProfileSpec(
         warmup=job.warmup, iterations=job.iterations, kineto_path=files.kineto(rank), et_path=files.et(rank),
         cuda=program.device == "cuda",
@@ -128,6 +131,8 @@ def run_value_pass(job: RankJob, rank: int, out_dir: Path) -> Path:
         received=received,
     )  # fmt: skip
     install(world, rank=rank, world_size=program.layout.world_size)
+    if program.device == "cpu":
+        install_cpu_mode()
     steps = 0
 
     def stop_after_first_step(*_: object) -> None:

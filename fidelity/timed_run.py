@@ -27,6 +27,7 @@ import torch
 
 from prism.capture import annotate
 from prism.capture.cpu_allocator import count_frees_on_every_thread
+from prism.capture.cpu_mode import install_cpu_mode
 from prism.capture.optimizer_steps import register_outer_step_hooks
 from prism.capture.profiling import export_trace
 from prism.capture.program_main import run_program
@@ -164,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         argv=tuple(argv_program), cwd=os.getcwd(), layout=ParallelLayout(tp=1, pp=1, dp=world)
     )
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.device == "cpu":  # a GPU program's set-up answered for the CPU, as in its capture
+        install_cpu_mode()
     run = TimedRun(rank=rank)
     phases = TimedPhases()
     timer = IterationTimer(
