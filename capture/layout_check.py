@@ -4,7 +4,9 @@ A group that is no group of the layout (one axis's, or the world) means the layo
 program's: its calls could not be mapped to the target job's ranks, and the build would refuse
 them only after the whole capture ran. The capture stops at the group's creation instead, with
 one line naming the group, the layout's groups nearest to it and the options that would match
-(``prism.schemas.layout_match``). A group of one rank makes no call with a peer and passes.
+(``prism.schemas.layout_match``). A group of one rank makes no call with a peer and passes, and
+so does a flattening of several axes (torchtitan flattens dp and tp for its loss): labelled
+``g<name>`` as before, a call on it is refused by the build.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from prism.capture.interpose import program_line
 from prism.schemas.annotations import group_label
 from prism.schemas.layout import ParallelLayout
-from prism.schemas.layout_match import outside_layout
+from prism.schemas.layout_match import flattened_axes, outside_layout
 
 
 class GroupOutsideLayout(RuntimeError):
@@ -27,7 +29,7 @@ def checked_labeler(layout: ParallelLayout):
         found = layout.group_of_ranks(ranks)
         if found is not None:
             return group_label(*found)
-        if len(ranks) == 1:
+        if len(ranks) == 1 or flattened_axes(layout, ranks) is not None:
             return None
         raise GroupOutsideLayout(f"the program builds {outside_layout(layout, ranks)} (at {program_line()})")
 

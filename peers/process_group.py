@@ -30,6 +30,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
+from torch._C._profiler import _RecordFunctionFast
 
 from prism.peers.clock import CommClock, PendingCall
 from prism.peers.collectives import CollectivesMixin
@@ -203,7 +204,10 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
         # µs sooner (the record_function), and what the process does while the call's host work
         # starts (1.5 ms after a 2.7 MB all-reduce on the 2-vCPU VM) moves out of the call into
         # the program's own time, which the graph keeps: dp simulations came out 12-15 % long.
-        with torch.profiler.record_function(comm_mark_name(op.value, self._group.label, gseq, nbytes)):
+        # Not torch.profiler.record_function, an op a program's dispatch mode sees: selective
+        # activation checkpointing replays it from its cache in the recomputed forward, and the
+        # call's mark is lost. The fast record function bypasses the dispatcher (a cpu_op).
+        with _RecordFunctionFast(comm_mark_name(op.value, self._group.label, gseq, nbytes)):
             if not on_real:
                 work = self._virtual_work(record, virtual())
             else:

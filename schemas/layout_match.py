@@ -38,6 +38,24 @@ def nearest_groups(layout: ParallelLayout, ranks: tuple[int, ...], *, limit: int
     return near[:limit]
 
 
+def flattened_axes(layout: ParallelLayout, ranks: tuple[int, ...]) -> tuple[str, ...] | None:
+    """The axes (two or more, fastest first) whose flattened sub-mesh through ``ranks[0]`` is
+    exactly ``ranks`` as a set (torchtitan flattens dp and tp into one group), or None."""
+    members = set(ranks)
+    first = layout.coords(ranks[0])
+    for size in range(2, len(AXES) + 1):
+        for axes in itertools.combinations(AXES, size):
+            held = [a for a in AXES if a not in axes]
+            expected = 1
+            for axis in axes:
+                expected *= layout.degree(axis)
+            if expected != len(members) or expected == 1:
+                continue
+            if all(layout.coords(r).on(a) == first.on(a) for r in members for a in held):
+                return tuple(sorted(axes, key=layout.stride))
+    return None
+
+
 def _orders() -> list[str]:
     return ["-".join(p) for p in itertools.permutations(AXES)]
 

@@ -31,7 +31,7 @@ Reading goes through ``json`` directly, not HTA (see ``prism.graph.traces.kineto
 from __future__ import annotations
 
 import os
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -109,6 +109,7 @@ def normalize_rank(capture_dir: str | os.PathLike, rank: int) -> pd.DataFrame:
     _add_marks(df, np.maximum(start, end - 1), marks)
     _add_comm(df, log, files.comm(rank))
     offset = _trace_offset(df, log)
+    _check_calls_marked(df, log, its, offset, rank)
     _waits_on_trace_clock(df, offset)
     _take_out_held(df, log, offset)
     mem = attribute_memory(trace.memory, start, end, its["start_ns"].to_numpy()[win])
@@ -234,6 +235,31 @@ def _trace_offset(df: pd.DataFrame, log: CommLog) -> int | None:
         (start, enter[(group, gseq)])
         for start, group, gseq in zip(comm[T.START_NS], comm[T.GROUP_NAME], comm[T.GSEQ], strict=True)
     )
+
+
+def _check_calls_marked(
+    df: pd.DataFrame, log: CommLog, its: pd.DataFrame, offset: int | None, rank: int
+) -> None:
+    """Every call the program began inside a profiled iteration is a unit of the table: a call
+    whose mark the trace lacks would be left out of the graph, silently."""
+    if offset is None:
+        return
+    units = set(zip(df.loc[df[T.IS_COMM], T.GROUP_NAME], df.loc[df[T.IS_COMM], T.GSEQ], strict=True))
+    starts, ends = its["start_ns"].to_numpy(), its["end_ns"].to_numpy()
+    missing = []
+    for call in log.calls:
+        at = call.enter_ns + offset
+        if ((starts <= at) & (at < ends)).any() and (call.group, call.gseq) not in units:
+            missing.append(call)
+    if missing:
+        kinds = ", ".join(
+            f"{n} {op} on {label}" for (op, label), n in Counter((c.op, c.label) for c in missing).items()
+        )
+        raise NormalizeError(
+            f"rank {rank}'s trace lacks {len(missing)} of the process-group calls it made in its profiled "
+            f"iterations ({kinds}): the profiler recorded no mark for them, and a graph without them would be "
+            "wrong; capture again, and report it if it repeats"
+        )
 
 
 def _waits_on_trace_clock(df: pd.DataFrame, offset: int | None) -> None:

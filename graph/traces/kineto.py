@@ -249,7 +249,8 @@ def training_spans(trace: KinetoTrace, iterations: pd.DataFrame) -> pd.DataFrame
     """
     spans = trace.spans
     main = set(iterations["tid"])
-    is_comm = (spans["cat"] == USER_ANNOTATION) & spans["name"].str.startswith(
+    # A call's mark is a cpu_op (prism's process group) or, in older captures, a user annotation.
+    is_comm = spans["cat"].isin((USER_ANNOTATION, CPU_OP)) & spans["name"].str.startswith(
         PREFIX + Phase.COMM.value + "|"
     )
     keep = is_comm | (spans["cat"] == CPU_OP)
@@ -290,7 +291,10 @@ def _thread_units(g: pd.DataFrame) -> pd.DataFrame:
         inside = (cs[j] <= s) & (e <= ce[j])
         k = np.minimum(np.searchsorted(cs, s, side="left"), len(cs) - 1)
         opened = (cs[k] >= s) & (ce[k] <= e) & ~inside
-        ops = ops[~inside & ~opened]
+        # An op that straddles a call's start or end (a dispatch mode's op around the start of the
+        # collective it dispatches, closed before the call returns) is no unit: its time is gap.
+        straddles = ((s < cs[k]) & (cs[k] < e) & (e < ce[k])) | ((cs[j] <= s) & (s < ce[j]) & (ce[j] < e))
+        ops = ops[~inside & ~opened & ~straddles]
     cand = pd.concat([ops, comm])
     cand = cand.iloc[np.lexsort((-cand["end_ns"].to_numpy(), cand["start_ns"].to_numpy()))]
     return cand[~_contained(cand["start_ns"].to_numpy(), cand["end_ns"].to_numpy())]

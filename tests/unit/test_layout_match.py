@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from prism.capture.layout_check import GroupOutsideLayout, checked_labeler
 from prism.schemas.layout import AXES, ParallelLayout
-from prism.schemas.layout_match import matching_layouts, nearest_groups, outside_layout
+from prism.schemas.layout_match import flattened_axes, matching_layouts, nearest_groups, outside_layout
 
 ORDERS = ["-".join(p) for p in itertools.permutations(AXES)]
 
@@ -82,3 +82,11 @@ def test_the_capture_stops_at_a_group_outside_the_layout_and_passes_the_layouts_
         match=r"ranks \[0, 1, 2, 3\] \(4 ranks\).*would match: --tp 2 --pp 1 --dp 4 --order dp-tp-pp",
     ):
         label((0, 1, 2, 3))
+
+
+def test_a_flattening_of_several_axes_is_named_by_its_axes_and_passes_the_capture() -> None:
+    layout = ParallelLayout(tp=2, pp=2, dp=4)
+    assert flattened_axes(layout, tuple(range(8))) == ("tp", "dp")  # one stage: dp x tp
+    assert flattened_axes(layout, (1, 3, 5, 7, 9, 11, 13, 15)) == ("dp", "pp")
+    assert flattened_axes(layout, (0, 1, 2, 3)) is None
+    assert checked_labeler(layout)(tuple(range(8, 16))) is None

@@ -209,6 +209,20 @@ def test_op_wrapping_a_comm_is_opened(cap: Capture) -> None:
     assert df[T.GAP_NS].tolist() == [11_000, 2_000, 5_000]
 
 
+def test_an_op_straddling_a_calls_start_does_not_hide_the_call(cap: Capture) -> None:
+    # A dispatch mode's op (spmd types' PythonDispatchMode) begins the collective it dispatches
+    # and closes before the call returns: the call is still a unit, the op's time a gap.
+    cap.mark("prism:iter|iter=0", 0, 100)
+    cap.op("_AllGatherShard", 10, 50)
+    cap.op("aten::empty", 11, 2)
+    cap.op("PythonDispatchMode", 14, 6)
+    cap.comm(16, 20, gseq=0, op="all_gather")
+    cap.op("aten::view", 40, 3)
+    df = ops(normalize_rank(cap.write(), RANK))
+    assert df[T.NAME].tolist() == ["aten::empty", "all_gather", "aten::view"]
+    assert df[T.GAP_NS].tolist() == [11_000, 3_000, 4_000]
+
+
 def test_innermost_mark_sets_each_field(cap: Capture) -> None:
     cap.mark("prism:iter|iter=0", 0, 1000)
     cap.mark("prism:bwd|stage=1|mb=3", 10, 500)
