@@ -1,5 +1,7 @@
 # Every target installs what it needs into .venv first (Python >= 3.11, pip, no GPU needed).
 PYTHON ?= python3
+# The torch release to install: the newest installable here (CI's); 2.13.0 is tested too (make test TORCH=2.13.0).
+TORCH  ?= 2.14.1
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 OUT    ?= capture-out
@@ -8,14 +10,15 @@ REPLAY ?= replay-out
 
 .PHONY: install demo test test-fast lint results results-programs results-programs-floor results-programs-accumulate results-random figures clean
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed-torch-$(TORCH)
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed-torch-$(TORCH): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# torch first and pinned: an open range would pull a multi-GB CUDA build.
-	$(BIN)/pip install -q torch==2.13.0
+	# torch first and pinned: an open range would pull whatever build is newest.
+	$(BIN)/pip install -q torch==$(TORCH)
 	$(BIN)/pip install -q -e '.[test]'
+	rm -f $(VENV)/.installed*
 	touch $@
 
 demo: install   ## capture the default slice (tiny GPT, target tp=8 pp=16 dp=64), build its full-scale graph, replay rank 123

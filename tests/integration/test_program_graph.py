@@ -135,11 +135,16 @@ for _ in range(50):
 """
 
 
-def test_a_collective_on_a_group_the_layout_does_not_have_is_one_error_line(tmp_path: Path) -> None:
+def test_a_group_the_layout_does_not_have_stops_the_capture_in_one_error_line(tmp_path: Path) -> None:
     script = tmp_path / "eights.py"
     script.write_text(SUBGROUP_PROGRAM)
-    capture = _capture(tmp_path / "cap", (1, 1, 1024), str(script))
-    result = _build(capture, tmp_path / "g.parquet", (1, 1, 1024))
+    args = ["--tp", "1", "--pp", "1", "--dp", "1024", "--warmup", "4", "--iterations", "2"]
+    result = runner.invoke(capture_app, [*args, "-o", str(tmp_path / "cap"), "--", str(script)])
     assert result.exit_code == 2
-    assert "which is not a group of the layout" in result.output
-    assert not (tmp_path / "g.parquet").exists()
+    (line,) = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert "group of ranks [0, 1, 2, 3, 4, 5, 6, 7] (8 ranks), which is no group of tp=1 pp=1 dp=1024" in line
+    assert (
+        "would match: --tp 8 --pp 1 --dp 128 --order tp-dp-pp (its tp group)" in line
+        and "eights.py:4" in line
+    )
+    assert not (tmp_path / "cap").exists()
