@@ -8,7 +8,7 @@ OUT    ?= capture-out
 GRAPH  ?= graph.parquet
 REPLAY ?= replay-out
 
-.PHONY: install demo test test-fast lint results results-programs results-programs-floor results-programs-accumulate results-random figures clean
+.PHONY: install demo test test-fast lint results results-programs results-programs-floor results-programs-accumulate results-torchtitan results-random figures clean
 
 install: $(VENV)/.installed-torch-$(TORCH)
 
@@ -108,6 +108,22 @@ results-programs-accumulate: install
 	    --json benchmarks/results/noise_floor_accumulate_dp.json $(ACCUMULATE_DP)
 	$(RECORD) noise_floor_accumulate_tp -- $(FLOOR_PROGRAMS) --tp 2 --against benchmarks/results/fidelity_accumulate_tp.json \
 	    --json benchmarks/results/noise_floor_accumulate_tp.json $(ACCUMULATE_TP)
+
+# torchtitan's llama3 debug model, unmodified, against its own torchrun runs at world 2 with FSDP2
+# and with tensor parallelism (about 25 min): three interleaved repeats each, in a folder holding
+# the synthetic tokenizer and data its debug configuration reads (TT_DIR).
+TT_DIR ?= $(CURDIR)/torchtitan-work
+TT_PROGRAM = -m torchtitan.train --module llama3 --config llama3_debugmodel --training.seq_len 128 \
+    --training.local_batch_size 2 --training.steps 30 --metrics.log_freq 1000 --training.disable_cuda_graphs
+TT_FIDELITY = cd $(TT_DIR) && $(CURDIR)/$(BIN)/python $(CURDIR)/benchmarks/record.py
+TT_RUN = $(CURDIR)/$(BIN)/python $(CURDIR)/benchmarks/fidelity.py --repeats 3 --warmup 8 \
+    --cluster-spec $(CURDIR)/$(PROGRAM_SPEC)
+results-torchtitan: install
+	$(BIN)/python tests/data/torchtitan/make_assets.py $(TT_DIR)
+	$(TT_FIDELITY) fidelity_torchtitan_dp -- $(TT_RUN) --dp 2 --json $(CURDIR)/benchmarks/results/fidelity_torchtitan_dp.json \
+	    --program "$(TT_PROGRAM) --parallelism.data_parallel_shard_degree 2"
+	$(TT_FIDELITY) fidelity_torchtitan_tp -- $(TT_RUN) --tp 2 --json $(CURDIR)/benchmarks/results/fidelity_torchtitan_tp.json \
+	    --program "$(TT_PROGRAM) --parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 1"
 
 # The noise floor of results-programs: each program's real run against a second real run of it
 # where the replay stands, eight repeats, beside the latest records (about 25 min).

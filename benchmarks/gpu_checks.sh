@@ -37,6 +37,10 @@
 #   llama_*       examples/hf_llama.py --tp 2 on CUDA (a Hugging Face Llama, tensor parallel inside
 #                 FSDP2, tp=2 dp=4, gradient accumulation and clipping): captured, built, simulated,
 #                 rank 3 replayed; skipped where transformers is not installed
+#   torchtitan_*  torchtitan's llama3 debug model, unmodified (python -m torchtitan.train), tensor
+#                 parallel inside FSDP2 (tp=2 dp=4), its tokenizer and data made by
+#                 tests/data/torchtitan/make_assets.py: captured, built, simulated, rank 3
+#                 replayed; skipped where torchtitan is not installed
 set -u
 OUT=${1:-${OUT:-gpu-checks}}
 ARCHIVE=${2:-}
@@ -44,6 +48,7 @@ export PY=${PY:-python3}
 DEVICE=${DEVICE:-cuda}
 read -r -a DDP_MODEL <<< "${DDP_MODEL:---hidden 1024 --layers 8 --vocab 4096 --batch 16 --seq 256}"
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)  # absolute: the torchtitan chain runs in a folder of its own
 : > "$OUT/summary.txt"
 
 archive() {
@@ -114,6 +119,16 @@ if "$PY" -c "import transformers" 2>/dev/null; then
   program_chain llama 2 4 examples/hf_llama.py --device "$DEVICE" --tp 2 --steps 40 "${DDP_MODEL[@]}"
 else
   echo "llama_*: skipped (transformers is not installed)" | tee -a "$OUT/summary.txt"
+fi
+if "$PY" -c "import torchtitan" 2>/dev/null; then
+  # torchtitan reads ./tests/assets: the chain runs where make_assets.py wrote them.
+  "$PY" tests/data/torchtitan/make_assets.py "$OUT/torchtitan" > /dev/null
+  TT=(-m torchtitan.train --module llama3 --config llama3_debugmodel --training.seq_len "${TT_SEQ:-1024}"
+      --training.local_batch_size 4 --training.steps 40 --metrics.log_freq 10 --training.disable_cuda_graphs
+      --parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 4)
+  (cd "$OUT/torchtitan" && program_chain torchtitan 2 4 "${TT[@]}")
+else
+  echo "torchtitan_*: skipped (torchtitan is not installed)" | tee -a "$OUT/summary.txt"
 fi
 echo "summary:"; cat "$OUT/summary.txt"
 archive
