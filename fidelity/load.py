@@ -117,7 +117,8 @@ class MatchedLoad(CaptureHooks):
         # a library's) land in this folder, removed with it, not in the machine's /tmp.
         scratch = root / "tmp"
         scratch.mkdir(exist_ok=True)
-        env = os.environ | {"OMP_NUM_THREADS": str(self._threads), "TMPDIR": str(scratch)}
+        # LOCAL_RANK as the capture's launcher sets it (a device that exists here): programs read it.
+        env = os.environ | {"OMP_NUM_THREADS": str(self._threads), "TMPDIR": str(scratch), "LOCAL_RANK": "0"}
         for rank in others:
             out = root / f"rank{rank}"
             out.mkdir(exist_ok=True)

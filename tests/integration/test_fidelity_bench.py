@@ -220,6 +220,7 @@ def test_load_ranks_keep_their_temporary_files_in_the_loads_own_folder(monkeypat
         load.batch_starting((0,), {})
         (env,) = envs  # pp=2: the other stage's rank
         scratch = Path(env["TMPDIR"])
+        assert env["LOCAL_RANK"] == "0"  # as the launcher sets it: programs read it (torchtitan)
         assert scratch.is_dir() and Path(load._dir.name) in scratch.parents
         load.batch_done((0,))
     assert not scratch.exists()
