@@ -130,12 +130,14 @@ def _compile_flex_attention_densely(compile_: Callable) -> Callable:
 def _premul_sum_as_sum(call: Callable, operand: str) -> Callable:
     """``call`` (a collective taking ``op``) with PREMUL_SUM(s) done as ``operand * s`` then SUM."""
     signature = inspect.signature(call)
+    position = list(signature.parameters).index("op")
 
     @functools.wraps(call)
     def reduce(*args: object, **kwargs: object) -> object:
-        bound = signature.bind(*args, **kwargs)
-        op = bound.arguments.get("op")
-        if getattr(op, "op", None) == dist.ReduceOp.RedOpType.PREMUL_SUM:  # a plain op is its RedOpType
+        op = args[position] if len(args) > position else kwargs.get("op")
+        # A plain op is its RedOpType; only PREMUL_SUM pays for binding the arguments.
+        if getattr(op, "op", None) == dist.ReduceOp.RedOpType.PREMUL_SUM:
+            bound = signature.bind(*args, **kwargs)
             _, scale = op.__getstate__()
             tensor = bound.arguments[operand]
             if operand == "tensor":  # in place: all_reduce overwrites it anyway
@@ -143,7 +145,8 @@ def _premul_sum_as_sum(call: Callable, operand: str) -> Callable:
             else:
                 bound.arguments[operand] = tensor * scale
             bound.arguments["op"] = dist.ReduceOp.SUM
-        return call(*bound.args, **bound.kwargs)
+            return call(*bound.args, **bound.kwargs)
+        return call(*args, **kwargs)
 
     return reduce
 

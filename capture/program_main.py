@@ -24,7 +24,7 @@ import torch
 from prism.capture import annotate, program_profiler
 from prism.capture.cpu_mode import install_cpu_mode
 from prism.capture.interpose import UnsupportedCall, install
-from prism.capture.launch import parse_rank_args
+from prism.capture.launch import RANK_ERROR, parse_rank_args
 from prism.capture.layout_check import GroupOutsideLayout, checked_labeler
 from prism.capture.optimizer_steps import register_outer_step_hooks
 from prism.capture.phase_timer import PhaseTimer
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             run_program_rank(job, args.rank, args.out.resolve())
     except (ProgramRunError, GroupOutsideLayout) as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
+        print(f"{RANK_ERROR}{e}", file=sys.stderr, flush=True)
         return 2
     return 0
 

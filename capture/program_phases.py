@@ -59,23 +59,19 @@ class ProgramPhases:
         self._forward_depth = 0
         self._backward_depth = 0
         self._open: dict[Phase, object] = {}  # what ``_enter`` opened for each open phase
-        self._handles: list[RemovableHandle] = []
-        self._steps: OuterStepHooks | None = None
+        self._handles: list[RemovableHandle | OuterStepHooks] = []
         self._engine_run_backward: Callable | None = None
         self._rooted = False
 
     def install(self) -> None:
         """Start marking; call before the program runs (and before the capture's own step hook, so
         that an optimizer mark closes before the step ends the iteration)."""
-        self._steps = register_outer_step_hooks(pre=self._optimizer_begins, post=self._optimizer_ends)
+        self._handles.append(register_outer_step_hooks(pre=self._optimizer_begins, post=self._optimizer_ends))
         self._engine_run_backward = torch.autograd._engine_run_backward
         torch.autograd._engine_run_backward = self._backward
 
     def remove(self) -> None:
         """Stop marking and close what is open."""
-        if self._steps is not None:
-            self._steps.remove()
-            self._steps = None
         for handle in self._handles:
             handle.remove()
         self._handles.clear()

@@ -47,6 +47,7 @@ from prism.graph.traces.kineto import (
     read_kineto,
     select_units,
     training_spans,
+    window_index,
 )
 from prism.graph.traces.memory import attribute_memory
 from prism.schemas.annotations import Mark, MarkError, parse_mark
@@ -245,12 +246,11 @@ def _check_calls_marked(
     if offset is None:
         return
     units = set(zip(df.loc[df[T.IS_COMM], T.GROUP_NAME], df.loc[df[T.IS_COMM], T.GSEQ], strict=True))
-    starts, ends = its["start_ns"].to_numpy(), its["end_ns"].to_numpy()
-    missing = []
-    for call in log.calls:
-        at = call.enter_ns + offset
-        if ((starts <= at) & (at < ends)).any() and (call.group, call.gseq) not in units:
-            missing.append(call)
+    enters = np.array([c.enter_ns for c in log.calls], dtype=np.int64) + offset
+    profiled = window_index(enters, its) >= 0
+    missing = [
+        c for c, inside in zip(log.calls, profiled, strict=True) if inside and (c.group, c.gseq) not in units
+    ]
     if missing:
         kinds = ", ".join(
             f"{n} {op} on {label}" for (op, label), n in Counter((c.op, c.label) for c in missing).items()
