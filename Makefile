@@ -28,7 +28,7 @@ demo: install   ## capture the default slice (tiny GPT, target tp=8 pp=16 dp=64)
 	$(BIN)/prism-replay $(GRAPH) --rank 123 -o $(REPLAY) --overwrite --warmup 12
 
 test: install   ## the whole suite, as CI runs it
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=40
 
 figures: install   ## run the notebooks; their figures go to docs/figures (the README shows them)
 	$(BIN)/python notebooks/execute.py --figures docs/figures notebooks/pipeline_iteration.py notebooks/replay.py notebooks/what_ifs.py \
