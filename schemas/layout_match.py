@@ -10,7 +10,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from prism.schemas.layout import AXES, ParallelLayout
+from prism.schemas.group_kinds import WORLD
+from prism.schemas.layout import AXES, BASIC_KINDS, ORDER_AXES, LayoutError, ParallelLayout
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -18,7 +19,7 @@ class NearGroup:
     """A group of the layout beside the program's."""
 
     axis: str
-    """Its axis."""
+    """Its kind (an axis, or several flattened)."""
     ranks: tuple[int, ...]
     """Its global ranks."""
     shared: int
@@ -27,69 +28,66 @@ class NearGroup:
 
 def nearest_groups(layout: ParallelLayout, ranks: tuple[int, ...], *, limit: int = 2) -> list[NearGroup]:
     """The layout's groups holding ``ranks[0]`` that share the most ranks with ``ranks`` (ties:
-    the closer size first)."""
+    the closer size, then the simpler kind, first)."""
     near = [
-        NearGroup(axis=axis, ranks=group, shared=len(set(group) & set(ranks)))
-        for axis in AXES
-        if layout.degree(axis) > 1
-        for group in [layout.group(ranks[0], axis)]
+        NearGroup(axis=kind, ranks=group, shared=len(set(group) & set(ranks)))
+        for kind in layout.kinds()
+        if kind != WORLD
+        for group in [layout.group(ranks[0], kind)]
     ]
     near.sort(key=lambda g: (-g.shared, abs(len(g.ranks) - len(ranks))))
     return near[:limit]
 
 
-def flattened_axes(layout: ParallelLayout, ranks: tuple[int, ...]) -> tuple[str, ...] | None:
-    """The axes (two or more, fastest first) whose flattened sub-mesh through ``ranks[0]`` is
-    exactly ``ranks`` as a set (torchtitan flattens dp and tp into one group), or None."""
-    members = set(ranks)
-    first = layout.coords(ranks[0])
-    for size in range(2, len(AXES) + 1):
-        for axes in itertools.combinations(AXES, size):
-            held = [a for a in AXES if a not in axes]
-            expected = 1
-            for axis in axes:
-                expected *= layout.degree(axis)
-            if expected != len(members) or expected == 1:
-                continue
-            if all(layout.coords(r).on(a) == first.on(a) for r in members for a in held):
-                return tuple(sorted(axes, key=layout.stride))
-    return None
+def _orders(cp: int) -> list[str]:
+    axes = ORDER_AXES if cp > 1 else AXES
+    return ["-".join(p) for p in itertools.permutations(axes)]
 
 
-def _orders() -> list[str]:
-    return ["-".join(p) for p in itertools.permutations(AXES)]
-
-
-def _factorizations(world: int) -> list[dict[str, int]]:
+def _factorizations(layout: ParallelLayout) -> list[dict[str, int]]:
+    """tp, pp and dp that keep the layout's other degrees and world."""
+    world = layout.world_size // layout.cp
     divisors = [d for d in range(1, world + 1) if world % d == 0]
-    return [
-        {"tp": tp, "pp": pp, "dp": world // (tp * pp)}
-        for tp in divisors
-        for pp in divisors
-        if (world // tp) % pp == 0
-    ]
+    found = []
+    for tp, pp in itertools.product(divisors, divisors):
+        if (world // tp) % pp == 0:
+            degrees = {"tp": tp, "pp": pp, "dp": world // (tp * pp), **layout.extra_axes()}
+            try:
+                ParallelLayout(**degrees)
+            except LayoutError:
+                continue
+            found.append(degrees)
+    return found
+
+
+def _axis_group(layout: ParallelLayout, ranks: tuple[int, ...]) -> str | None:
+    """The basic kind (one axis, not a flattening) whose group ``ranks`` is, if any."""
+    for kind in BASIC_KINDS:
+        if kind != WORLD and layout.degree(kind) == len(ranks) > 1 and layout.group(ranks[0], kind) == ranks:
+            return kind
+    return None
 
 
 def matching_layouts(
     layout: ParallelLayout, ranks: tuple[int, ...], *, limit: int = 2
 ) -> list[tuple[ParallelLayout, str]]:
-    """Layouts of the same world in which ``ranks`` is one axis's group, with that axis: the
-    layout's own degrees in another order first, then other degrees (those changing fewer of the
-    given degrees first)."""
+    """Layouts of the same world and the same other degrees in which ``ranks`` is one axis's
+    group, with that axis: the layout's own degrees in another order first, then other tp, pp and
+    dp (those changing fewer of them first)."""
     found: list[tuple[int, ParallelLayout, str]] = []
-    for degrees in _factorizations(layout.world_size):
+    for degrees in _factorizations(layout):
         changed = sum(degrees[axis] != layout.degree(axis) for axis in AXES)
         seen = set()
-        for order in _orders():
+        for order in _orders(layout.cp):
             # Orders that differ only in where axes of degree 1 sit are one layout.
-            effective = tuple(axis for axis in order.split("-") if degrees[axis] > 1)
+            other = ParallelLayout(order=order, **degrees)
+            effective = tuple(axis for axis in other.order.split("-") if other.degree(axis) > 1)
             if effective in seen:
                 continue
             seen.add(effective)
-            other = ParallelLayout(order=order, **degrees)
-            match = other.group_of_ranks(ranks)
-            if other != layout and match is not None and match[0] != "world" and other.degree(match[0]) > 1:
-                found.append((changed, other, match[0]))
+            axis = _axis_group(other, ranks)
+            if other != layout and axis is not None:
+                found.append((changed, other, axis))
     # Fewest degrees changed, then the pipeline's kept (its stages are the program's roles), then the order.
     found.sort(key=lambda f: (f[0], f[1].pp != layout.pp, f[1].order != layout.order))
     return [(other, axis) for _, other, axis in found[:limit]]
@@ -102,7 +100,8 @@ def _shown(ranks: tuple[int, ...]) -> str:
 
 def options_of(layout: ParallelLayout) -> str:
     """The command-line options that give ``layout``."""
-    return f"--tp {layout.tp} --pp {layout.pp} --dp {layout.dp} --order {layout.order}"
+    more = "".join(f" --{axis.replace('_', '-')} {degree}" for axis, degree in layout.extra_axes().items())
+    return f"--tp {layout.tp} --pp {layout.pp} --dp {layout.dp}{more} --order {layout.order}"
 
 
 def outside_layout(layout: ParallelLayout, ranks: tuple[int, ...]) -> str:
@@ -112,6 +111,6 @@ def outside_layout(layout: ParallelLayout, ranks: tuple[int, ...]) -> str:
     fix = (
         " or ".join(f"{options_of(other)} (its {axis} group)" for other, axis in matches)
         if matches
-        else "no layout of tp, pp and dp of this world has it"
+        else "no layout of this world and these degrees has it"
     )
     return f"a group of ranks {_shown(ranks)}, which is no group of {layout}{'; ' + near if near else ''}; would match: {fix}"

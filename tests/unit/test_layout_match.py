@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from prism.capture.layout_check import GroupOutsideLayout, checked_labeler
 from prism.schemas.layout import AXES, ParallelLayout
-from prism.schemas.layout_match import flattened_axes, matching_layouts, nearest_groups, outside_layout
+from prism.schemas.layout_match import matching_layouts, nearest_groups, outside_layout
 
 ORDERS = ["-".join(p) for p in itertools.permutations(AXES)]
 
@@ -69,7 +69,7 @@ def test_a_wrong_order_is_named_first() -> None:
 
 def test_a_group_no_layout_has_says_so() -> None:
     layout = ParallelLayout(tp=2, pp=2, dp=2)
-    assert "no layout of tp, pp and dp of this world has it" in outside_layout(layout, (0, 3, 5))
+    assert "no layout of this world and these degrees has it" in outside_layout(layout, (0, 3, 5))
 
 
 def test_the_capture_stops_at_a_group_outside_the_layout_and_passes_the_layouts_own() -> None:
@@ -84,9 +84,16 @@ def test_the_capture_stops_at_a_group_outside_the_layout_and_passes_the_layouts_
         label((0, 1, 2, 3))
 
 
-def test_a_flattening_of_several_axes_is_named_by_its_axes_and_passes_the_capture() -> None:
-    layout = ParallelLayout(tp=2, pp=2, dp=4)
-    assert flattened_axes(layout, tuple(range(8))) == ("tp", "dp")  # one stage: dp x tp
-    assert flattened_axes(layout, (1, 3, 5, 7, 9, 11, 13, 15)) == ("dp", "pp")
-    assert flattened_axes(layout, (0, 1, 2, 3)) is None
-    assert checked_labeler(layout)(tuple(range(8, 16))) is None
+def test_a_flattening_of_several_axes_is_a_group_of_the_layout_named_by_its_axes() -> None:
+    label = checked_labeler(ParallelLayout(tp=2, pp=2, dp=4))
+    assert label(tuple(range(8, 16))) == "dp_tp.1"  # the second stage's dp x tp (torchtitan's loss group)
+    assert label((1, 3, 5, 7, 9, 11, 13, 15)) == "pp_dp.1"
+    hsdp = checked_labeler(ParallelLayout(tp=1, pp=1, dp=8, dp_replicate=2, cp=2))
+    assert hsdp((0, 1, 2, 3, 4, 5, 6, 7)) == "dp_shard_cp.0"  # torchtitan's FSDP group with cp
+    assert hsdp((1, 9)) == "dp_replicate.1" and hsdp(tuple(range(0, 16, 2))) == "dp.0"
+
+
+def test_a_group_outside_a_mesh_names_its_options() -> None:
+    layout = ParallelLayout(tp=2, pp=1, dp=4, cp=2, order="dp-tp-cp-pp")
+    with pytest.raises(GroupOutsideLayout, match=r"would match: --tp 2 --pp 1 --dp 4 --cp 2 --order tp-"):
+        checked_labeler(layout)((0, 1))
