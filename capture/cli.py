@@ -22,6 +22,7 @@ from prism.schemas.cluster import ClusterSpec, ClusterSpecError
 from prism.schemas.comm_log import read_comm_log
 from prism.schemas.iterations import DEFAULT_WARMUP
 from prism.schemas.layout import DEFAULT_ORDER, LayoutError, ParallelLayout, Role, parse_rank_list
+from prism.schemas.layout_options import ONE, flag, layout_of
 from prism.schemas.manifest import CaptureFiles, CaptureManifest
 from prism.schemas.program import ProgramError, ProgramSpec
 from prism.schemas.termination import stop_on_termination
@@ -30,6 +31,7 @@ from prism.schemas.workload import ConfigError, GPTConfig
 app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=False)
 console = Console(stderr=True)
 DEFAULT = GPTConfig()
+GPT_LAYOUT = ParallelLayout(tp=DEFAULT.tp, pp=DEFAULT.pp, dp=DEFAULT.dp)
 
 
 class ConsoleHooks(CaptureHooks):
@@ -100,9 +102,20 @@ def capture(
     out: Annotated[Path, typer.Option("--out", "-o", help="Capture directory to create.")] = Path(
         "capture-out"
     ),
-    tp: Annotated[int, typer.Option(help=cli_help.TP)] = DEFAULT.tp,
-    pp: Annotated[int, typer.Option(help=cli_help.PP)] = DEFAULT.pp,
-    dp: Annotated[int, typer.Option(help=cli_help.DP)] = DEFAULT.dp,
+    tp: Annotated[
+        int | None, typer.Option(help=f"{cli_help.TP} {cli_help.CAPTURE_DEFAULT.format(DEFAULT.tp)}")
+    ] = None,
+    pp: Annotated[
+        int | None, typer.Option(help=f"{cli_help.PP} {cli_help.CAPTURE_DEFAULT.format(DEFAULT.pp)}")
+    ] = None,
+    dp: Annotated[
+        int | None, typer.Option(help=f"{cli_help.DP} {cli_help.CAPTURE_DEFAULT.format(DEFAULT.dp)}")
+    ] = None,
+    dp_replicate: Annotated[int | None, typer.Option(help=cli_help.DP_REPLICATE)] = None,
+    dp_shard: Annotated[int | None, typer.Option(help=cli_help.DP_SHARD)] = None,
+    cp: Annotated[int | None, typer.Option(help=cli_help.CP)] = None,
+    ep: Annotated[int | None, typer.Option(help=cli_help.EP)] = None,
+    etp: Annotated[int | None, typer.Option(help=cli_help.ETP)] = None,
     layers: Annotated[int, typer.Option(help="Transformer layers of the whole model.")] = DEFAULT.layers,
     hidden: Annotated[int, typer.Option(help="Model width.")] = DEFAULT.hidden,
     heads: Annotated[int, typer.Option(help="Attention heads.")] = DEFAULT.heads,
@@ -144,7 +157,7 @@ def capture(
     ] = None,
     overwrite: Annotated[bool, typer.Option(help=cli_help.OVERWRITE)] = False,
     rank_timeout: Annotated[float, typer.Option(min=1.0, help=cli_help.RANK_TIMEOUT)] = 1800.0,
-    order: Annotated[str, typer.Option(help="Rank order of the layout, fastest axis first.")] = DEFAULT_ORDER,
+    order: Annotated[str, typer.Option(help=cli_help.ORDER)] = DEFAULT_ORDER,
     ranks: Annotated[
         str | None,
         typer.Option(help="Capture these ranks, each alone, e.g. 0,7,8191 [default: one per role]."),
@@ -177,7 +190,9 @@ def capture(
     built-in GPT (default: tiny model, tp=8 pp=16 dp=64)."""
     hooks = ConsoleHooks()
     with reported(hooks, CaptureError, ConfigError, ProgramError, LayoutError, ClusterSpecError):
-        layout = ParallelLayout(tp=tp, pp=pp, dp=dp, order=order)
+        degrees = {"tp": tp, "pp": pp, "dp": dp, "dp_replicate": dp_replicate, "dp_shard": dp_shard, "cp": cp,
+                   "ep": ep, "etp": etp}  # fmt: skip
+        layout = layout_of(degrees, ONE if program else GPT_LAYOUT, order=order)
         _refuse_unused(
             ctx,
             PROGRAM_ONLY if not program else MODEL_ONLY,
@@ -194,9 +209,14 @@ def capture(
                 raise LayoutError(
                     f"the built-in GPT lays ranks out as {DEFAULT_ORDER}; --order is for programs"
                 )
+            if layout.extra_axes():
+                raise LayoutError(
+                    f"the built-in GPT has tp, pp and dp only; {', '.join(flag(a) for a in layout.extra_axes())} "
+                    "are for programs"
+                )
             config = GPTConfig(
                 layers=layers, hidden=hidden, heads=heads, ffn_hidden=ffn_hidden, seq_len=seq_len, vocab=vocab,
-                micro_batch_size=micro_batch_size, microbatches=microbatches, tp=tp, pp=pp, dp=dp, dtype=dtype,
+                micro_batch_size=micro_batch_size, microbatches=microbatches, tp=layout.tp, pp=layout.pp, dp=layout.dp, dtype=dtype,
                 device=device, seed=seed, grad_bucket_mb=grad_bucket_mb,
             )  # fmt: skip
             job, what = {"config": config}, f"model {model_line(config)}"

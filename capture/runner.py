@@ -35,9 +35,11 @@ from prism.capture.preflight import (
 from prism.capture.value_pass import needs_value_pass, value_pass_ranks
 from prism.schemas import PRISM_VERSION
 from prism.schemas.cluster import ClusterSpec
+from prism.schemas.comm_log import read_comm_log
 from prism.schemas.files import write_json_atomic
 from prism.schemas.iterations import CUT_HINT, DEFAULT_WARMUP, implausible_iterations
 from prism.schemas.layout import ParallelLayout, Role
+from prism.schemas.layout_match import axes_called, unused_axis
 from prism.schemas.manifest import (
     GPT,
     PROGRAM,
@@ -256,6 +258,18 @@ def check_iterations(ranks: tuple[CapturedRank, ...], warmup: int) -> None:
             raise CaptureError(f"rank {captured.rank}'s {reason}; {CUT_HINT}")
 
 
+def check_axes_called(capture_dir: Path, ranks: tuple[CapturedRank, ...], layout: ParallelLayout) -> None:
+    """Refuse a program's capture at a layout with an axis no captured rank made a call across
+    (``--pp 16`` given to a program without a pipeline): one line."""
+    used: set[str] = set()
+    for captured in ranks:
+        calls = read_comm_log(CaptureFiles(capture_dir).comm(captured.rank)).calls
+        used |= axes_called(layout, captured.rank, [(c.op, c.label, c.peer) for c in calls])
+    reason = unused_axis(layout, used)
+    if reason is not None:
+        raise CaptureError(reason)
+
+
 def device_name(device: str) -> str:
     return torch.cuda.get_device_name() if device == "cuda" else "cpu"
 
@@ -285,6 +299,8 @@ def run_capture(options: CaptureOptions, hooks: CaptureHooks | None = None) -> C
         captured = [b for b in batches if not b.value_pass]
         ranks = tuple(captured_rank(tmp, r, options.layout) for b in captured for r in b.ranks)
         check_iterations(ranks, job.warmup)
+        if options.program is not None:
+            check_axes_called(tmp, ranks, options.layout)
         manifest = CaptureManifest(
             layout=options.layout,
             mode=options.real.value,

@@ -1,10 +1,12 @@
 """Fully sharded data parallelism with FSDP2 (``fully_shard``), as a user writes it.
 
-    torchrun --nproc-per-node 2 examples/fsdp2.py [--steps 20] [--hidden 256] [--layers 4]
-                                                  [--device cuda]
+    torchrun --nproc-per-node 4 examples/fsdp2.py [--steps 20] [--hidden 256] [--layers 4]
+                                                  [--replicate 2] [--device cuda]
 
 Each transformer-like block is sharded on its own, then the whole model: parameters are
 all-gathered before each block's forward and backward and gradients reduce-scattered after it.
+With ``--replicate R``, hybrid sharding (HSDP) on a 2-D mesh: parameters sharded over the
+world / R ranks of each replica, gradients then all-reduced across the R replicas.
 On CPU over gloo; with ``--device cuda`` each rank on GPU ``LOCAL_RANK`` over NCCL.
 """
 
@@ -53,6 +55,7 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--replicate", type=int, default=1, help="HSDP replicas (1: plain FSDP)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
 
@@ -62,7 +65,11 @@ def main() -> None:
     else:
         device = torch.device("cpu")
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    if args.replicate > 1:
+        shape = (args.replicate, dist.get_world_size() // args.replicate)
+        mesh = init_device_mesh(device.type, shape, mesh_dim_names=("dp_replicate", "dp_shard"))
+    else:
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     torch.manual_seed(0)
     model = Model(args.vocab, args.hidden, args.layers).to(device)
     for block in model.blocks:

@@ -60,6 +60,13 @@ class _ErrorLines:
 class PrismCommand(_ErrorLines, TyperCommand):
     """A command (``@app.command(cls=PrismCommand)``)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Help is shown as written: rich would take '[default: 1]' for markup and drop it.
+        for param in self.params:
+            if getattr(param, "help", None):
+                param.help = escape(param.help)  # type: ignore[attr-defined]
+
 
 class PrismGroup(_ErrorLines, TyperGroup):
     """A command with sub-commands (``typer.Typer(cls=PrismGroup)``, e.g. ``prism-export trace``)."""

@@ -27,10 +27,12 @@ import numpy as np
 import pyarrow as pa
 
 SCHEMA_NAME = "prism.graph"
-VERSION = 4
-READABLE_VERSIONS = (2, 3, 4)
-"""Version 4 adds streams beyond the main thread and ``lane_deps``; version 3 added graphs of the
-user's own programs (``PROGRAM_KEY``, ``STATIC_BYTES_KEY``). Earlier files read unchanged."""
+VERSION = 5
+READABLE_VERSIONS = (2, 3, 4, 5)
+"""Version 5 adds the N-dimensional layout (cp, dp_replicate, ep, etp in ``layout``) and its group
+kinds in ``group_kind``; version 4 added streams beyond the main thread and ``lane_deps``; version
+3 graphs of the user's own programs (``PROGRAM_KEY``, ``STATIC_BYTES_KEY``). Earlier files read
+unchanged."""
 METADATA_KEY = b"prism"
 PROGRAM_KEY = "program"
 """Key of ``GraphMetadata.model`` for a graph of the user's own program (its ``ProgramSpec``)."""
@@ -141,7 +143,7 @@ SCHEMA = pa.schema(
             SKEW_NS, pa.int64(), nullable=False
         ),  # collectives: expected wait for the last member, else 0
         pa.field(COLL_ID, pa.int64(), nullable=False),  # collective instance, or -1
-        pa.field(GROUP_KIND, _DICT, nullable=False),  # tp / dp / pp / world, or ""
+        pa.field(GROUP_KIND, _DICT, nullable=False),  # a kind of the layout (tp, dp_shard_cp, ...), world, or ""
         pa.field(GROUP_INDEX, pa.int32(), nullable=False),  # index of the group along its axis, or -1
         pa.field(GROUP_SIZE, pa.int32(), nullable=False),  # members of the group (2 for p2p), or 0
         pa.field(PEER, pa.int32(), nullable=False),  # other rank of a send/recv, or -1

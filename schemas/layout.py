@@ -136,6 +136,12 @@ class ParallelLayout:
         return self.dp // self.dp_replicate
 
     @property
+    def replicas_whole(self) -> bool:
+        """Whether every group across data-parallel replicas spans all of them (no HSDP levels,
+        no expert split of dp_shard): then replicas alike can be simulated once."""
+        return self.dp_replicate == 1 and self.ep * self.etp == 1
+
+    @property
     def edp(self) -> int:
         """Expert data-parallel degree: the region's ranks per (ep, etp) group."""
         return self.dp_shard * self.cp * self.tp // (self.ep * self.etp)
@@ -184,9 +190,13 @@ class ParallelLayout:
             raise LayoutError(f"{axis} has no single stride; it is not a dense axis")
         return self._strides[axis]
 
+    @property
+    def region_axes(self) -> tuple[str, ...]:
+        """The axes the expert axes split (dp_shard, cp, tp), fastest first in the rank order."""
+        return self._region_axes
+
     @cached_property
     def _region_axes(self) -> tuple[str, ...]:
-        """The expert region's axes, fastest first in the rank order."""
         return tuple(sorted(REGION_AXES, key=self._strides.__getitem__))
 
     def _rank_key(self, axis: str) -> float:
@@ -208,7 +218,11 @@ class ParallelLayout:
         for axis in self._region_axes:
             region += out[axis] * scale
             scale *= self._sizes[axis]
-        out["etp"], out["ep"], out["edp"] = region % self.etp, region // self.etp % self.ep, region // (self.etp * self.ep)
+        out["etp"], out["ep"], out["edp"] = (
+            region % self.etp,
+            region // self.etp % self.ep,
+            region // (self.etp * self.ep),
+        )
         return out
 
     def _rank_of(self, fine: dict[str, int], system: tuple[str, ...]) -> int:
@@ -221,7 +235,9 @@ class ParallelLayout:
 
     def coords(self, rank: int) -> Coords:
         self._check_rank(rank)
-        return Coords(**{axis: (rank // self._strides[axis]) % self.degree(axis) for axis in ("tp", "dp", "pp", "cp")})
+        return Coords(
+            **{axis: (rank // self._strides[axis]) % self.degree(axis) for axis in ("tp", "dp", "pp", "cp")}
+        )
 
     def rank(self, *, tp: int, dp: int, pp: int, cp: int = 0) -> int:
         coords = {"tp": tp, "dp": dp, "pp": pp, "cp": cp}
@@ -231,6 +247,10 @@ class ParallelLayout:
         return sum(index * self._strides[axis] for axis, index in coords.items())
 
     # -- groups ------------------------------------------------------------------------------
+    def others(self, kind: str) -> tuple[str, ...]:
+        """The axes of ``kind``'s system outside it, fastest first: a group's index counts them."""
+        return self._complement(kind)[1]
+
     def _complement(self, kind: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(the kind's axes, the other axes of its system, fastest first)."""
         axes = self.kind_axes(kind)
@@ -265,7 +285,7 @@ class ParallelLayout:
             spans = [[i * self._strides[a] for i in range(self._sizes[a])] for a in axes]
             return tuple(sorted(start + sum(offsets) for offsets in itertools.product(*spans)))
         members = [
-            self._rank_of({**fine, **dict(zip(axes, values))}, system)
+            self._rank_of({**fine, **dict(zip(axes, values, strict=True))}, system)
             for values in itertools.product(*(range(self._sizes[a]) for a in axes))
         ]
         return tuple(sorted(members))
@@ -416,9 +436,13 @@ class ParallelLayout:
         # No coercion: a float or bool degree in a file is an error, as in the constructor.
         unknown = set(data) - {"tp", "pp", "dp", "order", *EXTRA_AXES}
         if unknown:
-            raise LayoutError(f"a layout with axes {', '.join(sorted(unknown))}, which this prism does not know")
+            raise LayoutError(
+                f"a layout with axes {', '.join(sorted(unknown))}, which this prism does not know"
+            )
         extra = {a: data[a] for a in EXTRA_AXES if a in data}
-        return cls(tp=data["tp"], pp=data["pp"], dp=data["dp"], order=data.get("order", DEFAULT_ORDER), **extra)
+        return cls(
+            tp=data["tp"], pp=data["pp"], dp=data["dp"], order=data.get("order", DEFAULT_ORDER), **extra
+        )
 
     def __str__(self) -> str:
         extra = self.extra_axes()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from prism.schemas.group_kinds import WORLD
+from prism.schemas.group_kinds import DENSE_AXES, DP_PARTS, SPLIT_AXES, WORLD
 from prism.schemas.layout import AXES, BASIC_KINDS, ORDER_AXES, LayoutError, ParallelLayout
 
 
@@ -45,13 +45,17 @@ def _orders(cp: int) -> list[str]:
 
 
 def _factorizations(layout: ParallelLayout) -> list[dict[str, int]]:
-    """tp, pp and dp that keep the layout's other degrees and world."""
+    """tp, pp, dp and dp_replicate that keep the layout's other degrees and world."""
     world = layout.world_size // layout.cp
     divisors = [d for d in range(1, world + 1) if world % d == 0]
+    kept = {a: d for a, d in layout.extra_axes().items() if a != "dp_replicate"}
     found = []
     for tp, pp in itertools.product(divisors, divisors):
-        if (world // tp) % pp == 0:
-            degrees = {"tp": tp, "pp": pp, "dp": world // (tp * pp), **layout.extra_axes()}
+        if (world // tp) % pp:
+            continue
+        dp = world // (tp * pp)
+        for replicate in (r for r in divisors if dp % r == 0):
+            degrees = {"tp": tp, "pp": pp, "dp": dp, "dp_replicate": replicate, **kept}
             try:
                 ParallelLayout(**degrees)
             except LayoutError:
@@ -62,8 +66,11 @@ def _factorizations(layout: ParallelLayout) -> list[dict[str, int]]:
 
 def _axis_group(layout: ParallelLayout, ranks: tuple[int, ...]) -> str | None:
     """The basic kind (one axis, not a flattening) whose group ``ranks`` is, if any."""
+    expert = layout.ep * layout.etp > 1  # else the expert kinds are dense ones
     for kind in BASIC_KINDS:
-        if kind != WORLD and layout.degree(kind) == len(ranks) > 1 and layout.group(ranks[0], kind) == ranks:
+        if kind == WORLD or (kind in SPLIT_AXES and not expert):
+            continue
+        if layout.degree(kind) == len(ranks) > 1 and layout.group(ranks[0], kind) == ranks:
             return kind
     return None
 
@@ -71,12 +78,12 @@ def _axis_group(layout: ParallelLayout, ranks: tuple[int, ...]) -> str | None:
 def matching_layouts(
     layout: ParallelLayout, ranks: tuple[int, ...], *, limit: int = 2
 ) -> list[tuple[ParallelLayout, str]]:
-    """Layouts of the same world and the same other degrees in which ``ranks`` is one axis's
-    group, with that axis: the layout's own degrees in another order first, then other tp, pp and
-    dp (those changing fewer of them first)."""
+    """Layouts of the same world and the same cp, ep and etp in which ``ranks`` is one axis's
+    group, with that axis: the layout's own degrees in another order first, then other tp, pp, dp
+    and dp_replicate (those changing fewer of them first)."""
     found: list[tuple[int, ParallelLayout, str]] = []
     for degrees in _factorizations(layout):
-        changed = sum(degrees[axis] != layout.degree(axis) for axis in AXES)
+        changed = sum(degrees[axis] != getattr(layout, axis) for axis in (*AXES, "dp_replicate"))
         seen = set()
         for order in _orders(layout.cp):
             # Orders that differ only in where axes of degree 1 sit are one layout.
@@ -114,3 +121,38 @@ def outside_layout(layout: ParallelLayout, ranks: tuple[int, ...]) -> str:
         else "no layout of this world and these degrees has it"
     )
     return f"a group of ranks {_shown(ranks)}, which is no group of {layout}{'; ' + near if near else ''}; would match: {fix}"
+
+
+def axes_called(layout: ParallelLayout, rank: int, calls: list[tuple[str, str, int | None]]) -> set[str]:
+    """The axes ``rank``'s calls span, from (op, group label, peer) each: a collective's group
+    kind's axes of size > 1 (the world's none: it says nothing of the layout), a transfer's the
+    axes on which its two ends differ."""
+    used: set[str] = set()
+    here = layout.fine_coords(rank)
+    for op, label, peer in calls:
+        if op in ("send", "recv") and peer is not None and peer != rank:
+            there = layout.fine_coords(peer)
+            used |= {axis for axis in DENSE_AXES if here[axis] != there[axis]}
+            continue
+        kind = label.split(".")[0]
+        if kind != WORLD and (kind in layout.kinds() or kind in BASIC_KINDS):
+            used |= {axis for axis in layout.kind_axes(kind) if layout.degree(axis) > 1}
+    return used
+
+
+def unused_axis(layout: ParallelLayout, used: set[str]) -> str | None:
+    """Why the layout is not the program's if one of its axes of size > 1 is in no call (one
+    line), else None. dp counts as used where either of its parts is."""
+    if used & set(DP_PARTS):
+        used = used | set(DP_PARTS)
+    expert = layout.ep * layout.etp > 1
+    for axis in ("pp", "tp", "cp", "dp_shard", "dp_replicate", *(("ep", "etp") if expert else ())):
+        if layout.degree(axis) > 1 and axis not in used:
+            name = "dp" if axis in DP_PARTS and layout.dp_replicate == 1 else axis
+            what = "no transfer between pipeline stages and no group across them" if axis == "pp" else (
+                f"no call on a group across {name}")  # fmt: skip
+            return (
+                f"the layout has {name}={layout.degree(name)} but the program made {what}: the layout is not "
+                f"the program's; capture with the degrees it builds ({options_of(layout)} was given)"
+            )
+    return None

@@ -32,9 +32,18 @@ from prism.peers.comm_model import CommModel
 from prism.schemas import graph_format as gf
 from prism.schemas.layout import ParallelLayout
 
-# Collective ids: axis code in the top bits, then the group index, then the per-group sequence.
+# Collective ids: the kind's code in the top bits, then the group index, then the per-group sequence.
 AXIS_CODES = {"tp": 1, "dp": 2, "pp": 3, "world": 4}
+"""The codes of the kinds every layout has; a layout's other kinds follow in its order (``kind_codes``)."""
 _GROUP_SHIFT, _AXIS_SHIFT = 24, 56
+
+
+def kind_codes(layout: ParallelLayout) -> dict[str, int]:
+    """The code of every group kind of ``layout`` in collective ids."""
+    codes = dict(AXIS_CODES)
+    for kind in layout.kinds():
+        codes.setdefault(kind, len(codes) + 1)
+    return codes
 
 
 class BindError(ValueError):
@@ -42,7 +51,7 @@ class BindError(ValueError):
 
 
 def axis_size(layout: ParallelLayout, axis: str) -> int:
-    """Members of a collective group along ``axis`` (one of ``AXIS_CODES``)."""
+    """Members of a collective group of kind ``axis``."""
     return layout.world_size if axis == "world" else layout.degree(axis)
 
 
@@ -84,9 +93,10 @@ def _node_kind(nodes: pd.DataFrame) -> np.ndarray:
     return kind
 
 
-def encode_program(program: StageProgram) -> EncodedProgram:
+def encode_program(program: StageProgram, layout: ParallelLayout) -> EncodedProgram:
     nodes = program.nodes.assign(kind=_node_kind(program.nodes))
-    unknown = set(nodes.loc[nodes["kind"] == gf.NodeKind.COLLECTIVE.value, GROUP_AXIS]) - set(AXIS_CODES)
+    codes = kind_codes(layout)
+    unknown = set(nodes.loc[nodes["kind"] == gf.NodeKind.COLLECTIVE.value, GROUP_AXIS]) - set(codes)
     if unknown:
         raise BindError(f"collectives on groups that are not layout groups: {sorted(unknown)}")
     columns, dictionaries = {}, {}
@@ -99,7 +109,7 @@ def encode_program(program: StageProgram) -> EncodedProgram:
     categorical = pd.Categorical(group_kind.astype(str))
     columns[gf.GROUP_KIND] = categorical.codes.astype(np.int32)
     dictionaries[gf.GROUP_KIND] = pa.array(list(categorical.categories), pa.string())
-    columns["axis_code"] = np.array([AXIS_CODES.get(a, 0) for a in nodes[GROUP_AXIS]], np.int64)
+    columns["axis_code"] = np.array([codes.get(a, 0) for a in nodes[GROUP_AXIS]], np.int64)
     columns["is_coll"] = nodes["kind"].to_numpy() == gf.NodeKind.COLLECTIVE.value
     for name, source in (
         (gf.MB, MB),
@@ -130,7 +140,7 @@ def _group_columns(e: EncodedProgram, rank: np.ndarray, tables: LayoutTables) ->
     group_size = np.where(p2p_dir != 0, 2, 0).astype(np.int32)
     spanned = np.ones(len(rank), np.int32)
     layout = tables.layout
-    for axis, code in AXIS_CODES.items():
+    for axis, code in kind_codes(layout).items():
         mask = is_coll & (axis_code == code)
         if mask.any():
             group_index[mask] = tables.group_index[axis][rank[mask]]

@@ -48,6 +48,7 @@ from prism.schemas.cluster import ClusterSpec
 from prism.schemas.comm_log import HeldTime, read_comm_log
 from prism.schemas.graph_format import GraphMetadata
 from prism.schemas.layout import ParallelLayout, Role
+from prism.schemas.layout_options import DEGREES, flag, given_differs
 from prism.schemas.manifest import PACED_MODE, CaptureFiles, CaptureManifest, ManifestError, read_manifest
 from prism.schemas.workload import ConfigError, GPTConfig
 
@@ -67,12 +68,6 @@ class BuildOptions:
     """Capture directory written by prism-capture."""
     out: Path
     """graph.parquet to write."""
-    tp: int
-    """Target tensor-parallel degree (must equal the capture's)."""
-    pp: int
-    """Target pipeline-parallel degree."""
-    dp: int
-    """Target data-parallel degree."""
     cluster: ClusterSpec
     """Cluster the comm durations are computed for."""
     microbatches: int | None = None
@@ -86,6 +81,26 @@ class BuildOptions:
     simulated_after: bool = False
     """The caller simulates the graph once built (``prism-build-graph``'s summary): the up-front
     room check counts the simulation's memory (the larger) instead of the build's."""
+    tp: int | None = None
+    """Target tensor-parallel degree (the capture's: None or equal)."""
+    pp: int | None = None
+    """Target pipeline-parallel degree; None keeps the capture's."""
+    dp: int | None = None
+    """Target data-parallel degree; None keeps the capture's."""
+    dp_replicate: int | None = None
+    """Target HSDP replicas (a program's: None or the capture's)."""
+    dp_shard: int | None = None
+    """Target sharding data-parallel degree (a program's: None or the capture's)."""
+    cp: int | None = None
+    """Target context-parallel degree (a program's: None or the capture's)."""
+    ep: int | None = None
+    """Target expert-parallel degree (a program's: None or the capture's)."""
+    etp: int | None = None
+    """Target expert tensor-parallel degree (a program's: None or the capture's)."""
+
+    def degrees(self) -> dict[str, int | None]:
+        """The layout's degrees given (None: the capture's)."""
+        return {name: getattr(self, name) for name in DEGREES}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,16 +127,19 @@ class BuildResult:
 
 
 def target_config(captured: GPTConfig, options: BuildOptions) -> GPTConfig:
-    if options.tp != captured.tp:
+    if options.tp is not None and options.tp != captured.tp:
         raise BuildError(
             f"--tp {options.tp} differs from the capture's tp={captured.tp}: per-rank shapes depend on tp, "
             f"re-capture with --tp {options.tp}"
         )
+    extra = [flag(n) for n in DEGREES if n not in ("tp", "pp", "dp") and getattr(options, n) not in (None, 1)]
+    if extra:
+        raise BuildError(f"the built-in GPT has tp, pp and dp only; {', '.join(extra)} are for programs")
     try:
         return replace(
             captured,
-            pp=options.pp,
-            dp=options.dp,
+            pp=captured.pp if options.pp is None else options.pp,
+            dp=captured.dp if options.dp is None else options.dp,
             microbatches=captured.microbatches if options.microbatches is None else options.microbatches,
             layers=captured.layers if options.layers is None else options.layers,
         )
@@ -230,7 +248,8 @@ def build_graph(options: BuildOptions, progress: ProgressCallback | None = None)
             encode_program(
                 compose_stage(
                     templates[layout.role_of_stage(s)], cfg=cfg, captured=manifest.job.config, stage=s
-                )
+                ),
+                layout,
             )
             for s in range(cfg.pp)
         ]
@@ -281,10 +300,11 @@ def _measured_static(manifest: CaptureManifest, cfg: GPTConfig) -> dict:
 
 def _build_program_graph(options: BuildOptions, manifest: CaptureManifest, progress) -> BuildResult:
     layout = manifest.job.program.layout
-    if (options.tp, options.pp, options.dp) != (layout.tp, layout.pp, layout.dp):
+    differs = given_differs(options.degrees(), layout)
+    if differs:
         raise BuildError(
             f"the capture is of your program at {layout}; a program's graph keeps the captured layout: "
-            f"build with --tp {layout.tp} --pp {layout.pp} --dp {layout.dp} (or capture at the target layout)"
+            f"build without {' '.join(differs)} (or capture at the target layout)"
         )
     if options.microbatches is not None or options.layers is not None:
         raise BuildError(

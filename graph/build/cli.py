@@ -123,9 +123,20 @@ def build(
         Path | None,
         typer.Argument(help="Capture directory written by prism-capture (or give --from-traces)."),
     ] = None,
-    tp: Annotated[int | None, typer.Option(help=f"{cli_help.TP} Must equal the capture's.")] = None,
-    pp: Annotated[int | None, typer.Option(help=cli_help.PP)] = None,
-    dp: Annotated[int | None, typer.Option(help=cli_help.DP)] = None,
+    tp: Annotated[
+        int | None, typer.Option(help=f"{cli_help.TP} Must equal the capture's [default: the capture's].")
+    ] = None,
+    pp: Annotated[int | None, typer.Option(help=f"{cli_help.PP} {cli_help.BUILD_DEFAULT}")] = None,
+    dp: Annotated[int | None, typer.Option(help=f"{cli_help.DP} {cli_help.BUILD_DEFAULT}")] = None,
+    dp_replicate: Annotated[
+        int | None, typer.Option(help=f"{cli_help.DP_REPLICATE_TEXT} {cli_help.BUILD_DEFAULT}")
+    ] = None,
+    dp_shard: Annotated[
+        int | None, typer.Option(help=f"{cli_help.DP_SHARD_TEXT} {cli_help.BUILD_DEFAULT}")
+    ] = None,
+    cp: Annotated[int | None, typer.Option(help=f"{cli_help.CP_TEXT} {cli_help.BUILD_DEFAULT}")] = None,
+    ep: Annotated[int | None, typer.Option(help=f"{cli_help.EP_TEXT} {cli_help.BUILD_DEFAULT}")] = None,
+    etp: Annotated[int | None, typer.Option(help=f"{cli_help.ETP_TEXT} {cli_help.BUILD_DEFAULT}")] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="graph.parquet to write.")] = Path("graph.parquet"),
     microbatches: Annotated[
         int | None, typer.Option(min=1, help="Microbatches per iteration [default: the capture's].")
@@ -168,12 +179,12 @@ def build(
     """Build the full-scale graph of the captured job at the target layout, then validate it."""
     if (capture is None) == (from_traces is None):
         _fail("give a capture directory, or --from-traces DIR (not both)")
-    if from_traces is not None and (tp, pp, dp, microbatches, layers) != (None,) * 5:
+    degrees = {"tp": tp, "pp": pp, "dp": dp, "dp_replicate": dp_replicate, "dp_shard": dp_shard, "cp": cp, "ep": ep,
+               "etp": etp}  # fmt: skip
+    if from_traces is not None and any(v is not None for v in (*degrees.values(), microbatches, layers)):
         _fail(
-            "--from-traces takes the layout from the traces: give no --tp/--pp/--dp/--microbatches/--layers"
+            "--from-traces takes the layout from the traces: give no layout degrees, --microbatches or --layers"
         )
-    if capture is not None and None in (tp, pp, dp):
-        _fail("--tp, --pp and --dp are required with a capture")
     if capture is None and step is not None and from_traces is None:
         _fail("--step is for --from-traces")
     try:
@@ -204,7 +215,7 @@ def build(
                 title = f"graph of {result.layout} from the traces' ProfilerStep#{result.step}"
             else:
                 options = BuildOptions(
-                    capture_dir=capture, out=staged, tp=tp, pp=pp, dp=dp, cluster=load_cluster(cluster),
+                    capture_dir=capture, out=staged, **degrees, cluster=load_cluster(cluster),
                     microbatches=microbatches, layers=layers, ranks_per_row_group=ranks_per_row_group,
                     profiler_correction=profiler_correction, simulated_after=simulate,
                 )  # fmt: skip

@@ -117,7 +117,7 @@ def program_stages(
             ops_of_stage, rank=captured.rank, stage=stage, layout=layout, scale=scale,
             launches=calls_are_launches(manifest.job.device), noise_cv=cv,
         )  # fmt: skip
-        stages.append(encode_program(stage_program))
+        stages.append(encode_program(stage_program, layout))
         if scale is not None:
             scales[str(stage)] = scale.to_dict() | {"noise_cv": round(cv, 6)}
         static.append(int(captured.result.static_bytes))

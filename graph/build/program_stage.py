@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from prism.graph.build import op_table as ot
-from prism.graph.build.bind import AXIS_CODES
+from prism.graph.build.bind import axis_size, kind_codes
 from prism.graph.build.compose import (
     IDLE,
     LAYER,
@@ -67,11 +67,11 @@ def _iterations(ops: pd.DataFrame) -> list[pd.DataFrame]:
     return [it for it, sig in zip(iterations, signatures, strict=True) if sig == common]
 
 
-def _axis(label: str) -> str:
+def _axis(label: str, layout: ParallelLayout) -> str:
     axis = label.split(".")[0]
-    if axis not in AXIS_CODES:  # the groups a graph can bind collectives to
+    if axis not in kind_codes(layout):  # the groups a graph can bind collectives to
         raise TemplateError(
-            f"a collective on group {label!r}, which is not a group of the layout (tp, dp, pp or world); "
+            f"a collective on group {label!r}, which is not a group of {layout}; "
             "capture at a layout whose groups the program builds"
         )
     return axis
@@ -175,7 +175,7 @@ def _units(
     ops = units[ot.COMM_OP].astype(str).to_numpy()
     is_p2p = is_comm & np.isin(ops, ("send", "recv"))
     units[GROUP_AXIS] = [
-        _axis(lab) if c and not p else "" for lab, c, p in zip(labels, is_comm, is_p2p, strict=True)
+        _axis(lab, layout) if c and not p else "" for lab, c, p in zip(labels, is_comm, is_p2p, strict=True)
     ]
     peers = units[ot.PEER].to_numpy()
     units[P2P_DIR] = [
@@ -242,6 +242,6 @@ def program_stage(
         start = position + 1
     pieces.append(units.iloc[start:])
     nodes = finish_nodes(pieces)
-    sizes = {"tp": layout.tp, "dp": layout.dp, "pp": layout.pp, "world": layout.world_size}
+    sizes = {kind: axis_size(layout, kind) for kind in kind_codes(layout)}
     nodes[SKEW], nodes[IDLE], nodes[OVERLAP] = waiting_columns(nodes, sizes, noise_cv, call_jitter_ns)
     return StageProgram(stage=stage, src_rank=rank, nodes=nodes)

@@ -6,7 +6,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from prism.schemas.group_kinds import WORLD
 from prism.schemas.layout import ParallelLayout
+from prism.schemas.layout_arrays import fine_coords, group_indices
 
 
 @dataclass(frozen=True)
@@ -20,27 +22,23 @@ class LayoutTables:
 
     @classmethod
     def build(cls, layout: ParallelLayout, gpus_per_node: int) -> LayoutTables:
-        """Vectorised over ranks and groups (a world of millions of ranks in seconds)."""
+        """Vectorised over ranks and groups (a world of millions of ranks in seconds), for every
+        group kind of the layout (tp, dp and pp always)."""
         ranks = np.arange(layout.world_size, dtype=np.int64)
         node = ranks // gpus_per_node
-        axes = layout.order.split("-")
-        coord = {a: (ranks // layout.stride(a)) % layout.degree(a) for a in axes}
+        fine = fine_coords(layout, ranks)
         index, spanned = {}, {}
-        for axis in ("tp", "dp", "pp"):
-            # The group index counts the other axes' coordinates, fastest first (ParallelLayout.group_index).
-            gi, scale = np.zeros(layout.world_size, np.int64), 1
-            for other in (a for a in axes if a != axis):
-                gi += coord[other] * scale
-                scale *= layout.degree(other)
-            index[axis] = gi.astype(np.int32)
-            first = ranks[coord[axis] == 0]  # each group's first member
-            members = first[:, None] + np.arange(layout.degree(axis)) * layout.stride(axis)
-            on = node[members]  # ascending along each group: count the changes
-            per_group = 1 + (np.diff(on, axis=1) > 0).sum(axis=1)
-            spanned[axis] = np.empty(layout.world_size, np.int32)
-            spanned[axis][members] = per_group[:, None]
-        index["world"] = np.zeros(layout.world_size, np.int32)
-        spanned["world"] = np.full(layout.world_size, len(np.unique(node)), np.int32)
+        for kind in dict.fromkeys(("tp", "dp", "pp", *(k for k in layout.kinds() if k != WORLD))):
+            gi = group_indices(layout, kind, fine)
+            index[kind] = gi.astype(np.int32)
+            # Nodes a group spans: its distinct (group, node) pairs.
+            nodes = int(node[-1]) + 1
+            pairs = np.unique(gi * nodes + node)
+            spanned[kind] = np.bincount(pairs // nodes, minlength=layout.group_count(kind)).astype(np.int32)[
+                gi
+            ]
+        index[WORLD] = np.zeros(layout.world_size, np.int32)
+        spanned[WORLD] = np.full(layout.world_size, len(np.unique(node)), np.int32)
         return cls(layout=layout, group_index=index, nodes_spanned=spanned, node_of_rank=node)
 
     def replica_of(self) -> np.ndarray:
@@ -49,6 +47,8 @@ class LayoutTables:
         nodes or not alike, so the comm model prices their calls alike."""
         layout = self.layout
         ranks = np.arange(layout.world_size)
+        if not layout.replicas_whole:  # a group spans some replicas: each is simulated
+            return np.arange(layout.dp)
         stride, stage = layout.stride("pp"), (ranks // layout.stride("pp")) % layout.pp
         crosses = [  # each pipeline neighbour on another node (a transfer's price); none at the ends
             (stage + step >= 0)

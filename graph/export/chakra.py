@@ -139,10 +139,10 @@ def _append(
 def comm_groups(layout: ParallelLayout) -> dict[str, list[int]]:
     """Every group of the layout by its ``pg_name`` (ASTRA-sim's communicator-group JSON)."""
     return {"world": list(range(layout.world_size))} | {
-        group_label(axis, i): list(ranks)
-        for axis in ("tp", "dp", "pp")
-        if layout.degree(axis) > 1
-        for i, ranks in enumerate(layout.groups(axis))
+        group_label(kind, i): list(ranks)
+        for kind in dict.fromkeys(("tp", "dp", "pp", *layout.kinds()))
+        if kind != "world" and layout.degree(kind) > 1
+        for i, ranks in enumerate(layout.groups(kind))
     }
 
 

@@ -31,17 +31,16 @@ from prism.graph.io.validate_comm import (
     _KEPT_TYPES,
     _P2P_KEEP,
     _STRINGS,
-    WORLD,
     Cols,
     _check_p2p,
     _coll_key,
     _Collectives,
-    _group_geometry,
     _later_rank,
     _pair_key,
     _Pending,
     _Problems,
     _Strings,
+    group_table,
 )
 from prism.schemas import graph_format as gf
 from prism.schemas.layout import AXES, LayoutError, ParallelLayout
@@ -227,11 +226,11 @@ class _Scan:
         kinds, index = rows[gf.GROUP_KIND], rows[gf.GROUP_INDEX]
         for kind in np.unique(kinds):
             name = self.strings.names[kind]
-            count = 1 if name == WORLD else self.layout.group_count(name) if name in AXES else 0
+            table = group_table(self.layout, name)
+            count = 0 if table is None else table.count
             sel = (kinds == kind) & (index >= 0) & (index < count) & (rows[gf.COLL_ID] >= 0)
             if sel.any():
-                first, stride, degree = _group_geometry(name, index[sel].astype(np.int64), self.layout)
-                last[sel] = first + (degree - 1) * stride
+                last[sel] = table.last[index[sel]]
         return last
 
     def _check_settled(self, passed: int) -> None:

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
 from prism.schemas import graph_format as gf
-from prism.schemas.layout import AXES, ParallelLayout
+from prism.schemas.layout import LayoutError, ParallelLayout
+from prism.schemas.layout_arrays import fine_coords, group_indices
 
 if TYPE_CHECKING:  # validate.py runs these checks: no import cycle at run time
     from prism.graph.io.validate import _Scan
@@ -189,8 +192,7 @@ class _Collectives:
         for kind in np.unique(kind_of_row):
             name = self.strings.names[kind]
             nbytes[name] = nbytes.get(name, 0) + int(self.c[gf.BYTES][kind_of_row == kind].sum())
-        first, stride, degree = self._groups()
-        self._membership(first, stride, degree)
+        self._membership(self._groups())
         return int(self.starts.size)
 
     def _equal(self, col: str) -> None:
@@ -208,48 +210,78 @@ class _Collectives:
     def _show(self, col: str, value: int) -> str:
         return repr(self.strings.names[value]) if col in _STRINGS else str(value)
 
-    def _groups(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """First member, stride and size of each instance's group; marks unknown groups bad."""
+    def _groups(self) -> np.ndarray:
+        """Each instance's group size by the layout; marks instances of unknown groups bad."""
         n, kinds, index = self.starts.size, self.first(gf.GROUP_KIND), self.first(gf.GROUP_INDEX)
-        first, stride, degree = np.zeros(n, np.int64), np.ones(n, np.int64), np.zeros(n, np.int64)
+        degree = np.zeros(n, np.int64)
         for kind in np.unique(kinds):
             sel = np.flatnonzero(kinds == kind)
             name = self.strings.names[kind]
-            count = 1 if name == WORLD else self.layout.group_count(name) if name in AXES else 0
+            table = group_table(self.layout, name)
+            count = 0 if table is None else table.count
             unknown = sel[(index[sel] < 0) | (index[sel] >= count)]
             self.bad[unknown] = True
             self.problems.extend(unknown.size, lambda k, u=unknown, g=name: (
                 f"coll_id {self.first(gf.COLL_ID)[u[k]]}: the layout {self.layout} has no {g!r} "
                 f"group {index[u[k]]}"))  # fmt: skip
-            if count:
-                first[sel], stride[sel], degree[sel] = _group_geometry(name, index[sel] % count, self.layout)
+            if table is not None:
+                degree[sel] = table.degree
         size = self.first(gf.GROUP_SIZE)
         wrong = np.flatnonzero(~self.bad & (size != degree))
         self.problems.extend(wrong.size, lambda k: (
             f"{self.label(wrong[k])}: group_size {size[wrong[k]]}, the group has {degree[wrong[k]]} ranks"))  # fmt: skip
-        return first, stride, degree
+        return degree
 
-    def _membership(self, first: np.ndarray, stride: np.ndarray, degree: np.ndarray) -> None:
-        """Sorted member ranks must be first + i * stride for i < degree, each exactly once."""
+    def _membership(self, degree: np.ndarray) -> None:
+        """An instance's ranks are its group's, each once: as many as the group has, each in it."""
         rank, inst = self.c[gf.RANK], self.inst
-        pos = np.arange(rank.size) - self.starts[inst]
-        row_ok = (pos < degree[inst]) & (rank == first[inst] + pos * stride[inst])
+        kinds, index = self.first(gf.GROUP_KIND), self.first(gf.GROUP_INDEX)
+        in_group = np.zeros(rank.size, bool)
+        for kind in np.unique(kinds):
+            table = group_table(self.layout, self.strings.names[kind])
+            rows = np.flatnonzero(kinds[inst] == kind)
+            if table is not None and rows.size:
+                group = index[inst[rows]]
+                known = (group >= 0) & (group < table.count)
+                in_group[rows[known]] = table.index[rank[rows[known]]] == group[known]
+        repeated = np.r_[False, (rank[1:] == rank[:-1]) & (inst[1:] == inst[:-1])] if rank.size else in_group
+        row_ok = in_group & ~repeated
         all_ok = np.logical_and.reduceat(row_ok, self.starts) if rank.size else row_ok
         wrong = np.flatnonzero(~self.bad & ((self.counts != degree) | ~all_ok))
-        self.problems.extend(wrong.size, lambda k: (
-            f"{self.label(wrong[k])}: "
-            + _membership(first[wrong[k]] + np.arange(degree[wrong[k]]) * stride[wrong[k]], self.members(wrong[k]))))  # fmt: skip
+
+        def describe(k: int) -> str:
+            j = wrong[k]
+            table = group_table(self.layout, self.strings.names[kinds[j]])
+            return f"{self.label(j)}: " + _membership(table.members(int(index[j])), self.members(j))
+
+        self.problems.extend(wrong.size, describe)
 
 
-def _group_geometry(kind: str, index: np.ndarray, layout: ParallelLayout) -> tuple[np.ndarray, int, int]:
-    """First member of each group of ``kind`` (decoding the dense group index), stride, degree."""
-    if kind == WORLD:
-        return np.zeros_like(index), 1, layout.world_size
-    first, rest = np.zeros_like(index), index.copy()
-    for other in (a for a in layout.order.split("-") if a != kind):  # the group index's digit order
-        first += (rest % layout.degree(other)) * layout.stride(other)
-        rest //= layout.degree(other)
-    return first, layout.stride(kind), layout.degree(kind)
+@dataclass(frozen=True)
+class GroupTable:
+    """Every rank's group index along one kind of a layout, and each group's last member."""
+
+    index: np.ndarray
+    degree: int
+    count: int
+    last: np.ndarray
+
+    def members(self, group: int) -> np.ndarray:
+        return np.flatnonzero(self.index == group)
+
+
+@lru_cache(maxsize=32)
+def group_table(layout: ParallelLayout, kind: str) -> GroupTable | None:
+    """The table of ``kind`` in ``layout``; None for a kind the layout has not."""
+    try:
+        degree = layout.degree(kind)
+    except LayoutError:
+        return None
+    ranks = np.arange(layout.world_size, dtype=np.int64)
+    index = group_indices(layout, kind, fine_coords(layout, ranks))
+    last = np.zeros(layout.group_count(kind), np.int64)
+    np.maximum.at(last, index, ranks)
+    return GroupTable(index=index, degree=degree, count=layout.group_count(kind), last=last)
 
 
 def _membership(expected: np.ndarray, actual: np.ndarray) -> str:

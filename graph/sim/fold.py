@@ -76,7 +76,12 @@ def no_folding(graph: SimGraph) -> Folding:
 def fold_replicas(graph: SimGraph, keep: Iterable[int] = ()) -> Folding:
     """Fold the graph's identical dp replicas; the replicas of ``keep`` ranks stay, each on its own."""
     layout = graph.layout
-    if layout.dp == 1 or graph.ranks != layout.world_size or graph.lane_rank is not None:
+    if (
+        layout.dp == 1
+        or graph.ranks != layout.world_size
+        or graph.lane_rank is not None
+        or not layout.replicas_whole
+    ):
         return no_folding(graph)  # (ranks of several streams are not folded yet)
     ranks = np.arange(graph.ranks, dtype=np.int64)
     replica = (ranks // layout.stride("dp")) % layout.dp

@@ -169,7 +169,7 @@ def test_missing_segment_is_a_clear_error() -> None:
 def test_bound_ranks_share_collective_ids_with_their_group() -> None:
     cfg = CAPTURED
     tables = LayoutTables.build(cfg.layout, gpus_per_node=4)
-    encoded = encode_program(compose_stage(template(1), cfg=cfg, captured=cfg, stage=1))
+    encoded = encode_program(compose_stage(template(1), cfg=cfg, captured=cfg, stage=1), cfg.layout)
     ranks = np.array([r for r in range(cfg.layout.world_size) if cfg.layout.stage(r) == 1])
     table = bind_ranks(encoded, ranks, tables, FakeComm()).to_pandas()
     assert list(table[gf.RANK].unique()) == list(ranks)

@@ -11,7 +11,13 @@ from hypothesis import strategies as st
 
 from prism.capture.layout_check import GroupOutsideLayout, checked_labeler
 from prism.schemas.layout import AXES, ParallelLayout
-from prism.schemas.layout_match import matching_layouts, nearest_groups, outside_layout
+from prism.schemas.layout_match import (
+    axes_called,
+    matching_layouts,
+    nearest_groups,
+    outside_layout,
+    unused_axis,
+)
 
 ORDERS = ["-".join(p) for p in itertools.permutations(AXES)]
 
@@ -97,3 +103,25 @@ def test_a_group_outside_a_mesh_names_its_options() -> None:
     layout = ParallelLayout(tp=2, pp=1, dp=4, cp=2, order="dp-tp-cp-pp")
     with pytest.raises(GroupOutsideLayout, match=r"would match: --tp 2 --pp 1 --dp 4 --cp 2 --order tp-"):
         checked_labeler(layout)((0, 1))
+
+
+def test_an_axis_no_call_spans_is_named() -> None:
+    layout = ParallelLayout(tp=2, pp=4, dp=8, dp_replicate=2)
+    ddp_only = axes_called(layout, 0, [("all_reduce", "dp.0", None), ("barrier", "world", None)])
+    assert "the layout has pp=4 but the program made no transfer between pipeline stages" in unused_axis(
+        layout, ddp_only
+    )
+    staged = ddp_only | axes_called(layout, 0, [("send", "pp.0", layout.pipeline_next(0))])
+    assert "the layout has tp=2 but the program made no call on a group across tp" in unused_axis(layout, staged)
+    assert unused_axis(layout, staged | axes_called(layout, 0, [("all_reduce", "tp.0", None)])) is None
+    hsdp = axes_called(layout, 0, [("all_gather", "dp_shard.0", None)]) | {"tp", "pp"}
+    assert unused_axis(layout, hsdp) is None  # dp counts as called across where either part is
+    assert axes_called(layout, 0, [("all_reduce", "dp_tp.0", None)]) == {"dp_replicate", "dp_shard", "tp"}
+
+
+def test_an_hsdp_program_captured_as_plain_fsdp_is_told_its_replicas() -> None:
+    with pytest.raises(
+        GroupOutsideLayout,
+        match=r"would match: --tp 1 --pp 1 --dp 8 --dp-replicate 2 --order tp-dp-pp \(its dp_shard group\)",
+    ):
+        checked_labeler(ParallelLayout(tp=1, pp=1, dp=8))((0, 1, 2, 3))

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prism.graph.comm.placement import LayoutTables
 from prism.schemas.group_kinds import DENSE_AXES, EXPERT_AXES, KindError, axes_of, name_of
 from prism.schemas.layout import ORDER_AXES, LayoutError, ParallelLayout
 
@@ -69,7 +70,9 @@ def test_every_kinds_groups_are_the_brute_force_ones(layout: ParallelLayout) -> 
         held = [a for a in system if a not in axes]
         indices: dict[int, tuple[int, ...]] = {}
         for r in range(layout.world_size):
-            expected = tuple(s for s in range(layout.world_size) if all(coords[s][a] == coords[r][a] for a in held))
+            expected = tuple(
+                s for s in range(layout.world_size) if all(coords[s][a] == coords[r][a] for a in held)
+            )
             group = layout.group(r, kind)
             assert group == expected, (kind, r)
             assert indices.setdefault(layout.group_index(r, kind), group) == group  # one index, one group
@@ -90,19 +93,25 @@ def test_every_group_of_every_kind_is_labelled_as_a_kind_with_that_group(layout:
                 continue
             kind, index = layout.group_of_ranks(group)
             assert kind in kinds
-            assert (layout.group(group[0], kind) if kind != "world" else tuple(range(layout.world_size))) == group
+            assert (
+                layout.group(group[0], kind) if kind != "world" else tuple(range(layout.world_size))
+            ) == group
             assert kind == "world" or layout.group_index(group[0], kind) == index
 
 
 def dense_mesh(layout: ParallelLayout) -> np.ndarray:
     """torchtitan's dense mesh, (pp, dp_replicate, dp_shard, cp, tp), over the world in rank order."""
-    return np.arange(layout.world_size).reshape(layout.pp, layout.dp_replicate, layout.dp_shard, layout.cp, layout.tp)
+    return np.arange(layout.world_size).reshape(
+        layout.pp, layout.dp_replicate, layout.dp_shard, layout.cp, layout.tp
+    )
 
 
 def mesh_groups(mesh: np.ndarray, dims: tuple[int, ...]) -> set[tuple[int, ...]]:
     """The groups DeviceMesh builds for ``dims`` (flattened when several): ranks varying on them."""
     moved = np.moveaxis(mesh, dims, tuple(range(mesh.ndim - len(dims), mesh.ndim)))
-    return {tuple(sorted(row)) for row in moved.reshape(-1, int(np.prod([mesh.shape[d] for d in dims]))).tolist()}
+    return {
+        tuple(sorted(row)) for row in moved.reshape(-1, int(np.prod([mesh.shape[d] for d in dims]))).tolist()
+    }
 
 
 TITAN = [
@@ -182,3 +191,20 @@ def test_three_axis_layouts_read_and_write_as_before() -> None:
 def test_impossible_meshes_are_refused(degrees: dict, why: str) -> None:
     with pytest.raises(LayoutError, match=why):
         ParallelLayout(**{"tp": 2, "pp": 1, **degrees})
+
+
+def test_the_comm_model_sees_where_each_kinds_groups_sit() -> None:
+    """HSDP at 8 replicas x 1,024 shards on 8-GPU nodes: a replica group's 8 ranks on 8 nodes, a
+    shard group's 1,024 on 128; every replica simulated (a group spans some of them)."""
+    layout = ParallelLayout(tp=1, pp=1, dp=8192, dp_replicate=8)
+    tables = LayoutTables.build(layout, gpus_per_node=8)
+    assert set(tables.nodes_spanned["dp_replicate"]) == {8} and set(tables.nodes_spanned["dp_shard"]) == {128}
+    assert tables.group_index["dp_shard"][1027] == 1 and tables.group_index["dp_replicate"][1027] == 3
+    assert list(tables.replica_of()) == list(range(8192))
+    moe = ParallelLayout(tp=2, pp=1, dp=8, ep=4, cp=2)
+    tables = LayoutTables.build(moe, gpus_per_node=8)
+    for kind in moe.kinds():
+        if kind != "world":
+            assert [tables.group_index[kind][r] for r in range(moe.world_size)] == [
+                moe.group_index(r, kind) for r in range(moe.world_size)
+            ]

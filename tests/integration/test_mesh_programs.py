@@ -1,0 +1,86 @@
+"""Programs on an N-dimensional mesh through every stage: HSDP (``fully_shard`` on a 2-D mesh)
+captured at 8,192 target ranks, built, validated, simulated and one rank replayed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from prism.capture.cli import app as capture_app
+from prism.graph.build.cli import app as build_app
+from prism.graph.io.reader import read_metadata
+from prism.replay.cli import app as replay_app
+from prism.schemas import graph_format as gf
+from prism.schemas.layout import ParallelLayout
+from prism.schemas.replay import ReplayReport
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+TINY = ("--steps", "50", "--hidden", "32", "--vocab", "64", "--seq", "8", "--batch", "4", "--layers", "2")
+HSDP = ("--dp-replicate", "8", "--dp-shard", "1024")
+runner = CliRunner()
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def hsdp_graph(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    work = tmp_path_factory.mktemp("hsdp")
+    program = ("--", str(EXAMPLES / "fsdp2.py"), "--replicate", "8", *TINY)
+    result = runner.invoke(
+        capture_app, [*HSDP, "--warmup", "4", "--iterations", "2", "-o", str(work / "cap"), *program]
+    )
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(
+        build_app, [str(work / "cap"), "-o", str(work / "graph.parquet")]
+    )  # the capture's layout
+    assert result.exit_code == 0, result.output
+    return work / "graph.parquet"
+
+
+def test_hsdp_at_8192_ranks_binds_its_shard_and_replica_groups(hsdp_graph: Path) -> None:
+    layout = ParallelLayout.from_dict(read_metadata(hsdp_graph).layout)
+    assert (layout.world_size, layout.dp_replicate, layout.dp_shard) == (8192, 8, 1024)
+    nodes = pq.read_table(hsdp_graph, columns=[gf.RANK, gf.NAME, gf.GROUP_KIND, gf.GROUP_INDEX, gf.GROUP_SIZE,
+                                               gf.COLL_ID, gf.DUR_NS]).to_pandas()  # fmt: skip
+    calls = nodes[nodes[gf.COLL_ID] >= 0]
+    sizes = calls.groupby(calls[gf.GROUP_KIND].astype(str))[gf.GROUP_SIZE].unique().to_dict()
+    assert {k: list(v) for k, v in sizes.items()} == {"dp_shard": [1024], "dp_replicate": [8]}
+    # Rank 1027 is shard 3 of replica 1: its shard group is replica 1's, its replica group shard 3's.
+    mine = (
+        calls[calls[gf.RANK] == 1027].drop_duplicates(gf.GROUP_KIND).set_index(gf.GROUP_KIND)[gf.GROUP_INDEX]
+    )
+    assert mine.astype(int).to_dict() == {"dp_shard": 1, "dp_replicate": 3}
+    # Every instance holds its whole group: 8 ranks a shard apart, or a replica's 1,024 in a row.
+    members = calls.groupby(gf.COLL_ID)[gf.RANK].agg(["count", "min", "max"])
+    assert set(members["count"]) == {8, 1024}
+    spread = (members["max"] - members["min"]).to_numpy()
+    assert set(spread[members["count"].to_numpy() == 8]) == {7 * 1024}
+    assert set(spread[members["count"].to_numpy() == 1024]) == {1023}
+
+
+def test_an_hsdp_rank_replays_with_its_memory(hsdp_graph: Path, tmp_path: Path) -> None:
+    program = ("--", str(EXAMPLES / "fsdp2.py"), "--replicate", "8", *TINY)
+    result = runner.invoke(
+        replay_app,
+        [str(hsdp_graph), "-o", str(tmp_path / "replay"), "--warmup", "5", "--rank", "1027", *program],
+    )
+    assert result.exit_code == 0, result.output
+    report = ReplayReport.from_dict(json.loads((tmp_path / "replay" / "report.json").read_text()))
+    (rank,) = report.ranks
+    assert rank.rank == 1027 and rank.calls_per_iter >= 1
+    assert abs(rank.mem_err_pct) < 0.1
+
+
+def test_an_axis_the_program_never_calls_across_stops_the_capture(tmp_path: Path) -> None:
+    result = runner.invoke(
+        capture_app,
+        ["--pp", "2", "--dp", "4", "--warmup", "3", "--iterations", "1", "-o", str(tmp_path / "cap"), "--",
+         str(EXAMPLES / "fsdp2.py"), *TINY],
+    )  # fmt: skip
+    assert result.exit_code != 0
+    assert "the layout has pp=2 but the program made no transfer between pipeline stages" in result.output
+    assert not (tmp_path / "cap").exists()
