@@ -143,7 +143,7 @@ SCHEMA = pa.schema(
             SKEW_NS, pa.int64(), nullable=False
         ),  # collectives: expected wait for the last member, else 0
         pa.field(COLL_ID, pa.int64(), nullable=False),  # collective instance, or -1
-        pa.field(GROUP_KIND, _DICT, nullable=False),  # a kind of the layout (tp, dp_shard_cp, ...), world, or ""
+        pa.field(GROUP_KIND, _DICT, nullable=False),  # a layout kind (tp, dp_cp, ...), world, or ""
         pa.field(GROUP_INDEX, pa.int32(), nullable=False),  # index of the group along its axis, or -1
         pa.field(GROUP_SIZE, pa.int32(), nullable=False),  # members of the group (2 for p2p), or 0
         pa.field(PEER, pa.int32(), nullable=False),  # other rank of a send/recv, or -1

@@ -112,7 +112,9 @@ def test_an_axis_no_call_spans_is_named() -> None:
         layout, ddp_only
     )
     staged = ddp_only | axes_called(layout, 0, [("send", "pp.0", layout.pipeline_next(0))])
-    assert "the layout has tp=2 but the program made no call on a group across tp" in unused_axis(layout, staged)
+    assert "the layout has tp=2 but the program made no call on a group across tp" in unused_axis(
+        layout, staged
+    )
     assert unused_axis(layout, staged | axes_called(layout, 0, [("all_reduce", "tp.0", None)])) is None
     hsdp = axes_called(layout, 0, [("all_gather", "dp_shard.0", None)]) | {"tp", "pp"}
     assert unused_axis(layout, hsdp) is None  # dp counts as called across where either part is
