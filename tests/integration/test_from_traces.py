@@ -126,7 +126,7 @@ def graph_stream(path: Path, graph, lane: int) -> int:
         (["{capture}", "--from-traces", "{traces}"], "not both"),
         (["--from-traces", "{traces}", "--dp", "4"], "takes the layout from the traces"),
         (["--from-traces", "{traces}", "--step", "99"], "has no ProfilerStep#99"),
-        (["{capture}"], "--tp, --pp and --dp are required"),
+        (["{capture}"], "is not a complete capture: manifest.json is missing"),
         ([], "give a capture directory"),
     ],
 )
