@@ -3,8 +3,9 @@
 Data that this rank sent to itself is real; data that would come from a virtual peer is either a
 copy of this rank's own contribution (all-gather: peers of one role hold alike data), this rank's
 own values left in place (a broadcast from another root: programs broadcast what every rank
-already holds alike, rank 0's parameters, DDP's shape check, a seed), or stand-in values
-(receives, foreign all-to-all chunks, a broadcast into a buffer that holds no finite values).
+already holds alike, rank 0's parameters, DDP's shape check, a seed), what this rank sent that
+peer (all-to-all: every peer routes as this rank does), or stand-in values (receives, a broadcast
+into a buffer that holds no finite values).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ __all__ = [
     "fill_standin",
     "keep_own_else_standin",
     "own_chunk_into",
+    "mirror_slots",
     "own_slot_else_standin",
     "replicate_into",
 ]
@@ -52,10 +54,20 @@ def own_chunk_into(output: torch.Tensor, input: torch.Tensor, rank: int, group_s
 
 
 def own_slot_else_standin(outputs: list[torch.Tensor], own: torch.Tensor, rank: int) -> None:
-    """List form of all-to-all / gather: slot ``rank`` gets ``own``, every other slot stand-ins."""
+    """List form of gather: slot ``rank`` gets ``own``, every other slot stand-ins."""
     for slot, out in enumerate(outputs):
         if slot == rank:
             out.copy_(own)
+        else:
+            fill_standin(out)
+
+
+def mirror_slots(outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> None:
+    """List form of all-to-all, each peer mirroring this rank (``all_to_all_into``): slot j gets
+    what this rank sends to j, or stand-ins where its shape is another."""
+    for out, sent in zip(outputs, inputs, strict=True):
+        if out.shape == sent.shape:
+            out.copy_(sent)
         else:
             fill_standin(out)
 
@@ -68,14 +80,29 @@ def all_to_all_into(
     rank: int,
     group_size: int,
 ) -> None:
-    """all_to_all_single: stand-ins from the virtual peers, this rank's own chunk sent to itself."""
-    out_start, out_len = _split(output, output_splits, rank, group_size)
-    in_start, in_len = _split(input, input_splits, rank, group_size)
-    if out_len != in_len:
-        raise ValueError(f"all_to_all: rank {rank} sends itself {in_len} rows but expects {out_len}")
-    fill_standin(output)
-    if out_len:
-        output.narrow(0, out_start, out_len).copy_(input.narrow(0, in_start, in_len))
+    """all_to_all_single, each peer mirroring this rank: a peer sends back what this rank sends it
+    (routing as this rank routes, so what the rank receives equals what it sends: a mixture of
+    experts' token counts give the splits it then uses). A chunk whose length is not the one sent
+    there gets stand-ins."""
+    outs, ins = _chunks(output, output_splits, group_size), _chunks(input, input_splits, group_size)
+    if outs[rank][1] != ins[rank][1]:
+        raise ValueError(
+            f"all_to_all: rank {rank} sends itself {ins[rank][1]} rows but expects {outs[rank][1]}"
+        )
+    source = input.clone() if _shares_memory(input, output) else input
+    for (out_start, out_len), (in_start, in_len) in zip(outs, ins, strict=True):
+        if not out_len:
+            continue
+        target = output.narrow(0, out_start, out_len)
+        if out_len == in_len:
+            target.copy_(source.narrow(0, in_start, in_len))
+        else:
+            fill_standin(target)
+
+
+def _chunks(tensor: torch.Tensor, splits: list[int], group_size: int) -> list[tuple[int, int]]:
+    """(first row, rows) of every member's chunk along dim 0."""
+    return [_split(tensor, splits, member, group_size) for member in range(group_size)]
 
 
 def _split(tensor: torch.Tensor, splits: list[int], rank: int, group_size: int) -> tuple[int, int]:

@@ -1,5 +1,6 @@
 """Programs on an N-dimensional mesh through every stage: HSDP (``fully_shard`` on a 2-D mesh)
-captured at 8,192 target ranks, built, validated, simulated and one rank replayed."""
+and a mixture of experts with expert parallelism (all-to-all dispatch and combine), each captured
+at 8,192 target ranks, built, validated, simulated and one rank replayed."""
 
 from __future__ import annotations
 
@@ -84,3 +85,57 @@ def test_an_axis_the_program_never_calls_across_stops_the_capture(tmp_path: Path
     assert result.exit_code != 0
     assert "the layout has pp=2 but the program made no transfer between pipeline stages" in result.output
     assert not (tmp_path / "cap").exists()
+
+
+MOE = ("--dp", "8192", "--ep", "8")
+MOE_PROGRAM = (
+    "--",
+    str(EXAMPLES / "moe.py"),
+    "--ep",
+    "8",
+    "--steps",
+    "50",
+    "--hidden",
+    "32",
+    "--vocab",
+    "64",
+)
+
+
+@pytest.fixture(scope="module")
+def moe_graph(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    work = tmp_path_factory.mktemp("moe")
+    result = runner.invoke(
+        capture_app, [*MOE, "--warmup", "4", "--iterations", "2", "-o", str(work / "cap"), *MOE_PROGRAM]
+    )
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(build_app, [str(work / "cap"), "-o", str(work / "graph.parquet")])
+    assert result.exit_code == 0, result.output
+    return work / "graph.parquet"
+
+
+def test_expert_parallel_all_to_alls_bind_to_their_ep_groups_at_8192_ranks(moe_graph: Path) -> None:
+    nodes = pq.read_table(moe_graph, columns=[gf.RANK, gf.NAME, gf.GROUP_KIND, gf.GROUP_INDEX, gf.GROUP_SIZE,
+                                              gf.COLL_ID]).to_pandas()  # fmt: skip
+    calls = nodes[nodes[gf.COLL_ID] >= 0]
+    by_kind = calls.groupby(calls[gf.GROUP_KIND].astype(str)).agg(
+        names=(gf.NAME, lambda n: sorted(set(map(str, n)))), size=(gf.GROUP_SIZE, "max")
+    )
+    # Dispatch and combine on each ep group of 8; the dense gradients over all 8,192 ranks; the
+    # experts' over the 1,024 ranks that hold the same ones.
+    assert by_kind["size"].to_dict() == {"dp": 8192, "edp": 1024, "ep": 8}
+    assert by_kind.loc["ep", "names"] == ["all_to_all"]
+    mine = (
+        calls[calls[gf.RANK] == 4099].drop_duplicates(gf.GROUP_KIND).set_index(gf.GROUP_KIND)[gf.GROUP_INDEX]
+    )
+    assert mine.astype(int).to_dict() == {"ep": 512, "edp": 3, "dp": 0}
+
+
+def test_an_expert_parallel_rank_replays_with_its_memory(moe_graph: Path, tmp_path: Path) -> None:
+    result = runner.invoke(
+        replay_app,
+        [str(moe_graph), "-o", str(tmp_path / "replay"), "--warmup", "5", "--rank", "4099", *MOE_PROGRAM],
+    )
+    assert result.exit_code == 0, result.output
+    (rank,) = ReplayReport.from_dict(json.loads((tmp_path / "replay" / "report.json").read_text())).ranks
+    assert rank.calls_per_iter >= 1 and abs(rank.mem_err_pct) < 0.1

@@ -232,17 +232,32 @@ def test_stand_ins_are_finite_deterministic_copies_and_zero_for_integers(world: 
 
 
 @pytest.mark.parametrize("splits", [None, [1, 0, 2, 1, 3, 2, 1, 2]])
-def test_all_to_all_keeps_own_chunk_and_stands_in_for_peers(world: None, splits: list[int] | None) -> None:
+def test_all_to_all_peers_mirror_this_rank(world: None, splits: list[int] | None) -> None:
+    """Every virtual peer sends back what this rank sends it: a mixture of experts' token counts
+    received equal those sent, and the splits they give match (what it receives equals what it sends)."""
     rows = 8 if splits is None else sum(splits)
     inp = torch.arange(rows * 2, dtype=torch.float32).view(rows, 2) + 100
     out = torch.full((rows, 2), float("nan"))
     dist.all_to_all_single(out, inp, output_split_sizes=splits, input_split_sizes=splits)
-    start = RANK if splits is None else sum(splits[:RANK])
-    length = 1 if splits is None else splits[RANK]
-    own = slice(start, start + length)
-    assert torch.equal(out[own], inp[own]) and torch.isfinite(out).all()
-    assert (out[start + length :] < 100).all()  # foreign rows are stand-ins, not copies of the input
+    assert torch.equal(out, inp)
     assert (last_call().op, last_call().bytes) == ("all_to_all", rows * 2 * 4)
+    counts = torch.tensor([3, 0, 1, 2, 5, 1, 0, 4])  # tokens this rank routes to each peer's experts
+    received = torch.empty_like(counts)
+    dist.all_to_all_single(received, counts)
+    assert torch.equal(received, counts)
+
+
+def test_all_to_all_chunks_of_another_length_are_stand_ins(world: None) -> None:
+    sent, expected = [1] * 8, [1, 1, 1, 1, 1, 1, 1, 2]  # the last peer is to send 2 rows, this rank sent it 1
+    out = torch.full((9, 2), float("nan"))
+    dist.all_to_all_single(
+        out, torch.arange(16.0).view(8, 2) + 100, output_split_sizes=expected, input_split_sizes=sent
+    )
+    assert torch.equal(out[:7], torch.arange(14.0).view(7, 2) + 100)
+    assert torch.isfinite(out).all() and (out[7:] < 100).all()
+    outs = [torch.full((1,), float("nan")) for _ in range(7)] + [torch.full((2,), float("nan"))]
+    dist.all_to_all(outs, [torch.tensor([float(j)]) for j in range(8)])
+    assert [float(o) for o in outs[:7]] == list(range(7)) and torch.isfinite(outs[7]).all()
 
 
 def test_a_call_that_raises_is_not_logged(world: None) -> None:
