@@ -13,12 +13,12 @@ from prism.fidelity.cases import DEFAULT_CASES, random_cases
 from prism.fidelity.measure import RunSettings
 from prism.fidelity.program_case import ProgramCase
 from prism.schemas.iterations import MIN_WARMUP
-from prism.schemas.layout import ParallelLayout
+from prism.schemas.layout_options import DEGREES, flag, layout_of
 
 
 def add_case_options(parser: argparse.ArgumentParser) -> None:
-    """--case, --random/--seed, --program with --tp/--pp/--dp and --device; --repeats, --warmup,
-    --iterations."""
+    """--case, --random/--seed, --program with its layout's degrees and --device; --repeats,
+    --warmup, --iterations."""
     parser.add_argument("--case", action="append", default=None, help="key=value ... (repeatable)")
     parser.add_argument(
         "--random", type=int, default=0, metavar="N",
@@ -27,10 +27,11 @@ def add_case_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the --random draw")
     parser.add_argument(
         "--program", action="append", default=None,
-        help="a program and its arguments, as after `torchrun ... --` (repeatable; with --tp/--pp/--dp)",
+        help="a program and its arguments, as after `torchrun ... --` (repeatable; with --tp/--pp/--dp, "
+        "--dp-replicate, --dp-shard, --cp, --ep, --etp)",
     )  # fmt: skip
-    for axis in ("tp", "pp", "dp"):
-        parser.add_argument(f"--{axis}", type=int, default=1, help=f"{axis} degree of --program cases")
+    for name in DEGREES:
+        parser.add_argument(flag(name), type=int, default=None, help=f"{name} degree of --program cases [default: 1]")
     parser.add_argument(
         "--device", choices=("cpu", "cuda"), default="cpu",
         help="where --program cases run (cuda: one GPU per rank; the program must place itself on it)",
@@ -65,8 +66,9 @@ def case_texts(args: argparse.Namespace) -> list[str]:
 
 
 def program_cases(args: argparse.Namespace) -> list[ProgramCase]:
-    """Each --program at the --tp/--pp/--dp layout on --device (``LayoutError`` for a bad layout)."""
-    layout = ParallelLayout(tp=args.tp, pp=args.pp, dp=args.dp)
+    """Each --program at the layout of its degrees (--tp, --dp-replicate, ...: those not given 1) on
+    --device (``LayoutError`` for a bad layout)."""
+    layout = layout_of({name: getattr(args, name) for name in DEGREES})
     return [
         ProgramCase(argv=tuple(shlex.split(text)), layout=layout, device=args.device) for text in args.program
     ]

@@ -11,8 +11,9 @@ from prism.schemas.cluster import ClusterSpec, ClusterSpecError, local_path, pre
 
 CALIBRATION_OPS = ("all_reduce", "send")
 """The GPT workload's process-group calls: all_reduce (TP, DP, loss) and send/recv (PP)."""
-PROGRAM_CALIBRATION_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send")
-"""What the example programs call besides: FSDP2's all-gathers and reduce-scatters, DTensor's."""
+PROGRAM_CALIBRATION_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send")
+"""What the example programs call besides: FSDP2's all-gathers and reduce-scatters, DTensor's,
+a mixture of experts' all-to-alls."""
 KiB, MiB = 2**10, 2**20
 CALIBRATION_SIZES = (512, 4 * KiB, 64 * KiB, 128 * KiB, 1 * MiB, 8 * MiB, 16 * MiB, 32 * MiB)
 """Bytes a fresh calibration times: the default cases' own calls (512 B loss and 64/128 KiB
