@@ -31,7 +31,9 @@ def add_case_options(parser: argparse.ArgumentParser) -> None:
         "--dp-replicate, --dp-shard, --cp, --ep, --etp)",
     )  # fmt: skip
     for name in DEGREES:
-        parser.add_argument(flag(name), type=int, default=None, help=f"{name} degree of --program cases [default: 1]")
+        parser.add_argument(
+            flag(name), type=int, default=None, help=f"{name} degree of --program cases [default: 1]"
+        )
     parser.add_argument(
         "--device", choices=("cpu", "cuda"), default="cpu",
         help="where --program cases run (cuda: one GPU per rank; the program must place itself on it)",

@@ -142,6 +142,16 @@ class ParallelLayout:
         return self.dp_replicate == 1 and self.ep * self.etp == 1
 
     @property
+    def fold_axis(self) -> str | None:
+        """The axis along which a simulation may read alike replicas once: dp where every group
+        across dp replicas spans all of them; dp_replicate under HSDP (a shard or expert group
+        inside one replica, a replica group across all); None where groups span some replicas
+        of every axis (expert parallel across dp_shard without HSDP)."""
+        if self.replicas_whole:
+            return "dp"
+        return "dp_replicate" if self.dp_replicate > 1 else None
+
+    @property
     def edp(self) -> int:
         """Expert data-parallel degree: the region's ranks per (ep, etp) group."""
         return self.dp_shard * self.cp * self.tp // (self.ep * self.etp)

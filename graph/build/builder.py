@@ -336,7 +336,7 @@ def _checked_write(
     tables = LayoutTables.build(layout, options.cluster.gpus_per_node)
     replica_of = tables.replica_of()
     if options.simulated_after:  # the simulation reads the distinct replicas
-        check_room(options.out, nodes, simulated_nodes=nodes * len(np.unique(replica_of)) // layout.dp)
+        check_room(options.out, nodes, simulated_nodes=nodes * len(np.unique(replica_of)) // len(replica_of))
     metadata = replace(metadata, extra={**metadata.extra, gf.REPLICA_OF_KEY: replica_of.tolist()})
     return metadata, _write(options, metadata, stages, tables, progress)
 
@@ -367,8 +367,8 @@ def _row_group_ranks(options: BuildOptions) -> int:
 
 
 def _nodes(stages: list, layout: ParallelLayout) -> int:
-    """Nodes of the whole graph: every stage's program on each of its tp * dp ranks."""
-    return layout.tp * layout.dp * sum(stage.size for stage in stages)
+    """Nodes of the whole graph: every stage's program on each of its ranks."""
+    return layout.world_size // layout.pp * sum(stage.size for stage in stages)
 
 
 def check_room(

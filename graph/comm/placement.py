@@ -42,12 +42,14 @@ class LayoutTables:
         return cls(layout=layout, group_index=index, nodes_spanned=spanned, node_of_rank=node)
 
     def replica_of(self) -> np.ndarray:
-        """For each dp replica, the first replica whose ranks sit on the nodes alike, position for
-        position: every group of theirs spans as many nodes and every pipeline transfer crosses
-        nodes or not alike, so the comm model prices their calls alike."""
+        """For each replica along the layout's fold axis (dp, or dp_replicate under HSDP), the first
+        replica whose ranks sit on the nodes alike, position for position: every group of theirs
+        spans as many nodes and every pipeline transfer crosses nodes or not alike, so the comm
+        model prices their calls alike. Without a fold axis, one replica per dp index, each its own."""
         layout = self.layout
         ranks = np.arange(layout.world_size)
-        if not layout.replicas_whole:  # a group spans some replicas: each is simulated
+        axis = layout.fold_axis
+        if axis is None:  # groups span some replicas of every axis: each rank is simulated
             return np.arange(layout.dp)
         stride, stage = layout.stride("pp"), (ranks // layout.stride("pp")) % layout.pp
         crosses = [  # each pipeline neighbour on another node (a transfer's price); none at the ends
@@ -56,9 +58,9 @@ class LayoutTables:
             & (self.node_of_rank != self.node_of_rank[np.clip(ranks + step * stride, 0, ranks[-1])])
             for step in (1, -1)
         ]
-        signature = np.stack([*(self.nodes_spanned[a] for a in ("tp", "dp", "pp")), *crosses], axis=1)
-        replica = (ranks // layout.stride("dp")) % layout.dp
-        position = ranks - replica * layout.stride("dp")  # the same (tp, pp) in every replica
-        by_replica = signature[np.lexsort((position, replica))].reshape(layout.dp, -1)
+        signature = np.stack([*self.nodes_spanned.values(), *crosses], axis=1)
+        replica = (ranks // layout.stride(axis)) % layout.degree(axis)
+        position = ranks - replica * layout.stride(axis)  # the same place in every replica
+        by_replica = signature[np.lexsort((position, replica))].reshape(layout.degree(axis), -1)
         _, first, inverse = np.unique(by_replica, axis=0, return_index=True, return_inverse=True)
         return first[inverse.ravel()]

@@ -74,26 +74,29 @@ def no_folding(graph: SimGraph) -> Folding:
 
 
 def fold_replicas(graph: SimGraph, keep: Iterable[int] = ()) -> Folding:
-    """Fold the graph's identical dp replicas; the replicas of ``keep`` ranks stay, each on its own."""
+    """Fold the graph's identical replicas along its layout's fold axis (dp, or dp_replicate under
+    HSDP); the replicas of ``keep`` ranks stay, each on its own."""
     layout = graph.layout
+    axis = layout.fold_axis
     if (
-        layout.dp == 1
+        axis is None
+        or layout.degree(axis) == 1
         or graph.ranks != layout.world_size
         or graph.lane_rank is not None
-        or not layout.replicas_whole
     ):
         return no_folding(graph)  # (ranks of several streams are not folded yet)
     ranks = np.arange(graph.ranks, dtype=np.int64)
-    replica = (ranks // layout.stride("dp")) % layout.dp
-    position = ranks - replica * layout.stride("dp")  # the same (tp, pp) in every replica
-    signature = _node_signature(graph, replica, position, layout.dp)
+    count, stride = layout.degree(axis), layout.stride(axis)
+    replica = (ranks // stride) % count
+    position = ranks - replica * stride  # the same place in every replica
+    signature = _node_signature(graph, replica, position, count)
     if signature is None:
         return no_folding(graph)
-    members = [ranks[replica == d] for d in range(layout.dp)]  # each in position order
+    members = [ranks[replica == d] for d in range(count)]  # each in position order
     kept_replicas = sorted({int(replica[r]) for r in keep})
-    representative = np.arange(layout.dp)
+    representative = np.arange(count)
     classes: list[int] = []  # representatives of the classes of folded replicas
-    for d in range(layout.dp):
+    for d in range(count):
         if d in kept_replicas:
             continue
         for c in classes:
@@ -102,12 +105,12 @@ def fold_replicas(graph: SimGraph, keep: Iterable[int] = ()) -> Folding:
                 break
         else:
             classes.append(d)
-    if len(classes) + len(kept_replicas) == layout.dp:
+    if len(classes) + len(kept_replicas) == count:
         return no_folding(graph)
     kept_ranks = np.sort(np.concatenate([members[d] for d in sorted(set(classes) | set(kept_replicas))]))
     reduced_id = np.full(graph.ranks, -1, np.int64)
     reduced_id[kept_ranks] = np.arange(len(kept_ranks))
-    rank_of = reduced_id[position + representative[replica] * layout.stride("dp")]
+    rank_of = reduced_id[position + representative[replica] * stride]
     return Folding(
         graph=_subgraph(graph, kept_ranks), rank_of=rank_of, full_rank_ptr=graph.rank_ptr, folded=True,
         kept_ranks=kept_ranks,

@@ -26,25 +26,26 @@ from prism.schemas.layout import ParallelLayout
 
 
 def recorded_replicas(path: str | Path) -> np.ndarray | None:
-    """Each dp replica's representative as the graph records it, or None where it does not."""
+    """Each replica's representative along the layout's fold axis as the graph records it, or None
+    where it does not."""
     metadata = read_metadata(path)
     return _recorded(path, metadata, ParallelLayout.from_dict(metadata.layout))
 
 
 def _recorded(path: str | Path, metadata: gf.GraphMetadata, layout: ParallelLayout) -> np.ndarray | None:
     recorded = metadata.extra.get(gf.REPLICA_OF_KEY)
-    if recorded is None:
+    if recorded is None or layout.fold_axis is None:
         return None
-    replica_of = np.asarray(recorded)
+    replica_of, count = np.asarray(recorded), layout.degree(layout.fold_axis)
     if (
-        replica_of.shape != (layout.dp,)
+        replica_of.shape != (count,)
         or replica_of.dtype.kind not in "iu"
         or (replica_of < 0).any()
-        or (replica_of >= layout.dp).any()
+        or (replica_of >= count).any()
         or (replica_of[replica_of] != replica_of).any()
     ):
         raise GraphFormatError(
-            f"{path}: metadata {gf.REPLICA_OF_KEY!r} must give each of the {layout.dp} dp replicas a "
+            f"{path}: metadata {gf.REPLICA_OF_KEY!r} must give each of the {count} {layout.fold_axis} replicas a "
             "representative that represents itself"
         )
     return replica_of
@@ -65,12 +66,13 @@ def load_folded(path: str | Path, keep: Iterable[int] = (), *, cluster: ClusterS
             np.stack([replica_of, again], axis=1), axis=0, return_index=True, return_inverse=True
         )
         replica_of = first[inverse.ravel()]
-    stride, world = layout.stride("dp"), layout.world_size
+    axis = layout.fold_axis
+    stride, world = layout.stride(axis), layout.world_size
     keep = sorted(set(keep))
     if keep and not (0 <= keep[0] and keep[-1] < world):
         raise ValueError(f"rank {keep[0] if keep[0] < 0 else keep[-1]} is not in the graph (0..{world - 1})")
     ranks = np.arange(world, dtype=np.int64)
-    replica = (ranks // stride) % layout.dp
+    replica = (ranks // stride) % layout.degree(axis)
     own = np.unique(replica[np.asarray(list(keep), np.int64)]) if keep else np.zeros(0, np.int64)
     representative = replica_of.copy()
     representative[own] = own

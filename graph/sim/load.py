@@ -199,8 +199,8 @@ def load_sim_graph(path: str | Path, ranks: np.ndarray | None = None) -> SimGrap
 
     Row groups are read one at a time into preallocated arrays, so the peak is the engine's
     arrays plus one row group, not the whole Arrow table beside them. ``ranks`` (sorted, whole
-    dp replicas): only those ranks' nodes, read from the row groups that hold them; a collective
-    over data-parallel or world groups then has its members among them (``prism.graph.sim.folded``
+    replicas along the layout's fold axis): only those ranks' nodes, read from the row groups that
+    hold them; a collective over a group across replicas then has its members among them (``prism.graph.sim.folded``
     reads identical replicas once this way). Each rank's streams are lanes of the engine, in a
     graph whose metadata names its streams (``STREAMS_KEY``; without it every node is on
     stream 0, as the validator checks).
@@ -238,7 +238,8 @@ def load_sim_graph(path: str | Path, ranks: np.ndarray | None = None) -> SimGrap
     slot, slot_size = _slots(path, kind, a.pop(gf.COLL_ID), rank, a.pop(gf.PEER), a.pop(gf.P2P_SEQ), world)
     members = a.pop(gf.GROUP_SIZE)
     if ranks is not None:  # groups across replicas: their members among the replicas read
-        spanning = [k for k in layout.kinds() if {"dp_shard", "dp_replicate"} & set(layout.kind_axes(k))]
+        axis = layout.fold_axis or "dp"  # the replicas read are whole replicas along it
+        spanning = [k for k in layout.kinds() if set(layout.kind_axes(axis)) <= set(layout.kind_axes(k))]
         across = np.isin(a.pop(gf.GROUP_KIND), columns.codes(("dp", "world", *spanning)))
         members = np.where(across, members * len(loaded) // world, members)
     _check_membership(path, kind, slot, slot_size, members)

@@ -14,6 +14,10 @@ from typer.testing import CliRunner
 from prism.capture.cli import app as capture_app
 from prism.graph.build.cli import app as build_app
 from prism.graph.io.reader import read_metadata
+from prism.graph.sim.folded import load_folded
+from prism.graph.sim.load import load_sim_graph
+from prism.graph.sim.predict import predict
+from prism.graph.sim.simulate import simulate
 from prism.replay.cli import app as replay_app
 from prism.schemas import graph_format as gf
 from prism.schemas.layout import ParallelLayout
@@ -61,6 +65,12 @@ def test_hsdp_at_8192_ranks_binds_its_shard_and_replica_groups(hsdp_graph: Path)
     spread = (members["max"] - members["min"]).to_numpy()
     assert set(spread[members["count"].to_numpy() == 8]) == {7 * 1024}
     assert set(spread[members["count"].to_numpy() == 1024]) == {1023}
+
+
+def test_hsdp_replicas_are_simulated_once_and_predict_what_the_whole_graph_does(hsdp_graph: Path) -> None:
+    assert load_folded(hsdp_graph).graph.ranks == 1024  # the eight replicas sit alike
+    whole = simulate(load_sim_graph(hsdp_graph), iterations=2)
+    assert predict(hsdp_graph).ranks["iteration_ns"] == whole.iteration_ns.tolist()
 
 
 def test_an_hsdp_rank_replays_with_its_memory(hsdp_graph: Path, tmp_path: Path) -> None:
