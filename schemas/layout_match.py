@@ -125,8 +125,9 @@ def outside_layout(layout: ParallelLayout, ranks: tuple[int, ...]) -> str:
 
 def axes_called(layout: ParallelLayout, rank: int, calls: list[tuple[str, str, int | None]]) -> set[str]:
     """The axes ``rank``'s calls span, from (op, group label, peer) each: a collective's group
-    kind's axes of size > 1 (the world's none: it says nothing of the layout), a transfer's the
-    axes on which its two ends differ."""
+    kind's axes of size > 1 (the world's all but pp: a program that reduces over every rank is
+    data parallel across all of them, but a pipeline is its transfers), a transfer's the axes on
+    which its two ends differ."""
     used: set[str] = set()
     here = layout.fine_coords(rank)
     for op, label, peer in calls:
@@ -135,7 +136,9 @@ def axes_called(layout: ParallelLayout, rank: int, calls: list[tuple[str, str, i
             used |= {axis for axis in DENSE_AXES if here[axis] != there[axis]}
             continue
         kind = label.split(".")[0]
-        if kind != WORLD and (kind in layout.kinds() or kind in BASIC_KINDS):
+        if kind == WORLD:
+            used |= {axis for axis in DENSE_AXES if axis != "pp" and layout.degree(axis) > 1}
+        elif kind in layout.kinds() or kind in BASIC_KINDS:
             used |= {axis for axis in layout.kind_axes(kind) if layout.degree(axis) > 1}
     return used
 

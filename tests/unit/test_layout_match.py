@@ -107,7 +107,7 @@ def test_a_group_outside_a_mesh_names_its_options() -> None:
 
 def test_an_axis_no_call_spans_is_named() -> None:
     layout = ParallelLayout(tp=2, pp=4, dp=8, dp_replicate=2)
-    ddp_only = axes_called(layout, 0, [("all_reduce", "dp.0", None), ("barrier", "world", None)])
+    ddp_only = axes_called(layout, 0, [("all_reduce", "dp.0", None)])
     assert "the layout has pp=4 but the program made no transfer between pipeline stages" in unused_axis(
         layout, ddp_only
     )
@@ -116,6 +116,9 @@ def test_an_axis_no_call_spans_is_named() -> None:
         layout, staged
     )
     assert unused_axis(layout, staged | axes_called(layout, 0, [("all_reduce", "tp.0", None)])) is None
+    # A reduction over every rank is across every axis but the pipeline's.
+    assert axes_called(layout, 0, [("all_reduce", "world", None)]) == {"tp", "dp_replicate", "dp_shard"}
+    assert "pp=4 but the program made no transfer" in unused_axis(layout, {"tp", "dp_replicate", "dp_shard"})
     hsdp = axes_called(layout, 0, [("all_gather", "dp_shard.0", None)]) | {"tp", "pp"}
     assert unused_axis(layout, hsdp) is None  # dp counts as called across where either part is
     assert axes_called(layout, 0, [("all_reduce", "dp_tp.0", None)]) == {"dp_replicate", "dp_shard", "tp"}
