@@ -1,6 +1,7 @@
-"""Programs on an N-dimensional mesh through every stage: HSDP (``fully_shard`` on a 2-D mesh)
-and a mixture of experts with expert parallelism (all-to-all dispatch and combine), each captured
-at 8,192 target ranks, built, validated, simulated and one rank replayed."""
+"""Programs on an N-dimensional mesh through every stage: HSDP (``fully_shard`` on a 2-D mesh), a
+mixture of experts with expert parallelism (all-to-all dispatch and combine) and context parallel
+attention (keys and values all-gathered over a sequence's ranks), each captured at 8,192 target
+ranks, built, validated, simulated and one rank replayed."""
 
 from __future__ import annotations
 
@@ -145,6 +146,52 @@ def test_an_expert_parallel_rank_replays_with_its_memory(moe_graph: Path, tmp_pa
     result = runner.invoke(
         replay_app,
         [str(moe_graph), "-o", str(tmp_path / "replay"), "--warmup", "5", "--rank", "4099", *MOE_PROGRAM],
+    )
+    assert result.exit_code == 0, result.output
+    (rank,) = ReplayReport.from_dict(json.loads((tmp_path / "replay" / "report.json").read_text())).ranks
+    assert rank.calls_per_iter >= 1 and abs(rank.mem_err_pct) < 0.1
+
+
+CP = ("--dp", "2048", "--cp", "4")
+CP_PROGRAM = (
+    "--",
+    str(EXAMPLES / "cp.py"),
+    "--cp",
+    "4",
+    "--steps",
+    "50",
+    "--hidden",
+    "32",
+    "--vocab",
+    "64",
+    "--seq",
+    "32",
+)
+
+
+def test_context_parallel_at_8192_ranks_gathers_on_its_cp_groups_and_replays(tmp_path: Path) -> None:
+    capture, graph = tmp_path / "cap", tmp_path / "graph.parquet"
+    result = runner.invoke(
+        capture_app, [*CP, "--warmup", "4", "--iterations", "2", "-o", str(capture), *CP_PROGRAM]
+    )
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(build_app, [str(capture), "-o", str(graph)])
+    assert result.exit_code == 0, result.output
+    nodes = pq.read_table(
+        graph, columns=[gf.RANK, gf.NAME, gf.GROUP_KIND, gf.GROUP_SIZE, gf.COLL_ID]
+    ).to_pandas()
+    calls = nodes[(nodes[gf.COLL_ID] >= 0) & (nodes[gf.RANK] == 4097)]
+    kinds = calls.groupby([calls[gf.GROUP_KIND].astype(str), calls[gf.NAME].astype(str)])[gf.GROUP_SIZE].max()
+    # Keys and values gathered across the 4 ranks of a sequence, their gradients reduce-scattered
+    # back; the weights' gradients averaged over all 8,192.
+    assert kinds.to_dict() == {
+        ("cp", "all_gather"): 4,
+        ("cp", "reduce_scatter"): 4,
+        ("world", "all_reduce"): 8192,
+    }
+    result = runner.invoke(
+        replay_app,
+        [str(graph), "-o", str(tmp_path / "replay"), "--warmup", "5", "--rank", "4097", *CP_PROGRAM],
     )
     assert result.exit_code == 0, result.output
     (rank,) = ReplayReport.from_dict(json.loads((tmp_path / "replay" / "report.json").read_text())).ranks
