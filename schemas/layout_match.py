@@ -124,22 +124,30 @@ def outside_layout(layout: ParallelLayout, ranks: tuple[int, ...]) -> str:
 
 
 def axes_called(layout: ParallelLayout, rank: int, calls: list[tuple[str, str, int | None]]) -> set[str]:
-    """The axes ``rank``'s calls span, from (op, group label, peer) each: a collective's group
-    kind's axes of size > 1 (the world's all but pp: a program that reduces over every rank is
-    data parallel across all of them, but a pipeline is its transfers), a transfer's the axes on
-    which its two ends differ."""
+    """The axes ``rank``'s calls span, from (op, group label, peer) each: the axes on which a
+    collective's group varies (whatever kind labels it: with dp = ep the expert group is labelled
+    dp), the world's all but pp (a program that reduces over every rank is data parallel across
+    all of them, but a pipeline is its transfers), a transfer's those on which its ends differ."""
     used: set[str] = set()
     here = layout.fine_coords(rank)
+    expert = ("edp", "ep", "etp") if layout.ep * layout.etp > 1 else ()
+    axes = [a for a in (*DENSE_AXES, *expert) if layout.degree(a) > 1]
+    seen: set[str] = set()
     for op, label, peer in calls:
         if op in ("send", "recv") and peer is not None and peer != rank:
             there = layout.fine_coords(peer)
-            used |= {axis for axis in DENSE_AXES if here[axis] != there[axis]}
+            used |= {axis for axis in axes if here[axis] != there[axis]}
             continue
         kind = label.split(".")[0]
+        if kind in seen:
+            continue
+        seen.add(kind)
         if kind == WORLD:
-            used |= {axis for axis in DENSE_AXES if axis != "pp" and layout.degree(axis) > 1}
+            used |= {axis for axis in axes if axis != "pp"}
         elif kind in layout.kinds() or kind in BASIC_KINDS:
-            used |= {axis for axis in layout.kind_axes(kind) if layout.degree(axis) > 1}
+            for member in layout.group(rank, kind):
+                there = layout.fine_coords(member)
+                used |= {axis for axis in axes if here[axis] != there[axis]}
     return used
 
 

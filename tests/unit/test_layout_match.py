@@ -118,6 +118,10 @@ def test_an_axis_no_call_spans_is_named() -> None:
     assert unused_axis(layout, staged | axes_called(layout, 0, [("all_reduce", "tp.0", None)])) is None
     # A reduction over every rank is across every axis but the pipeline's.
     assert axes_called(layout, 0, [("all_reduce", "world", None)]) == {"tp", "dp_replicate", "dp_shard"}
+    # An expert group that is the dp group is labelled dp, and is across ep all the same.
+    moe = ParallelLayout(tp=1, pp=1, dp=2, ep=2)
+    assert moe.group_of_ranks((0, 1)) == ("dp", 0)
+    assert unused_axis(moe, axes_called(moe, 0, [("all_to_all", "dp.0", None)])) is None
     assert "pp=4 but the program made no transfer" in unused_axis(layout, {"tp", "dp_replicate", "dp_shard"})
     hsdp = axes_called(layout, 0, [("all_gather", "dp_shard.0", None)]) | {"tp", "pp"}
     assert unused_axis(layout, hsdp) is None  # dp counts as called across where either part is
