@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
@@ -32,34 +33,58 @@ runner = CliRunner()
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def hsdp_graph(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    work = tmp_path_factory.mktemp("hsdp")
-    program = ("--", str(EXAMPLES / "fsdp2.py"), "--replicate", "8", *TINY)
-    result = runner.invoke(
-        capture_app, [*HSDP, "--warmup", "4", "--iterations", "2", "-o", str(work / "cap"), *program]
-    )
+def captured_and_built(work: Path, layout: tuple[str, ...], program: tuple[str, ...]) -> Path:
+    """The graph of ``program`` captured at ``layout`` and built at the capture's layout."""
+    options = [*layout, "--warmup", "4", "--iterations", "2", "-o", str(work / "cap"), *program]
+    result = runner.invoke(capture_app, options)
     assert result.exit_code == 0, result.output
-    result = runner.invoke(
-        build_app, [str(work / "cap"), "-o", str(work / "graph.parquet")]
-    )  # the capture's layout
+    result = runner.invoke(build_app, [str(work / "cap"), "-o", str(work / "graph.parquet")])
     assert result.exit_code == 0, result.output
     return work / "graph.parquet"
+
+
+def replayed(graph: Path, out: Path, rank: int, program: tuple[str, ...]):
+    """The report of ``rank``'s replay of ``program`` against ``graph``."""
+    result = runner.invoke(
+        replay_app, [str(graph), "-o", str(out), "--warmup", "5", "--rank", str(rank), *program]
+    )
+    assert result.exit_code == 0, result.output
+    (report,) = ReplayReport.from_dict(json.loads((out / "report.json").read_text())).ranks
+    assert report.rank == rank and report.calls_per_iter >= 1
+    return report
+
+
+def calls_of(graph: Path) -> pd.DataFrame:
+    """The collective nodes of ``graph``."""
+    columns = [gf.RANK, gf.NAME, gf.GROUP_KIND, gf.GROUP_INDEX, gf.GROUP_SIZE, gf.COLL_ID]
+    nodes = pq.read_table(graph, columns=columns).to_pandas()
+    return nodes[nodes[gf.COLL_ID] >= 0]
+
+
+def groups_of(calls: pd.DataFrame, rank: int) -> dict[str, int]:
+    """The index of ``rank``'s group of each kind it calls on."""
+    mine = (
+        calls[calls[gf.RANK] == rank].drop_duplicates(gf.GROUP_KIND).set_index(gf.GROUP_KIND)[gf.GROUP_INDEX]
+    )
+    return {str(k): int(v) for k, v in mine.items()}
+
+
+HSDP_PROGRAM = ("--", str(EXAMPLES / "fsdp2.py"), "--replicate", "8", *TINY)
+
+
+@pytest.fixture(scope="module")
+def hsdp_graph(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return captured_and_built(tmp_path_factory.mktemp("hsdp"), HSDP, HSDP_PROGRAM)
 
 
 def test_hsdp_at_8192_ranks_binds_its_shard_and_replica_groups(hsdp_graph: Path) -> None:
     layout = ParallelLayout.from_dict(read_metadata(hsdp_graph).layout)
     assert (layout.world_size, layout.dp_replicate, layout.dp_shard) == (8192, 8, 1024)
-    nodes = pq.read_table(hsdp_graph, columns=[gf.RANK, gf.NAME, gf.GROUP_KIND, gf.GROUP_INDEX, gf.GROUP_SIZE,
-                                               gf.COLL_ID, gf.DUR_NS]).to_pandas()  # fmt: skip
-    calls = nodes[nodes[gf.COLL_ID] >= 0]
+    calls = calls_of(hsdp_graph)
     sizes = calls.groupby(calls[gf.GROUP_KIND].astype(str))[gf.GROUP_SIZE].unique().to_dict()
     assert {k: list(v) for k, v in sizes.items()} == {"dp_shard": [1024], "dp_replicate": [8]}
     # Rank 1027 is shard 3 of replica 1: its shard group is replica 1's, its replica group shard 3's.
-    mine = (
-        calls[calls[gf.RANK] == 1027].drop_duplicates(gf.GROUP_KIND).set_index(gf.GROUP_KIND)[gf.GROUP_INDEX]
-    )
-    assert mine.astype(int).to_dict() == {"dp_shard": 1, "dp_replicate": 3}
+    assert groups_of(calls, 1027) == {"dp_shard": 1, "dp_replicate": 3}
     # Every instance holds its whole group: 8 ranks a shard apart, or a replica's 1,024 in a row.
     members = calls.groupby(gf.COLL_ID)[gf.RANK].agg(["count", "min", "max"])
     assert set(members["count"]) == {8, 1024}
@@ -75,16 +100,7 @@ def test_hsdp_replicas_are_simulated_once_and_predict_what_the_whole_graph_does(
 
 
 def test_an_hsdp_rank_replays_with_its_memory(hsdp_graph: Path, tmp_path: Path) -> None:
-    program = ("--", str(EXAMPLES / "fsdp2.py"), "--replicate", "8", *TINY)
-    result = runner.invoke(
-        replay_app,
-        [str(hsdp_graph), "-o", str(tmp_path / "replay"), "--warmup", "5", "--rank", "1027", *program],
-    )
-    assert result.exit_code == 0, result.output
-    report = ReplayReport.from_dict(json.loads((tmp_path / "replay" / "report.json").read_text()))
-    (rank,) = report.ranks
-    assert rank.rank == 1027 and rank.calls_per_iter >= 1
-    assert abs(rank.mem_err_pct) < 0.1
+    assert abs(replayed(hsdp_graph, tmp_path / "replay", 1027, HSDP_PROGRAM).mem_err_pct) < 0.1
 
 
 def test_an_axis_the_program_never_calls_across_stops_the_capture(tmp_path: Path) -> None:
@@ -115,20 +131,11 @@ MOE_PROGRAM = (
 
 @pytest.fixture(scope="module")
 def moe_graph(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    work = tmp_path_factory.mktemp("moe")
-    result = runner.invoke(
-        capture_app, [*MOE, "--warmup", "4", "--iterations", "2", "-o", str(work / "cap"), *MOE_PROGRAM]
-    )
-    assert result.exit_code == 0, result.output
-    result = runner.invoke(build_app, [str(work / "cap"), "-o", str(work / "graph.parquet")])
-    assert result.exit_code == 0, result.output
-    return work / "graph.parquet"
+    return captured_and_built(tmp_path_factory.mktemp("moe"), MOE, MOE_PROGRAM)
 
 
 def test_expert_parallel_all_to_alls_bind_to_their_ep_groups_at_8192_ranks(moe_graph: Path) -> None:
-    nodes = pq.read_table(moe_graph, columns=[gf.RANK, gf.NAME, gf.GROUP_KIND, gf.GROUP_INDEX, gf.GROUP_SIZE,
-                                              gf.COLL_ID]).to_pandas()  # fmt: skip
-    calls = nodes[nodes[gf.COLL_ID] >= 0]
+    calls = calls_of(moe_graph)
     by_kind = calls.groupby(calls[gf.GROUP_KIND].astype(str)).agg(
         names=(gf.NAME, lambda n: sorted(set(map(str, n)))), size=(gf.GROUP_SIZE, "max")
     )
@@ -136,63 +143,25 @@ def test_expert_parallel_all_to_alls_bind_to_their_ep_groups_at_8192_ranks(moe_g
     # experts' over the 1,024 ranks that hold the same ones.
     assert by_kind["size"].to_dict() == {"dp": 8192, "edp": 1024, "ep": 8}
     assert by_kind.loc["ep", "names"] == ["all_to_all"]
-    mine = (
-        calls[calls[gf.RANK] == 4099].drop_duplicates(gf.GROUP_KIND).set_index(gf.GROUP_KIND)[gf.GROUP_INDEX]
-    )
-    assert mine.astype(int).to_dict() == {"ep": 512, "edp": 3, "dp": 0}
+    assert groups_of(calls, 4099) == {"ep": 512, "edp": 3, "dp": 0}
 
 
 def test_an_expert_parallel_rank_replays_with_its_memory(moe_graph: Path, tmp_path: Path) -> None:
-    result = runner.invoke(
-        replay_app,
-        [str(moe_graph), "-o", str(tmp_path / "replay"), "--warmup", "5", "--rank", "4099", *MOE_PROGRAM],
-    )
-    assert result.exit_code == 0, result.output
-    (rank,) = ReplayReport.from_dict(json.loads((tmp_path / "replay" / "report.json").read_text())).ranks
-    assert rank.calls_per_iter >= 1 and abs(rank.mem_err_pct) < 0.1
+    assert abs(replayed(moe_graph, tmp_path / "replay", 4099, MOE_PROGRAM).mem_err_pct) < 0.1
 
 
 CP = ("--dp", "2048", "--cp", "4")
-CP_PROGRAM = (
-    "--",
-    str(EXAMPLES / "cp.py"),
-    "--cp",
-    "4",
-    "--steps",
-    "50",
-    "--hidden",
-    "32",
-    "--vocab",
-    "64",
-    "--seq",
-    "32",
-)
+CP_PROGRAM = ("--", str(EXAMPLES / "cp.py"), "--cp", "4", "--steps", "50", "--hidden", "32", "--vocab", "64",
+              "--seq", "32")  # fmt: skip
 
 
 def test_context_parallel_at_8192_ranks_gathers_on_its_cp_groups_and_replays(tmp_path: Path) -> None:
-    capture, graph = tmp_path / "cap", tmp_path / "graph.parquet"
-    result = runner.invoke(
-        capture_app, [*CP, "--warmup", "4", "--iterations", "2", "-o", str(capture), *CP_PROGRAM]
-    )
-    assert result.exit_code == 0, result.output
-    result = runner.invoke(build_app, [str(capture), "-o", str(graph)])
-    assert result.exit_code == 0, result.output
-    nodes = pq.read_table(
-        graph, columns=[gf.RANK, gf.NAME, gf.GROUP_KIND, gf.GROUP_SIZE, gf.COLL_ID]
-    ).to_pandas()
-    calls = nodes[(nodes[gf.COLL_ID] >= 0) & (nodes[gf.RANK] == 4097)]
-    kinds = calls.groupby([calls[gf.GROUP_KIND].astype(str), calls[gf.NAME].astype(str)])[gf.GROUP_SIZE].max()
+    graph = captured_and_built(tmp_path, CP, CP_PROGRAM)
+    calls = calls_of(graph)
+    mine = calls[calls[gf.RANK] == 4097]
+    kinds = mine.groupby([mine[gf.GROUP_KIND].astype(str), mine[gf.NAME].astype(str)])[gf.GROUP_SIZE].max()
     # Keys and values gathered across the 4 ranks of a sequence, their gradients reduce-scattered
     # back; the weights' gradients averaged over all 8,192.
-    assert kinds.to_dict() == {
-        ("cp", "all_gather"): 4,
-        ("cp", "reduce_scatter"): 4,
-        ("world", "all_reduce"): 8192,
-    }
-    result = runner.invoke(
-        replay_app,
-        [str(graph), "-o", str(tmp_path / "replay"), "--warmup", "5", "--rank", "4097", *CP_PROGRAM],
-    )
-    assert result.exit_code == 0, result.output
-    (rank,) = ReplayReport.from_dict(json.loads((tmp_path / "replay" / "report.json").read_text())).ranks
-    assert rank.calls_per_iter >= 1 and abs(rank.mem_err_pct) < 0.1
+    expected = {("cp", "all_gather"): 4, ("cp", "reduce_scatter"): 4, ("world", "all_reduce"): 8192}
+    assert kinds.to_dict() == expected
+    assert abs(replayed(graph, tmp_path / "replay", 4097, CP_PROGRAM).mem_err_pct) < 0.1

@@ -195,12 +195,12 @@ def test_impossible_meshes_are_refused(degrees: dict, why: str) -> None:
 
 def test_the_comm_model_sees_where_each_kinds_groups_sit() -> None:
     """HSDP at 8 replicas x 1,024 shards on 8-GPU nodes: a replica group's 8 ranks on 8 nodes, a
-    shard group's 1,024 on 128; every replica simulated (a group spans some of them)."""
+    shard group's 1,024 on 128; the replicas, along dp_replicate, sit alike."""
     layout = ParallelLayout(tp=1, pp=1, dp=8192, dp_replicate=8)
     tables = LayoutTables.build(layout, gpus_per_node=8)
     assert set(tables.nodes_spanned["dp_replicate"]) == {8} and set(tables.nodes_spanned["dp_shard"]) == {128}
     assert tables.group_index["dp_shard"][1027] == 1 and tables.group_index["dp_replicate"][1027] == 3
-    assert list(tables.replica_of()) == list(range(8192))
+    assert list(tables.replica_of()) == [0] * 8  # its replicas sit alike: one simulated for all
     moe = ParallelLayout(tp=2, pp=1, dp=8, ep=4, cp=2)
     tables = LayoutTables.build(moe, gpus_per_node=8)
     for kind in moe.kinds():
