@@ -332,8 +332,10 @@ class ParallelLayout:
         kinds, seen = [], set()
         for kind in candidates:
             if self.degree(kind) > 1:
-                # Two kinds whose groups through rank 0 are one set are one kind (sub-meshes are
-                # translates of that group).
+                # Two kinds whose groups through rank 0 are one set are taken as one kind: true of
+                # dense kinds and of expert splits aligned with the region's axes. Where a split is
+                # not, a group of the dropped kind goes unlabelled and the capture stops on it
+                # (group_of_ranks checks every label against the group's ranks).
                 key = "all" if self.degree(kind) == self.world_size else self.group(0, kind)
                 if key not in seen:
                     seen.add(key)
