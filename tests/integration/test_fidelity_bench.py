@@ -95,36 +95,27 @@ def _check_record(record: dict) -> None:
 
 
 @pytest.mark.slow
-def test_run_case_and_cli_json(spec_file: Path, tmp_path: Path) -> None:
-    from prism.fidelity import RunSettings, run_case
-    from prism.schemas.cluster import ClusterSpec
-
-    settings = RunSettings(warmup=3, iterations=1)
-    records = run_case(parse_case(TINY), 1, ClusterSpec.load(spec_file), settings)
-    # Every rank simulated; each role's rank (pp=2: both) replayed against the graph.
-    assert [(r["source"], r["rank"]) for r in records] == [("simulation", 0), ("simulation", 1), ("replay", 0), ("replay", 1)]  # fmt: skip
-    for record in records:
-        _check_record(record)
-        # The real side ran right before and right after the replay: its time is their mean.
-        assert record["real_bracket_drift_pct"] is not None
-
+def test_one_case_through_the_cli_then_repriced(spec_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "fidelity.json"
     argv = ["--case", TINY, "--repeats", "1", "--warmup", "3", "--iterations", "1"]
     argv += ["--cluster-spec", str(spec_file), "--no-probe", "--json", str(out), "--paced"]
     done = run_script("fidelity.py", *argv, "--work-dir", str(tmp_path / "wd"))
     assert done.returncode == 0, done.stderr
     data = json.loads(out.read_text())
+    # Every rank simulated (and paced); each role's rank (pp=2: both) replayed against the graph.
     for source in ("simulation", "paced", "replay"):
         assert [r["rank"] for r in data["records"] if r["source"] == source] == [0, 1]
     assert isinstance(data["paced_mean_abs_iter_err_pct"], float)
+    for record in data["records"]:
+        _check_record(record)
+        # The real side ran right before and right after the replay: its time is their mean.
+        assert record["real_bracket_drift_pct"] is not None
     # With --paced the replay runs against the paced capture's graph.
     (repeat,) = (tmp_path / "wd").glob("*/repeat0")
     assert json.loads((repeat / "replay" / "report.json").read_text())["graph"].endswith("paced.parquet")
     assert (repeat / "real" / "manifest.json").is_file() and (
         repeat / "real_after" / "manifest.json"
     ).is_file()
-    for record in data["records"]:
-        _check_record(record)
     assert isinstance(data["mean_abs_iter_err_pct"], float)
     assert isinstance(data["mean_abs_mem_err_pct"], float)
     assert {"nproc", "cpu_model", "date"} <= set(data["meta"]["machine"])

@@ -68,7 +68,7 @@ def test_prism_simulate_validate_and_export_on_a_damaged_graph(
 
 
 @pytest.mark.slow
-@fuzz(examples=10)
+@fuzz(examples=5)  # each a replay or a paced capture of two processes: ~10 s
 @given(data=st.data())
 def test_prism_replay_and_capture_paced_on_a_damaged_graph(
     fuzz_graph: Path, tmp_path: Path, data: st.DataObject
@@ -106,7 +106,7 @@ TINY = ["--tp", "1", "--pp", "2", "--dp", "2", "--layers", "2", "--hidden", "32"
 
 
 @pytest.mark.slow
-@fuzz(examples=15)
+@fuzz(examples=8)
 @given(data=st.data())
 def test_prism_capture_options(tmp_path: Path, data: st.DataObject) -> None:
     """A valid draw runs a real capture of the tiny model (the last value of an option wins)."""
