@@ -37,7 +37,13 @@ from prism.schemas import PRISM_VERSION
 from prism.schemas.cluster import ClusterSpec
 from prism.schemas.comm_log import read_comm_log
 from prism.schemas.files import write_json_atomic
-from prism.schemas.iterations import CUT_HINT, DEFAULT_WARMUP, implausible_iterations
+from prism.schemas.iterations import (
+    CUT_HINT,
+    DEFAULT_WARMUP,
+    MIN_PROGRAM_PROFILED,
+    PROGRAM_PROFILED_WHY,
+    implausible_iterations,
+)
 from prism.schemas.layout import ParallelLayout, Role
 from prism.schemas.layout_match import axes_called, unused_axis
 from prism.schemas.manifest import (
@@ -169,6 +175,8 @@ def plan_batches(options: CaptureOptions) -> list[RankBatch]:
 def check_options(options: CaptureOptions) -> None:
     if options.iterations < 1:
         raise CaptureError(f"--iterations must be at least 1, got {options.iterations}")
+    if options.program is not None and options.iterations < MIN_PROGRAM_PROFILED:
+        raise CaptureError(f"{PROGRAM_PROFILED_WHY}, got {options.iterations}")
     if options.warmup < 0:
         raise CaptureError(f"--warmup must be 0 or more, got {options.warmup}")
     if options.threads < 1:

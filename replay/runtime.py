@@ -39,7 +39,13 @@ from prism.replay.coordinator import Coordinator
 from prism.replay.cores import CorePlan, launcher_on, plan_cores
 from prism.schemas import graph_format as gf
 from prism.schemas.files import write_json_atomic
-from prism.schemas.iterations import DEFAULT_WARMUP, MIN_WARMUP, clean_unprofiled
+from prism.schemas.iterations import (
+    DEFAULT_WARMUP,
+    MIN_PROGRAM_PROFILED,
+    MIN_WARMUP,
+    PROGRAM_PROFILED_WHY,
+    clean_unprofiled,
+)
 from prism.schemas.layout import ParallelLayout
 from prism.schemas.manifest import GPT, PROGRAM, CaptureFiles, RankJob, RankResult
 from prism.schemas.program import ProgramSpec
@@ -186,6 +192,8 @@ def check_inputs(options: ReplayOptions) -> ReplayTarget:
         raise ReplayInputError(
             "--iterations must be at least 1 (the profiled ones give the trace and memory)"
         )
+    if job.workload == PROGRAM and options.iterations < MIN_PROGRAM_PROFILED:
+        raise ReplayInputError(f"{PROGRAM_PROFILED_WHY}, got {options.iterations}")
     if options.out_dir.exists() and any(options.out_dir.iterdir()) and not options.overwrite:
         raise ReplayInputError(f"{options.out_dir} is not empty (use --overwrite)")
     clock_from = int(metadata.extra.get(gf.STEADY_FROM_KEY, 1)) if job.workload == PROGRAM else 0

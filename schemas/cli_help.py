@@ -23,7 +23,7 @@ WARMUP = (
     "last) give the steady time and let the build take the profiler's cost out of its predictions; "
     "8 of them (the default) give a steady estimate of how much iterations vary."
 )
-ITERATIONS = "Profiled iterations after the warm-up (traces and peak memory)."
+ITERATIONS = "Profiled iterations after the warm-up (traces and peak memory; at least 2 for a program)."
 THREADS = "torch intra-op threads per real rank process."
 RANK_TIMEOUT = "Seconds before stuck rank processes are killed."
 CLUSTER = "Cluster spec: a preset name (e.g. h100-ib, local) or a TOML file."

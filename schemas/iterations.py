@@ -23,6 +23,17 @@ DEFAULT_WARMUP = STEADY_CLEAN + 2
 """The commands' default warm-up: ``STEADY_CLEAN`` clean iterations, with the cold first and the
 profiler's warm-up step around them."""
 
+MIN_PROGRAM_PROFILED = 2
+"""Profiled iterations a program's run needs: the profiler records no free of a block allocated
+before it started, so the first profiled iteration's memory runs high by what it frees of the
+iteration before (a program's gradients, dropped by ``zero_grad``). A program's graph reads its
+memory from the profiled iterations after the first, and its replay measures the same ones."""
+PROGRAM_PROFILED_WHY = (
+    f"--iterations must be at least {MIN_PROGRAM_PROFILED} for a program: its memory is read from "
+    "the profiled iterations after the first (the profiler sees no free of a block allocated "
+    "before it started)"
+)
+
 
 def clean_unprofiled(iterations: Sequence[T], warmup: int) -> tuple[T, ...]:
     """The entries (wall times, or anything kept per iteration) of the warm-up iterations that

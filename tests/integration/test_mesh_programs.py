@@ -106,7 +106,7 @@ def test_an_hsdp_rank_replays_with_its_memory(hsdp_graph: Path, tmp_path: Path) 
 def test_an_axis_the_program_never_calls_across_stops_the_capture(tmp_path: Path) -> None:
     result = runner.invoke(
         capture_app,
-        ["--pp", "2", "--dp", "4", "--warmup", "3", "--iterations", "1", "-o", str(tmp_path / "cap"), "--",
+        ["--pp", "2", "--dp", "4", "--warmup", "3", "--iterations", "2", "-o", str(tmp_path / "cap"), "--",
          str(EXAMPLES / "fsdp2.py"), *TINY],
     )  # fmt: skip
     assert result.exit_code != 0

@@ -99,7 +99,7 @@ def test_a_pipeline_of_another_length_than_pp_is_one_error(tmp_path: Path) -> No
             "--warmup",
             "3",
             "--iterations",
-            "1",
+            "2",
             "-o",
             str(out),
             "--",

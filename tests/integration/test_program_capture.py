@@ -92,11 +92,11 @@ def test_sharded_programs_are_captured_at_1024_ranks(
     tp, dp = layout
     extra = ("--tp", str(tp)) if example == "tp_fsdp.py" else ()
     program = (str(EXAMPLES / example), *extra, *TINY_MODEL)
-    options = ("--tp", str(tp), "--pp", "1", "--dp", str(dp), "--warmup", "3", "--iterations", "1")
+    options = ("--tp", str(tp), "--pp", "1", "--dp", str(dp), "--warmup", "3", "--iterations", "2")
     result, out = capture(tmp_path, *options, program=program)
     assert result.exit_code == 0, result.output
     (rank,) = read_manifest(out).ranks
-    assert len(rank.result.iteration_ns) == 4
+    assert len(rank.result.iteration_ns) == 5
     log = read_comm_log(CaptureFiles(out).comm(0))
     calls = {(c.op, c.label) for c in log.calls}
     assert expected <= calls, calls
@@ -115,7 +115,7 @@ def test_sharded_programs_are_captured_at_1024_ranks(
 
 def test_the_calls_programs_make_work_with_one_real_rank_among_1024(tmp_path: Path) -> None:
     tour = Path(__file__).resolve().parents[1] / "data" / "programs" / "api_tour.py"
-    options = ("--tp", "2", "--pp", "1", "--dp", "512", "--warmup", "3", "--iterations", "1")
+    options = ("--tp", "2", "--pp", "1", "--dp", "512", "--warmup", "3", "--iterations", "2")
     result, out = capture(tmp_path, *options, program=(str(tour),))
     assert result.exit_code == 0, result.output
     log = read_comm_log(CaptureFiles(out).comm(0))
@@ -125,13 +125,21 @@ def test_the_calls_programs_make_work_with_one_real_rank_among_1024(tmp_path: Pa
     assert {"all_reduce", "barrier", "all_gather", "broadcast", "send", "recv"} <= ops
     # The training loop's gradient all-reduce on the dp group, once per captured iteration.
     grads = [c for c in log.calls if c.op == "all_reduce" and c.label == "dp.0"]
-    assert len(grads) == 4
+    assert len(grads) == 5
 
 
 def test_a_missing_program_is_one_error_line(tmp_path: Path) -> None:
     result, out = capture(tmp_path, "--tp", "1", "--pp", "1", "--dp", "4", program=("no_such_train.py",))
     assert result.exit_code == 2
     assert "program not found: no_such_train.py" in error_line(result.output)
+    assert not out.exists()
+
+
+def test_a_program_captured_for_one_profiled_iteration_is_refused(tmp_path: Path) -> None:
+    program = (str(EXAMPLES / "ddp.py"), *TINY_DDP)
+    result, out = capture(tmp_path, "--dp", "4", "--iterations", "1", program=program)
+    assert result.exit_code == 2
+    assert "--iterations must be at least 2 for a program" in error_line(result.output)
     assert not out.exists()
 
 
@@ -252,7 +260,7 @@ def test_ddp_captured_at_a_rank_other_than_the_root_passes_ddps_shape_check(tmp_
     # by the layout's symmetry rank 0 holds what rank 7 holds.
     program = (str(EXAMPLES / "ddp.py"), "--steps", "50", *TINY_DDP)
     result, out = capture(
-        tmp_path, "--tp", "1", "--pp", "1", "--dp", "1024", "--ranks", "7", "--warmup", "3", "--iterations", "1",
+        tmp_path, "--tp", "1", "--pp", "1", "--dp", "1024", "--ranks", "7", "--warmup", "3", "--iterations", "2",
         program=program,
     )  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -340,7 +348,7 @@ def test_a_group_outside_the_layout_stops_the_capture_at_once_naming_the_order(t
         "--warmup",
         "3",
         "--iterations",
-        "1",
+        "2",
     )
     result, out = capture(tmp_path, *options, program=program)
     assert result.exit_code == 2

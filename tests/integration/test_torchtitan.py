@@ -123,7 +123,7 @@ def test_torchtitan_in_four_dimensions_replays_each_role_with_its_memory(four_d,
     _, graph = four_d
     out = graph.parent / f"replay{rank}"
     result = runner.invoke(
-        replay_app, [str(graph), "--rank", str(rank), "--warmup", "5", "--iterations", "1", "-o", str(out)]
+        replay_app, [str(graph), "--rank", str(rank), "--warmup", "5", "--iterations", "2", "-o", str(out)]
     )
     assert result.exit_code == 0, result.output
     (report,) = json.loads((out / "report.json").read_text())["ranks"]
