@@ -1,9 +1,11 @@
-"""torchtitan, unmodified, through every prism stage on this CPU box: its llama3 debug model under
-``prism-capture ... -- -m torchtitan.train ...`` in four dimensions (pipelining, HSDP's replicas
-and shards, tensor parallel with sequence parallel), captured at 8,192 ranks, built, validated,
-simulated and replayed, one rank per role; and its training steps, cut by a container optimizer's
-outermost step, give the graph its own profiler's steps give. Skipped where torchtitan is not
-installed (a test extra, with torch >= 2.14, whose APIs torchtitan 0.3.0 calls)."""
+"""torchtitan, unmodified, through every prism stage on this CPU box, under
+``prism-capture ... -- -m torchtitan.train ...``: its llama3 debug model in four dimensions
+(pipelining, HSDP's replicas and shards, tensor parallel with sequence parallel) and its
+DeepSeek-V3 debug model (a mixture of experts) with HSDP, context parallel and expert parallel,
+each captured at 8,192 ranks, built, validated, simulated and replayed, one rank per role; and its
+training steps, cut by a container optimizer's outermost step, give the graph its own profiler's
+steps give. Skipped where torchtitan is not installed (a test extra, with torch >= 2.14, whose APIs
+torchtitan 0.3.0 calls)."""
 
 from __future__ import annotations
 
@@ -39,11 +41,23 @@ pytestmark = [
 ASSETS = Path(__file__).resolve().parents[1] / "data" / "torchtitan" / "make_assets.py"
 runner = CliRunner()
 
-DEBUG_MODEL = (
-    "-m", "torchtitan.train", "--module", "llama3", "--config", "llama3_debugmodel",
-    "--training.seq_len", "128", "--training.local_batch_size", "2", "--training.steps", "100",
-    "--metrics.log_freq", "1000", "--training.disable_cuda_graphs",
-)  # fmt: skip
+
+def debug_model(module: str, config: str, seq_len: int = 128) -> tuple[str, ...]:
+    return (
+        "-m", "torchtitan.train", "--module", module, "--config", config,
+        "--training.seq_len", str(seq_len), "--training.local_batch_size", "2", "--training.steps", "100",
+        "--metrics.log_freq", "1000", "--training.disable_cuda_graphs",
+    )  # fmt: skip
+
+
+LLAMA3 = debug_model("llama3", "llama3_debugmodel")
+# Context parallel cuts the sequence into 2 x cp blocks of FlexAttention's 128 tokens.
+DEEPSEEK_V3 = debug_model("deepseek_v3", "deepseek_v3_debugmodel", seq_len=256)  # 8 experts, 5 MoE layers
+TORCHTITAN_DEGREE = {  # prism's layout option: torchtitan's
+    "--tp": "tensor_parallel_degree", "--pp": "pipeline_parallel_degree",
+    "--dp-replicate": "data_parallel_replicate_degree", "--dp-shard": "data_parallel_shard_degree",
+    "--cp": "context_parallel_degree", "--ep": "expert_parallel_degree",
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -62,25 +76,17 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.chdir(before)
 
 
-def layout_options(tp: int, pp: int, dp: int, replicas: int = 1) -> tuple[str, ...]:
-    return ("--tp", str(tp), "--pp", str(pp), "--dp-replicate", str(replicas), "--dp-shard", str(dp))
-
-
-def torchtitan_options(tp: int, pp: int, dp: int, replicas: int, *extra: str) -> tuple[str, ...]:
-    return (
-        *DEBUG_MODEL,
-        "--parallelism.tensor_parallel_degree", str(tp), "--parallelism.pipeline_parallel_degree", str(pp),
-        "--parallelism.data_parallel_replicate_degree", str(replicas),
-        "--parallelism.data_parallel_shard_degree", str(dp), *extra,
-    )  # fmt: skip
-
-
 def captured_and_built(
-    workdir: Path, name: str, tp: int, pp: int, dp: int, *extra: str, replicas: int = 1
+    workdir: Path, name: str, model: tuple[str, ...], degrees: dict[str, int], *extra: str
 ) -> tuple[Path, Path]:
+    """``model`` captured at the layout ``degrees`` gives prism and torchtitan alike, then built."""
+    layout = tuple(arg for option, n in degrees.items() for arg in (option, str(n)))
+    parallelism = tuple(
+        arg for option, n in degrees.items() for arg in (f"--parallelism.{TORCHTITAN_DEGREE[option]}", str(n))
+    )
     out, graph = workdir / name, workdir / f"{name}.parquet"
-    options = (*layout_options(tp, pp, dp, replicas), "--warmup", "4", "--iterations", "2", "-o", str(out))
-    result = runner.invoke(capture_app, [*options, "--", *torchtitan_options(tp, pp, dp, replicas, *extra)])
+    options = (*layout, "--warmup", "4", "--iterations", "2", "-o", str(out))
+    result = runner.invoke(capture_app, [*options, "--", *model, *parallelism, *extra])
     assert result.exit_code == 0, result.output
     built = runner.invoke(build_app, [str(out), "-o", str(graph)])  # at the capture's layout
     assert built.exit_code == 0, built.output
@@ -88,18 +94,22 @@ def captured_and_built(
     return out, graph
 
 
+def replayed(graph: Path, rank: int) -> dict:
+    out = graph.parent / f"{graph.stem}-replay{rank}"
+    result = runner.invoke(
+        replay_app, [str(graph), "--rank", str(rank), "--warmup", "5", "--iterations", "2", "-o", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    (report,) = json.loads((out / "report.json").read_text())["ranks"]
+    return report
+
+
 @pytest.fixture(scope="module")
 def four_d(workdir: Path) -> tuple[Path, Path]:
     """pp=2 (1F1B) x HSDP 8 replicas x 256 shards x tp=2 (sequence parallel): 8,192 ranks."""
+    degrees = {"--pp": 2, "--dp-replicate": 8, "--dp-shard": 256, "--tp": 2}
     return captured_and_built(
-        workdir,
-        "pp2_hsdp8x256_tp2",
-        2,
-        2,
-        256,
-        "--parallelism.pipeline_parallel_schedule",
-        "1F1B",
-        replicas=8,
+        workdir, "pp2_hsdp8x256_tp2", LLAMA3, degrees, "--parallelism.pipeline_parallel_schedule", "1F1B"
     )
 
 
@@ -121,12 +131,7 @@ def test_torchtitan_in_four_dimensions_at_8192_ranks_is_captured_built_and_simul
 @pytest.mark.parametrize("rank", [0, 4096], ids=["first-stage", "last-stage"])
 def test_torchtitan_in_four_dimensions_replays_each_role_with_its_memory(four_d, rank: int) -> None:
     _, graph = four_d
-    out = graph.parent / f"replay{rank}"
-    result = runner.invoke(
-        replay_app, [str(graph), "--rank", str(rank), "--warmup", "5", "--iterations", "2", "-o", str(out)]
-    )
-    assert result.exit_code == 0, result.output
-    (report,) = json.loads((out / "report.json").read_text())["ranks"]
+    report = replayed(graph, rank)
     assert report["measured_iter_ms"] > 0 and abs(report["mem_err_pct"]) < 1.0
 
 
@@ -138,10 +143,44 @@ def test_steps_cut_at_the_container_optimizer_give_the_graph_its_profiler_steps_
         ("steps", ()),
         ("profiler", ("--profiler.enable_profiling", "--profiler.profile_freq", "5")),
     ):
-        capture, graph = captured_and_built(workdir, f"fsdp_{name}", 1, 1, 64, *extra)
+        capture, graph = captured_and_built(workdir, f"fsdp_{name}", LLAMA3, {"--dp-shard": 64}, *extra)
         (rank,) = read_manifest(capture).ranks
         iterations.append(rank.result.calls[rank.result.steady_from :])
         predicted.append(float(simulate(load_sim_graph(graph), iterations=2).iteration_ns.mean()))
     assert iterations[0] == iterations[1] and len(set(iterations[0])) == 1  # the same calls, each step
     # Within this machine's noise (cut at the inner step, the graph was 40 times too fast).
     assert 0.67 < predicted[0] / predicted[1] < 1.5, predicted
+
+
+@pytest.fixture(scope="module")
+def moe(workdir: Path) -> tuple[Path, Path]:
+    """DeepSeek-V3's debug model (mixture of experts) at 8,192 ranks: HSDP 512 replicas x 8 shards,
+    context parallel 2, and expert parallel 8 over the 16 ranks of dp_shard x cp (expert data
+    parallel 2), as torchtitan builds its sparse mesh."""
+    degrees = {"--dp-replicate": 512, "--dp-shard": 8, "--cp": 2, "--ep": 8}
+    return captured_and_built(workdir, "moe_hsdp512x8_cp2_ep8", DEEPSEEK_V3, degrees)
+
+
+def test_torchtitan_moe_with_context_and_expert_parallel_at_8192_ranks_is_built_on_its_mesh(moe) -> None:
+    capture, graph = moe
+    layout = read_manifest(capture).layout
+    assert (layout.world_size, layout.cp, layout.ep, layout.edp) == (8192, 2, 8, 2)
+    calls = pq.read_table(
+        graph, columns=[gf.RANK, gf.KIND, gf.NAME, gf.GROUP_KIND, gf.GROUP_SIZE]
+    ).to_pandas()
+    calls = calls[(calls[gf.RANK] == 0) & (calls[gf.KIND] == gf.NodeKind.COLLECTIVE.value)]
+    # Each of torchtitan's groups bound to its kind: FSDP over dp_shard x cp, the experts' FSDP over
+    # expert data parallel, HSDP's replicas, context parallel's key-value gathers; the tokens'
+    # dispatch and combine are all-to-alls over the expert-parallel groups of 8, and nothing else.
+    kinds = set(calls[gf.GROUP_KIND])
+    assert {"dp_shard_cp", "edp", "dp_replicate", "cp", "ep"} <= kinds, kinds
+    to_all = calls[calls[gf.NAME] == "all_to_all"]
+    assert len(to_all) > 0 and set(to_all[gf.GROUP_KIND]) == {"ep"} and set(to_all[gf.GROUP_SIZE]) == {8}
+    iteration_ns = predict(graph).ranks["iteration_ns"]  # the 512 replicas alike, simulated once
+    assert len(iteration_ns) == 8192 and min(iteration_ns) > 0
+
+
+def test_torchtitan_moe_replays_with_its_memory(moe) -> None:
+    _, graph = moe
+    report = replayed(graph, 0)
+    assert report["measured_iter_ms"] > 0 and abs(report["mem_err_pct"]) < 1.0
