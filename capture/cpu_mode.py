@@ -17,6 +17,10 @@ it measures against), and changes nothing the program computes:
 - ``ReduceOp.PREMUL_SUM(s)`` (FSDP2's gradient reduction under a divide factor, as torchtitan
   sets it), which gloo refuses: the input is multiplied by ``s`` and reduced with ``SUM``, what
   NCCL computes inside its kernel (``all_reduce``, ``reduce_scatter_tensor`` / ``_single``);
+- ``all_to_all`` of lists whose tensors differ in size (a mixture of experts' token dispatch, as
+  torchtitan makes it), which gloo refuses: the inputs, flattened and concatenated, go through
+  ``all_to_all_single`` with the tensors' sizes as splits, and the outputs are copied back, what
+  NCCL's grouped sends and receives deliver;
 - FlexAttention on CPU with gradients: torch refuses its backward on CPU, compiled or not
   (``flex_attention._validate_device``), and inductor cannot lower it. ``torch.compile`` of
   ``flex_attention`` gives a function that, on CPU, runs FlexAttention's own dense implementation
@@ -151,6 +155,48 @@ def _premul_sum_as_sum(call: Callable, operand: str) -> Callable:
     return reduce
 
 
+class _CopiedBack:
+    """The work of an asynchronous uneven ``all_to_all``: waiting copies the received chunks out."""
+
+    def __init__(self, work: dist.Work, copy_back: Callable[[], None]) -> None:
+        self._work, self._copy_back, self._done = work, copy_back, False
+
+    def wait(self, timeout: object = None) -> bool:
+        self._work.wait() if timeout is None else self._work.wait(timeout)
+        if not self._done:
+            self._copy_back()
+            self._done = True
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done
+
+
+def _uneven_all_to_all_as_single(call: Callable) -> Callable:
+    """``dist.all_to_all`` whose lists hold tensors of several sizes done by ``all_to_all_single``."""
+
+    @functools.wraps(call)
+    def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):  # noqa: ANN001, ANN202
+        if len({t.shape for t in (*output_tensor_list, *input_tensor_list)}) <= 1:
+            return call(output_tensor_list, input_tensor_list, group=group, async_op=async_op)
+        sent = torch.cat([t.reshape(-1) for t in input_tensor_list])
+        received = sent.new_empty(sum(t.numel() for t in output_tensor_list))
+        out_splits = [t.numel() for t in output_tensor_list]
+        in_splits = [t.numel() for t in input_tensor_list]
+
+        def copy_back() -> None:
+            for tensor, chunk in zip(output_tensor_list, received.split(out_splits), strict=True):
+                tensor.copy_(chunk.view(tensor.shape))
+
+        work = dist.all_to_all_single(received, sent, out_splits, in_splits, group=group, async_op=async_op)
+        if async_op:
+            return _CopiedBack(work, copy_back)
+        copy_back()
+        return None
+
+    return all_to_all
+
+
 _installed = False
 
 
@@ -171,6 +217,7 @@ def install_cpu_mode() -> None:
     replace_everywhere(dist.barrier, _barrier_without_cpu_ids(dist.barrier))
     torch.compile = _compile_flex_attention_densely(torch.compile)
     replace_everywhere(dist.all_reduce, _premul_sum_as_sum(dist.all_reduce, "tensor"))
+    replace_everywhere(dist.all_to_all, _uneven_all_to_all_as_single(dist.all_to_all))
     for name in ("reduce_scatter_tensor", "reduce_scatter_single"):  # the latter: torch >= 2.14's name
         if hasattr(dist, name):
             call = getattr(dist, name)

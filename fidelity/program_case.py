@@ -76,7 +76,8 @@ class ProgramCase:
 
     @property
     def label(self) -> str:
-        return f"{shlex.join(self.argv)} (tp={self.layout.tp} pp={self.layout.pp} dp={self.layout.dp})"
+        more = "".join(f" {axis}={n}" for axis, n in self.layout.extra_axes().items())  # cp, ep, ...
+        return f"{shlex.join(self.argv)} (tp={self.layout.tp} pp={self.layout.pp} dp={self.layout.dp}{more})"
 
 
 @dataclass(kw_only=True)

@@ -64,3 +64,43 @@ PROGRAM = textwrap.dedent(
 def test_cpu_mode_answers_set_up_calls_and_keeps_the_numerics() -> None:
     done = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+UNEVEN_ALL_TO_ALL = textwrap.dedent(
+    """
+    import sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+    from prism.capture.cpu_mode import install_cpu_mode
+
+    def run(rank, path):
+        install_cpu_mode()
+        dist.init_process_group("gloo", store=dist.FileStore(path, 2), rank=rank, world_size=2)
+        # Rank r sends r + 1 + j rows of 3 to rank j, each row filled with 10 r + j (what gloo
+        # refuses: tensors of several sizes in one list).
+        sent = [torch.full((rank + 1 + j, 3), 10.0 * rank + j) for j in range(2)]
+        for async_op in (False, True):
+            got = [torch.empty(j + 1 + rank, 3) for j in range(2)]
+            work = dist.all_to_all(got, sent, async_op=async_op)
+            if async_op:
+                work.wait()
+            assert [tuple(t.shape) for t in got] == [(j + 1 + rank, 3) for j in range(2)]
+            assert all(bool((t == 10.0 * j + rank).all()) for j, t in enumerate(got)), got
+        # Even lists go to gloo's own all_to_all as before.
+        got = [torch.empty(2) for _ in range(2)]
+        dist.all_to_all(got, [torch.full((2,), float(rank))] * 2)
+        assert [t.tolist() for t in got] == [[0.0, 0.0], [1.0, 1.0]]
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        mp.spawn(run, args=(sys.argv[1],), nprocs=2)
+        print("ok")
+    """
+)
+
+
+def test_an_all_to_all_of_uneven_lists_runs_on_gloo_with_the_chunks_each_rank_sent(tmp_path) -> None:
+    script = tmp_path / "uneven.py"
+    script.write_text(UNEVEN_ALL_TO_ALL)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "store")], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
