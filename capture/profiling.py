@@ -76,7 +76,11 @@ def profiled(spec: ProfileSpec) -> Iterator[Profiler]:
         activities=activities,
         schedule=_profiler_schedule(spec),
         on_trace_ready=lambda done: export_trace(done, spec.kineto_path),
-        record_shapes=True,
+        # The Execution Trace records every op's shapes. The profiler's own shape recording keeps
+        # some operators' inputs alive past their last use (FlexAttention's block masks, 4 MiB an
+        # iteration in torchtitan's context parallel), so the memory the trace showed was partly
+        # the profiler's, not the program's.
+        record_shapes=False,
         profile_memory=True,
         with_stack=False,
         execution_trace_observer=et,
