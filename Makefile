@@ -8,7 +8,7 @@ OUT    ?= capture-out
 GRAPH  ?= graph.parquet
 REPLAY ?= replay-out
 
-.PHONY: install demo test test-fast lint results results-programs results-programs-floor results-programs-accumulate results-torchtitan results-mesh results-random figures clean
+.PHONY: install demo test test-fast lint results results-programs results-programs-floor results-programs-accumulate results-torchtitan results-torchtitan-mesh results-mesh results-random figures clean
 
 install: $(VENV)/.installed-torch-$(TORCH)
 
@@ -124,6 +124,18 @@ results-torchtitan: install
 	    --program "$(TT_PROGRAM) --parallelism.data_parallel_shard_degree 2"
 	$(TT_FIDELITY) fidelity_torchtitan_tp -- $(TT_RUN) --tp 2 --json $(CURDIR)/benchmarks/results/fidelity_torchtitan_tp.json \
 	    --program "$(TT_PROGRAM) --parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 1"
+
+# torchtitan on a mesh against its own torchrun runs at world 2 (about 12 min): llama3 with context
+# parallel (cp 2: the sequence in 2 x cp blocks of FlexAttention's 128) and DeepSeek-V3's debug
+# mixture of experts with expert parallel 2 over dp_shard 2 (priced by the spec that times all-to-alls).
+TT_DEEPSEEK = -m torchtitan.train --module deepseek_v3 --config deepseek_v3_debugmodel --training.seq_len 128 \
+    --training.local_batch_size 2 --training.steps 30 --metrics.log_freq 1000 --training.disable_cuda_graphs
+results-torchtitan-mesh: install
+	$(BIN)/python tests/data/torchtitan/make_assets.py $(TT_DIR)
+	$(TT_FIDELITY) fidelity_torchtitan_cp -- $(TT_RUN) --cp 2 --json $(CURDIR)/benchmarks/results/fidelity_torchtitan_cp.json \
+	    --program "$(subst seq_len 128,seq_len 256,$(TT_PROGRAM)) --parallelism.context_parallel_degree 2 --parallelism.data_parallel_shard_degree 1"
+	$(TT_FIDELITY) fidelity_torchtitan_ep -- $(TT_RUN) --cluster-spec $(CURDIR)/$(MESH_SPEC) --dp 2 --ep 2 --json $(CURDIR)/benchmarks/results/fidelity_torchtitan_ep.json \
+	    --program "$(TT_DEEPSEEK) --parallelism.data_parallel_shard_degree 2 --parallelism.expert_parallel_degree 2"
 
 # A program on a mesh against its own torchrun run: the mixture of experts at ep 2 (world 2), with a
 # spec calibrated here that prices all-to-alls (about 15 min). (HSDP needs world 4: four processes
