@@ -56,7 +56,7 @@ def call_us(comm_path: Path, field: str = "clock") -> np.ndarray:
 
 def replay_once(graph: Path, rank: int, out: Path, pin: bool = False) -> dict:
     report = run_replay(
-        ReplayOptions(graph=graph, ranks=(rank,), out_dir=out, warmup=WARMUP, iterations=1, pin=pin)
+        ReplayOptions(graph=graph, ranks=(rank,), out_dir=out, warmup=WARMUP, iterations=2, pin=pin)
     )
     files = ReplayFiles(out)
     stats = read_replay_stats(files.replay_stats(rank))

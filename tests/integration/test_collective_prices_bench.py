@@ -25,7 +25,7 @@ runner = CliRunner()
 @pytest.mark.slow
 def test_real_calls_and_graph_prices_are_set_side_by_side(tmp_path: Path) -> None:
     real, slice_, graph = tmp_path / "real", tmp_path / "slice", tmp_path / "graph.parquet"
-    steps = ("--warmup", "4", "--iterations", "1")
+    steps = ("--warmup", "4", "--iterations", "2")
     for out, mode in ((real, ("--real", "all")), (slice_, ())):
         result = runner.invoke(capture_app, [*LAYOUT, *mode, *steps, "-o", str(out), "--", *PROGRAM])
         assert result.exit_code == 0, result.output

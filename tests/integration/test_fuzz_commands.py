@@ -152,14 +152,14 @@ BREAKS = {
 @fuzz(examples=1)
 @given(at=st.integers(0, 2))
 def test_prism_capture_on_a_program_that_breaks(tmp_path: Path, how: str, at: int) -> None:
-    """It breaks before the captured steps are done (warm-up 3 and 1 profiled: after step 0, 1 or 2;
-    after step 3 the capture has what it needs and ends the program itself): an error line
+    """It breaks before the captured steps are done (warm-up 3 and 2 profiled: after step 0, 1 or 2;
+    after step 4 the capture has what it needs and ends the program itself): an error line
     with the rank's last log lines, or the rank timeout for the hang; nothing left behind."""
     before_init, in_loop = BREAKS[how]
     program = tmp_path / "train.py"
     program.write_text(_PROGRAM.format(before_init=before_init, in_loop=in_loop, steps=10, at=at))
     out = fresh_dir(tmp_path / "out")
-    argv = ["--tp", "1", "--pp", "1", "--dp", "4", "--warmup", "3", "--iterations", "1", "--rank-timeout", "15"]  # fmt: skip
+    argv = ["--tp", "1", "--pp", "1", "--dp", "4", "--warmup", "3", "--iterations", "2", "--rank-timeout", "15"]  # fmt: skip
     result = CliRunner().invoke(capture_app, [*argv, "-o", str(out / "cap"), "--", str(program)])
     clean_exit(result, out, "cap", how)
     assert result.exit_code == 2, (how, result.output)
