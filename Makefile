@@ -8,7 +8,7 @@ OUT    ?= capture-out
 GRAPH  ?= graph.parquet
 REPLAY ?= replay-out
 
-.PHONY: install demo test test-fast lint results results-programs results-programs-floor results-programs-accumulate results-torchtitan results-torchtitan-mesh results-mesh results-random figures clean
+.PHONY: install demo test test-fast lint results results-programs results-programs-floor results-programs-accumulate results-torchtitan results-torchtitan-mesh results-torchtitan-floor results-mesh results-random figures clean
 
 install: $(VENV)/.installed-torch-$(TORCH)
 
@@ -27,8 +27,10 @@ demo: install   ## capture the default slice (tiny GPT, target tp=8 pp=16 dp=64)
 	$(BIN)/prism-build-graph $(OUT) --tp 8 --pp 16 --dp 64 -o $(GRAPH)
 	$(BIN)/prism-replay $(GRAPH) --rank 123 -o $(REPLAY) --overwrite --warmup 12
 
+# Two workers, a test module each at a time (its shared captures made once): most tests run one
+# process at a time, so two of them keep CI's two cores busy.
 test: install   ## the whole suite, as CI runs it
-	$(BIN)/python -m pytest -q --durations=40
+	$(BIN)/python -m pytest -q -n 2 --dist loadscope --durations=40
 
 figures: install   ## run the notebooks; their figures go to docs/figures (the README shows them)
 	$(BIN)/python notebooks/execute.py --figures docs/figures notebooks/pipeline_iteration.py notebooks/replay.py notebooks/what_ifs.py \
@@ -109,33 +111,48 @@ results-programs-accumulate: install
 	$(RECORD) noise_floor_accumulate_tp -- $(FLOOR_PROGRAMS) --tp 2 --against benchmarks/results/fidelity_accumulate_tp.json \
 	    --json benchmarks/results/noise_floor_accumulate_tp.json $(ACCUMULATE_TP)
 
-# torchtitan's llama3 debug model, unmodified, against its own torchrun runs at world 2 with FSDP2
-# and with tensor parallelism (about 25 min): three interleaved repeats each, in a folder holding
-# the synthetic tokenizer and data its debug configuration reads (TT_DIR).
+# torchtitan, unmodified, against its own torchrun runs at world 2: three interleaved repeats a case,
+# in a folder holding the synthetic tokenizer and data its debug configuration reads (TT_DIR). Each
+# case is a layout and the program with torchtitan's same degrees.
 TT_DIR ?= $(CURDIR)/torchtitan-work
 TT_PROGRAM = -m torchtitan.train --module llama3 --config llama3_debugmodel --training.seq_len 128 \
     --training.local_batch_size 2 --training.steps 30 --metrics.log_freq 1000 --training.disable_cuda_graphs
+TT_DEEPSEEK = $(subst --module llama3 --config llama3_debugmodel,--module deepseek_v3 --config deepseek_v3_debugmodel,$(TT_PROGRAM))
+TT_ONE_SHARD = --parallelism.data_parallel_shard_degree 1
+TT_CASE_dp = --dp 2 --program "$(TT_PROGRAM) --parallelism.data_parallel_shard_degree 2"
+TT_CASE_tp = --tp 2 --program "$(TT_PROGRAM) --parallelism.tensor_parallel_degree 2 $(TT_ONE_SHARD)"
+TT_CASE_pp = --pp 2 --program "$(TT_PROGRAM) --parallelism.pipeline_parallel_degree 2 \
+    --parallelism.pipeline_parallel_schedule 1F1B $(TT_ONE_SHARD)"
+# context parallel cuts the sequence into 2 x cp blocks of FlexAttention's 128 tokens
+TT_CASE_cp = --cp 2 --program "$(subst seq_len 128,seq_len 256,$(TT_PROGRAM)) --parallelism.context_parallel_degree 2 $(TT_ONE_SHARD)"
+TT_CASE_ep = --dp 2 --ep 2 --program "$(TT_DEEPSEEK) --parallelism.data_parallel_shard_degree 2 --parallelism.expert_parallel_degree 2"
 TT_FIDELITY = cd $(TT_DIR) && $(CURDIR)/$(BIN)/python $(CURDIR)/benchmarks/record.py
 TT_RUN = $(CURDIR)/$(BIN)/python $(CURDIR)/benchmarks/fidelity.py --repeats 3 --warmup 8 \
     --cluster-spec $(CURDIR)/$(PROGRAM_SPEC)
-results-torchtitan: install
-	$(BIN)/python tests/data/torchtitan/make_assets.py $(TT_DIR)
-	$(TT_FIDELITY) fidelity_torchtitan_dp -- $(TT_RUN) --dp 2 --json $(CURDIR)/benchmarks/results/fidelity_torchtitan_dp.json \
-	    --program "$(TT_PROGRAM) --parallelism.data_parallel_shard_degree 2"
-	$(TT_FIDELITY) fidelity_torchtitan_tp -- $(TT_RUN) --tp 2 --json $(CURDIR)/benchmarks/results/fidelity_torchtitan_tp.json \
-	    --program "$(TT_PROGRAM) --parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 1"
+TT_RESULTS = $(CURDIR)/benchmarks/results
+TT_ASSETS = $(BIN)/python tests/data/torchtitan/make_assets.py $(TT_DIR)
 
-# torchtitan on a mesh against its own torchrun runs at world 2 (about 12 min): llama3 with context
-# parallel (cp 2: the sequence in 2 x cp blocks of FlexAttention's 128) and DeepSeek-V3's debug
-# mixture of experts with expert parallel 2 over dp_shard 2 (priced by the spec that times all-to-alls).
-TT_DEEPSEEK = -m torchtitan.train --module deepseek_v3 --config deepseek_v3_debugmodel --training.seq_len 128 \
-    --training.local_batch_size 2 --training.steps 30 --metrics.log_freq 1000 --training.disable_cuda_graphs
+# llama3's debug model with FSDP2, tensor parallel and pipelining (1F1B) (about 25 min).
+results-torchtitan: install
+	$(TT_ASSETS)
+	$(foreach c,dp tp pp,$(TT_FIDELITY) fidelity_torchtitan_$(c) -- $(TT_RUN) $(TT_CASE_$(c)) \
+	    --json $(TT_RESULTS)/fidelity_torchtitan_$(c).json &&) true
+
+# On a mesh (about 12 min): llama3 with context parallel and DeepSeek-V3's debug mixture of experts
+# with expert parallel 2 over dp_shard 2 (priced by the spec that times all-to-alls).
 results-torchtitan-mesh: install
-	$(BIN)/python tests/data/torchtitan/make_assets.py $(TT_DIR)
-	$(TT_FIDELITY) fidelity_torchtitan_cp -- $(TT_RUN) --cp 2 --json $(CURDIR)/benchmarks/results/fidelity_torchtitan_cp.json \
-	    --program "$(subst seq_len 128,seq_len 256,$(TT_PROGRAM)) --parallelism.context_parallel_degree 2 --parallelism.data_parallel_shard_degree 1"
-	$(TT_FIDELITY) fidelity_torchtitan_ep -- $(TT_RUN) --cluster-spec $(CURDIR)/$(MESH_SPEC) --dp 2 --ep 2 --json $(CURDIR)/benchmarks/results/fidelity_torchtitan_ep.json \
-	    --program "$(TT_DEEPSEEK) --parallelism.data_parallel_shard_degree 2 --parallelism.expert_parallel_degree 2"
+	$(TT_ASSETS)
+	$(TT_FIDELITY) fidelity_torchtitan_cp -- $(TT_RUN) $(TT_CASE_cp) --json $(TT_RESULTS)/fidelity_torchtitan_cp.json
+	$(TT_FIDELITY) fidelity_torchtitan_ep -- $(TT_RUN) --cluster-spec $(CURDIR)/$(MESH_SPEC) $(TT_CASE_ep) \
+	    --json $(TT_RESULTS)/fidelity_torchtitan_ep.json
+
+# The noise floor of every torchtitan case: its real run against a second real run, three repeats,
+# beside the latest fidelity records (about 30 min).
+TT_FLOOR = $(CURDIR)/$(BIN)/python $(CURDIR)/benchmarks/noise_floor.py --repeats 3 --warmup 8
+results-torchtitan-floor: install
+	$(TT_ASSETS)
+	$(foreach c,dp tp pp cp ep,$(TT_FIDELITY) noise_floor_torchtitan_$(c) -- $(TT_FLOOR) $(TT_CASE_$(c)) \
+	    --against $(TT_RESULTS)/fidelity_torchtitan_$(c).json --json $(TT_RESULTS)/noise_floor_torchtitan_$(c).json &&) true
 
 # A program on a mesh against its own torchrun run: the mixture of experts at ep 2 (world 2), with a
 # spec calibrated here that prices all-to-alls (about 15 min). (HSDP needs world 4: four processes

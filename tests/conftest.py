@@ -4,12 +4,18 @@ of ``benchmarks/`` are loaded by path through the ``benchmark_script`` fixture."
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 from hypothesis import settings
+
+# The CLIs' rich consoles, made at import, keep a COLUMNS set then as their width for good; pytest-xdist's
+# workers set COLUMNS=80. Without it, each console sizes itself at every call, by the env a test passes.
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
 
 # No deadlines: timings on shared CI machines vary too much for per-example limits.
 settings.register_profile("prism", deadline=None)

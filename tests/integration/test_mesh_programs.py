@@ -5,7 +5,6 @@ ranks, built, validated, simulated and one rank replayed."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -14,16 +13,14 @@ import pytest
 from typer.testing import CliRunner
 
 from prism.capture.cli import app as capture_app
-from prism.graph.build.cli import app as build_app
 from prism.graph.io.reader import read_metadata
 from prism.graph.sim.folded import load_folded
 from prism.graph.sim.load import load_sim_graph
 from prism.graph.sim.predict import predict
 from prism.graph.sim.simulate import simulate
-from prism.replay.cli import app as replay_app
 from prism.schemas import graph_format as gf
 from prism.schemas.layout import ParallelLayout
-from prism.schemas.replay import ReplayReport
+from tests.integration.programs import captured_and_built, replayed
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TINY = ("--steps", "50", "--hidden", "32", "--vocab", "64", "--seq", "8", "--batch", "4", "--layers", "2")
@@ -31,27 +28,6 @@ HSDP = ("--dp-replicate", "8", "--dp-shard", "1024")
 runner = CliRunner()
 
 pytestmark = pytest.mark.slow
-
-
-def captured_and_built(work: Path, layout: tuple[str, ...], program: tuple[str, ...]) -> Path:
-    """The graph of ``program`` captured at ``layout`` and built at the capture's layout."""
-    options = [*layout, "--warmup", "4", "--iterations", "2", "-o", str(work / "cap"), *program]
-    result = runner.invoke(capture_app, options)
-    assert result.exit_code == 0, result.output
-    result = runner.invoke(build_app, [str(work / "cap"), "-o", str(work / "graph.parquet")])
-    assert result.exit_code == 0, result.output
-    return work / "graph.parquet"
-
-
-def replayed(graph: Path, out: Path, rank: int, program: tuple[str, ...]):
-    """The report of ``rank``'s replay of ``program`` against ``graph``."""
-    result = runner.invoke(
-        replay_app, [str(graph), "-o", str(out), "--warmup", "5", "--rank", str(rank), *program]
-    )
-    assert result.exit_code == 0, result.output
-    (report,) = ReplayReport.from_dict(json.loads((out / "report.json").read_text())).ranks
-    assert report.rank == rank and report.calls_per_iter >= 1
-    return report
 
 
 def calls_of(graph: Path) -> pd.DataFrame:
@@ -69,12 +45,12 @@ def groups_of(calls: pd.DataFrame, rank: int) -> dict[str, int]:
     return {str(k): int(v) for k, v in mine.items()}
 
 
-HSDP_PROGRAM = ("--", str(EXAMPLES / "fsdp2.py"), "--replicate", "8", *TINY)
+HSDP_PROGRAM = (str(EXAMPLES / "fsdp2.py"), "--replicate", "8", *TINY)
 
 
 @pytest.fixture(scope="module")
 def hsdp_graph(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return captured_and_built(tmp_path_factory.mktemp("hsdp"), HSDP, HSDP_PROGRAM)
+    return captured_and_built(tmp_path_factory.mktemp("hsdp") / "cap", HSDP, HSDP_PROGRAM)[1]
 
 
 def test_hsdp_at_8192_ranks_binds_its_shard_and_replica_groups(hsdp_graph: Path) -> None:
@@ -100,7 +76,7 @@ def test_hsdp_replicas_are_simulated_once_and_predict_what_the_whole_graph_does(
 
 
 def test_an_hsdp_rank_replays_with_its_memory(hsdp_graph: Path, tmp_path: Path) -> None:
-    assert abs(replayed(hsdp_graph, tmp_path / "replay", 1027, HSDP_PROGRAM).mem_err_pct) < 0.1
+    assert abs(replayed(hsdp_graph, 1027, HSDP_PROGRAM, out=tmp_path / "replay").mem_err_pct) < 0.1
 
 
 def test_an_axis_the_program_never_calls_across_stops_the_capture(tmp_path: Path) -> None:
@@ -115,23 +91,12 @@ def test_an_axis_the_program_never_calls_across_stops_the_capture(tmp_path: Path
 
 
 MOE = ("--dp", "8192", "--ep", "8")
-MOE_PROGRAM = (
-    "--",
-    str(EXAMPLES / "moe.py"),
-    "--ep",
-    "8",
-    "--steps",
-    "50",
-    "--hidden",
-    "32",
-    "--vocab",
-    "64",
-)
+MOE_PROGRAM = (str(EXAMPLES / "moe.py"), "--ep", "8", "--steps", "50", "--hidden", "32", "--vocab", "64")
 
 
 @pytest.fixture(scope="module")
 def moe_graph(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return captured_and_built(tmp_path_factory.mktemp("moe"), MOE, MOE_PROGRAM)
+    return captured_and_built(tmp_path_factory.mktemp("moe") / "cap", MOE, MOE_PROGRAM)[1]
 
 
 def test_expert_parallel_all_to_alls_bind_to_their_ep_groups_at_8192_ranks(moe_graph: Path) -> None:
@@ -147,16 +112,16 @@ def test_expert_parallel_all_to_alls_bind_to_their_ep_groups_at_8192_ranks(moe_g
 
 
 def test_an_expert_parallel_rank_replays_with_its_memory(moe_graph: Path, tmp_path: Path) -> None:
-    assert abs(replayed(moe_graph, tmp_path / "replay", 4099, MOE_PROGRAM).mem_err_pct) < 0.1
+    assert abs(replayed(moe_graph, 4099, MOE_PROGRAM, out=tmp_path / "replay").mem_err_pct) < 0.1
 
 
 CP = ("--dp", "2048", "--cp", "4")
-CP_PROGRAM = ("--", str(EXAMPLES / "cp.py"), "--cp", "4", "--steps", "50", "--hidden", "32", "--vocab", "64",
+CP_PROGRAM = (str(EXAMPLES / "cp.py"), "--cp", "4", "--steps", "50", "--hidden", "32", "--vocab", "64",
               "--seq", "32")  # fmt: skip
 
 
 def test_context_parallel_at_8192_ranks_gathers_on_its_cp_groups_and_replays(tmp_path: Path) -> None:
-    graph = captured_and_built(tmp_path, CP, CP_PROGRAM)
+    _, graph = captured_and_built(tmp_path / "cap", CP, CP_PROGRAM)
     calls = calls_of(graph)
     mine = calls[calls[gf.RANK] == 4097]
     kinds = mine.groupby([mine[gf.GROUP_KIND].astype(str), mine[gf.NAME].astype(str)])[gf.GROUP_SIZE].max()
@@ -164,4 +129,4 @@ def test_context_parallel_at_8192_ranks_gathers_on_its_cp_groups_and_replays(tmp
     # back; the weights' gradients averaged over all 8,192.
     expected = {("cp", "all_gather"): 4, ("cp", "reduce_scatter"): 4, ("world", "all_reduce"): 8192}
     assert kinds.to_dict() == expected
-    assert abs(replayed(graph, tmp_path / "replay", 4097, CP_PROGRAM).mem_err_pct) < 0.1
+    assert abs(replayed(graph, 4097, CP_PROGRAM, out=tmp_path / "replay").mem_err_pct) < 0.1

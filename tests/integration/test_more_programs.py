@@ -9,43 +9,25 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
-from prism.capture.cli import app as capture_app
-from prism.graph.build.cli import app as build_app
 from prism.graph.io.parquet import read_rank
-from prism.graph.io.validate import validate_graph
 from prism.graph.sim.load import load_sim_graph
 from prism.graph.sim.simulate import simulate
 from prism.schemas import graph_format as gf
 from prism.schemas.comm_log import read_comm_log
 from prism.schemas.iterations import clean_unprofiled
 from prism.schemas.manifest import CaptureFiles, read_manifest
+from tests.integration.programs import captured_and_built
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 LAYOUT = ("--tp", "1", "--pp", "1", "--dp", "1024")
 TINY = ("--steps", "50", "--hidden", "32", "--vocab", "64", "--seq", "8", "--batch", "2")
-runner = CliRunner()
 
 pytestmark = pytest.mark.slow
 
 
-def captured_and_built(
-    tmp_path: Path, layout: tuple[str, ...], *program: str, warmup: int = 4
-) -> tuple[Path, Path]:
-    """A slice of ``program`` captured at ``layout`` (two profiled iterations) and its graph, valid."""
-    capture, graph = tmp_path / "cap", tmp_path / "graph.parquet"
-    options = [*layout, "--warmup", str(warmup), "--iterations", "2", "-o", str(capture)]
-    result = runner.invoke(capture_app, [*options, "--", *program])
-    assert result.exit_code == 0, result.output
-    result = runner.invoke(build_app, [str(capture), *layout, "-o", str(graph)])
-    assert result.exit_code == 0, result.output
-    assert validate_graph(graph).ok
-    return capture, graph
-
-
 def check_ddp_program(tmp_path: Path, *program: str) -> None:
-    capture, graph = captured_and_built(tmp_path, LAYOUT, *program)
+    capture, graph = captured_and_built(tmp_path / "cap", LAYOUT, program)
     # DDP's bucket all-reduces span the 1,024 ranks and a wait node waits for each of them.
     nodes = read_rank(graph, 513).to_pandas()
     reduce = nodes.index[nodes[gf.NAME] == "all_reduce"]
@@ -82,7 +64,7 @@ def test_ddp_accumulating_gradients_reduces_them_after_its_last_microbatch_only(
         "--bucket-cap-mb",
         "0.001",
     )
-    _, graph = captured_and_built(tmp_path, LAYOUT, *program)
+    _, graph = captured_and_built(tmp_path / "cap", LAYOUT, program)
     # An iteration is three forward-backward pairs then the optimizer; under no_sync the first two
     # backwards reduce nothing, and the last reduces every bucket (several: 1 KB buckets).
     nodes = read_rank(graph, 513).to_pandas()
@@ -98,7 +80,7 @@ def test_a_hugging_face_llama_with_tensor_parallelism_inside_fsdp2(tmp_path: Pat
     pytest.importorskip("transformers")
     layout = ("--tp", "2", "--pp", "1", "--dp", "512")
     program = (str(EXAMPLES / "hf_llama.py"), "--tp", "2", *TINY, "--layers", "2")
-    capture, graph = captured_and_built(tmp_path, layout, *program, warmup=3)
+    capture, graph = captured_and_built(tmp_path / "cap", layout, program, warmup=3)
     # The projections' all-reduces on the rank's tp group, FSDP2's gathers and reductions on its dp
     # group, and the clipping's norms on both.
     log = read_comm_log(CaptureFiles(capture).comm(0))

@@ -10,7 +10,6 @@ torchtitan 0.3.0 calls)."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,17 +17,13 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from prism.capture.cli import app as capture_app
-from prism.graph.build.cli import app as build_app
-from prism.graph.io.validate import validate_graph
 from prism.graph.sim.load import load_sim_graph
 from prism.graph.sim.predict import predict
 from prism.graph.sim.simulate import simulate
-from prism.replay.cli import app as replay_app
 from prism.schemas import graph_format as gf
 from prism.schemas.manifest import read_manifest
+from tests.integration.programs import captured_and_built, replayed
 
 pytestmark = [
     pytest.mark.slow,
@@ -39,7 +34,6 @@ pytestmark = [
     ),
 ]
 ASSETS = Path(__file__).resolve().parents[1] / "data" / "torchtitan" / "make_assets.py"
-runner = CliRunner()
 
 
 def debug_model(module: str, config: str, seq_len: int = 128) -> tuple[str, ...]:
@@ -76,7 +70,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.chdir(before)
 
 
-def captured_and_built(
+def torchtitan_captured_and_built(
     workdir: Path, name: str, model: tuple[str, ...], degrees: dict[str, int], *extra: str
 ) -> tuple[Path, Path]:
     """``model`` captured at the layout ``degrees`` gives prism and torchtitan alike, then built."""
@@ -84,31 +78,14 @@ def captured_and_built(
     parallelism = tuple(
         arg for option, n in degrees.items() for arg in (f"--parallelism.{TORCHTITAN_DEGREE[option]}", str(n))
     )
-    out, graph = workdir / name, workdir / f"{name}.parquet"
-    options = (*layout, "--warmup", "4", "--iterations", "2", "-o", str(out))
-    result = runner.invoke(capture_app, [*options, "--", *model, *parallelism, *extra])
-    assert result.exit_code == 0, result.output
-    built = runner.invoke(build_app, [str(out), "-o", str(graph)])  # at the capture's layout
-    assert built.exit_code == 0, built.output
-    assert validate_graph(graph).ok
-    return out, graph
-
-
-def replayed(graph: Path, rank: int) -> dict:
-    out = graph.parent / f"{graph.stem}-replay{rank}"
-    result = runner.invoke(
-        replay_app, [str(graph), "--rank", str(rank), "--warmup", "5", "--iterations", "2", "-o", str(out)]
-    )
-    assert result.exit_code == 0, result.output
-    (report,) = json.loads((out / "report.json").read_text())["ranks"]
-    return report
+    return captured_and_built(workdir / name, layout, (*model, *parallelism, *extra))
 
 
 @pytest.fixture(scope="module")
 def four_d(workdir: Path) -> tuple[Path, Path]:
     """pp=2 (1F1B) x HSDP 8 replicas x 256 shards x tp=2 (sequence parallel): 8,192 ranks."""
     degrees = {"--pp": 2, "--dp-replicate": 8, "--dp-shard": 256, "--tp": 2}
-    return captured_and_built(
+    return torchtitan_captured_and_built(
         workdir, "pp2_hsdp8x256_tp2", LLAMA3, degrees, "--parallelism.pipeline_parallel_schedule", "1F1B"
     )
 
@@ -132,7 +109,7 @@ def test_torchtitan_in_four_dimensions_at_8192_ranks_is_captured_built_and_simul
 def test_torchtitan_in_four_dimensions_replays_each_role_with_its_memory(four_d, rank: int) -> None:
     _, graph = four_d
     report = replayed(graph, rank)
-    assert report["measured_iter_ms"] > 0 and abs(report["mem_err_pct"]) < 1.0
+    assert report.measured_iter_ms > 0 and abs(report.mem_err_pct) < 1.0
 
 
 def test_steps_cut_at_the_container_optimizer_give_the_graph_its_profiler_steps_give(workdir: Path) -> None:
@@ -143,7 +120,9 @@ def test_steps_cut_at_the_container_optimizer_give_the_graph_its_profiler_steps_
         ("steps", ()),
         ("profiler", ("--profiler.enable_profiling", "--profiler.profile_freq", "5")),
     ):
-        capture, graph = captured_and_built(workdir, f"fsdp_{name}", LLAMA3, {"--dp-shard": 64}, *extra)
+        capture, graph = torchtitan_captured_and_built(
+            workdir, f"fsdp_{name}", LLAMA3, {"--dp-shard": 64}, *extra
+        )
         (rank,) = read_manifest(capture).ranks
         iterations.append(rank.result.calls[rank.result.steady_from :])
         predicted.append(float(simulate(load_sim_graph(graph), iterations=2).iteration_ns.mean()))
@@ -158,7 +137,7 @@ def moe(workdir: Path) -> tuple[Path, Path]:
     context parallel 2, and expert parallel 8 over the 16 ranks of dp_shard x cp (expert data
     parallel 2), as torchtitan builds its sparse mesh."""
     degrees = {"--dp-replicate": 512, "--dp-shard": 8, "--cp": 2, "--ep": 8}
-    return captured_and_built(workdir, "moe_hsdp512x8_cp2_ep8", DEEPSEEK_V3, degrees)
+    return torchtitan_captured_and_built(workdir, "moe_hsdp512x8_cp2_ep8", DEEPSEEK_V3, degrees)
 
 
 def test_torchtitan_moe_with_context_and_expert_parallel_at_8192_ranks_is_built_on_its_mesh(moe) -> None:
@@ -183,4 +162,4 @@ def test_torchtitan_moe_with_context_and_expert_parallel_at_8192_ranks_is_built_
 def test_torchtitan_moe_replays_with_its_memory(moe) -> None:
     _, graph = moe
     report = replayed(graph, 0)
-    assert report["measured_iter_ms"] > 0 and abs(report["mem_err_pct"]) < 1.0
+    assert report.measured_iter_ms > 0 and abs(report.mem_err_pct) < 1.0

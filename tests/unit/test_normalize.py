@@ -364,7 +364,7 @@ def test_missing_file(cap: Capture, which: str) -> None:
     ("which", "data", "message"),
     [
         ("kineto", b"not gzip at all", "cannot read"),
-        ("kineto", gzip.compress(b'{"traceEvents": [ {'), "not valid JSON"),
+        ("kineto", gzip.compress(b'{"traceEvents": [ {', mtime=0), "not valid JSON"),
         ("comm", b"{", "not valid JSON"),
         ("comm", b'{"schema": "other"}', "not a readable comm log"),
         ("et", b'{"nodes": [', "not valid JSON"),
