@@ -218,15 +218,18 @@ class GraphReader:
             self._metadata, self._absent = metadata, absent
         elif metadata != self._metadata:
             raise GraphFormatError(f"{part.path}: its metadata is not that of the graph's other parts")
-        part.first_row = self._check_part(part, schema, metadata)
+        part.first_row = self._check_part(part, file, schema, metadata)
         part.file = file
         return file
 
-    def _check_part(self, part: _Part, schema: pa.Schema, metadata: GraphMetadata) -> int:
+    def _check_part(
+        self, part: _Part, file: pq.ParquetFile, schema: pa.Schema, metadata: GraphMetadata
+    ) -> int:
         """A part's ``PartInfo`` agrees with its name and the graph's ranks; its first row."""
         raw = (schema.metadata or {}).get(PART_KEY)
         if raw is None:
             if part.last_rank is None:  # the graph's only file
+                _check_rank_span(part.path, file, metadata)
                 return 0
             raise GraphFormatError(f"{part.path}: a part file without its {PART_KEY.decode()!r} metadata")
         try:
@@ -236,6 +239,7 @@ class GraphReader:
         if part.last_rank is None:
             if info.parts > 1:
                 raise GraphFormatError(f"{part.path}: one part of a graph of several; read its directory")
+            _check_rank_span(part.path, file, metadata)
             return 0
         world = ParallelLayout.from_dict(metadata.layout).world_size
         held = (info.first_rank, info.first_rank + info.ranks - 1, info.parts, world)
@@ -270,6 +274,21 @@ class GraphReader:
                 raise GraphFormatError(f"{path}: row group {group} has no statistics on {RANK!r}")
             self._bounds[part, group] = (stats.min, stats.max)
         return self._bounds[part, group]
+
+
+def _check_rank_span(path: Path, file: pq.ParquetFile, metadata: GraphMetadata) -> None:
+    """A graph file's rows end at the last rank of its metadata's world, by the footer's rank
+    statistics (no row read): a layout edited to more or fewer ranks than the rows hold is an error
+    at open, not ranks that simulate as idle or fall outside every group."""
+    groups = file.metadata.num_row_groups
+    if not groups:
+        return
+    world = ParallelLayout.from_dict(metadata.layout).world_size
+    stats = file.metadata.row_group(groups - 1).column(SCHEMA.get_field_index(RANK)).statistics
+    if stats is not None and stats.has_min_max and stats.max != world - 1:
+        raise GraphFormatError(
+            f"{path}: its rows end at rank {stats.max}, its metadata's layout has {world} ranks (0..{world - 1})"
+        )
 
 
 def _parse_metadata(path: Path, schema: pa.Schema) -> GraphMetadata:

@@ -230,10 +230,15 @@ def load_sim_graph(path: str | Path, ranks: np.ndarray | None = None) -> SimGrap
         lane_first = np.concatenate(columns.lane_starts) if columns.lane_starts else np.zeros(0, np.int64)
         rank_ptr = np.r_[lane_first, rows].astype(np.int64)
         lane_rank = np.searchsorted(loaded, rank[lane_first]).astype(np.int64)
-        if len(np.unique(lane_rank)) != len(loaded):
-            raise SimulationError(f"{path}: a rank of the graph has no node; the graph is damaged")
+        empty = np.setdiff1d(np.arange(len(loaded)), lane_rank)
     else:
         rank_ptr = np.searchsorted(rank, np.r_[loaded, world]).astype(np.int64)
+        empty = np.flatnonzero(np.diff(rank_ptr) == 0)
+    if len(empty):  # metadata that claims more ranks than the rows hold: they would simulate as idle
+        raise SimulationError(
+            f"{path}: rank {loaded[empty[0]]} of the metadata's world of {world} has no node "
+            f"({len(empty)} rank(s) without one); the graph is damaged"
+        )
     kind = a.pop(gf.KIND)
     slot, slot_size = _slots(path, kind, a.pop(gf.COLL_ID), rank, a.pop(gf.PEER), a.pop(gf.P2P_SEQ), world)
     members = a.pop(gf.GROUP_SIZE)

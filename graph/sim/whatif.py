@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -38,6 +39,12 @@ class SlowRank:
     """Global rank."""
     factor: float
     """Multiplier of its compute durations (1.2 = 20% slower)."""
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.factor) and self.factor > 0):
+            raise WhatIfError(
+                f"slow rank {self.rank}: its factor must be above 0 and finite, got {self.factor}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,8 +88,11 @@ class WhatIf:
         return not (self.slow_ranks or self.delays or self.cluster)
 
 
+_NUMBER = r"(\d+(?:\.\d*)?|\.\d+)"  # a plain decimal: no sign, no exponent, one point at most
+
+
 def parse_duration(text: str) -> int:
-    match = re.fullmatch(r"\+?([0-9.]+)\s*(ns|us|µs|ms|s)", text.strip())
+    match = re.fullmatch(rf"\+?{_NUMBER}\s*(ns|us|µs|ms|s)", text.strip())
     if not match:
         raise WhatIfError(f"bad duration {text!r}: write e.g. +200us, 1ms, 0.5s")
     return round(float(match[1]) * _UNITS_NS[match[2]])
@@ -90,7 +100,7 @@ def parse_duration(text: str) -> int:
 
 def parse_slow_rank(text: str) -> SlowRank:
     """'123:+20%' or '123:x1.5'."""
-    match = re.fullmatch(r"(\d+):(?:\+([0-9.]+)%|x([0-9.]+))", text.strip())
+    match = re.fullmatch(rf"(\d+):(?:\+{_NUMBER}%|x{_NUMBER})", text.strip())
     if not match:
         raise WhatIfError(f"bad slow rank {text!r}: write RANK:+20% or RANK:x1.5")
     factor = 1 + float(match[2]) / 100 if match[2] else float(match[3])

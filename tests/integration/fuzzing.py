@@ -1,6 +1,6 @@
 """What the fuzz tests share: how many examples, the corruptions (a JSON value replaced, a key
-dropped, a file cut short, bytes overwritten, one cell of a graph set to another value), and the
-property every command must keep."""
+dropped, a file cut short, bytes overwritten, one cell of a graph set to another value, a graph's
+layout edited to another world than its rows hold), and the property every command must keep."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
@@ -113,6 +114,23 @@ def edited_graph(draw: st.DrawFn, source: Path, target: Path) -> str:
     with GraphWriter(target, metadata) as writer:
         writer.write_ranks(table)
     return f"{field.name}[{row}] = {value!r}"
+
+
+@st.composite
+def edited_layout(draw: st.DrawFn, source: Path, target: Path) -> str:
+    """``source`` (one file) whose metadata's layout has one axis of another size, its rows as
+    they were, written to ``target``; returns what was edited."""
+    table = pq.read_table(source)
+    metadata = json.loads(table.schema.metadata[gf.METADATA_KEY])
+    layout = metadata["layout"]
+    axis = draw(st.sampled_from([a for a in ("tp", "pp", "dp") if a in layout]))
+    size = draw(st.sampled_from([1, 2, 3, 4, 8, 1024]).filter(lambda n: n != layout[axis]))
+    metadata["layout"] = {**layout, axis: size}
+    schema = table.schema.with_metadata(
+        {**table.schema.metadata, gf.METADATA_KEY: json.dumps(metadata).encode()}
+    )
+    pq.write_table(table.cast(schema), target, write_statistics=[gf.RANK])
+    return f"layout {axis}={size} (was {layout[axis]})"
 
 
 def copy_capture(capture: Path, tmp_path: Path) -> Path:

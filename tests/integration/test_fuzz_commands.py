@@ -9,7 +9,16 @@ import json
 from pathlib import Path
 
 import pytest
-from fuzzing import clean_exit, copy_capture, corrupted_bytes, corrupted_json, edited_graph, fresh_dir, fuzz
+from fuzzing import (
+    clean_exit,
+    copy_capture,
+    corrupted_bytes,
+    corrupted_json,
+    edited_graph,
+    edited_layout,
+    fresh_dir,
+    fuzz,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -65,6 +74,27 @@ def test_prism_simulate_validate_and_export_on_a_damaged_graph(
     clean_exit(CliRunner().invoke(export_app, trace), out, "t.json.gz", what)
     chakra = ["chakra", str(damaged), "-o", str(out / "et")]
     clean_exit(CliRunner().invoke(export_app, chakra), out, "et", what)
+
+
+@fuzz(examples=10)
+@given(data=st.data())
+def test_a_graph_whose_layout_disagrees_with_its_rows_is_refused(
+    fuzz_graph: Path, tmp_path: Path, data: st.DataObject
+) -> None:
+    """Metadata that says another world than the rows hold: every command refuses it (exit 2),
+    where ranks would otherwise simulate as idle or fall outside every group."""
+    out = fresh_dir(tmp_path / "out")
+    damaged = out / "damaged.parquet"
+    what = data.draw(edited_layout(fuzz_graph, damaged))
+    for app, argv, written in (
+        (simulate_app, [str(damaged)], "summary.json"),
+        (validate_app, [str(damaged)], None),
+        (export_app, ["trace", str(damaged), "--rank", "1", "-o", str(out / "t.json.gz")], "t.json.gz"),
+        (export_app, ["chakra", str(damaged), "-o", str(out / "et")], "et"),
+    ):
+        result = CliRunner().invoke(app, argv)
+        clean_exit(result, out, written, what)
+        assert result.exit_code == 2, (what, argv, result.output)
 
 
 @pytest.mark.slow

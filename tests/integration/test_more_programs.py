@@ -1,6 +1,6 @@
-"""More programs captured at 1,024 ranks, built, validated, simulated: a Hugging Face GPT-2 and
-torch.compile'd models under DDP, DDP accumulating gradients under no_sync, a Hugging Face Llama
-with tensor parallelism inside FSDP2."""
+"""More programs captured at 1,024 ranks, built, validated, simulated, and one rank replayed with
+its memory: a Hugging Face GPT-2 and torch.compile'd models under DDP, DDP accumulating gradients
+under no_sync, a Hugging Face Llama with tensor parallelism inside FSDP2."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from prism.schemas import graph_format as gf
 from prism.schemas.comm_log import read_comm_log
 from prism.schemas.iterations import clean_unprofiled
 from prism.schemas.manifest import CaptureFiles, read_manifest
-from tests.integration.programs import captured_and_built
+from tests.integration.programs import captured_and_built, replayed
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 LAYOUT = ("--tp", "1", "--pp", "1", "--dp", "1024")
@@ -40,6 +40,7 @@ def check_ddp_program(tmp_path: Path, *program: str) -> None:
     sim = simulate(load_sim_graph(graph), iterations=2)
     assert 0.5 * unprofiled < sim.iteration_ns[513] < 2 * unprofiled
     assert sim.peak_bytes[513] > rank.result.static_bytes > 0
+    assert abs(replayed(graph, 513).mem_err_pct) < 0.1
 
 
 def test_a_hugging_face_gpt2_under_ddp(tmp_path: Path) -> None:
@@ -74,6 +75,7 @@ def test_ddp_accumulating_gradients_reduces_them_after_its_last_microbatch_only(
     reduce = nodes.index[nodes[gf.NAME] == "all_reduce"]
     assert len(reduce) > 1 and (nodes.loc[reduce, gf.GROUP_SIZE] == 1024).all()
     assert reduce.min() > phases[phases == "fwd"].index.max()
+    assert abs(replayed(graph, 9).mem_err_pct) < 0.1
 
 
 def test_a_hugging_face_llama_with_tensor_parallelism_inside_fsdp2(tmp_path: Path) -> None:
@@ -93,3 +95,4 @@ def test_a_hugging_face_llama_with_tensor_parallelism_inside_fsdp2(tmp_path: Pat
     } <= calls
     sim = simulate(load_sim_graph(graph), iterations=2)
     assert sim.iteration_ns.min() > 0 and sim.peak_bytes.min() > 0
+    assert abs(replayed(graph, 9).mem_err_pct) < 0.1

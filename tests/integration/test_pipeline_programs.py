@@ -1,4 +1,5 @@
-"""torch.distributed.pipelining programs, captured at 1,024 and 8,192 ranks, built, validated, simulated.
+"""torch.distributed.pipelining programs, captured at 1,024 and 8,192 ranks, built, validated,
+simulated, and a stage replayed.
 
 The stages infer the shapes between them on the first step (no example inputs), so these only
 work because the value pass records what the stages send each other.
@@ -6,6 +7,8 @@ work because the value pass records what the stages send each other.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +17,7 @@ from typer.testing import CliRunner
 
 from prism.capture.cli import app as capture_app
 from prism.graph.build.cli import app as build_app
-from prism.graph.io.parquet import read_rank
+from prism.graph.io.parquet import read_metadata, read_rank
 from prism.graph.io.validate import validate_graph
 from prism.graph.sim.load import load_sim_graph
 from prism.graph.sim.simulate import simulate
@@ -22,6 +25,7 @@ from prism.schemas import graph_format as gf
 from prism.schemas.iterations import clean_unprofiled
 from prism.schemas.manifest import CaptureFiles, read_manifest
 from prism.schemas.received_values import read_received_values
+from tests.integration.programs import captured_and_built, replayed
 
 ROOT = Path(__file__).resolve().parents[2]
 PP = ROOT / "examples" / "pp.py"
@@ -32,25 +36,25 @@ pytestmark = pytest.mark.slow
 
 
 def capture_build_simulate(tmp_path: Path, schedule: str, pp: int, dp: int) -> tuple[Path, Path]:
-    layout = ["--tp", "1", "--pp", str(pp), "--dp", str(dp)]
-    capture, graph = tmp_path / "cap", tmp_path / "graph.parquet"
-    program = [str(PP), "--pp", str(pp), "--schedule", schedule, *TINY]
-    result = runner.invoke(
-        capture_app, [*layout, "--warmup", "3", "--iterations", "2", "-o", str(capture), "--", *program]
+    layout = ("--tp", "1", "--pp", str(pp), "--dp", str(dp))
+    program = (str(PP), "--pp", str(pp), "--schedule", schedule, *TINY)
+    return captured_and_built(tmp_path / "cap", layout, program, warmup=3)
+
+
+SCHEDULES = ["GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"]
+
+
+@pytest.fixture(scope="module")
+def schedule_graph(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, Path]]:
+    """The capture and graph of a schedule at pp=2 dp=512, made on first use and kept for the module."""
+    return functools.cache(
+        lambda schedule: capture_build_simulate(tmp_path_factory.mktemp(schedule), schedule, pp=2, dp=512)
     )
-    assert result.exit_code == 0, result.output
-    result = runner.invoke(build_app, [str(capture), *layout, "-o", str(graph)])
-    assert result.exit_code == 0, result.output
-    report = validate_graph(graph)
-    assert report.ok, report
-    return capture, graph
 
 
-@pytest.mark.parametrize(
-    "schedule", ["GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"]
-)
-def test_every_schedule_becomes_a_valid_1024_rank_graph(tmp_path: Path, schedule: str) -> None:
-    capture, graph = capture_build_simulate(tmp_path, schedule, pp=2, dp=512)
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_every_schedule_becomes_a_valid_1024_rank_graph(schedule_graph, schedule: str) -> None:
+    capture, graph = schedule_graph(schedule)
     # The value pass ran the first pipeline together; what stage 1 received from stage 0 (the
     # vote, then the pickled shapes) is what it received when captured alone.
     files = CaptureFiles(capture)
@@ -75,6 +79,18 @@ def test_every_schedule_becomes_a_valid_1024_rank_graph(tmp_path: Path, schedule
         simulated = sim.iteration_ns[captured.rank]
         assert 0.7 * alone[captured.rank] < simulated < 3 * max(alone.values()), (captured.rank, alone)
         assert sim.peak_bytes[captured.rank] > captured.result.static_bytes > 0
+
+
+@pytest.mark.parametrize(
+    ("schedule", "rank"), [("1F1B", 517), ("ZBVZeroBubble", 9), ("Interleaved1F1B", 521)]
+)
+def test_a_stage_replays_with_its_memory_and_the_values_its_neighbour_sends(
+    schedule_graph, schedule: str, rank: int
+) -> None:
+    _, graph = schedule_graph(schedule)
+    # Stage 1's shapes come from stage 0: the graph keeps what each stage received.
+    assert set(read_metadata(graph).extra[gf.RECEIVED_VALUES_KEY]) == {"0", "1"}
+    assert abs(replayed(graph, rank).mem_err_pct) < 0.1
 
 
 def test_an_interleaved_schedule_at_8192_ranks_wraps_from_the_last_stage_to_the_first(tmp_path: Path) -> None:

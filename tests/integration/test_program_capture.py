@@ -14,6 +14,7 @@ from prism.graph.sim.load import load_sim_graph
 from prism.graph.sim.simulate import simulate
 from prism.schemas.comm_log import read_comm_log
 from prism.schemas.manifest import CaptureFiles, read_manifest
+from tests.integration.programs import replayed
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 runner = CliRunner()
@@ -86,7 +87,7 @@ TINY_MODEL = (
         ),
     ],
 )
-def test_sharded_programs_are_captured_at_1024_ranks(
+def test_sharded_programs_are_captured_at_1024_ranks_and_replayed(
     tmp_path: Path, example: str, layout: tuple[int, int], expected: set[tuple[str, str]]
 ) -> None:
     tp, dp = layout
@@ -111,6 +112,7 @@ def test_sharded_programs_are_captured_at_1024_ranks(
     assert built.exit_code == 0, built.output
     assert validate_graph(graph).ok
     assert simulate(load_sim_graph(graph), iterations=2).iteration_ns.min() > 0
+    assert abs(replayed(graph, 9).mem_err_pct) < 0.1  # one rank for real, with its memory
 
 
 def test_the_calls_programs_make_work_with_one_real_rank_among_1024(tmp_path: Path) -> None:

@@ -1,11 +1,11 @@
 """torchtitan, unmodified, through every prism stage on this CPU box, under
 ``prism-capture ... -- -m torchtitan.train ...``: its llama3 debug model in four dimensions
-(pipelining, HSDP's replicas and shards, tensor parallel with sequence parallel) and its
-DeepSeek-V3 debug model (a mixture of experts) with HSDP, context parallel and expert parallel,
-each captured at 8,192 ranks, built, validated, simulated and replayed, one rank per role; and its
-training steps, cut by a container optimizer's outermost step, give the graph its own profiler's
-steps give. Skipped where torchtitan is not installed (a test extra, with torch >= 2.14, whose APIs
-torchtitan 0.3.0 calls)."""
+(interleaved pipelining, HSDP's replicas and shards, tensor parallel with sequence parallel) and
+its DeepSeek-V3 debug model (a mixture of experts) with HSDP, context parallel and expert parallel,
+each captured at 8,192 ranks, built, validated, simulated and replayed, one rank per role; llama3
+pipelined by the zero-bubble V schedule at 1,024 ranks; and its training steps, cut by a container
+optimizer's outermost step, give the graph its own profiler's steps give. Skipped where
+torchtitan is not installed (a test extra, with torch >= 2.14, whose APIs torchtitan 0.3.0 calls)."""
 
 from __future__ import annotations
 
@@ -83,11 +83,11 @@ def torchtitan_captured_and_built(
 
 @pytest.fixture(scope="module")
 def four_d(workdir: Path) -> tuple[Path, Path]:
-    """pp=2 (1F1B) x HSDP 8 replicas x 256 shards x tp=2 (sequence parallel): 8,192 ranks."""
+    """pp=2 (Interleaved1F1B: two stages a rank, four in all) x HSDP 8 replicas x 256 shards x tp=2
+    (sequence parallel): 8,192 ranks."""
     degrees = {"--pp": 2, "--dp-replicate": 8, "--dp-shard": 256, "--tp": 2}
-    return torchtitan_captured_and_built(
-        workdir, "pp2_hsdp8x256_tp2", LLAMA3, degrees, "--parallelism.pipeline_parallel_schedule", "1F1B"
-    )
+    schedule = ("--parallelism.pipeline_parallel_schedule", "Interleaved1F1B")
+    return torchtitan_captured_and_built(workdir, "pp2_hsdp8x256_tp2", LLAMA3, degrees, *schedule)
 
 
 def test_torchtitan_in_four_dimensions_at_8192_ranks_is_captured_built_and_simulated(four_d) -> None:
@@ -110,6 +110,25 @@ def test_torchtitan_in_four_dimensions_replays_each_role_with_its_memory(four_d,
     _, graph = four_d
     report = replayed(graph, rank)
     assert report.measured_iter_ms > 0 and abs(report.mem_err_pct) < 1.0
+
+
+def test_torchtitan_zero_bubble_v_schedule_at_1024_ranks_is_built_and_simulated(workdir: Path) -> None:
+    """ZBVZeroBubble: each rank holds two stages in a V (rank 0 the first and the last), and its
+    backward is split into the inputs' and the weights' gradients (which torchtitan's selective
+    activation checkpointing, run backward twice, refuses: without it, as torchtitan says)."""
+    degrees = {"--pp": 2, "--dp-shard": 512}
+    schedule = ("--parallelism.pipeline_parallel_schedule", "ZBVZeroBubble", "activation_checkpoint:none")
+    capture, graph = torchtitan_captured_and_built(workdir, "pp2_fsdp512_zbv", LLAMA3, degrees, *schedule)
+    for rank in read_manifest(capture).ranks:
+        steady = rank.result.calls[rank.result.steady_from :]
+        assert len(set(steady)) == 1, rank.result.calls  # one iteration a training step
+    nodes = pq.read_table(graph, columns=[gf.RANK, gf.KIND, gf.PEER]).to_pandas()
+    for rank, peer in ((0, 512), (700, 188)):  # each stage pair's transfers go both ways, between them only
+        mine = nodes[nodes[gf.RANK] == rank]
+        for kind in (gf.NodeKind.SEND, gf.NodeKind.RECV):
+            assert set(mine[mine[gf.KIND] == kind.value][gf.PEER]) == {peer}
+    iteration_ns = predict(graph).ranks["iteration_ns"]
+    assert len(iteration_ns) == 1024 and min(iteration_ns) > 0
 
 
 def test_steps_cut_at_the_container_optimizer_give_the_graph_its_profiler_steps_give(workdir: Path) -> None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 
-from prism.graph.io.parquet import GraphWriter
+from prism.graph.io.parquet import GraphFormatError, GraphWriter
 from prism.graph.sim.load import load_sim_graph, static_bytes
 from prism.graph.sim.simulate import SimulationError, simulate
 from prism.schemas import graph_format as gf
@@ -252,6 +255,30 @@ def test_a_collective_missing_a_member_is_refused_on_load(tmp_path: Path) -> Non
     ]
     with pytest.raises(SimulationError, match="1 member node"):
         load_sim_graph(write(tmp_path / "g.parquet", config(tp=2), programs))
+
+
+def _as_world_of_4(path: Path, keep: list[int]) -> Path:
+    """``path``'s rows of the ranks ``keep``, its metadata's layout changed to dp=4."""
+    table = pq.read_table(path)
+    table = table.filter(pc.is_in(table[gf.RANK], pa.array(keep, pa.int32())))
+    meta = json.loads(table.schema.metadata[gf.METADATA_KEY])
+    meta["layout"]["dp"] = 4
+    meta["model"]["dp"] = 4
+    schema = table.schema.with_metadata({gf.METADATA_KEY: json.dumps(meta).encode()})
+    pq.write_table(table.cast(schema), path, write_statistics=[gf.RANK])
+    return path
+
+
+def test_metadata_that_claims_more_ranks_than_the_rows_hold_is_refused_on_load(tmp_path: Path) -> None:
+    # A world of 4 in the metadata, rows for fewer: the others would simulate as idle ranks, exit 0.
+    short = write(tmp_path / "short.parquet", config(dp=2), [[compute(100)], [compute(200)]])
+    with pytest.raises(GraphFormatError, match="its rows end at rank 1, its metadata's layout has 4 ranks"):
+        load_sim_graph(_as_world_of_4(short, keep=[0, 1]))
+    holed = write(
+        tmp_path / "holed.parquet", config(dp=4), [[compute(1)], [compute(2)], [compute(3)], [compute(4)]]
+    )
+    with pytest.raises(SimulationError, match="rank 2 of the metadata's world of 4 has no node"):
+        load_sim_graph(_as_world_of_4(holed, keep=[0, 1, 3]))
 
 
 @pytest.mark.parametrize(

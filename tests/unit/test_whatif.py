@@ -33,6 +33,28 @@ def test_parsing() -> None:
             parse(bad)
 
 
+@pytest.mark.parametrize(
+    ("bad", "parse"),
+    [
+        ("0:x0", parse_slow_rank),  # compute that takes no time
+        ("0:x0.0", parse_slow_rank),
+        ("0:x1.2.3", parse_slow_rank),  # not a number (a float() traceback before)
+        ("0:+1..5%", parse_slow_rank),
+        ("fwd:+1.2.3ms", parse_delay),
+        ("+.ms", parse_duration),
+    ],
+)
+def test_what_ifs_out_of_range_or_not_numbers_are_refused(bad: str, parse) -> None:
+    with pytest.raises(WhatIfError):
+        parse(bad)
+
+
+def test_a_slow_rank_made_in_code_is_checked_too() -> None:
+    for factor in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(WhatIfError, match="above 0 and finite"):
+            SlowRank(rank=3, factor=factor)
+
+
 def graph(tmp_path: Path):
     cfg = config(tp=2)
     nodes = [
