@@ -79,8 +79,12 @@ def _check_record(record: dict) -> None:
         # first microbatch (none where its own work before the first receive outlasts the first
         # stage's forward, as a paced graph's did in a CI run). The posts of its transfers are
         # its own time, not bubble.
+        # Measured sides (real runs, replays) can find the first stage slower than its neighbour
+        # on a busy machine, then it never waits: strict on the simulation's alone.
         bubble = phases[BUBBLE][side]
-        assert (bubble > 0 if record["rank"] == 0 else bubble >= 0) and phases[COMMUNICATION][side] == 0
+        strict = record["rank"] == 0 and record["source"] == "simulation" and side == "predicted_ms"
+        where = (record["source"], record["rank"], side, phases)
+        assert (bubble > 0 if strict else bubble >= 0) and phases[COMMUNICATION][side] == 0, where
     for key, kind in types.items():
         assert isinstance(record[key], kind), (key, record[key])
     assert record["source"] in ("simulation", "paced", "replay")

@@ -45,8 +45,9 @@ def test_waits_on_virtual_peers_stay_out_of_gaps_and_iteration_times(tmp_path: P
         assert held > 2 * WAIT_NS
         assert 0 < wall - held < wall
     ops = normalize_rank(tmp_path, 0)
-    # Without the take-out, the unit after each waited call would carry the call's wait in its gap.
-    assert ops["gap_ns"].max() < WAIT_NS / 2
+    # Without the take-out, the unit after each waited call would carry the call's wait in its gap
+    # (four or more an iteration); one long gap is what a busy machine's scheduler can add.
+    assert (ops["gap_ns"] >= WAIT_NS / 2).sum() <= 1, ops["gap_ns"].nlargest(5).tolist()
     assert ops.loc[~ops["is_comm"], "dur_ns"].max() < WAIT_NS / 2
     (iteration,) = ops.attrs["iterations"]
     span = iteration["end_ns"] - iteration["start_ns"]
