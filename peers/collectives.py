@@ -27,7 +27,7 @@ from torch._C._distributed_c10d import (
 
 from prism.peers import virtual_data as vd
 from prism.peers.delegate import run_coalesced
-from prism.peers.recorder import CommOp
+from prism.peers.recorder import CommOp, split_bytes
 
 _REDUCE_NAMES = {op: name.lower() for name, op in dist.ReduceOp.RedOpType.__members__.items()}
 
@@ -325,6 +325,7 @@ class CollectivesMixin:
             virtual,
             lambda b: b.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts),
             async_op=opts.asyncOp,
+            split_bytes=split_bytes(input, input_split_sizes, self._size),
         )
 
     alltoall_base = all_to_all_single
@@ -344,6 +345,7 @@ class CollectivesMixin:
             virtual,
             lambda b: b.alltoall(outputs, inputs, opts),
             async_op=opts.asyncOp,
+            split_bytes=tuple(t.numel() * t.element_size() for t in inputs),
         )
 
     def barrier(self, opts: BarrierOptions | None = None) -> dist.Work:

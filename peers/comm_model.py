@@ -33,7 +33,12 @@ Durations (seconds; rounded to integer ns)::
     send, recv        α_0 + f·α_link + n/(e·B_link)       (link: intra if k == 1, else inter)
 
 all_to_all, gather and scatter move data point to point: the off-node part goes through the
-rank's own NIC only (no aggregation), the on-node part over NVLink, concurrently.
+rank's own NIC only (no aggregation), the on-node part over NVLink, concurrently. An all_to_all
+whose split sizes are known is priced by the bytes each pair exchanges instead of by even shares
+(``split_volumes``: ``n_i`` and ``n_e``, the most any member of the group sends or receives on
+its node and off it, ``prism.graph.comm.placement.LayoutTables.all_to_all_volumes``)::
+
+    all_to_all        α_0 + f·((g-1)·α_i + (p-g)·α_e) + max(n_i/(e·B_i), n_e/(e·B_e))
 
 Measured points (the spec's ``measured`` table) override these lines for calls whose group sits
 on one node (k = 1) where the spec lists the op class and group size: the time is interpolated
@@ -103,6 +108,7 @@ class CommModel:
         nodes_spanned: np.ndarray,
         idle_ns: np.ndarray | None = None,
         overlap_ns: np.ndarray | None = None,
+        split_volumes: np.ndarray | None = None,
     ) -> np.ndarray:
         """Durations in ns (int64) of many calls at once; arguments broadcast against each other.
 
@@ -115,9 +121,11 @@ class CommModel:
         factor ``f``: the call progresses at ``1/f`` of its idle rate while its rank computes and
         at the full rate after, so a price ``D`` becomes ``min(f·D, D + overlap·(1 − 1/f))``,
         before any cold latency is added (the factor is measured on calls made after the same
-        wait whether their members compute or not).
+        wait whether their members compute or not). ``split_volumes``, (calls, 2), the on-node
+        and off-node bytes that bound each all_to_all whose splits are known (NaN where they are
+        not), prices those by them (the module docstring).
         """
-        durations = self._durations_ns(op, bytes, group_size, nodes_spanned)
+        durations = self._durations_ns(op, bytes, group_size, nodes_spanned, split_volumes)
         cold_calls = idle_ns is not None and self.spec.has_cold_calls
         busy_calls = overlap_ns is not None and bool(self.spec.busy_call)
         if not (cold_calls or busy_calls):
@@ -138,20 +146,25 @@ class CommModel:
             priced = np.maximum(priced + _to_ns(extra), (durations * COLD_FLOOR).astype(np.int64))
         return np.where(collective, priced, durations)
 
-    def _durations_ns(self, op, bytes, group_size, nodes_spanned) -> np.ndarray:
+    def _durations_ns(self, op, bytes, group_size, nodes_spanned, split_volumes=None) -> np.ndarray:
         n, p, k = np.broadcast_arrays(
             np.asarray(bytes, dtype=np.float64), np.asarray(group_size), np.asarray(nodes_spanned)
         )
         p, k = p.astype(np.int64), k.astype(np.int64)
         _check(n, k)
+        volumes = None
+        if split_volumes is not None:
+            volumes = np.broadcast_to(np.asarray(split_volumes, dtype=np.float64), (*n.shape, 2))
         if isinstance(op, str):
-            return _to_ns(self._seconds(op, n, p, k))
+            return _to_ns(self._priced(op, n, p, k, volumes))
         ops = np.broadcast_to(np.asarray(op), n.shape)
         seconds, seen = np.zeros(n.shape, dtype=np.float64), np.zeros(n.shape, dtype=bool)
         for name in OPS:  # one equality pass per known op: cheaper than sorting names
             rows = ops == name
             if rows.any():
-                seconds[rows] = self._seconds(name, n[rows], p[rows], k[rows])
+                seconds[rows] = self._priced(
+                    name, n[rows], p[rows], k[rows], None if volumes is None else volumes[rows]
+                )
                 seen |= rows
         if not seen.all():
             unknown = ", ".join(map(repr, np.unique(ops[~seen]).tolist()[:5]))
@@ -159,6 +172,19 @@ class CommModel:
         return _to_ns(seconds)
 
     # -- per op ----------------------------------------------------------------------------------
+    def _priced(self, op: str, n, p, k, volumes: np.ndarray | None) -> np.ndarray:
+        """``_seconds``, with all_to_alls of known splits priced by their volumes where no measured
+        point applies (a measured group on one node is timed by its total bytes)."""
+        seconds = self._seconds(op, n, p, k)
+        if op != "all_to_all" or volumes is None:
+            return seconds
+        measured = (k == 1) & np.isin(p, list(self._points.get(op, {})))
+        rows = np.isfinite(volumes).all(axis=1) & (p > 1) & ~measured
+        if rows.any():
+            seconds = np.array(seconds, dtype=np.float64)
+            seconds[rows] = self._point_to_point(op, volumes[rows, 0], volumes[rows, 1], p[rows], k[rows])
+        return seconds
+
     def _seconds(self, op: str, n: np.ndarray, p: np.ndarray, k: np.ndarray) -> np.ndarray:
         cls = op_class(op)
         if cls == "p2p":
@@ -211,14 +237,20 @@ class CommModel:
         return lat + volume / (s.efficiency(cls) * _ring_bw(s, p, k))
 
     def _direct(self, cls: str, n: np.ndarray, p: np.ndarray, k: np.ndarray) -> np.ndarray:
-        s = self.spec
         g = _per_node(p, k)
         per_peer = n / p if cls == "all_to_all" else n
-        eff = s.efficiency(cls)
-        on_node = (g - 1) * per_peer / (eff * s.intra_bandwidth_bytes_per_s)
-        off_node = (p - g) * per_peer / (eff * s.inter_bandwidth_bytes_per_s)
+        return self._point_to_point(cls, (g - 1) * per_peer, (p - g) * per_peer, p, k)
+
+    def _point_to_point(self, cls: str, on_node: np.ndarray, off_node: np.ndarray, p, k) -> np.ndarray:
+        """A call that sends ``on_node`` bytes to its node's members and ``off_node`` to the rest,
+        one message per member, both at once."""
+        s = self.spec
+        g, eff = _per_node(p, k), s.efficiency(cls)
         hops = (g - 1) * s.intra_latency_s + (p - g) * s.inter_latency_s
-        return s.base_latency_s + s.latency_scale(cls) * hops + np.maximum(on_node, off_node)
+        transfer = np.maximum(
+            on_node / (eff * s.intra_bandwidth_bytes_per_s), off_node / (eff * s.inter_bandwidth_bytes_per_s)
+        )
+        return s.base_latency_s + s.latency_scale(cls) * hops + transfer
 
     def _p2p(self, n: np.ndarray, k: np.ndarray) -> np.ndarray:
         s = self.spec

@@ -178,6 +178,7 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
         reduce_op: str | None = None,
         device: torch.device | None = None,
         after_real: Callable[[], None] | None = None,
+        split_bytes: tuple[int, ...] | None = None,
     ) -> dist.Work:
         """Log the call, mark it, and serve it virtually or on the real backend (then ``after_real``
         runs when it has completed)."""
@@ -199,6 +200,7 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
             reduce_op=reduce_op,
             async_op=async_op,
             delegated=on_real,
+            split_bytes=split_bytes,
         )
         # Marked in every iteration, profiled or not. Unmarked, a virtual collective returns a few
         # µs sooner (the record_function), and what the process does while the call's host work

@@ -84,6 +84,15 @@ def describe_payload(tensors: Sequence[torch.Tensor]) -> tuple[int, str, tuple[i
     return nbytes, dtype, (sum(t.numel() for t in tensors),)
 
 
+def split_bytes(tensor: torch.Tensor, splits: Sequence[int], group_size: int) -> tuple[int, ...]:
+    """Bytes ``all_to_all_single`` sends each member: ``splits`` rows of ``tensor`` each, or an
+    even share of its first dimension when the splits are empty."""
+    rows = tensor.shape[0] if tensor.dim() else 1
+    row_bytes = tensor.numel() * tensor.element_size() // max(rows, 1)
+    counts = list(splits) if len(splits) else [rows // group_size] * group_size
+    return tuple(int(c) * row_bytes for c in counts)
+
+
 class CommRecorder:
     """Collects the groups and calls of one ``init_process_group`` lifetime."""
 

@@ -106,6 +106,9 @@ class CommCall(CallSite):
     a clock that does not hold it (a free-running capture's)."""
     delegated: bool = False
     """True when the call ran on a real gloo/NCCL group; False when peers were virtual."""
+    split_bytes: tuple[int, ...] | None = None
+    """all_to_all: the bytes this rank sends each member, in group-rank order (its own chunk
+    included; they sum to ``bytes``); None for every other op."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,10 +147,15 @@ class CommLog:
             CommGroup(**{**g, "ranks": tuple(g["ranks"]), "real_ranks": tuple(g["real_ranks"])})
             for g in data["groups"]
         )
-        calls = tuple(CommCall(**{**c, "shape": tuple(c["shape"])}) for c in data["calls"])
+        calls = tuple(CommCall(**{**c, **_tuples(c, "shape", "split_bytes")}) for c in data["calls"])
         log = cls(rank=data["rank"], world_size=data["world_size"], groups=groups, calls=calls)
         check_fields(log)  # every reader gets values of the declared types (TypeError otherwise)
         return log
+
+
+def _tuples(call: dict, *names: str) -> dict:
+    """The list fields ``names`` of a call's JSON as tuples (None and absent ones left so)."""
+    return {n: tuple(call[n]) if isinstance(call.get(n), list) else call.get(n) for n in names if n in call}
 
 
 class Spans:

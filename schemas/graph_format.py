@@ -27,9 +27,9 @@ import numpy as np
 import pyarrow as pa
 
 SCHEMA_NAME = "prism.graph"
-VERSION = 5
-READABLE_VERSIONS = (2, 3, 4, 5)
-"""Version 5 adds the N-dimensional layout (cp, dp_replicate, ep, etp in ``layout``) and its group
+VERSION = 6
+READABLE_VERSIONS = (2, 3, 4, 5, 6)
+"""Version 6 adds ``split_bytes``, the bytes an all-to-all sends each member; version 5 added the N-dimensional layout (cp, dp_replicate, ep, etp in ``layout``) and its group
 kinds in ``group_kind``; version 4 added streams beyond the main thread and ``lane_deps``; version
 3 graphs of the user's own programs (``PROGRAM_KEY``, ``STATIC_BYTES_KEY``). Earlier files read
 unchanged."""
@@ -109,6 +109,7 @@ DEPS = "deps"
 SRC_RANK = "src_rank"
 SRC_OP = "src_op"
 LANE_DEPS = "lane_deps"
+SPLIT_BYTES = "split_bytes"
 LANE_DEP_STREAM, LANE_DEP_INDEX, LANE_DEP_LAG_NS = "stream", "index", "lag_ns"
 
 NONE = -1
@@ -149,6 +150,9 @@ SCHEMA = pa.schema(
         pa.field(PEER, pa.int32(), nullable=False),  # other rank of a send/recv, or -1
         pa.field(P2P_SEQ, pa.int32(), nullable=False),  # n-th transfer between (src, dst), or -1
         pa.field(BYTES, pa.int64(), nullable=False),  # payload of comm nodes, 0 otherwise
+        pa.field(
+            SPLIT_BYTES, pa.list_(pa.int64()), nullable=False
+        ),  # all_to_all: bytes sent to each member, in group order (summing to bytes); else []
         pa.field(DTYPE, _DICT, nullable=False),  # payload dtype, or ""
         pa.field(IS_ASYNC, pa.bool_(), nullable=False),  # completion does not block program order
         pa.field(ALLOC_BYTES, pa.int64(), nullable=False),  # bytes allocated by the node
@@ -163,9 +167,9 @@ SCHEMA = pa.schema(
 )
 
 COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
-ADDED_IN = {LANE_DEPS: 4}
+ADDED_IN = {LANE_DEPS: 4, SPLIT_BYTES: 6}
 """Columns later than the first readable version: a file of an earlier version lacks them, and a
-reader gives them their empty value (no lane dependency)."""
+reader gives them their empty value (``empty_lists``: no lane dependency, no known splits)."""
 LANE_COLUMNS = (LANE_DEPS,)
 """Held only by a graph whose metadata names several streams a rank (``STREAMS_KEY``): a graph
 of one stream a rank has no lane dependency to hold, and leaves them out (readers give them
@@ -225,10 +229,12 @@ def schema_with_metadata(metadata: GraphMetadata) -> pa.Schema:
     )
 
 
-def no_lane_deps(rows: int) -> pa.ListArray:
-    """``lane_deps`` of ``rows`` nodes with none (a rank of one stream; a file before version 4)."""
+def empty_lists(column: str, rows: int) -> pa.ListArray:
+    """A list column (one of ``ADDED_IN``) of ``rows`` nodes, every list empty: no lane dependency
+    (a rank of one stream), no known all-to-all splits (a file before the column existed)."""
+    kind = SCHEMA.field(column).type
     offsets = pa.py_buffer(np.zeros(rows + 1, np.int32))  # every list empty; no copy
-    return pa.Array.from_buffers(pa.list_(LANE_DEP), rows, [None, offsets], children=[pa.array([], LANE_DEP)])
+    return pa.Array.from_buffers(kind, rows, [None, offsets], children=[pa.array([], kind.value_type)])
 
 
 PART_KEY = b"prism.part"

@@ -7,6 +7,7 @@ chunk at once; strings are dictionary codes tiled from the stage program.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +37,7 @@ from prism.schemas.layout import ParallelLayout
 AXIS_CODES = {"tp": 1, "dp": 2, "pp": 3, "world": 4}
 """The codes of the kinds every layout has; a layout's other kinds follow in its order (``kind_codes``)."""
 _GROUP_SHIFT, _AXIS_SHIFT = 24, 56
+SPLITS = "splits"  # an encoded program's relative all-to-all splits: a list per node, else None
 
 
 def kind_codes(layout: ParallelLayout) -> dict[str, int]:
@@ -123,6 +125,9 @@ def encode_program(program: StageProgram, layout: ParallelLayout) -> EncodedProg
         columns[name] = nodes[name].to_numpy(dtype=np.int64)
     columns[gf.IS_ASYNC] = nodes[ot.IS_ASYNC].to_numpy(dtype=bool)
     columns["comm_op"] = nodes[ot.COMM_OP].to_numpy(dtype=object).astype(str)
+    columns[SPLITS] = np.empty(len(nodes), dtype=object)  # one list per node: no 2-D array
+    for i, splits in enumerate(nodes[ot.SPLIT_BYTES]):
+        columns[SPLITS][i] = json.loads(splits) if splits else None
     offsets, values = deps_csr(nodes)
     return EncodedProgram(program, columns, dictionaries, offsets, values)
 
@@ -161,7 +166,41 @@ def _group_columns(e: EncodedProgram, rank: np.ndarray, tables: LayoutTables) ->
     }
 
 
-def _durations(e: EncodedProgram, k: int, groups: dict[str, np.ndarray], comm: CommModel) -> np.ndarray:
+def _splits(e: EncodedProgram, rank: np.ndarray, tables: LayoutTables) -> tuple[pa.Array, np.ndarray]:
+    """The all-to-alls' splits in group order, as the graph's list column (empty for other rows),
+    and the (on-node, off-node) bytes that bound them (``LayoutTables.all_to_all_volumes``; NaN
+    for rows that are no all-to-all of known splits): each rank of the chunk routes as the
+    captured one did, from its own place in its group."""
+    k, n = len(rank) // e.size, e.size
+    nodes = np.flatnonzero([s is not None for s in e.columns[SPLITS]])
+    axes = e.program.nodes[GROUP_AXIS].to_numpy(dtype=object)
+    lengths = np.zeros(len(rank), np.int64)
+    for i in nodes:
+        lengths[i::n] = axis_size(tables.layout, axes[i])
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    values = np.zeros(offsets[-1], np.int64)
+    volumes = np.full((len(rank), 2), np.nan)
+    for axis in dict.fromkeys(axes[nodes]):
+        of_axis = nodes[axes[nodes] == axis]
+        size = axis_size(tables.layout, axis)
+        relative = [e.columns[SPLITS][i] for i in of_axis]
+        if any(len(splits) != size for splits in relative):
+            wrong = next(len(splits) for splits in relative if len(splits) != size)
+            raise BindError(
+                f"an all_to_all of {wrong} splits on {axis} groups of {size} ranks; "
+                "build at the layout the program was captured with"
+            )
+        relative = np.array(relative, dtype=np.int64).reshape(len(of_axis), size)
+        rows = (np.arange(k)[:, None] * n + of_axis[None, :]).ravel()
+        relative = np.tile(relative, (k, 1))
+        volumes[rows] = tables.all_to_all_volumes(axis, rank[rows], relative)
+        values[offsets[rows][:, None] + np.arange(size)] = tables.absolute_splits(axis, rank[rows], relative)
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values)), volumes
+
+
+def _durations(
+    e: EncodedProgram, k: int, groups: dict[str, np.ndarray], comm: CommModel, volumes: np.ndarray
+) -> np.ndarray:
     dur = _tile(e.columns[ot.DUR_NS], k)
     is_comm = groups["is_comm"]
     if is_comm.any():
@@ -177,6 +216,7 @@ def _durations(e: EncodedProgram, k: int, groups: dict[str, np.ndarray], comm: C
             groups["spanned"][is_comm],
             idle_ns=idle,
             overlap_ns=overlap,
+            split_volumes=volumes[is_comm],
         )
     return dur
 
@@ -190,6 +230,7 @@ def bind_ranks(e: EncodedProgram, ranks: np.ndarray, tables: LayoutTables, comm:
     k, n = len(ranks), e.size
     rank = np.repeat(ranks.astype(np.int32), n)
     groups = _group_columns(e, rank, tables)
+    split_bytes, volumes = _splits(e, rank, tables)
     deps_offsets = (e.deps_offsets[:-1][None, :] + (np.arange(k) * len(e.deps_values))[:, None]).ravel()
     deps_offsets = np.append(deps_offsets, k * len(e.deps_values)).astype(np.int32)
     columns = {
@@ -203,7 +244,7 @@ def bind_ranks(e: EncodedProgram, ranks: np.ndarray, tables: LayoutTables, comm:
         gf.MB: _tile(e.columns[gf.MB], k).astype(np.int32),
         gf.LAYER: _tile(e.columns[gf.LAYER], k).astype(np.int32),
         gf.PART: _dictionary(e, gf.PART, k),
-        gf.DUR_NS: _durations(e, k, groups, comm),
+        gf.DUR_NS: _durations(e, k, groups, comm, volumes),
         gf.GAP_NS: _tile(e.columns[ot.GAP_NS], k),
         gf.SKEW_NS: _tile(e.columns[SKEW], k),
         gf.COLL_ID: groups[gf.COLL_ID],
@@ -213,6 +254,7 @@ def bind_ranks(e: EncodedProgram, ranks: np.ndarray, tables: LayoutTables, comm:
         gf.PEER: groups[gf.PEER],
         gf.P2P_SEQ: _tile(e.columns[gf.P2P_SEQ], k).astype(np.int32),
         gf.BYTES: _tile(e.columns[ot.BYTES], k),
+        gf.SPLIT_BYTES: split_bytes,
         gf.DTYPE: _dictionary(e, gf.DTYPE, k),
         gf.IS_ASYNC: _tile(e.columns[gf.IS_ASYNC], k),
         gf.ALLOC_BYTES: _tile(e.columns[ot.ALLOC_BYTES], k),

@@ -248,7 +248,7 @@ class _ProgramBuilder:
 _DEFAULTS = {
     ot.IS_COMM: False, ot.IS_ASYNC: False, ot.COMM_OP: "", ot.DTYPE: "", ot.PART: "", GROUP_AXIS: "",
     ot.DUR_NS: 0, ot.GAP_NS: 0, ot.ALLOC_BYTES: 0, ot.FREE_BYTES: 0, ot.BYTES: 0, ot.BUCKET: -1,
-    ot.SEQ: -1, LAYER_OFFSET: -1, LAYER: -1, MB: -1, P2P_DIR: 0, IS_WAIT: False,
+    ot.SEQ: -1, LAYER_OFFSET: -1, LAYER: -1, MB: -1, P2P_DIR: 0, IS_WAIT: False, ot.SPLIT_BYTES: "",
 }  # fmt: skip
 
 

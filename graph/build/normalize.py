@@ -30,6 +30,7 @@ Reading goes through ``json`` directly, not HTA (see ``prism.graph.traces.kineto
 
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -212,11 +213,12 @@ def _add_comm(df: pd.DataFrame, log: CommLog, path: Path) -> None:
     for g in log.groups:
         names_of_label[g.label].append(g.name)
     calls = {(c.group, c.gseq): c for c in log.calls}
+    position = {g.name: g.ranks.index(log.rank) for g in log.groups if log.rank in g.ranks}
     cols: dict[str, list] = {c: [] for c in _COMM_DEFAULTS}
     comm_rows = np.flatnonzero(df[T.IS_COMM].to_numpy())
     for name in df[T.NAME].to_numpy()[comm_rows]:
         call = _call_of_mark(name, names_of_label, calls, path)
-        for col, value in _comm_values(call).items():
+        for col, value in _comm_values(call, position.get(call.group, 0)).items():
             cols[col].append(value)
     for col, default in _COMM_DEFAULTS.items():
         values = np.full(len(df), default, dtype=object)
@@ -298,10 +300,21 @@ _COMM_DEFAULTS: dict[str, object] = {
     T.PEER: -1,
     T.IS_ASYNC: False,
     T.FIRST_WAIT_NS: 0,
+    T.SPLIT_BYTES: "",
 }
 
 
-def _comm_values(call: CommCall) -> dict[str, object]:
+def relative_splits(split_bytes: tuple[int, ...], position: int) -> list[int]:
+    """A rank's all-to-all splits (bytes to each member, in group order) from its own place: item
+    d is what it sends the member d places after it (0: itself), the form every member of the
+    group can repeat as its own (each routes as the captured rank does)."""
+    p = len(split_bytes)
+    return [int(split_bytes[(position + d) % p]) for d in range(p)]
+
+
+def _comm_values(call: CommCall, position: int) -> dict[str, object]:
+    """The op-table fields of ``call``, made by the member at ``position`` of its group."""
+    splits = "" if call.split_bytes is None else json.dumps(relative_splits(call.split_bytes, position))
     return {
         T.COMM_OP: call.op,
         T.GROUP_NAME: call.group,
@@ -313,6 +326,7 @@ def _comm_values(call: CommCall) -> dict[str, object]:
         T.PEER: -1 if call.peer is None else call.peer,
         T.IS_ASYNC: call.async_op,
         T.FIRST_WAIT_NS: call.first_wait_ns,
+        T.SPLIT_BYTES: splits,
     }
 
 

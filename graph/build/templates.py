@@ -41,6 +41,7 @@ COPIED_COLUMNS = (
     ot.IS_COMM,
     ot.COMM_OP,
     ot.BYTES,
+    ot.SPLIT_BYTES,
     ot.DTYPE,
     ot.IS_ASYNC,
     ot.PART,

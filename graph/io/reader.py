@@ -25,7 +25,7 @@ from prism.schemas.graph_format import (
     SCHEMA,
     GraphMetadata,
     PartInfo,
-    no_lane_deps,
+    empty_lists,
     stored_columns,
 )
 from prism.schemas.layout import ParallelLayout
@@ -141,7 +141,7 @@ class GraphReader:
     def read_column(self, column: str) -> pa.ChunkedArray:
         """One column of every node of the graph."""
         if column in self._absent:
-            return pa.chunked_array([no_lane_deps(self.num_rows)])
+            return pa.chunked_array([empty_lists(column, self.num_rows)])
         chunks = []
         for part in range(len(self._parts)):
             file = self._open(part)
@@ -198,8 +198,8 @@ class GraphReader:
         if not self._absent or not any(c in self._absent for c in wanted):
             return table
         for name in wanted:
-            if name in self._absent:  # (lane_deps, the one column added since)
-                table = table.append_column(SCHEMA.field(name), no_lane_deps(table.num_rows))
+            if name in self._absent:  # (a list column added since the file's version)
+                table = table.append_column(SCHEMA.field(name), empty_lists(name, table.num_rows))
         return table.select(wanted)
 
     def _open(self, index: int) -> pq.ParquetFile:

@@ -106,7 +106,8 @@ def validate_graph(
         scan = _Scan(layout, streams=gf.STREAMS_KEY in reader.metadata.extra)
         _check_model(reader.metadata.model, layout, scan.problems)
         for done, chunk in enumerate(
-            reader.iter_rank_chunks([*_INTS, *_STRINGS, *_AMOUNTS, gf.DEPS, gf.LANE_DEPS]), start=1
+            reader.iter_rank_chunks([*_INTS, *_STRINGS, *_AMOUNTS, gf.DEPS, gf.LANE_DEPS, gf.SPLIT_BYTES]),
+            start=1,
         ):
             scan.chunk(chunk)
             if progress is not None:
@@ -206,6 +207,8 @@ class _Scan:
                 f"rank {r[k]} stream {s[k]} index {index[k]}: a stream beyond 0 in a graph whose metadata "
                 f"names no streams ({gf.STREAMS_KEY!r})"))  # fmt: skip
         self._amounts(c, table)
+        if gf.SPLIT_BYTES in table.column_names:
+            self._splits(c, table.column(gf.SPLIT_BYTES).combine_chunks())
         kind = c[gf.KIND]
         coll = kind == self.kinds[gf.NodeKind.COLLECTIVE]
         p2p = (kind == self.kinds[gf.NodeKind.SEND]) | (kind == self.kinds[gf.NodeKind.RECV])
@@ -284,6 +287,29 @@ class _Scan:
                 f"rank {rank}: durations, gaps and skews add up to {total:.3g} ns in one iteration, far past "
                 "any job (a corrupt value; the simulation's int64 clock would overflow)"
             )
+
+    def _splits(self, c: Cols, splits: pa.ListArray) -> None:
+        """An all-to-all's splits: one per member, none negative, summing to its bytes; no other
+        node has any."""
+        r, index = c[gf.RANK], c[gf.INDEX]
+        length = pc.list_value_length(splits).to_numpy(zero_copy_only=False).astype(np.int64)
+        has = length > 0
+        if not has.any():
+            return
+        values = pc.list_flatten(splits).to_numpy().astype(np.float64)  # float: corrupt sums never wrap
+        parent = pc.list_parent_indices(splits).to_numpy()
+        total = np.bincount(parent, weights=values, minlength=len(length))
+        negative = np.bincount(parent, weights=values < 0, minlength=len(length)) > 0
+        all_to_all = (c[gf.KIND] == self.kinds[gf.NodeKind.COLLECTIVE]) & (
+            c[gf.NAME] == self.strings.id("all_to_all")
+        )
+        size, nbytes = c[gf.GROUP_SIZE], c[gf.BYTES]
+        self.problems.per_rank(has & ~all_to_all, r, lambda k: (
+            f"rank {r[k]} index {index[k]}: {gf.SPLIT_BYTES} on a node that is no all_to_all"))  # fmt: skip
+        bad = has & all_to_all & ((length != size) | negative | (total != nbytes))
+        self.problems.per_rank(bad, r, lambda k: (
+            f"rank {r[k]} index {index[k]}: all_to_all {gf.SPLIT_BYTES} of {length[k]} members summing to "
+            f"{total[k]:.0f} (none may be negative), where its group has {size[k]} and it sends {nbytes[k]} bytes"))  # fmt: skip
 
     def _deps(self, c: Cols, deps: pa.ListArray) -> None:
         parent = pc.list_parent_indices(deps).to_numpy()

@@ -25,15 +25,18 @@ from prism.graph.io.file_layout import (
 )
 from prism.graph.io.parts import refuse_other_directory, replace_graph
 from prism.schemas.graph_format import (
+    ADDED_IN,
     COLUMNS,
     INDEX,
     LANE_COLUMNS,
     PART_KEY,
     RANK,
+    SCHEMA,
     STREAM,
     STREAMS_KEY,
     GraphMetadata,
     PartInfo,
+    empty_lists,
     schema_with_metadata,
 )
 from prism.schemas.layout import ParallelLayout
@@ -204,6 +207,9 @@ def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """``table`` with the columns of ``schema``, in its order and types (``LANE_COLUMNS`` may be
     left out of a table of a graph that does not hold them)."""
     names = schema.names
+    for column in ADDED_IN:  # list columns a table may leave out: every node's list empty
+        if column in names and column not in table.column_names:
+            table = table.append_column(SCHEMA.field(column), empty_lists(column, table.num_rows))
     missing = [c for c in names if c not in table.column_names]
     extra = [c for c in table.column_names if c not in COLUMNS]
     if missing or extra:

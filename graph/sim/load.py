@@ -363,6 +363,23 @@ def static_bytes(config: GPTConfig, stage: int) -> int:
 def graph_column(path: str | Path, column: str, ranks: np.ndarray | None = None) -> np.ndarray:
     """One more column of a graph as numpy (dictionary columns as their strings); ``ranks``
     (sorted): only those ranks' nodes, as ``load_sim_graph(path, ranks)`` reads them."""
+    values = _column(path, column, ranks)
+    if pa.types.is_dictionary(values.type):
+        return np.asarray(values.dictionary.to_pylist(), dtype=object)[values.indices.to_numpy()]
+    return values.to_numpy()
+
+
+def graph_lists(
+    path: str | Path, column: str, ranks: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """A list column (``graph_column``'s rows) as numpy: each node's offset into the values (one
+    more than the nodes), and the values."""
+    values = _column(path, column, ranks)
+    offsets = values.offsets.to_numpy()
+    return offsets - offsets[0], values.flatten().to_numpy()
+
+
+def _column(path: str | Path, column: str, ranks: np.ndarray | None) -> pa.Array:
     with GraphReader(path) as reader:
         if ranks is None:
             values = reader.read_column(column).combine_chunks()
@@ -370,6 +387,4 @@ def graph_column(path: str | Path, column: str, ranks: np.ndarray | None = None)
             values = pa.chunked_array(
                 [t[column] for t in reader.read_ranks(ranks, [column])], gf.SCHEMA.field(column).type
             ).combine_chunks()
-    if pa.types.is_dictionary(values.type):
-        return np.asarray(values.dictionary.to_pylist(), dtype=object)[values.indices.to_numpy()]
-    return values.to_numpy()
+    return values

@@ -17,7 +17,7 @@ import numpy as np
 
 from prism.graph.comm.placement import LayoutTables
 from prism.graph.sim.engine import COMPUTE, RECV, SEND
-from prism.graph.sim.load import graph_column, wake_of
+from prism.graph.sim.load import graph_column, graph_lists, wake_of
 from prism.graph.sim.noise import work_between, work_in_flight
 from prism.graph.sim.simulate import SimGraph
 from prism.peers.comm_model import CommModel
@@ -175,9 +175,39 @@ def _recost(graph: SimGraph, path: Path, spec: ClusterSpec, ranks: np.ndarray) -
         work_in_flight(computing, graph.gap, calls, graph.deps_ptr, graph.deps, graph.rank_ptr),
         0,
     )
+    volumes = _split_volumes(path, subset, comm, rank, kind, size, tables)
     dur = graph.dur.copy()
-    dur[comm] = CommModel(spec).durations_ns(op, nbytes, size, spanned, idle_ns=idle, overlap_ns=overlap)
+    dur[comm] = CommModel(spec).durations_ns(
+        op, nbytes, size, spanned, idle_ns=idle, overlap_ns=overlap, split_volumes=volumes
+    )
     return dur
+
+
+def _split_volumes(
+    path: Path,
+    subset: np.ndarray | None,
+    comm: np.ndarray,
+    rank: np.ndarray,
+    kind: np.ndarray,
+    size: np.ndarray,
+    tables: LayoutTables,
+) -> np.ndarray:
+    """(on-node, off-node) bytes that bound each comm node's all-to-all of known splits on
+    ``tables``'s nodes, NaN for the rest (``LayoutTables.all_to_all_volumes``)."""
+    offsets, values = graph_lists(path, gf.SPLIT_BYTES, subset)
+    start, length = offsets[:-1][comm], np.diff(offsets)[comm]
+    if ((length > 0) & (length != size)).any():
+        raise WhatIfError(
+            f"{path}: an all-to-all's {gf.SPLIT_BYTES} disagree with its group size (prism-validate says more)"
+        )
+    volumes = np.full((len(rank), 2), np.nan)
+    for axis in np.unique(kind[length > 0]):
+        rows = np.flatnonzero((kind == axis) & (length > 0))
+        splits = values[start[rows][:, None] + np.arange(length[rows[0]])]
+        volumes[rows] = tables.all_to_all_volumes(
+            axis, rank[rows], tables.relative_splits(axis, rank[rows], splits)
+        )
+    return volumes
 
 
 def _subset(graph: SimGraph, ranks: np.ndarray) -> np.ndarray | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
@@ -109,6 +110,19 @@ def test_expert_parallel_all_to_alls_bind_to_their_ep_groups_at_8192_ranks(moe_g
     assert by_kind["size"].to_dict() == {"dp": 8192, "edp": 1024, "ep": 8}
     assert by_kind.loc["ep", "names"] == ["all_to_all"]
     assert groups_of(calls, 4099) == {"ep": 512, "edp": 3, "dp": 0}
+
+
+def test_each_all_to_all_carries_what_its_rank_sends_each_member(moe_graph: Path) -> None:
+    columns = [gf.RANK, gf.NAME, gf.COLL_ID, gf.BYTES, gf.SPLIT_BYTES, gf.DUR_NS]
+    nodes = pq.read_table(moe_graph, columns=columns, filters=[(gf.NAME, "=", "all_to_all")]).to_pandas()
+    splits = {rank: np.stack(rows[gf.SPLIT_BYTES].to_numpy()) for rank, rows in nodes.groupby(gf.RANK)}
+    assert all(s.shape[1] == 8 for s in splits.values())
+    assert (np.stack(nodes[gf.SPLIT_BYTES].to_numpy()).sum(axis=1) == nodes[gf.BYTES]).all()
+    # Each member routes as the captured rank did, from its own place: the next member's splits
+    # are this one's, one place on.
+    assert np.array_equal(np.roll(splits[4098], 1, axis=1), splits[4099])
+    # And all members of one call are priced alike: it ends when its busiest member is done.
+    assert (nodes.groupby(gf.COLL_ID)[gf.DUR_NS].nunique() == 1).all()
 
 
 def test_an_expert_parallel_rank_replays_with_its_memory(moe_graph: Path, tmp_path: Path) -> None:

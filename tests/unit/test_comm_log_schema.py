@@ -73,6 +73,18 @@ def sample_log() -> CommLog:
             dtype="float32",
             shape=(),
         ),
+        CommCall(
+            seq=3,
+            op="all_to_all",
+            group="0",
+            label="world",
+            group_size=8,
+            gseq=2,
+            bytes=96,
+            dtype="float32",
+            shape=(24,),
+            split_bytes=(0, 8, 16, 0, 0, 40, 32, 0),
+        ),
     )
     return CommLog(rank=0, world_size=8, groups=groups, calls=calls)
 
@@ -81,7 +93,7 @@ def test_dict_round_trip() -> None:
     log = sample_log()
     data = log.to_dict()
     assert (data["schema"], data["version"], data["rank"], data["world_size"]) == (SCHEMA, VERSION, 0, 8)
-    assert len(data["groups"]) == 2 and len(data["calls"]) == 3
+    assert len(data["groups"]) == 2 and len(data["calls"]) == 4
     assert CommLog.from_dict(data) == log
     assert CommLog.from_dict(json.loads(json.dumps(data))) == log  # lists come back as tuples
     assert log.groups[1].delegated and not log.groups[0].delegated

@@ -434,3 +434,27 @@ def test_a_per_size_cold_table_prices_small_and_large_calls_apart() -> None:
     args = (np.array([2**30, 32 * 2**20, 2**30]), np.array([8, 8, 2]), np.ones(3, np.int64))
     cold = model.durations_ns(ops, *args, idle_ns=np.full(3, 4_000_000))
     assert (cold - plain.durations_ns(ops, *args)).tolist() == [600_000, 600_000, 0]
+
+
+def test_an_all_to_all_of_known_splits_is_priced_by_its_volumes_on_and_off_node() -> None:
+    # The 16 MB all_to_all above, g = 8: even shares put 8 MB off the node (800 µs). Sent all to
+    # its node's members, 16 MB over NVLink: 160 µs; all off it, 1,600 µs; latency 47 µs either way.
+    calls = dict(
+        op="all_to_all", bytes=np.full(3, 16_000_000), group_size=np.full(3, 16), nodes_spanned=np.full(3, 2)
+    )
+    even = [7e6, 8e6]  # (g-1)/p·n and (p-g)/p·n: what the even line assumes
+    volumes = np.array([[16e6, 0.0], [0.0, 16e6], even])
+    assert MODEL.durations_ns(**calls, split_volumes=volumes).tolist() == [207 * US, 1647 * US, 847 * US]
+    # Unknown splits (NaN) and calls of other ops keep the even line.
+    unknown = np.full((3, 2), np.nan)
+    assert MODEL.durations_ns(**calls, split_volumes=unknown).tolist() == [847 * US] * 3
+    assert (
+        MODEL.durations_ns(
+            "all_gather",
+            np.array([1_000_000]),
+            np.array([8]),
+            np.array([1]),
+            split_volumes=np.array([[1e9, 1e9]]),
+        )[0]
+        == 77 * US
+    )

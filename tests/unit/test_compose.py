@@ -36,14 +36,23 @@ ACT_BYTES = CAPTURED.micro_batch_size * CAPTURED.seq_len * CAPTURED.hidden * 4
 class FakeComm:
     """Comm model stand-in: 1 µs per KiB, so durations are easy to check."""
 
-    def durations_ns(self, ops, nbytes, group_size, nodes_spanned, idle_ns=None, overlap_ns=None):
+    def durations_ns(
+        self, ops, nbytes, group_size, nodes_spanned, idle_ns=None, overlap_ns=None, split_volumes=None
+    ):
         return (np.asarray(nbytes) // 1024 * 1000).astype(np.int64)
 
 
 def unit(name: str, phase: str, *, mb: int = -1, layer: int = -1, dur: int = 1000, **comm) -> dict:
     row = {ot.NAME: name, ot.PHASE: phase, ot.MB: mb, ot.LAYER: layer, ot.PART: "", ot.BUCKET: -1, ot.DIR: ""}
     row |= {ot.DUR_NS: dur, ot.GAP_NS: 100, ot.ALLOC_BYTES: 10, ot.FREE_BYTES: 5, ot.IS_COMM: bool(comm)}
-    row |= {ot.COMM_OP: "", ot.GROUP_LABEL: "", ot.BYTES: 0, ot.DTYPE: "", ot.IS_ASYNC: False}
+    row |= {
+        ot.COMM_OP: "",
+        ot.GROUP_LABEL: "",
+        ot.BYTES: 0,
+        ot.SPLIT_BYTES: "",
+        ot.DTYPE: "",
+        ot.IS_ASYNC: False,
+    }
     return row | comm
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prism.graph.comm.placement import LayoutTables
 from prism.schemas.layout import ParallelLayout
@@ -50,3 +52,46 @@ def test_replicas_fold_only_where_placed_alike(tp: int, pp: int, dp: int, order:
     for d in range(dp):
         assert placement(d) == placement(int(replica_of[d]))
         assert all(placement(d) != placement(e) for e in set(replica_of[:d].tolist()) - {replica_of[d]})
+
+
+EXPERT_LAYOUTS = [
+    (ParallelLayout(tp=1, pp=1, dp=16, ep=8), 4),
+    (ParallelLayout(tp=1, pp=1, dp=12, ep=6), 4),  # groups cut by node boundaries unevenly
+    (ParallelLayout(tp=2, pp=2, dp=8, ep=4), 4),
+    (ParallelLayout(tp=1, pp=1, dp=8, dp_replicate=2, cp=2, ep=8), 2),
+]
+
+
+def _brute_force_volumes(layout: ParallelLayout, rank: int, relative: list[int], gpus: int) -> list[float]:
+    """Every member routing as ``rank`` does from its own place: the most any member sends or
+    receives on its node, and off it."""
+    members = layout.group(rank, "ep")
+    p = len(members)
+    sent = {
+        (a, b): relative[(j - i) % p] for i, a in enumerate(members) for j, b in enumerate(members) if a != b
+    }
+    on, off = [], []
+    for m in members:
+        for pairs in ([(m, b) for b in members if b != m], [(a, m) for a in members if a != m]):
+            on.append(sum(sent[x] for x in pairs if x[0] // gpus == x[1] // gpus))
+            off.append(sum(sent[x] for x in pairs if x[0] // gpus != x[1] // gpus))
+    return [max(on), max(off)]
+
+
+@pytest.mark.parametrize(("layout", "gpus"), EXPERT_LAYOUTS, ids=str)
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_an_all_to_alls_volumes_are_its_busiest_members(layout: ParallelLayout, gpus: int, data) -> None:
+    tables = LayoutTables.build(layout, gpus)
+    p = layout.degree("ep")
+    rank = data.draw(st.integers(0, layout.world_size - 1))
+    relative = data.draw(st.lists(st.integers(0, 10_000), min_size=p, max_size=p))
+    rows = np.array([rank])
+    got = tables.all_to_all_volumes("ep", rows, np.array([relative]))
+    assert got[0].tolist() == _brute_force_volumes(layout, rank, relative, gpus)
+    # In group order: the member d places after the rank gets item d; and back.
+    members = layout.group(rank, "ep")
+    splits = tables.absolute_splits("ep", rows, np.array([relative]))
+    position = members.index(rank)
+    assert splits[0].tolist() == [relative[(j - position) % p] for j in range(p)]
+    assert tables.relative_splits("ep", rows, splits)[0].tolist() == relative

@@ -241,6 +241,8 @@ def test_all_to_all_peers_mirror_this_rank(world: None, splits: list[int] | None
     dist.all_to_all_single(out, inp, output_split_sizes=splits, input_split_sizes=splits)
     assert torch.equal(out, inp)
     assert (last_call().op, last_call().bytes) == ("all_to_all", rows * 2 * 4)
+    # What it sends each member: its split's rows, or an even share without splits.
+    assert last_call().split_bytes == tuple(c * 2 * 4 for c in (splits or [1] * 8))
     counts = torch.tensor([3, 0, 1, 2, 5, 1, 0, 4])  # tokens this rank routes to each peer's experts
     received = torch.empty_like(counts)
     dist.all_to_all_single(received, counts)
@@ -258,6 +260,7 @@ def test_all_to_all_chunks_of_another_length_are_stand_ins(world: None) -> None:
     outs = [torch.full((1,), float("nan")) for _ in range(7)] + [torch.full((2,), float("nan"))]
     dist.all_to_all(outs, [torch.tensor([float(j)]) for j in range(8)])
     assert [float(o) for o in outs[:7]] == list(range(7)) and torch.isfinite(outs[7]).all()
+    assert last_call().split_bytes == (4,) * 8
 
 
 def test_a_call_that_raises_is_not_logged(world: None) -> None:

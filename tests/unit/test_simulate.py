@@ -23,7 +23,7 @@ DEFAULTS = {
     gf.STREAM: 0, gf.PHASE: "", gf.MB: -1, gf.LAYER: -1, gf.PART: "", gf.DUR_NS: 0, gf.GAP_NS: 0, gf.SKEW_NS: 0,
     gf.COLL_ID: -1, gf.GROUP_KIND: "", gf.GROUP_INDEX: -1, gf.GROUP_SIZE: 0, gf.PEER: -1, gf.P2P_SEQ: -1,
     gf.BYTES: 0, gf.DTYPE: "", gf.IS_ASYNC: False, gf.ALLOC_BYTES: 0, gf.FREE_BYTES: 0, gf.DEPS: [],
-    gf.SRC_RANK: 0, gf.SRC_OP: 0, gf.NAME: "op", gf.LANE_DEPS: [],
+    gf.SRC_RANK: 0, gf.SRC_OP: 0, gf.NAME: "op", gf.LANE_DEPS: [], gf.SPLIT_BYTES: [],
 }  # fmt: skip
 
 

@@ -127,6 +127,39 @@ def test_each_corruption_is_named(
         report.raise_if_failed()
 
 
+def with_all_to_all(splits: list[int]) -> Rows:
+    """The synthetic graph with tp group 0's first collective (65,536 bytes) an all_to_all."""
+    rows = graph_rows()
+    for rank in (0, 1):
+        find(rows, rank, **{gf.COLL_ID: 100}).update({gf.NAME: "all_to_all", gf.SPLIT_BYTES: splits})
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("splits", "message"),
+    [
+        ([40000, 25535], "all_to_all split_bytes of 2 members summing to 65535"),
+        ([65536], "all_to_all split_bytes of 1 members summing to 65536"),
+        ([70000, -4464], "all_to_all split_bytes of 2 members summing to 65536 (none may be negative)"),
+    ],
+)
+def test_an_all_to_alls_splits_are_one_a_member_summing_to_its_bytes(
+    tmp_path: Path, splits: list[int], message: str
+) -> None:
+    assert validate_graph(write_graph(tmp_path / "ok.parquet", with_all_to_all([40000, 25536]))).ok
+    report = validate_graph(write_graph(tmp_path / "g.parquet", with_all_to_all(splits)))
+    assert any(message in problem for problem in report.problems), report.problems
+
+
+def test_splits_on_a_node_that_is_no_all_to_all_are_refused(tmp_path: Path) -> None:
+    rows = graph_rows()
+    find(rows, 0, **{gf.COLL_ID: 100}).update({gf.SPLIT_BYTES: [32768, 32768]})
+    report = validate_graph(write_graph(tmp_path / "g.parquet", rows))
+    assert report.problems == ("rank 0 index 1: split_bytes on a node that is no all_to_all",), (
+        report.problems
+    )
+
+
 def test_duplicate_send_is_named(tmp_path: Path) -> None:
     rows = graph_rows()
     send = find(rows, 0, **{gf.KIND: "send"})
@@ -237,7 +270,7 @@ def _text_file(path: Path) -> Path:
     [
         (lambda p: p, "no such file"),
         (_text_file, "not a Parquet file"),
-        (_wrong_version, f"graph format version {gf.VERSION + 1} is not supported (reads 2, 3, 4, 5)"),
+        (_wrong_version, f"graph format version {gf.VERSION + 1} is not supported (reads 2, 3, 4, 5, 6)"),
     ],
 )
 def test_cli_unreadable_file_is_one_error_line(

@@ -112,3 +112,42 @@ def test_a_cluster_what_if_prices_async_calls_by_the_compute_they_fly_beside(tmp
     )
     assert (apply_what_if(g, path, WhatIf(cluster=plain)).dur[[0, 5]] == d).all()
     assert np.array_equal(g.dur[[0, 5]], [10, 10])  # the original is untouched
+
+
+def test_a_cluster_what_if_prices_an_all_to_all_by_what_crosses_its_nodes(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    import numpy as np
+
+    from prism.peers.comm_model import CommModel
+    from prism.schemas.cluster import preset
+
+    # Four ranks, each sending its whole 1 MB to the next member of its group: on nodes of two,
+    # ranks 1 and 3 send theirs off the node, ranks 0 and 2 on it.
+    relative = [0, 1 << 20, 0, 0]
+    programs = [
+        [
+            collective(
+                9,
+                10,
+                4,
+                **{
+                    gf.NAME: "all_to_all",
+                    gf.GROUP_KIND: "dp",
+                    gf.BYTES: 1 << 20,
+                    gf.SPLIT_BYTES: list(np.roll(relative, r)),
+                },
+            )
+        ]
+        for r in range(4)
+    ]
+    path = write(tmp_path / "g.parquet", config(dp=4), programs)
+    g = load_sim_graph(path)
+    pairs = replace(preset("h100-ib"), name="pairs", gpus_per_node=2)
+    model = CommModel(pairs)
+    by_volume = model.durations_ns(
+        "all_to_all", np.array([1 << 20]), np.array([4]), np.array([2]), split_volumes=[[1 << 20, 1 << 20]]
+    )
+    even = model.duration_ns("all_to_all", 1 << 20, 4, 2)
+    assert apply_what_if(g, path, WhatIf(cluster=pairs)).dur.tolist() == [by_volume[0]] * 4
+    assert by_volume[0] > even  # a whole megabyte through one NIC, not half of it
