@@ -70,26 +70,35 @@ class LayoutTables:
         """(on-node, off-node) bytes that bound each row's all-to-all, (rows, 2): every member of
         the row's group routes as its rank does (``relative``, from its own place), and the call
         ends when the member that sends or receives the most on its node, and the one that does
-        off it, are done: the largest of each over the members, both directions. A member's own
-        chunk is a local copy, in neither."""
+        off it, are done (``busiest``)."""
+        size = relative.shape[1]
+        offset = (np.arange(size)[None, :] - np.arange(size)[:, None]) % size  # sender a, receiver b
+        return self._volumes(kind, rank, relative, lambda splits: splits[offset])
+
+    def skewed_volumes(
+        self, kind: str, rank: np.ndarray, nbytes: np.ndarray, weights: np.ndarray
+    ) -> np.ndarray:
+        """``all_to_all_volumes`` when every member sends ``nbytes`` (its row's), shared among the
+        members by ``weights`` (one per group rank, summing to 1)."""
+        size = len(weights)
+        return self._volumes(
+            kind, rank, np.asarray(nbytes, np.float64)[:, None], lambda n: np.tile(n[0] * weights, (size, 1))
+        )
+
+    def _volumes(self, kind: str, rank: np.ndarray, per_row: np.ndarray, traffic) -> np.ndarray:
+        """``busiest`` of each row: ``traffic(values)`` gives its group's (sender, receiver) bytes
+        from the row's ``per_row`` values; computed once per distinct (node pattern, values)."""
         gi = self.group_index[kind][np.asarray(rank)]
         node = self.node_of_rank[self.members(kind)]  # (groups, members)
         same = node[:, :, None] == node[:, None, :]
         patterns, pattern_of_group = np.unique(same.reshape(len(node), -1), axis=0, return_inverse=True)
-        keys = np.column_stack([pattern_of_group.ravel()[gi], relative])
+        keys = np.column_stack([pattern_of_group.ravel()[gi], per_row])
         distinct, row_of = np.unique(keys, axis=0, return_inverse=True)
-        size = relative.shape[1]
-        offset = (np.arange(size)[None, :] - np.arange(size)[:, None]) % size  # sender a, receiver b
-        others = ~np.eye(size, dtype=bool)
+        size = node.shape[1]
         volumes = np.empty((len(distinct), 2))
-        for k, (pattern, *splits) in enumerate(distinct):
-            sent = np.asarray(splits, dtype=np.float64)[offset]  # a sends b its split for b - a
-            on = patterns[pattern].reshape(size, size) & others
-            off = ~patterns[pattern].reshape(size, size)
-            volumes[k] = [
-                max((sent * on).sum(axis=0).max(), (sent * on).sum(axis=1).max()),
-                max((sent * off).sum(axis=0).max(), (sent * off).sum(axis=1).max()),
-            ]
+        for k, (pattern, *values) in enumerate(distinct):
+            sent = traffic(np.asarray(values, dtype=np.float64))
+            volumes[k] = busiest(sent, patterns[int(pattern)].reshape(size, size))
         return volumes[row_of.ravel()]
 
     def replica_of(self) -> np.ndarray:
@@ -115,3 +124,15 @@ class LayoutTables:
         by_replica = signature[np.lexsort((position, replica))].reshape(layout.degree(axis), -1)
         _, first, inverse = np.unique(by_replica, axis=0, return_index=True, return_inverse=True)
         return first[inverse.ravel()]
+
+
+def busiest(sent: np.ndarray, same_node: np.ndarray) -> tuple[float, float]:
+    """The most bytes any member sends or receives on its node, and off it, from the (sender,
+    receiver) bytes of one all-to-all and whether each pair shares a node. A member's own chunk
+    is a local copy, in neither."""
+    on = sent * (same_node & ~np.eye(len(sent), dtype=bool))
+    off = sent * ~same_node
+    return (
+        float(max(on.sum(axis=0).max(), on.sum(axis=1).max())),
+        float(max(off.sum(axis=0).max(), off.sum(axis=1).max())),
+    )

@@ -34,6 +34,14 @@ def simulate(
         list[str], typer.Option(help="PHASE[,layer=L]:+DURATION[@RANK] — e.g. bwd,layer=3:+1ms (repeatable).")
     ] = [],  # noqa: B006
     cluster: Annotated[str | None, typer.Option(help=f"Re-cost communication. {cli_help.CLUSTER}")] = None,
+    moe_skew: Annotated[
+        float | None,
+        typer.Option(
+            help="Zipf exponent S of the tokens' routing over each expert-parallel group: group rank j "
+            "gets (j+1)^-S of every rank's tokens, normalised (0: evenly); its all-to-alls and expert "
+            "work follow."
+        ),
+    ] = None,
     iterations: Annotated[
         int, typer.Option(min=1, help="Back-to-back iterations; the last is reported.")
     ] = 2,
@@ -55,6 +63,7 @@ def simulate(
             slow_ranks=tuple(parse_slow_rank(s) for s in slow_rank),
             delays=tuple(parse_delay(d) for d in delay),
             cluster=None if cluster is None else load_cluster(cluster),
+            moe_skew=moe_skew,
         )
         summary = predict(graph, what_if, iterations=iterations)
         baseline = None if what_if.empty else predict(graph, iterations=iterations)

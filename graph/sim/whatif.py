@@ -3,7 +3,8 @@
 - a slow rank: its compute nodes take ``factor`` times as long (``123:+20%``);
 - a delay on a block: every instance of a block (phase, optionally layer) starts later by a
   fixed time, on every rank or one (``bwd,layer=3:+1ms`` or ``fwd:+200us@123``);
-- another cluster: every collective and transfer is re-costed with another cluster spec.
+- another cluster: every collective and transfer is re-costed with another cluster spec;
+- routing imbalance between experts (``--moe-skew``, ``prism.graph.sim.moe_skew``).
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from pathlib import Path
 import numpy as np
 
 from prism.graph.comm.placement import LayoutTables
+from prism.graph.io.reader import read_metadata
 from prism.graph.sim.engine import COMPUTE, RECV, SEND
 from prism.graph.sim.load import graph_column, graph_lists, wake_of
+from prism.graph.sim.moe_skew import apply_moe_skew
 from prism.graph.sim.noise import work_between, work_in_flight
 from prism.graph.sim.simulate import SimGraph
 from prism.peers.comm_model import CommModel
@@ -68,12 +71,19 @@ class WhatIf:
     slow_ranks: tuple[SlowRank, ...] = ()
     delays: tuple[BlockDelay, ...] = ()
     cluster: ClusterSpec | None = None
+    moe_skew: float | None = None
+    """Zipf exponent of the tokens' routing over each all-to-all group (``prism.graph.sim.moe_skew``)."""
+
+    def __post_init__(self) -> None:
+        if self.moe_skew is not None and not (math.isfinite(self.moe_skew) and self.moe_skew >= 0):
+            raise WhatIfError(f"--moe-skew must be 0 or more and finite, got {self.moe_skew}")
 
     def to_dict(self) -> dict:
         return {
             "slow_ranks": [asdict(s) for s in self.slow_ranks],
             "delays": [asdict(d) for d in self.delays],
             "cluster": None if self.cluster is None else self.cluster.name,
+            "moe_skew": self.moe_skew,
         }
 
     @property
@@ -85,7 +95,7 @@ class WhatIf:
 
     @property
     def empty(self) -> bool:
-        return not (self.slow_ranks or self.delays or self.cluster)
+        return not (self.slow_ranks or self.delays or self.cluster or self.moe_skew is not None)
 
 
 _NUMBER = r"(\d+(?:\.\d*)?|\.\d+)"  # a plain decimal: no sign, no exponent, one point at most
@@ -210,6 +220,14 @@ def _split_volumes(
     return volumes
 
 
+def _built_with(path: Path) -> ClusterSpec:
+    """The cluster spec the graph's communication was priced with."""
+    try:
+        return ClusterSpec.from_dict(read_metadata(path).cluster)
+    except (ValueError, TypeError, KeyError) as e:
+        raise WhatIfError(f"{path}: the graph records no usable cluster spec ({e}); pass --cluster") from None
+
+
 def _subset(graph: SimGraph, ranks: np.ndarray) -> np.ndarray | None:
     """The ranks to read columns of: None when ``graph`` holds every rank of the file."""
     return None if graph.ranks == graph.layout.world_size else ranks
@@ -227,6 +245,11 @@ def apply_what_if(
             graph,
             dur=_recost(graph, path, what_if.cluster, ranks),
             wake_ns=wake_of(what_if.cluster.to_dict()),
+        )
+    if what_if.moe_skew is not None:
+        spec = what_if.cluster or _built_with(path)
+        graph = replace(
+            graph, dur=apply_moe_skew(graph, path, what_if.moe_skew, spec, ranks, _subset(graph, ranks))
         )
     if what_if.slow_ranks:
         graph = replace(graph, dur=_slow(graph, what_if.slow_ranks, ranks))

@@ -5,6 +5,7 @@ ranks, built, validated, simulated and one rank replayed."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from typer.testing import CliRunner
 
 from prism.capture.cli import app as capture_app
 from prism.graph.io.reader import read_metadata
+from prism.graph.sim.cli import app as simulate_app
 from prism.graph.sim.folded import load_folded
 from prism.graph.sim.load import load_sim_graph
 from prism.graph.sim.predict import predict
@@ -123,6 +125,19 @@ def test_each_all_to_all_carries_what_its_rank_sends_each_member(moe_graph: Path
     assert np.array_equal(np.roll(splits[4098], 1, axis=1), splits[4099])
     # And all members of one call are priced alike: it ends when its busiest member is done.
     assert (nodes.groupby(gf.COLL_ID)[gf.DUR_NS].nunique() == 1).all()
+
+
+def test_a_routing_skew_slows_the_job_by_its_busiest_experts(moe_graph: Path, tmp_path: Path) -> None:
+    iteration_ms = []
+    for skew in ("0.5", "1"):
+        out = tmp_path / f"skew{skew}.json"
+        result = runner.invoke(simulate_app, [str(moe_graph), "--moe-skew", skew, "-o", str(out)])
+        assert result.exit_code == 0, result.output
+        summary = json.loads(out.read_text())
+        assert summary["what_if"]["moe_skew"] == float(skew)
+        iteration_ms.append(max(summary["ranks"]["iteration_ns"]) / 1e6)
+    built = max(predict(moe_graph).ranks["iteration_ns"]) / 1e6
+    assert built < iteration_ms[0] < iteration_ms[1], (built, iteration_ms)
 
 
 def test_an_expert_parallel_rank_replays_with_its_memory(moe_graph: Path, tmp_path: Path) -> None:
