@@ -8,7 +8,7 @@ OUT    ?= capture-out
 GRAPH  ?= graph.parquet
 REPLAY ?= replay-out
 
-.PHONY: install demo test test-fast lint results results-programs results-programs-floor results-programs-accumulate results-torchtitan results-torchtitan-mesh results-torchtitan-floor results-mesh results-random figures clean
+.PHONY: install demo test test-fast lint results results-programs results-programs-floor results-programs-accumulate results-torchtitan results-torchtitan-mesh results-torchtitan-floor results-mesh results-moe-skew results-random figures clean
 
 install: $(VENV)/.installed-torch-$(TORCH)
 
@@ -62,6 +62,19 @@ results: install
 	    --calibrate-wake-gaps-ms 0.25,0.5,1,2,4,8,16,32 --json benchmarks/results/fidelity.json --work-dir $$(mktemp -d)/fidelity
 	$(MAKE) --no-print-directory results-programs
 	$(MAKE) --no-print-directory results-random
+	$(MAKE) --no-print-directory results-moe-skew
+
+# The routing-skew what-if on examples/moe.py captured at dp 64 with ep 16: the predicted iteration
+# as built and at Zipf exponents 0, 0.5, 1 and 2 (under a minute).
+MOE_DIR ?= $(CURDIR)/moe-skew-work
+MOE_LAYOUT = --dp 64 --ep 16
+results-moe-skew: install
+	rm -rf $(MOE_DIR) && mkdir -p $(MOE_DIR)
+	COLUMNS=200 $(RECORD) moe_skew -- sh -c 'cd $(MOE_DIR) && \
+	    $(CURDIR)/$(BIN)/prism-capture $(MOE_LAYOUT) --warmup 4 --iterations 2 -o cap -- \
+	        $(CURDIR)/examples/moe.py --ep 16 --steps 50 --hidden 32 --vocab 64 >/dev/null 2>&1 && \
+	    $(CURDIR)/$(BIN)/prism-build-graph cap $(MOE_LAYOUT) -o g.parquet 2>&1 | grep "job iteration" && \
+	    for s in 0 0.5 1 2; do $(CURDIR)/$(BIN)/prism-simulate g.parquet --moe-skew $$s -o s.json 2>&1 | grep "^what-if"; done'
 
 # Ten cases drawn at random (a seed not used while developing: 2026, 1127, 31, 515, 4242, 8675, 60221, 31337, 20261127, 112711, 271828, 161803, 141421, 577215, 662607, 314159, 246810, 8128, 1729, 90210, 4747, 7919, 65537, 299792, 173205 and 1618033 are used),
 # priced with the spec the fixed cases calibrated (about 15 min).
