@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -145,11 +146,37 @@ class ParallelLayout:
     def fold_axis(self) -> str | None:
         """The axis along which a simulation may read alike replicas once: dp where every group
         across dp replicas spans all of them; dp_replicate under HSDP (a shard or expert group
-        inside one replica, a replica group across all); None where groups span some replicas
-        of every axis (expert parallel across dp_shard without HSDP)."""
+        inside one replica, a replica group across all); edp for expert parallel without HSDP,
+        where each expert-data-parallel index is one block of consecutive ranks that every group
+        lies inside or spans evenly (``_edp_stride``); else None."""
         if self.replicas_whole:
             return "dp"
-        return "dp_replicate" if self.dp_replicate > 1 else None
+        if self.dp_replicate > 1:
+            return "dp_replicate"
+        return "edp" if self._edp_stride is not None and self.edp > 1 else None
+
+    def spans_replicas(self, kind: str) -> bool:
+        """Whether groups of ``kind`` hold ranks of several replicas along the fold axis (dp where
+        there is none): then each holds as many of every replica (``fold_axis``)."""
+        axis = self.fold_axis or "dp"
+        stride, count = self.stride(axis), self.degree(axis)
+        return len({rank // stride % count for rank in self.group(0, kind)}) > 1
+
+    @cached_property
+    def _edp_stride(self) -> int | None:
+        """The stride of the expert-data-parallel index where it is one: the region's axes (of
+        more than one rank) next to each other in the rank order, and each (ep, etp) block of
+        region ranks holding whole groups of every region axis but the slowest, so that a group
+        of any kind lies inside one block or spans every block alike."""
+        axes = [a for a in self._region_axes if self._sizes[a] > 1]
+        if not axes:
+            return None
+        for fast, slow in zip(axes, axes[1:], strict=False):
+            if self._strides[slow] != self._strides[fast] * self._sizes[fast]:
+                return None  # another axis between them in the rank order
+        faster = math.prod(self._sizes[a] for a in axes[:-1])
+        block = self.ep * self.etp
+        return self._strides[axes[0]] * block if block % faster == 0 else None
 
     @property
     def edp(self) -> int:
@@ -194,8 +221,11 @@ class ParallelLayout:
         return strides
 
     def stride(self, axis: str) -> int:
-        """Distance in rank numbers between neighbours along ``axis`` (a dense axis or dp)."""
+        """Distance in rank numbers between neighbours along ``axis`` (a dense axis or dp, or edp
+        where it is the fold axis)."""
         self.degree(axis)
+        if axis == "edp" and self._edp_stride is not None:
+            return self._edp_stride
         if axis not in self._strides:
             raise LayoutError(f"{axis} has no single stride; it is not a dense axis")
         return self._strides[axis]

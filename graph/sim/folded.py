@@ -36,6 +36,8 @@ def _recorded(path: str | Path, metadata: gf.GraphMetadata, layout: ParallelLayo
     recorded = metadata.extra.get(gf.REPLICA_OF_KEY)
     if recorded is None or layout.fold_axis is None:
         return None
+    if layout.fold_axis == "edp" and metadata.version < 6:
+        return None  # recorded when expert parallel without HSDP had no fold axis: one per dp index
     replica_of, count = np.asarray(recorded), layout.degree(layout.fold_axis)
     if (
         replica_of.shape != (count,)

@@ -243,9 +243,8 @@ def load_sim_graph(path: str | Path, ranks: np.ndarray | None = None) -> SimGrap
     slot, slot_size = _slots(path, kind, a.pop(gf.COLL_ID), rank, a.pop(gf.PEER), a.pop(gf.P2P_SEQ), world)
     members = a.pop(gf.GROUP_SIZE)
     if ranks is not None:  # groups across replicas: their members among the replicas read
-        axis = layout.fold_axis or "dp"  # the replicas read are whole replicas along it
-        spanning = [k for k in layout.kinds() if set(layout.kind_axes(axis)) <= set(layout.kind_axes(k))]
-        across = np.isin(a.pop(gf.GROUP_KIND), columns.codes(("dp", "world", *spanning)))
+        spanning = tuple(k for k in dict.fromkeys((*layout.kinds(), "world")) if layout.spans_replicas(k))
+        across = np.isin(a.pop(gf.GROUP_KIND), columns.codes(spanning))
         members = np.where(across, members * len(loaded) // world, members)
     _check_membership(path, kind, slot, slot_size, members)
     del rank

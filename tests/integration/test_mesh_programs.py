@@ -114,6 +114,13 @@ def test_expert_parallel_all_to_alls_bind_to_their_ep_groups_at_8192_ranks(moe_g
     assert groups_of(calls, 4099) == {"ep": 512, "edp": 3, "dp": 0}
 
 
+def test_expert_blocks_are_simulated_once_and_predict_what_the_whole_graph_does(moe_graph: Path) -> None:
+    # dp 8,192 with ep 8: 1,024 blocks of 8 consecutive ranks (one ep group each), each on a node.
+    assert load_folded(moe_graph).graph.ranks == 8
+    whole = simulate(load_sim_graph(moe_graph), iterations=2)
+    assert predict(moe_graph).ranks["iteration_ns"] == whole.iteration_ns.tolist()
+
+
 def test_each_all_to_all_carries_what_its_rank_sends_each_member(moe_graph: Path) -> None:
     columns = [gf.RANK, gf.NAME, gf.COLL_ID, gf.BYTES, gf.SPLIT_BYTES, gf.DUR_NS]
     nodes = pq.read_table(moe_graph, columns=columns, filters=[(gf.NAME, "=", "all_to_all")]).to_pandas()

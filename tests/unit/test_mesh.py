@@ -208,3 +208,34 @@ def test_the_comm_model_sees_where_each_kinds_groups_sit() -> None:
             assert [tables.group_index[kind][r] for r in range(moe.world_size)] == [
                 moe.group_index(r, kind) for r in range(moe.world_size)
             ]
+
+
+@settings(max_examples=300, deadline=None)
+@given(meshes())
+def test_a_fold_axis_cuts_the_world_into_replicas_every_group_lies_in_or_spans_alike(
+    layout: ParallelLayout,
+) -> None:
+    """What folding alike replicas rests on: each group inside one replica, or with as many
+    members in every replica; the fold axis's index is the rank's own on that axis."""
+    axis = layout.fold_axis
+    if axis is None:
+        return
+    ranks = np.arange(layout.world_size)
+    replica = (ranks // layout.stride(axis)) % layout.degree(axis)
+    if axis == "edp":
+        assert replica.tolist() == [c["edp"] for c in reference_coords(layout)]
+    for kind in layout.kinds():
+        for group in layout.groups(kind):
+            counts = np.bincount(replica[list(group)], minlength=layout.degree(axis))
+            inside = np.count_nonzero(counts) == 1
+            assert inside or (counts == counts[0]).all(), (kind, group, counts.tolist())
+
+
+def test_expert_parallel_without_hsdp_folds_along_its_expert_data_parallel_index() -> None:
+    # torchtitan's order, ep over dp_shard x cp: blocks of 8 consecutive ranks, one per edp index.
+    layout = ParallelLayout(tp=1, pp=1, dp=512, cp=2, ep=8, order="tp-cp-dp-pp")
+    assert (layout.fold_axis, layout.stride("edp"), layout.degree("edp")) == ("edp", 8, 128)
+    # A tensor-parallel group of 4 cut by ep 2 spans two blocks of the 16: nothing folds.
+    assert ParallelLayout(tp=4, pp=1, dp=8, ep=2).fold_axis is None
+    # Pipeline stages between tp and dp in the rank order: a block is no stride of ranks.
+    assert ParallelLayout(tp=2, pp=2, dp=8, ep=4, order="tp-pp-dp").fold_axis is None
