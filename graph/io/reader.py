@@ -227,17 +227,14 @@ class GraphReader:
     ) -> int:
         """A part's ``PartInfo`` agrees with its name and the graph's ranks; its first row."""
         raw = (schema.metadata or {}).get(PART_KEY)
-        if raw is None:
-            if part.last_rank is None:  # the graph's only file
-                _check_rank_span(part.path, file, metadata)
-                return 0
+        if raw is None and part.last_rank is not None:
             raise GraphFormatError(f"{part.path}: a part file without its {PART_KEY.decode()!r} metadata")
         try:
-            info = PartInfo.from_bytes(raw)
+            info = None if raw is None else PartInfo.from_bytes(raw)
         except (ValueError, TypeError) as e:
             raise GraphFormatError(f"{part.path}: {e}") from None
-        if part.last_rank is None:
-            if info.parts > 1:
+        if part.last_rank is None:  # the graph's only file
+            if info is not None and info.parts > 1:
                 raise GraphFormatError(f"{part.path}: one part of a graph of several; read its directory")
             _check_rank_span(part.path, file, metadata)
             return 0
@@ -267,12 +264,11 @@ class GraphReader:
 
     def _rank_bounds(self, part: int, group: int) -> tuple[int, int]:
         if (part, group) not in self._bounds:
-            row_group = self._open(part).metadata.row_group(group)
-            stats = row_group.column(SCHEMA.get_field_index(RANK)).statistics
-            if stats is None or not stats.has_min_max:
+            bounds = _row_group_ranks(self._open(part), group)
+            if bounds is None:
                 path = self._parts[part].path
                 raise GraphFormatError(f"{path}: row group {group} has no statistics on {RANK!r}")
-            self._bounds[part, group] = (stats.min, stats.max)
+            self._bounds[part, group] = bounds
         return self._bounds[part, group]
 
 
@@ -281,14 +277,18 @@ def _check_rank_span(path: Path, file: pq.ParquetFile, metadata: GraphMetadata) 
     statistics (no row read): a layout edited to more or fewer ranks than the rows hold is an error
     at open, not ranks that simulate as idle or fall outside every group."""
     groups = file.metadata.num_row_groups
-    if not groups:
-        return
+    bounds = _row_group_ranks(file, groups - 1) if groups else None
     world = ParallelLayout.from_dict(metadata.layout).world_size
-    stats = file.metadata.row_group(groups - 1).column(SCHEMA.get_field_index(RANK)).statistics
-    if stats is not None and stats.has_min_max and stats.max != world - 1:
+    if bounds is not None and bounds[1] != world - 1:
         raise GraphFormatError(
-            f"{path}: its rows end at rank {stats.max}, its metadata's layout has {world} ranks (0..{world - 1})"
+            f"{path}: its rows end at rank {bounds[1]}, its metadata's layout has {world} ranks (0..{world - 1})"
         )
+
+
+def _row_group_ranks(file: pq.ParquetFile, group: int) -> tuple[int, int] | None:
+    """The first and last rank of a row group, from the footer's statistics (None without them)."""
+    stats = file.metadata.row_group(group).column(SCHEMA.get_field_index(RANK)).statistics
+    return (stats.min, stats.max) if stats is not None and stats.has_min_max else None
 
 
 def _parse_metadata(path: Path, schema: pa.Schema) -> GraphMetadata:

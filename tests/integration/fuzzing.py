@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from prism.graph.io.parquet import GraphReader, GraphWriter
 from prism.schemas import graph_format as gf
+from tests.graph_files import with_metadata
 
 EXAMPLES = int(os.environ.get("PRISM_FUZZ_EXAMPLES", "25"))
 
@@ -120,16 +121,10 @@ def edited_graph(draw: st.DrawFn, source: Path, target: Path) -> str:
 def edited_layout(draw: st.DrawFn, source: Path, target: Path) -> str:
     """``source`` (one file) whose metadata's layout has one axis of another size, its rows as
     they were, written to ``target``; returns what was edited."""
-    table = pq.read_table(source)
-    metadata = json.loads(table.schema.metadata[gf.METADATA_KEY])
-    layout = metadata["layout"]
+    layout = json.loads(pq.read_schema(source).metadata[gf.METADATA_KEY])["layout"]
     axis = draw(st.sampled_from([a for a in ("tp", "pp", "dp") if a in layout]))
     size = draw(st.sampled_from([1, 2, 3, 4, 8, 1024]).filter(lambda n: n != layout[axis]))
-    metadata["layout"] = {**layout, axis: size}
-    schema = table.schema.with_metadata(
-        {**table.schema.metadata, gf.METADATA_KEY: json.dumps(metadata).encode()}
-    )
-    pq.write_table(table.cast(schema), target, write_statistics=[gf.RANK])
+    with_metadata(source, target, lambda metadata: metadata["layout"].update({axis: size}))
     return f"layout {axis}={size} (was {layout[axis]})"
 
 

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import pytest
 
 from prism.graph.io.parquet import GraphFormatError, GraphWriter
@@ -18,6 +15,7 @@ from prism.schemas import graph_format as gf
 from prism.schemas.graph_format import GraphMetadata, NodeKind
 from prism.schemas.pipeline_schedule import Action, one_f_one_b
 from prism.schemas.workload import GPTConfig
+from tests.graph_files import with_metadata
 
 DEFAULTS = {
     gf.STREAM: 0, gf.PHASE: "", gf.MB: -1, gf.LAYER: -1, gf.PART: "", gf.DUR_NS: 0, gf.GAP_NS: 0, gf.SKEW_NS: 0,
@@ -259,14 +257,11 @@ def test_a_collective_missing_a_member_is_refused_on_load(tmp_path: Path) -> Non
 
 def _as_world_of_4(path: Path, keep: list[int]) -> Path:
     """``path``'s rows of the ranks ``keep``, its metadata's layout changed to dp=4."""
-    table = pq.read_table(path)
-    table = table.filter(pc.is_in(table[gf.RANK], pa.array(keep, pa.int32())))
-    meta = json.loads(table.schema.metadata[gf.METADATA_KEY])
-    meta["layout"]["dp"] = 4
-    meta["model"]["dp"] = 4
-    schema = table.schema.with_metadata({gf.METADATA_KEY: json.dumps(meta).encode()})
-    pq.write_table(table.cast(schema), path, write_statistics=[gf.RANK])
-    return path
+
+    def world_of_4(metadata: dict) -> None:
+        metadata["layout"]["dp"] = metadata["model"]["dp"] = 4
+
+    return with_metadata(path, path, world_of_4, ranks=keep)
 
 
 def test_metadata_that_claims_more_ranks_than_the_rows_hold_is_refused_on_load(tmp_path: Path) -> None:
