@@ -8,7 +8,7 @@ OUT    ?= capture-out
 GRAPH  ?= graph.parquet
 REPLAY ?= replay-out
 
-.PHONY: install demo test test-fast lint results results-programs results-programs-floor results-programs-accumulate results-torchtitan results-torchtitan-mesh results-torchtitan-floor results-mesh results-moe-skew results-random figures clean
+.PHONY: install demo test test-fast lint results results-programs results-programs-floor results-programs-accumulate results-torchtitan results-torchtitan-mesh results-torchtitan-floor results-mesh results-moe-skew results-scale-mesh results-random figures clean
 
 install: $(VENV)/.installed-torch-$(TORCH)
 
@@ -63,6 +63,22 @@ results: install
 	$(MAKE) --no-print-directory results-programs
 	$(MAKE) --no-print-directory results-random
 	$(MAKE) --no-print-directory results-moe-skew
+
+# benchmarks/scale.py on a 5-axis mesh: torchtitan's llama3 at pp 2 x HSDP (R replicas x 128 shards)
+# x cp 2 x tp 2, R = 2, 8, 32, 128 (2,048 to 131,072 ranks), each world captured first (about 25 min).
+SCALE_MESH_DIR ?= $(CURDIR)/scale-mesh-work
+SCALE_MESH_R = 2 8 32 128
+TT_5D = --pp 2 --dp-shard 128 --cp 2 --tp 2
+TT_5D_PROGRAM = $(subst seq_len 128,seq_len 256,$(TT_PROGRAM)) --parallelism.pipeline_parallel_degree 2 \
+    --parallelism.data_parallel_shard_degree 128 --parallelism.context_parallel_degree 2 \
+    --parallelism.tensor_parallel_degree 2 --parallelism.pipeline_parallel_schedule 1F1B
+results-scale-mesh: install
+	$(TT_ASSETS)
+	rm -rf $(SCALE_MESH_DIR) && mkdir -p $(SCALE_MESH_DIR)
+	$(foreach r,$(SCALE_MESH_R),cd $(TT_DIR) && $(CURDIR)/$(BIN)/prism-capture $(TT_5D) --dp-replicate $(r) --warmup 4 \
+	    --iterations 2 -o $(SCALE_MESH_DIR)/r$(r) -- $(TT_5D_PROGRAM) --parallelism.data_parallel_replicate_degree $(r) >/dev/null &&) true
+	$(TT_FIDELITY) scale_mesh -- $(CURDIR)/$(BIN)/python $(CURDIR)/benchmarks/scale.py --replay-rank 123 \
+	    --program-captures $(foreach r,$(SCALE_MESH_R),$(SCALE_MESH_DIR)/r$(r))
 
 # The routing-skew what-if on examples/moe.py captured at dp 64 with ep 16: the predicted iteration
 # as built and at Zipf exponents 0, 0.5, 1 and 2 (under a minute).

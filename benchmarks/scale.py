@@ -1,11 +1,14 @@
 """How prism grows with the world: build, read one rank, simulate and replay at 1 K to 131 K ranks.
 
     .venv/bin/python benchmarks/scale.py [--capture DIR] [--dp 8 64 256 1024] [--replay-rank 123]
+    .venv/bin/python benchmarks/scale.py --program-captures DIR [DIR ...] [--replay-rank R]
 
 Builds the default capture's graph (tiny GPT, tp=8 pp=16; ``--dp`` 8, 64, 256, 1024 and 2048
-give 1,024, 8,192, 32,768, 131,072 and 262,144 ranks) with ``prism-build-graph --no-simulate``, reads single
-ranks from it, simulates it with ``prism-simulate`` and replays one rank with ``prism-replay``,
-each step in a process of its own: its wall time and the peak RSS of its largest process. A
+give 1,024, 8,192, 32,768, 131,072 and 262,144 ranks), or each capture of a program (one per
+world, each at its own layout: a program's graph keeps the layout it was captured at), with
+``prism-build-graph --no-simulate``, reads single ranks from it, simulates it with
+``prism-simulate`` and replays one rank with ``prism-replay`` (a program's from the folder it
+runs in), each step in a process of its own: its wall time and the peak RSS of its largest process. A
 step whose estimated memory exceeds what this machine has free is not run, and the table says
 what it would need. Last, how each measure grows with the world: the exponent k of
 measure ∝ ranks^k between successive sizes (1 is linear).
@@ -31,7 +34,9 @@ from prism.capture.runner import CaptureOptions, run_capture
 from prism.graph.build.builder import MEMORY_BASE_BYTES, SIMULATE_BYTES_PER_NODE
 from prism.graph.io.parquet import GraphReader
 from prism.graph.io.parts import graph_bytes, remove_graph
+from prism.graph.io.reader import read_metadata
 from prism.graph.sim.folded import recorded_replicas
+from prism.schemas.layout import ParallelLayout
 from prism.schemas.workload import GPTConfig
 
 _PEAK = """\
@@ -95,26 +100,38 @@ def exponent(a: float | None, b: float | None, ranks_a: int, ranks_b: int) -> st
     return f"{math.log(b / a) / math.log(ranks_b / ranks_a):.2f}"
 
 
+def targets(args: argparse.Namespace, tmp: Path) -> list[tuple[Path, list[str]]]:
+    """(capture, layout options for the build) of every world measured, smallest first."""
+    if args.program_captures:
+        return [(capture, []) for capture in args.program_captures]
+    capture = args.capture
+    if capture is None:
+        capture = tmp / "capture"
+        run_capture(CaptureOptions(config=GPTConfig(), out_dir=capture))
+    return [(capture, ["--tp", "8", "--pp", "16", "--dp", str(dp)]) for dp in sorted(args.dp)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--capture", type=Path, help="a default capture (made afresh if not given)")
     parser.add_argument("--dp", type=int, nargs="+", default=[8, 64, 256, 1024])
+    parser.add_argument(
+        "--program-captures", type=Path, nargs="+", help="captures of a program, one per world, instead"
+    )
     parser.add_argument("--replay-rank", type=int, default=123, help="rank replayed at every size")
     parser.add_argument("--reads", type=int, default=20, help="random ranks read at every size")
     args = parser.parse_args()
     bin_dir = Path(sys.executable).parent
-    rows = []
+    rows, layouts = [], []
     with tempfile.TemporaryDirectory(prefix="prism-scale-") as tmp:
-        capture = args.capture
-        if capture is None:
-            capture = Path(tmp) / "capture"
-            run_capture(CaptureOptions(config=GPTConfig(), out_dir=capture))
-        for dp in sorted(args.dp):
-            ranks, graph = 8 * 16 * dp, Path(tmp) / f"graph-dp{dp}.parquet"
+        for i, (capture, layout_options) in enumerate(targets(args, Path(tmp))):
+            graph = Path(tmp) / f"graph-{i}.parquet"
             build = run_step([
-                str(bin_dir / "prism-build-graph"), str(capture), "--tp", "8", "--pp", "16", "--dp", str(dp),
-                "--no-simulate", "-o", str(graph),
+                str(bin_dir / "prism-build-graph"), str(capture), *layout_options, "--no-simulate", "-o", str(graph),
             ])  # fmt: skip
+            layout = ParallelLayout.from_dict(read_metadata(graph).layout)
+            ranks = layout.world_size
+            layouts.append(str(layout))
             with GraphReader(graph) as reader:
                 nodes, files = reader.num_rows, reader.num_parts
             read = subprocess.run(
@@ -122,20 +139,24 @@ def main() -> None:
                 capture_output=True, text=True, check=True,
             ).stdout.split()  # fmt: skip
             replica_of = recorded_replicas(graph)  # the simulation reads each distinct replica once
-            distinct = nodes * len(np.unique(replica_of)) // dp
+            replicas = 1 if replica_of is None else len(replica_of)
+            distinct = nodes if replica_of is None else nodes * len(np.unique(replica_of)) // replicas
             simulate = engine_step(
                 [str(bin_dir / "prism-simulate"), str(graph), "-o", str(Path(tmp) / "summary.json")], distinct
             )
             replay = engine_step(  # the co-simulation: the distinct replicas and the real rank's
                 [str(bin_dir / "prism-replay"), str(graph), "--rank", str(args.replay_rank),
-                 "-o", str(Path(tmp) / f"replay-dp{dp}"), "--overwrite"],
-                distinct + nodes // dp,
+                 "-o", str(Path(tmp) / f"replay-{i}"), "--overwrite"],
+                distinct + nodes // replicas,
             )  # fmt: skip
             rows.append(
                 (ranks, nodes, files, graph_bytes(graph), build, [float(x) for x in read], simulate, replay)
             )
             remove_graph(graph)
-    table = Table(title="prism at scale: tiny GPT tp=8 pp=16, one process per step (wall s, peak RSS GiB)")
+    what = (
+        "tiny GPT tp=8 pp=16" if not args.program_captures else f"a program's captures: {', '.join(layouts)}"
+    )
+    table = Table(title=f"prism at scale: {what}, one process per step (wall s, peak RSS GiB)")
     for column in (
         "ranks", "nodes", "build s", "M nodes/s", "build GiB", "files", "MiB", "B/node", "read rank ms (median / max)",
         "simulate s", "simulate GiB", f"replay rank {args.replay_rank} s", "replay GiB",
