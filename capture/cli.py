@@ -11,7 +11,6 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from prism.capture.preflight import CaptureError
 from prism.capture.progress import RankProgress
@@ -25,6 +24,7 @@ from prism.schemas.layout import DEFAULT_ORDER, LayoutError, ParallelLayout, Rol
 from prism.schemas.layout_options import ONE, flag, layout_of
 from prism.schemas.manifest import CaptureFiles, CaptureManifest
 from prism.schemas.program import ProgramError, ProgramSpec
+from prism.schemas.terminal import Table
 from prism.schemas.termination import stop_on_termination
 from prism.schemas.workload import ConfigError, GPTConfig
 

@@ -7,9 +7,8 @@ import os
 import platform
 from pathlib import Path
 
-from rich.table import Table
-
 from prism.fidelity.compare import final_records, mean_abs
+from prism.schemas.terminal import Table
 
 
 def machine() -> dict:

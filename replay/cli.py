@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from prism.capture.cli import parse_ranks, print_error
 from prism.capture.progress import RankProgress
@@ -18,6 +17,7 @@ from prism.schemas import cli_help
 from prism.schemas.cli_command import PrismCommand
 from prism.schemas.iterations import DEFAULT_WARMUP
 from prism.schemas.replay import RankReport, ReplayReport
+from prism.schemas.terminal import Table
 from prism.schemas.termination import stop_on_termination
 
 app = typer.Typer(add_completion=False, help=__doc__)

@@ -12,7 +12,6 @@ from typing import Annotated, NoReturn
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from prism.graph.build.builder import BuildError, BuildOptions, BuildResult, build_graph
 from prism.graph.build.from_traces import TraceBuild, build_from_traces
@@ -34,6 +33,7 @@ from prism.schemas.cli_command import PrismCommand
 from prism.schemas.cluster import load_cluster
 from prism.schemas.iterations import DEFAULT_WARMUP, STEADY_CLEAN
 from prism.schemas.summary import Summary, write_summary
+from prism.schemas.terminal import Table
 from prism.schemas.termination import TERMINATION_SIGNALS, stop_on_termination
 
 app = typer.Typer(add_completion=False, help=__doc__)

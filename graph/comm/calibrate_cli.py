@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from prism.graph.comm.calibrate import (
     BENCH_OPS,
@@ -21,6 +20,7 @@ from prism.graph.comm.calibrate import (
 )
 from prism.schemas.cli_command import PrismCommand
 from prism.schemas.cluster import ClusterSpecError, local_path
+from prism.schemas.terminal import Table
 from prism.schemas.termination import stop_on_termination
 
 app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=False)

@@ -8,12 +8,12 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 from rich.text import Text
 
 from prism.graph.io.parquet import GraphFormatError
 from prism.graph.io.validate import ValidationReport, validate_graph
 from prism.schemas.cli_command import PrismCommand
+from prism.schemas.terminal import Table
 from prism.schemas.termination import stop_on_termination
 
 SHOWN_PROBLEMS = 20

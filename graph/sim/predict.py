@@ -6,7 +6,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-from rich.table import Table
 
 from prism.graph.io.parquet import read_metadata
 from prism.graph.sim.fold import fold_replicas
@@ -15,6 +14,7 @@ from prism.graph.sim.metrics import breakdown, critical_path
 from prism.graph.sim.simulate import SimGraph, SimResult, simulate
 from prism.graph.sim.whatif import WhatIf, apply_what_if
 from prism.schemas.summary import Summary
+from prism.schemas.terminal import Table
 
 _KIND_NAMES = ("compute", "collective", "send", "recv")
 
