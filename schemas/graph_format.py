@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from prism.schemas.checked import check_fields
+
 SCHEMA_NAME = "prism.graph"
 VERSION = 6
 READABLE_VERSIONS = (2, 3, 4, 5, 6)
@@ -204,7 +206,10 @@ class GraphMetadata:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> GraphMetadata:
+        """The metadata of ``data`` (ValueError or TypeError, one line, for anything else)."""
         values = json.loads(data)
+        if not isinstance(values, dict):
+            raise ValueError(f"the graph's metadata is a JSON {type(values).__name__}, not an object")
         if values.get("schema") != SCHEMA_NAME:
             raise ValueError(f"not a prism graph (schema={values.get('schema')!r})")
         if values.get("version") not in READABLE_VERSIONS:
@@ -212,7 +217,9 @@ class GraphMetadata:
                 f"graph format version {values.get('version')!r} is not supported "
                 f"(reads {', '.join(map(str, READABLE_VERSIONS))})"
             )
-        return cls(**values)
+        metadata = cls(**values)
+        check_fields(metadata, "metadata ")  # a dict where a dict belongs, and so on
+        return metadata
 
 
 def stored_columns(metadata: GraphMetadata) -> tuple[str, ...]:

@@ -69,6 +69,8 @@ def parse_rank_list(text: str) -> tuple[int, ...]:
 def normal_order(order: str, cp: int) -> str:
     """``order`` as a layout keeps it: cp named only where cp > 1 (just faster than dp if the order
     does not place it)."""
+    if not isinstance(order, str):
+        raise LayoutError(f"order must be a string such as 'tp-dp-pp', got {order!r}")
     axes = order.split("-")
     if "cp" not in axes and "dp" in axes:
         axes.insert(axes.index("dp"), "cp")
@@ -476,6 +478,11 @@ class ParallelLayout:
     @classmethod
     def from_dict(cls, data: dict) -> ParallelLayout:
         # No coercion: a float or bool degree in a file is an error, as in the constructor.
+        if not isinstance(data, dict):
+            raise LayoutError(f"a layout is a mapping of axes to degrees, got {data!r}")
+        missing = [a for a in ("tp", "pp", "dp") if a not in data]
+        if missing:
+            raise LayoutError(f"a layout without {', '.join(missing)}")
         unknown = set(data) - {"tp", "pp", "dp", "order", *EXTRA_AXES}
         if unknown:
             raise LayoutError(

@@ -28,7 +28,7 @@ from prism.schemas.graph_format import (
     empty_lists,
     stored_columns,
 )
-from prism.schemas.layout import ParallelLayout
+from prism.schemas.layout import LayoutError, ParallelLayout
 
 
 @dataclass
@@ -91,7 +91,7 @@ class GraphReader:
     def world_size(self) -> int:
         """Ranks in the graph (a directory's from the names of its parts, opening none)."""
         last = self._parts[-1].last_rank
-        return last + 1 if last is not None else ParallelLayout.from_dict(self.metadata.layout).world_size
+        return last + 1 if last is not None else _world_of(self._parts[0].path, self.metadata)
 
     @property
     def num_parts(self) -> int:
@@ -238,7 +238,7 @@ class GraphReader:
                 raise GraphFormatError(f"{part.path}: one part of a graph of several; read its directory")
             _check_rank_span(part.path, file, metadata)
             return 0
-        world = ParallelLayout.from_dict(metadata.layout).world_size
+        world = _world_of(part.path, metadata)
         held = (info.first_rank, info.first_rank + info.ranks - 1, info.parts, world)
         listed = (part.first_rank, part.last_rank, len(self._parts), self.world_size)
         if held != listed:
@@ -278,11 +278,19 @@ def _check_rank_span(path: Path, file: pq.ParquetFile, metadata: GraphMetadata) 
     at open, not ranks that simulate as idle or fall outside every group."""
     groups = file.metadata.num_row_groups
     bounds = _row_group_ranks(file, groups - 1) if groups else None
-    world = ParallelLayout.from_dict(metadata.layout).world_size
+    world = _world_of(path, metadata)
     if bounds is not None and bounds[1] != world - 1:
         raise GraphFormatError(
             f"{path}: its rows end at rank {bounds[1]}, its metadata's layout has {world} ranks (0..{world - 1})"
         )
+
+
+def _world_of(path: Path, metadata: GraphMetadata) -> int:
+    """The world size of the metadata's layout (a GraphFormatError for a layout that is none)."""
+    try:
+        return ParallelLayout.from_dict(metadata.layout).world_size
+    except (LayoutError, KeyError, TypeError, ValueError) as e:
+        raise GraphFormatError(f"{path}: the metadata's layout is not one ({type(e).__name__}: {e})") from None
 
 
 def _row_group_ranks(file: pq.ParquetFile, group: int) -> tuple[int, int] | None:

@@ -118,6 +118,21 @@ def edited_graph(draw: st.DrawFn, source: Path, target: Path) -> str:
 
 
 @st.composite
+def edited_metadata(draw: st.DrawFn, source: Path, target: Path) -> str:
+    """``source`` (one file) with one corruption of its metadata's JSON (``corrupted_json``: any
+    value replaced, a key dropped, the text cut), its rows as they were, written to ``target``;
+    returns what was edited."""
+    raw = pq.read_schema(source).metadata[gf.METADATA_KEY]
+    original = json.dumps(json.loads(raw)).encode()  # corrupted_json's spacing
+    edited = draw(corrupted_json(json.loads(raw)))
+    table = pq.read_table(source)
+    schema = table.schema.with_metadata({**table.schema.metadata, gf.METADATA_KEY: edited})
+    pq.write_table(table.cast(schema), target, write_statistics=[gf.RANK])
+    at = next((i for i, (a, b) in enumerate(zip(original, edited)) if a != b), min(len(original), len(edited)))
+    return f"metadata edited at byte {at}: ...{edited[max(0, at - 80) : at + 80]!r}..."
+
+
+@st.composite
 def edited_layout(draw: st.DrawFn, source: Path, target: Path) -> str:
     """``source`` (one file) whose metadata's layout has one axis of another size, its rows as
     they were, written to ``target``; returns what was edited."""

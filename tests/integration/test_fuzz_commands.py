@@ -16,6 +16,7 @@ from fuzzing import (
     corrupted_json,
     edited_graph,
     edited_layout,
+    edited_metadata,
     fresh_dir,
     fuzz,
 )
@@ -95,6 +96,26 @@ def test_a_graph_whose_layout_disagrees_with_its_rows_is_refused(
         result = CliRunner().invoke(app, argv)
         clean_exit(result, out, written, what)
         assert result.exit_code == 2, (what, argv, result.output)
+
+
+@fuzz()
+@given(data=st.data())
+def test_prism_simulate_validate_and_export_on_edited_metadata(
+    fuzz_graph: Path, tmp_path: Path, data: st.DataObject
+) -> None:
+    """Any value of a graph's metadata replaced, a key dropped or its text cut: each command runs
+    or refuses it with one line."""
+    out = fresh_dir(tmp_path / "out")
+    damaged = out / "damaged.parquet"
+    what = data.draw(edited_metadata(fuzz_graph, damaged))
+    for app, argv, written in (
+        (simulate_app, [str(damaged)], "summary.json"),
+        (simulate_app, [str(damaged), "--cluster", "h100-ib", "-o", str(out / "s.json")], "s.json"),
+        (validate_app, [str(damaged)], None),
+        (export_app, ["trace", str(damaged), "--rank", "1", "-o", str(out / "t.json.gz")], "t.json.gz"),
+        (export_app, ["chakra", str(damaged), "-o", str(out / "et")], "et"),
+    ):
+        clean_exit(CliRunner().invoke(app, argv), out, written, what)
 
 
 @pytest.mark.slow
