@@ -183,8 +183,8 @@ results-torchtitan-floor: install
 	$(foreach c,dp tp pp cp ep,$(TT_FIDELITY) noise_floor_torchtitan_$(c) -- $(TT_FLOOR) $(TT_CASE_$(c)) \
 	    --against $(TT_RESULTS)/fidelity_torchtitan_$(c).json --json $(TT_RESULTS)/noise_floor_torchtitan_$(c).json &&) true
 
-# A program on a mesh against its own torchrun run: the mixture of experts at ep 2 (world 2), with a
-# spec calibrated here that prices all-to-alls (about 15 min). (HSDP needs world 4: four processes
+# Programs on a mesh against their own torchrun runs: the mixture of experts at ep 2 and context
+# parallel attention at cp 2 (world 2), with a spec calibrated here that prices all-to-alls (about 30 min). (HSDP needs world 4: four processes
 # on this 2-core VM leave its captured rank's clean iterations slower than its profiled ones.)
 MESH_SPEC = benchmarks/results/fidelity-mesh-spec.toml
 results-mesh: install
@@ -192,6 +192,8 @@ results-mesh: install
 	    --calibrate-reps 30 --calibrate-cold-gaps-ms 0.5,1,2,4,16,64 --calibrate-busy-rounds 30 \
 	    --calibrate-wake-gaps-ms 0.25,0.5,1,2,4,8,16,32 --json benchmarks/results/fidelity_mesh_moe.json \
 	    --program "examples/moe.py --ep 2 --steps 40"
+	$(RECORD) fidelity_mesh_cp -- $(FIDELITY_PROGRAMS) --cp 2 --cluster-spec $(MESH_SPEC) \
+	    --json benchmarks/results/fidelity_mesh_cp.json --program "examples/cp.py --cp 2 --steps 40"
 
 # The noise floor of results-programs: each program's real run against a second real run of it
 # where the replay stands, eight repeats, beside the latest records (about 25 min).
