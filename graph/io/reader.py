@@ -290,7 +290,9 @@ def _world_of(path: Path, metadata: GraphMetadata) -> int:
     try:
         return ParallelLayout.from_dict(metadata.layout).world_size
     except (LayoutError, KeyError, TypeError, ValueError) as e:
-        raise GraphFormatError(f"{path}: the metadata's layout is not one ({type(e).__name__}: {e})") from None
+        raise GraphFormatError(
+            f"{path}: the metadata's layout is not one ({type(e).__name__}: {e})"
+        ) from None
 
 
 def _row_group_ranks(file: pq.ParquetFile, group: int) -> tuple[int, int] | None:

@@ -128,7 +128,10 @@ def edited_metadata(draw: st.DrawFn, source: Path, target: Path) -> str:
     table = pq.read_table(source)
     schema = table.schema.with_metadata({**table.schema.metadata, gf.METADATA_KEY: edited})
     pq.write_table(table.cast(schema), target, write_statistics=[gf.RANK])
-    at = next((i for i, (a, b) in enumerate(zip(original, edited)) if a != b), min(len(original), len(edited)))
+    at = next(
+        (i for i, (a, b) in enumerate(zip(original, edited, strict=False)) if a != b),
+        min(len(original), len(edited)),
+    )
     return f"metadata edited at byte {at}: ...{edited[max(0, at - 80) : at + 80]!r}..."
 
 

@@ -8,12 +8,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from prism.capture.cli import app as capture_app
-from prism.graph.build.cli import app as build_app
 from prism.graph.io.parquet import read_metadata
 from prism.replay.cli import app as replay_app
 from prism.schemas import graph_format as gf
 from prism.schemas.replay import ReplayReport
+from tests.integration.programs import captured_and_built
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TINY = ("--steps", "50", "--hidden", "32", "--vocab", "64", "--seq", "8", "--batch", "4")
@@ -23,17 +22,11 @@ pytestmark = pytest.mark.slow
 
 
 def graph_of(tmp_path: Path, layout: tuple[str, ...], *program: str) -> Path:
-    capture, graph = tmp_path / "cap", tmp_path / "graph.parquet"
-    result = runner.invoke(
-        capture_app, [*layout, "--warmup", "4", "--iterations", "2", "-o", str(capture), "--", *program]
-    )
-    assert result.exit_code == 0, result.output
-    result = runner.invoke(build_app, [str(capture), *layout, "-o", str(graph)])
-    assert result.exit_code == 0, result.output
-    return graph
+    return captured_and_built(tmp_path / "cap", layout, program)[1]
 
 
 def replay(graph: Path, out: Path, *args: str, warmup: int = 5):
+    """The replay command's result, as it ended (``programs.replayed`` reads a report that succeeded)."""
     return runner.invoke(replay_app, [str(graph), "-o", str(out), "--warmup", str(warmup), *args])
 
 
