@@ -194,6 +194,8 @@ results-mesh: install
 	    --program "examples/moe.py --ep 2 --steps 40"
 	$(RECORD) fidelity_mesh_cp -- $(FIDELITY_PROGRAMS) --cp 2 --cluster-spec $(MESH_SPEC) \
 	    --json benchmarks/results/fidelity_mesh_cp.json --program "examples/cp.py --cp 2 --steps 40"
+	$(RECORD) noise_floor_mesh_cp -- $(FLOOR_PROGRAMS) --cp 2 --against benchmarks/results/fidelity_mesh_cp.json \
+	    --json benchmarks/results/noise_floor_mesh_cp.json --program "examples/cp.py --cp 2 --steps 40"
 
 # The noise floor of results-programs: each program's real run against a second real run of it
 # where the replay stands, eight repeats, beside the latest records (about 25 min).
