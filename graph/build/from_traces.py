@@ -353,6 +353,7 @@ def rank_table(traced: TracedRank, streams: list[str], ids: CollectiveIds) -> pa
         gf.P2P_SEQ: np.full(n, -1, np.int32), gf.BYTES: rows["bytes"].to_numpy(np.int64), gf.DTYPE: np.full(n, ""),
         gf.IS_ASYNC: np.zeros(n, np.bool_), gf.ALLOC_BYTES: np.zeros(n, np.int64), gf.FREE_BYTES: np.zeros(n, np.int64),
         gf.DEPS: [[] for _ in range(n)], gf.SRC_RANK: np.full(n, traced.rank, np.int32), gf.SRC_OP: np.arange(n),
+        gf.SPLIT_BYTES: [[] for _ in range(n)],
         gf.LANE_DEPS: [
             [{gf.LANE_DEP_STREAM: int(number[lane]), gf.LANE_DEP_INDEX: i, gf.LANE_DEP_LAG_NS: lag} for lane, i, lag in deps]
             for deps in rows["lane_deps"]
