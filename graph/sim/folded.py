@@ -76,8 +76,7 @@ def load_folded(path: str | Path, keep: Iterable[int] = (), *, cluster: ClusterS
     ranks = np.arange(world, dtype=np.int64)
     replica = (ranks // stride) % layout.degree(axis)
     own = np.unique(replica[np.asarray(list(keep), np.int64)]) if keep else np.zeros(0, np.int64)
-    representative = replica_of.copy()
-    representative[own] = own
+    representative = _without(replica_of, own)
     kept_ranks = ranks[np.isin(replica, np.unique(representative))]
     graph = load_sim_graph(path, kept_ranks)
     position = ranks - replica * stride
@@ -87,3 +86,17 @@ def load_folded(path: str | Path, keep: Iterable[int] = (), *, cluster: ClusterS
         graph=graph, rank_of=rank_of, full_rank_ptr=np.r_[0, np.cumsum(counts)].astype(np.int64),
         folded=len(kept_ranks) < world, kept_ranks=kept_ranks,
     )  # fmt: skip
+
+
+def _without(replica_of: np.ndarray, own: np.ndarray) -> np.ndarray:
+    """Each replica's representative once the replicas ``own`` stand for themselves alone (a
+    what-if changes them): a class whose representative is one of them is represented by its
+    first other member instead, which is read then."""
+    representative = replica_of.copy()
+    orphans = ~np.isin(np.arange(len(replica_of)), own) & np.isin(replica_of, own)
+    for lost in np.unique(replica_of[orphans]):
+        members = np.flatnonzero(orphans & (replica_of == lost))
+        representative[members] = members[0]
+    representative[own] = own
+    return representative
+

@@ -51,11 +51,12 @@ def test_the_build_records_which_replicas_repeat_which(wide_graph: Path) -> None
     [
         WhatIf(),
         WhatIf(slow_ranks=(SlowRank(rank=5, factor=1.5),)),
+        WhatIf(slow_ranks=(SlowRank(rank=8, factor=1.5),)),  # in replica 0, which others repeat
         WhatIf(delays=(BlockDelay(phase="bwd", layer=None, delay_ns=200_000, rank=3),)),
         WhatIf(delays=(BlockDelay(phase="fwd", layer=None, delay_ns=100_000),)),
         WhatIf(cluster=replace(preset("h100-ib"), gpus_per_node=3)),
     ],
-    ids=["plain", "slow-rank", "rank-delay", "delay-everywhere", "other-cluster"],
+    ids=["plain", "slow-rank", "slow-representative", "rank-delay", "delay-everywhere", "other-cluster"],
 )
 def test_folded_from_the_file_predicts_what_the_whole_graph_predicts(
     wide_graph: Path, what_if: WhatIf
