@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -19,6 +19,7 @@ class LayoutTables:
     group_index: dict[str, np.ndarray]
     nodes_spanned: dict[str, np.ndarray]
     node_of_rank: np.ndarray
+    _members: dict[str, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(cls, layout: ParallelLayout, gpus_per_node: int) -> LayoutTables:
@@ -43,10 +44,12 @@ class LayoutTables:
 
     def members(self, kind: str) -> np.ndarray:
         """The ranks of every group of ``kind``: (groups, members) by group index, each row in
-        group-rank order (ascending)."""
-        gi = self.group_index[kind]
-        order = np.lexsort((np.arange(len(gi)), gi))
-        return order.reshape(-1, len(gi) // (int(gi.max()) + 1))
+        group-rank order (ascending). Kept once made: a build asks it for every batch of ranks."""
+        if kind not in self._members:
+            gi = self.group_index[kind]
+            order = np.lexsort((np.arange(len(gi)), gi))
+            self._members[kind] = order.reshape(-1, len(gi) // (int(gi.max()) + 1))
+        return self._members[kind]
 
     def position(self, kind: str, rank: np.ndarray) -> np.ndarray:
         """Each rank's place in its group of ``kind`` (its group rank)."""
@@ -88,11 +91,11 @@ class LayoutTables:
     def _volumes(self, kind: str, rank: np.ndarray, per_row: np.ndarray, traffic) -> np.ndarray:
         """``busiest`` of each row: ``traffic(values)`` gives its group's (sender, receiver) bytes
         from the row's ``per_row`` values; computed once per distinct (node pattern, values)."""
-        gi = self.group_index[kind][np.asarray(rank)]
-        node = self.node_of_rank[self.members(kind)]  # (groups, members)
+        groups, group_of_row = np.unique(self.group_index[kind][np.asarray(rank)], return_inverse=True)
+        node = self.node_of_rank[self.members(kind)[groups]]  # the rows' groups: (groups, members)
         same = node[:, :, None] == node[:, None, :]
         patterns, pattern_of_group = np.unique(same.reshape(len(node), -1), axis=0, return_inverse=True)
-        keys = np.column_stack([pattern_of_group.ravel()[gi], per_row])
+        keys = np.column_stack([pattern_of_group.ravel()[group_of_row.ravel()], per_row])
         distinct, row_of = np.unique(keys, axis=0, return_inverse=True)
         size = node.shape[1]
         volumes = np.empty((len(distinct), 2))
