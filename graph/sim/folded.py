@@ -99,4 +99,3 @@ def _without(replica_of: np.ndarray, own: np.ndarray) -> np.ndarray:
         representative[members] = members[0]
     representative[own] = own
     return representative
-

@@ -359,7 +359,9 @@ def test_build_simulates_and_what_ifs_move_the_prediction(slice_capture: Path, t
     assert what_if.ranks["compute_ns"][5] > 3.5 * as_built.ranks["compute_ns"][5]
     assert max(what_if.ranks["iteration_ns"]) >= max(as_built.ranks["iteration_ns"])
     others = [r for r in range(16) if r != 5]
-    assert [what_if.ranks["compute_ns"][r] for r in others] == [as_built.ranks["compute_ns"][r] for r in others]
+    assert [what_if.ranks["compute_ns"][r] for r in others] == [
+        as_built.ranks["compute_ns"][r] for r in others
+    ]
     bad = runner.invoke(simulate_app, [str(out), "--slow-rank", "five"])
     assert bad.exit_code == 2 and "bad slow rank" in bad.output
 
