@@ -378,6 +378,20 @@ def graph_lists(
     return offsets - offsets[0], values.flatten().to_numpy()
 
 
+def split_matrix(
+    path: str | Path, offsets: np.ndarray, values: np.ndarray, rows: np.ndarray, size: np.ndarray
+) -> np.ndarray:
+    """The ``split_bytes`` of ``rows`` (``graph_lists``'s offsets and values; all of one group
+    size, ``size`` their group sizes) as one row of bytes a member each, in group order; a list
+    whose length is not its group's size is a damaged graph."""
+    length = offsets[rows + 1] - offsets[rows]
+    if (length != size).any() or len(np.unique(size)) > 1:
+        raise SimulationError(
+            f"{path}: an all-to-all's {gf.SPLIT_BYTES} disagree with its group size (prism-validate-graph tells more)"
+        )
+    return values[offsets[rows][:, None] + np.arange(int(size[0]) if len(rows) else 0)]
+
+
 def _column(path: str | Path, column: str, ranks: np.ndarray | None) -> pa.Array:
     with GraphReader(path) as reader:
         if ranks is None:

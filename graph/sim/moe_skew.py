@@ -24,7 +24,7 @@ import numpy as np
 
 from prism.graph.comm.placement import LayoutTables
 from prism.graph.sim.engine import COLLECTIVE, COMPUTE
-from prism.graph.sim.load import graph_column, graph_lists
+from prism.graph.sim.load import graph_column, graph_lists, split_matrix
 from prism.graph.sim.simulate import SimGraph
 from prism.peers.comm_model import CommModel
 from prism.schemas import graph_format as gf
@@ -83,7 +83,7 @@ def apply_moe_skew(
         on = np.flatnonzero(token & (kind == axis))
         shares = zipf_shares(int(size[on[0]]), skew)
         r = rank[rows[on]]
-        splits = values[offsets[rows[on]][:, None] + np.arange(int(size[on[0]]))]
+        splits = split_matrix(path, offsets, values, rows[on], size[on])
         built = tables.all_to_all_volumes(axis, r, tables.relative_splits(axis, r, splits))
         skewed = tables.skewed_volumes(axis, r, nbytes[on], shares)
         price = [

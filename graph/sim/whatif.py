@@ -19,7 +19,7 @@ import numpy as np
 from prism.graph.comm.placement import LayoutTables
 from prism.graph.io.reader import read_metadata
 from prism.graph.sim.engine import COMPUTE, RECV, SEND
-from prism.graph.sim.load import graph_column, graph_lists, wake_of
+from prism.graph.sim.load import graph_column, graph_lists, split_matrix, wake_of
 from prism.graph.sim.moe_skew import apply_moe_skew
 from prism.graph.sim.noise import work_between, work_in_flight
 from prism.graph.sim.simulate import SimGraph
@@ -205,15 +205,11 @@ def _split_volumes(
     """(on-node, off-node) bytes that bound each comm node's all-to-all of known splits on
     ``tables``'s nodes, NaN for the rest (``LayoutTables.all_to_all_volumes``)."""
     offsets, values = graph_lists(path, gf.SPLIT_BYTES, subset)
-    start, length = offsets[:-1][comm], np.diff(offsets)[comm]
-    if ((length > 0) & (length != size)).any():
-        raise WhatIfError(
-            f"{path}: an all-to-all's {gf.SPLIT_BYTES} disagree with its group size (prism-validate says more)"
-        )
+    known = np.diff(offsets)[comm] > 0
     volumes = np.full((len(rank), 2), np.nan)
-    for axis in np.unique(kind[length > 0]):
-        rows = np.flatnonzero((kind == axis) & (length > 0))
-        splits = values[start[rows][:, None] + np.arange(length[rows[0]])]
+    for axis in np.unique(kind[known]):
+        rows = np.flatnonzero((kind == axis) & known)
+        splits = split_matrix(path, offsets, values, np.flatnonzero(comm)[rows], size[rows])
         volumes[rows] = tables.all_to_all_volumes(
             axis, rank[rows], tables.relative_splits(axis, rank[rows], splits)
         )

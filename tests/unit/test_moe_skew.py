@@ -12,7 +12,7 @@ from test_simulate import collective, compute, config, write
 
 from prism.graph.sim.load import load_sim_graph
 from prism.graph.sim.moe_skew import token_pairs, zipf_shares
-from prism.graph.sim.simulate import simulate
+from prism.graph.sim.simulate import SimulationError, simulate
 from prism.graph.sim.whatif import WhatIf, WhatIfError, apply_what_if
 from prism.schemas import graph_format as gf
 from prism.schemas.cluster import preset
@@ -85,3 +85,16 @@ def test_no_skew_is_an_even_share_and_a_graph_without_experts_is_refused(tmp_pat
     )
     with pytest.raises(ValueError, match="no all-to-all of known splits"):
         apply_what_if(load_sim_graph(dense), dense, WhatIf(cluster=CLUSTER, moe_skew=1.0))
+
+
+@pytest.mark.parametrize("what_if", [WhatIf(cluster=CLUSTER, moe_skew=1.0), WhatIf(cluster=CLUSTER)])
+def test_splits_that_do_not_match_their_group_are_refused_by_every_what_if(
+    tmp_path: Path, what_if: WhatIf
+) -> None:
+    # A damaged dispatch: three splits on a group of four. Read as four, the splits would run
+    # into the next node's list and price the call with another call's bytes.
+    program = [all_to_all(1, 32, 5000), compute(1000), all_to_all(2, 4000, 10_000)]
+    program[2][gf.SPLIT_BYTES] = [1000, 1000, 2000]
+    path = write(tmp_path / "g.parquet", config(dp=4), [program] * 4)
+    with pytest.raises(SimulationError, match="disagree with its group size"):
+        apply_what_if(load_sim_graph(path), path, what_if)
