@@ -54,7 +54,6 @@ results: install
 	$(RECORD) graph_io -- $(BIN)/python benchmarks/graph_io.py
 	$(RECORD) capture_cost -- $(BIN)/python benchmarks/capture_cost.py --repeats 3
 	$(RECORD) gpu_trace_timeline -- $(BIN)/python benchmarks/gpu_trace_timeline.py
-	$(RECORD) gloo_rhythm -- $(BIN)/python benchmarks/gloo_rhythm.py
 	$(RECORD) cold_gaps -- $(BIN)/python benchmarks/cold_gaps.py --rounds 3
 	$(RECORD) overlap_calls -- $(BIN)/python benchmarks/overlap_calls.py --json benchmarks/results/overlap_calls.json
 	$(RECORD) fidelity -- $(BIN)/python benchmarks/fidelity.py --repeats 5 --warmup 16 --paced --recalibrate \
