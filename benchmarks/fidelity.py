@@ -80,7 +80,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--recalibrate-each", action="store_true",
         help="calibrate afresh right before each case, into --calibrate-into with the case's number "
         "added to its name: on a VM the price of a small collective drifts by a fifth within hours "
-        "(benchmarks/results/tp_spec_drift)",
+        "(tp_spec_drift in benchmarks/results/fidelity-log.md)",
     )  # fmt: skip
     parser.add_argument(
         "--calibrate-between-ms", type=float, default=0.0,
