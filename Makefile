@@ -8,7 +8,7 @@ OUT    ?= capture-out
 GRAPH  ?= graph.parquet
 REPLAY ?= replay-out
 
-.PHONY: install demo test test-fast lint results results-programs results-programs-floor results-programs-accumulate results-torchtitan results-torchtitan-mesh results-torchtitan-floor results-mesh results-moe-skew results-scale-mesh results-random figures clean
+.PHONY: install demo test test-fast lint results results-programs results-programs-floor results-programs-accumulate results-torchtitan results-torchtitan-mesh results-torchtitan-floor results-mesh results-moe-skew results-scale-mesh results-random results-call-cost results-host-work-gil results-from-traces results-ddp-overlap results-pipeline-p2p results-collective-prices results-seeds respec gpu-checks figures clean
 
 install: $(VENV)/.installed-torch-$(TORCH)
 
@@ -39,8 +39,9 @@ figures: install   ## run the notebooks; their figures go to docs/figures (the R
 test-fast: install   ## unit tests only
 	$(BIN)/python -m pytest -q tests/unit
 
-# Every figure the README and docs quote, measured again into benchmarks/results/ (about 85 min on
-# a 2-core CPU). Run it on a quiet machine: the benchmarks time real work.
+# Every figure the README and docs quote, measured again into benchmarks/results/ (about 90 min on
+# a 2-core CPU). Run it on a quiet machine: the benchmarks time real work. benchmarks/README.md
+# lists every script with its target.
 RECORD = $(BIN)/python benchmarks/record.py
 results: install
 	$(RECORD) demo -- $(MAKE) --no-print-directory demo
@@ -62,6 +63,7 @@ results: install
 	$(MAKE) --no-print-directory results-programs
 	$(MAKE) --no-print-directory results-random
 	$(MAKE) --no-print-directory results-moe-skew
+	$(MAKE) --no-print-directory results-call-cost results-host-work-gil results-from-traces
 
 # benchmarks/scale.py on a 5-axis mesh: torchtitan's llama3 at pp 2 x HSDP (R replicas x 128 shards)
 # x cp 2 x tp 2, R = 2, 8, 32, 128 (2,048 to 131,072 ranks), each world captured first (about 25 min).
@@ -215,6 +217,71 @@ results-programs-floor: install
 	    --program "examples/pp.py --pp 2 --schedule ZBVZeroBubble --steps 40"
 	$(RECORD) noise_floor_programs_tp -- $(FLOOR_PROGRAMS) --tp 2 --against benchmarks/results/fidelity_programs_tp.json \
 	    --json benchmarks/results/noise_floor_programs_tp.json --program "examples/tp_fsdp.py --tp 2 --steps 40"
+
+# What a virtual call costs the program (docs/replay.md): the process group's whole call, and the
+# replay clock's own part of it (under a minute).
+results-call-cost: install
+	$(RECORD) call_cost -- $(BIN)/python benchmarks/call_cost.py
+	$(RECORD) clock_cost -- $(BIN)/python benchmarks/clock_cost.py
+
+# The host work of virtual collectives beside a program's thread, as a Python loop and compiled
+# (docs/replay.md; about 3 min).
+results-host-work-gil: install
+	$(RECORD) host_work_gil -- $(BIN)/python benchmarks/host_work_gil.py
+
+# Graphs built from the public GPU traces of tests/data/gpu_traces against the traces' own steps
+# (docs/gpu-traces.md; seconds).
+results-from-traces: install
+	$(RECORD) from_traces -- $(BIN)/python benchmarks/from_traces.py
+
+# What real gradient all-reduces cost a small DDP step beside its compute: alone, two processes,
+# two DDP ranks over gloo (about 1 min).
+results-ddp-overlap: install
+	$(RECORD) ddp_overlap -- $(BIN)/python benchmarks/ddp_overlap.py
+
+# Where each schedule of examples/pp.py spends its transfers, every rank real under plain torchrun
+# (about 1 min).
+PP_SCHEDULES = GPipe 1F1B Interleaved1F1B ZBVZeroBubble
+results-pipeline-p2p: install
+	$(foreach s,$(PP_SCHEDULES),$(RECORD) pipeline_p2p_$(s) -- $(BIN)/python benchmarks/pipeline_p2p.py \
+	    --json benchmarks/results/pipeline_p2p_$(s).json -- examples/pp.py --pp 2 --schedule $(s) --steps 40 &&) true
+
+# A program's real collectives beside its graph's prices: examples/hf_llama.py at tp 2, three pairs
+# of captures one after the other (every rank real; a slice holding its calls), each slice built and
+# priced with the accumulate run's spec (about 5 min).
+PRICES_DIR ?= $(CURDIR)/collective-prices-work
+PRICES_LAYOUT = --tp 2 --pp 1 --dp 1
+PRICES_PROGRAM = examples/hf_llama.py --tp 2 --steps 30
+results-collective-prices: install
+	rm -rf $(PRICES_DIR) && mkdir -p $(PRICES_DIR)
+	$(foreach i,1 2 3,$(BIN)/prism-capture $(PRICES_LAYOUT) --real all --warmup 12 --iterations 2 \
+	        -o $(PRICES_DIR)/real$(i) -- $(PRICES_PROGRAM) >/dev/null && \
+	    $(BIN)/prism-capture $(PRICES_LAYOUT) --host-work $(ACCUMULATE_SPEC) --hold-calls $(ACCUMULATE_SPEC) \
+	        --warmup 12 --iterations 2 -o $(PRICES_DIR)/slice$(i) -- $(PRICES_PROGRAM) >/dev/null && \
+	    $(BIN)/prism-build-graph $(PRICES_DIR)/slice$(i) $(PRICES_LAYOUT) --cluster $(ACCUMULATE_SPEC) \
+	        -o $(PRICES_DIR)/graph$(i).parquet >/dev/null && \
+	    $(RECORD) collective_prices_hf_llama_tp_$(i) -- $(BIN)/python benchmarks/collective_prices.py \
+	        $(PRICES_DIR)/real$(i) $(PRICES_DIR)/graph$(i).parquet \
+	        --json benchmarks/results/collective_prices_hf_llama_tp_$(i).json &&) true
+
+# Every random seed's kept run, one line a seed (docs/fidelity.md's table), and their signed errors
+# pooled by kind of rank (seconds: it reads benchmarks/results/fidelity_random*.json).
+results-seeds: install
+	$(RECORD) fidelity_seeds -- $(BIN)/python benchmarks/fidelity_seeds.py --markdown
+	$(RECORD) fidelity_seeds_bias -- $(BIN)/python benchmarks/fidelity_seeds.py --bias
+
+# A kept fidelity run (its --json and --work-dir) re-priced under other specs, the real side and
+# slices unchanged: make respec RUN=run.json WORK_DIR=DIR SPECS="old=a.toml new=b.toml" (prints).
+respec: install
+	@test -n "$(RUN)" && test -n "$(WORK_DIR)" && test -n "$(SPECS)" || \
+	    { echo "usage: make respec RUN=RUN.json WORK_DIR=DIR SPECS='NAME=SPEC.toml ...' [RESPEC_ARGS=...]"; exit 2; }
+	$(BIN)/python benchmarks/fidelity_respec.py $(RUN) $(WORK_DIR) $(SPECS) $(RESPEC_ARGS)
+
+# On a GPU host: every check that needs a GPU (benchmarks/gpu_checks.sh, docs/gpu-traces.md), its
+# logs and results into GPU_OUT (kept as benchmarks/results/gpu_<device>_<date>/).
+GPU_OUT ?= gpu-checks
+gpu-checks: install
+	PY=$(CURDIR)/$(BIN)/python bash benchmarks/gpu_checks.sh $(GPU_OUT)
 
 lint: install
 	$(BIN)/ruff check .
