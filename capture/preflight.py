@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from prism.schemas.gpt_params import stage_parameter_numels
+from prism.capture.workloads.gpt.params import stage_parameter_numels
 from prism.schemas.layout import ParallelLayout
 from prism.schemas.program import ProgramSpec
 from prism.schemas.workload import GPTConfig

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from prism.capture import annotate
+from prism.capture.held_parameters import held_parameters
 from prism.capture.launch import parse_rank_args
 from prism.capture.phase_timer import BlockSpan, PhaseTimer, block_wall_ns, own_phase_ns
 from prism.capture.profiling import ProfileSpec, profiled
@@ -184,6 +185,7 @@ def run_rank(job: RankJob, rank: int, out_dir: Path, *, clock: CommClock | None 
         files, rank, started=started, device=job.device, windows=timings.windows, blocks=timings.blocks,
         iteration_ns=tuple(timings.iteration_ns), losses=tuple(timings.losses),
         parameter_count=workload.parameter_count, static_bytes=timings.static_bytes,
+        parameters=held_parameters(workload.model, workload.optimizer, workload.grad_sync.bucket_bytes),
     )  # fmt: skip
 
 

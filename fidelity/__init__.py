@@ -9,8 +9,9 @@ For one case (a GPTConfig whose whole world fits this machine), each repeat:
     ``Total Allocated`` of the rank's ``[memory]`` events inside the iteration's ``prism:iter``
     mark − ``Total Allocated`` just before the iteration started). On CPU the profiler's
     totals only count blocks allocated while it records, so weights, gradients and Adam state
-    (made before profiling) are not in them: ``static_bytes`` stands for them, exactly as in
-    the prediction;
+    (made before profiling) are not in them: ``static_bytes`` (the GPT's own count,
+    ``prism.capture.workloads.gpt.params``) stands for them, where the prediction has what the
+    capture read from the model and optimizer;
 (b) captures the slice (``RealMode.ROLES``, same warm-up and profiled iterations; by default
     load-matched: the world's other ranks run beside each captured rank, as they share the
     machine in the real run — see ``prism.fidelity.load``), builds the graph of the same layout with

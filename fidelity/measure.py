@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from prism.capture.runner import CaptureOptions, RealMode, run_capture
+from prism.capture.workloads.gpt.params import static_bytes
 from prism.fidelity.explain import (
     decompose,
     graph_own_ns,
@@ -25,7 +26,7 @@ from prism.fidelity.load import MatchedLoad
 from prism.graph.build.builder import BuildOptions, build_graph
 from prism.graph.build.normalize import normalize_rank
 from prism.graph.build.profiler_overhead import Correction
-from prism.graph.sim.load import load_sim_graph, static_bytes
+from prism.graph.sim.load import load_sim_graph
 from prism.graph.sim.metrics import breakdown
 from prism.graph.sim.simulate import simulate
 from prism.graph.traces.memory import iteration_memory

@@ -33,6 +33,7 @@ from prism.capture.launch import LaunchError, RankLaunch, run_processes
 from prism.capture.runner import CaptureHooks
 from prism.graph.io.parquet import GraphFormatError, read_metadata
 from prism.graph.sim.load import static_bytes_of
+from prism.graph.sim.simulate import SimulationError
 from prism.graph.sim.whatif import BlockDelay
 from prism.graph.traces.memory import iteration_memory
 from prism.replay.coordinator import Coordinator
@@ -204,9 +205,13 @@ def check_inputs(options: ReplayOptions) -> ReplayTarget:
         )
     if options.host_work:  # the spec's host work of virtual collectives, done by every CPU rank
         job = replace(job, host_ns_per_byte=dict(metadata.cluster.get("host_ns_per_byte") or {}))
+    try:
+        static = tuple(int(b) for b in static_bytes_of(metadata, layout))
+    except SimulationError as e:
+        raise ReplayInputError(f"{options.graph}: {e}") from None
     return ReplayTarget(
         job=job,
-        stage_static_bytes=tuple(int(b) for b in static_bytes_of(metadata, layout)),
+        stage_static_bytes=static,
         received_values=dict(metadata.extra.get(gf.RECEIVED_VALUES_KEY) or {}),
         clock_from=clock_from,
     )

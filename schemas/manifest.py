@@ -26,6 +26,7 @@ from pathlib import Path
 from prism.schemas.checked import check_fields
 from prism.schemas.cluster import ClusterSpec
 from prism.schemas.files import write_json_atomic
+from prism.schemas.held_parameters import HeldParameters
 from prism.schemas.layout import ParallelLayout, Role
 from prism.schemas.program import ProgramSpec
 from prism.schemas.workload import GPTConfig
@@ -205,7 +206,7 @@ class RankResult:
     """A program's capture: bytes of the distinct tensor storages the program held when its profiled
     iterations began (weights, gradients, optimizer state; ``torch.cuda.memory_allocated`` on
     CUDA). The built-in GPT: ``torch.cuda.memory_allocated`` then on CUDA (which also counts
-    what CUDA libraries keep, cuBLAS workspaces), None on CPU, where its model gives them."""
+    what CUDA libraries keep, cuBLAS workspaces), None on CPU, where ``parameters`` give them."""
     steady_from: int | None = None
     """A program's capture: the first iteration from which every iteration made the same calls as
     the last (``prism.schemas.iterations.steady_from``); a replay co-simulates from there. None
@@ -228,6 +229,10 @@ class RankResult:
     """Time of every iteration in collective calls, waits on them and prism's holds in them
     (``prism.schemas.comm_log.CollectiveTime``); the rest of the time in calls is point-to-point.
     Empty in captures made before it was recorded."""
+    parameters: HeldParameters | None = None
+    """The built-in GPT's capture: the parameters the rank holds and the bytes each keeps
+    (``prism.schemas.held_parameters``), read from its model and optimizer once it ran. None for
+    a program's and in captures made before it was recorded."""
 
     @property
     def own_iteration_ns(self) -> tuple[int, ...]:
@@ -248,6 +253,9 @@ class RankResult:
                 "calls": tuple(data.get("calls", ())),
                 "phase_ns": tuple(dict(p) for p in data.get("phase_ns", ())),
                 "block_ns": tuple(dict(p) for p in data.get("block_ns", ())),
+                "parameters": None
+                if data.get("parameters") is None
+                else HeldParameters.from_dict(data["parameters"]),
             }
         )
 

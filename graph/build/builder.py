@@ -14,7 +14,7 @@ import psutil
 from prism.graph.build import op_table as T
 from prism.graph.build.bind import bind_ranks, encode_program
 from prism.graph.build.cold_coverage import uncovered_cold_gaps
-from prism.graph.build.compose import compose_stage
+from prism.graph.build.compose import GradBuckets, compose_stage
 from prism.graph.build.normalize import normalize_rank
 from prism.graph.build.profiler_overhead import (
     Correction,
@@ -24,6 +24,7 @@ from prism.graph.build.profiler_overhead import (
     scale_template,
 )
 from prism.graph.build.program_graph import program_stages
+from prism.graph.build.retarget import StageHolding, holding, stage_parameters
 from prism.graph.build.templates import (
     GRAD_SYNC,
     OPTIM,
@@ -38,7 +39,6 @@ from prism.graph.comm.placement import LayoutTables
 from prism.graph.io.parquet import RANKS_PER_ROW_GROUP, GraphWriter
 from prism.graph.io.parts import remove_graph
 from prism.graph.io.validate import RowGroupValidator, ValidationReport
-from prism.graph.sim.load import static_bytes
 from prism.graph.sim.noise import call_jitter_ns, iteration_cv
 from prism.peers.comm_model import CommModel
 from prism.schemas import PRISM_VERSION
@@ -47,6 +47,7 @@ from prism.schemas.annotations import GLUE
 from prism.schemas.cluster import ClusterSpec
 from prism.schemas.comm_log import HeldTime, read_comm_log
 from prism.schemas.graph_format import GraphMetadata
+from prism.schemas.held_parameters import HeldParameters
 from prism.schemas.layout import ParallelLayout, Role
 from prism.schemas.layout_options import DEGREES, flag, given_differs
 from prism.schemas.manifest import PACED_MODE, CaptureFiles, CaptureManifest, ManifestError, read_manifest
@@ -244,15 +245,23 @@ def build_graph(options: BuildOptions, progress: ProgressCallback | None = None)
             {layout.role_of_stage(s) for s in range(cfg.pp)},
             profiler_correction=options.profiler_correction,
         )
-        stages = [
-            encode_program(
-                compose_stage(
-                    templates[layout.role_of_stage(s)], cfg=cfg, captured=manifest.job.config, stage=s
-                ),
-                layout,
+        holdings, captured_holdings = stage_holdings(manifest, cfg)
+        stages = []
+        for s, held in enumerate(holdings):
+            role = layout.role_of_stage(s)
+            buckets = GradBuckets(
+                target=held.buckets,
+                captured=captured_holdings[role].buckets,
+                itemsize=held.parameters.itemsize,
             )
-            for s in range(cfg.pp)
-        ]
+            stages.append(
+                encode_program(
+                    compose_stage(
+                        templates[role], cfg=cfg, captured=manifest.job.config, stage=s, buckets=buckets
+                    ),
+                    layout,
+                )
+            )
     except TemplateError as e:
         raise BuildError(str(e)) from e
     metadata = GraphMetadata(
@@ -262,7 +271,7 @@ def build_graph(options: BuildOptions, progress: ProgressCallback | None = None)
         capture_digest=_digest(options.capture_dir),
         build_options={"microbatches": cfg.microbatches, "layers": cfg.layers, "ranks_per_row_group": _row_group_ranks(options)},
         prism_version=PRISM_VERSION,
-        extra={gf.TIME_SCALE_KEY: scales} | _measured_static(manifest, cfg),
+        extra={gf.TIME_SCALE_KEY: scales, gf.STATIC_BYTES_KEY: [h.static_bytes for h in holdings]},
     )  # fmt: skip
     metadata, report = _checked_write(options, metadata, stages, layout, progress)
     return BuildResult(
@@ -283,19 +292,37 @@ def _warnings(stages: list, layout: ParallelLayout, options: BuildOptions) -> tu
     return () if cold is None else (cold,)
 
 
-def _measured_static(manifest: CaptureManifest, cfg: GPTConfig) -> dict:
-    """On CUDA, each target stage's static bytes: its model's, plus what the device held beyond
-    the model in the captured rank of its role (CUDA libraries' buffers, cuBLAS workspaces, kept
-    in the same allocator). Nothing on CPU, where the model's count is the whole of it."""
+def stage_holdings(
+    manifest: CaptureManifest, cfg: GPTConfig
+) -> tuple[list[StageHolding], dict[Role, StageHolding]]:
+    """What every rank of each target stage holds (``retarget``), and what the captured rank of
+    each role held, from the parameters the capture recorded; on CUDA with what the captured
+    rank's device held beyond them (CUDA libraries' buffers, cuBLAS workspaces, kept in the same
+    allocator)."""
     layout, captured = cfg.layout, manifest.job.config
-    beyond = {}
+    recorded: dict[Role, tuple[HeldParameters, int]] = {}
+    held: dict[Role, StageHolding] = {}
     for role in {layout.role_of_stage(s) for s in range(cfg.pp)}:
         rank = manifest.rank_of_role(role)
-        if rank is None or rank.result.static_bytes is None:
-            return {}
-        beyond[role] = rank.result.static_bytes - static_bytes(captured, rank.stage)
-    stages = [static_bytes(cfg, s) + beyond[layout.role_of_stage(s)] for s in range(cfg.pp)]
-    return {gf.STATIC_BYTES_KEY: stages}
+        if rank.result.parameters is None:
+            raise BuildError(
+                f"rank {rank.rank}'s result has no parameters (a capture by an earlier prism): re-capture it with this prism"
+            )
+        held[role] = holding(rank.result.parameters, data_parallel=captured.dp > 1)
+        measured = rank.result.static_bytes
+        recorded[role] = (
+            rank.result.parameters,
+            0 if measured is None else measured - held[role].static_bytes,
+        )
+    stages = []
+    for s in range(cfg.pp):
+        parameters, beyond = recorded[layout.role_of_stage(s)]
+        try:
+            target = stage_parameters(parameters, cfg.stage_layers(s))
+        except TemplateError as e:
+            raise BuildError(str(e)) from e
+        stages.append(holding(target, data_parallel=cfg.dp > 1, beyond_bytes=beyond))
+    return stages, held
 
 
 def _build_program_graph(options: BuildOptions, manifest: CaptureManifest, progress) -> BuildResult:

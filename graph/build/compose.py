@@ -31,7 +31,7 @@ from prism.graph.build.templates import (
 )
 from prism.graph.sim.noise import collective_skew_ns, work_between, work_in_flight
 from prism.schemas.annotations import Direction, Phase, block_kind
-from prism.schemas.gpt_params import stage_buckets
+from prism.schemas.grad_buckets import Bucket
 from prism.schemas.graph_format import POST_NAME, WAIT_NAME
 from prism.schemas.pipeline_schedule import Action, Step, one_f_one_b
 from prism.schemas.workload import GPTConfig
@@ -173,8 +173,18 @@ def wait_node(deps: list[int], phase: str, mb: int = -1) -> pd.DataFrame:
     )
 
 
+@dataclass(frozen=True, kw_only=True)
+class GradBuckets:
+    """The gradient buckets of a target stage and of the captured rank it is built from."""
+
+    target: list[Bucket]
+    captured: list[Bucket]
+    itemsize: int
+    """Bytes per gradient element."""
+
+
 def _rescale_grad_sync(
-    units: pd.DataFrame, cfg: GPTConfig, captured: GPTConfig, stage: int, src_stage: int
+    units: pd.DataFrame, buckets: GradBuckets, cfg: GPTConfig, captured: GPTConfig
 ) -> pd.DataFrame:
     """The captured gradient sync re-planned for the target's buckets.
 
@@ -182,9 +192,7 @@ def _rescale_grad_sync(
     size ratio (copying gradients in and out is bandwidth-bound) and its all-reduce carrying
     the target bucket's bytes. Units outside any bucket scale with the total.
     """
-    itemsize = cfg.itemsize
-    target = stage_buckets(cfg, stage, itemsize)
-    source = stage_buckets(captured, src_stage, itemsize)
+    itemsize, target, source = buckets.itemsize, buckets.target, buckets.captured
     has_comm = bool((units[ot.IS_COMM] & (units[GROUP_AXIS] == "dp")).any())
     if cfg.dp > 1 and not has_comm:
         raise TemplateError(
@@ -252,8 +260,11 @@ _DEFAULTS = {
 }  # fmt: skip
 
 
-def compose_stage(template: RoleTemplate, *, cfg: GPTConfig, captured: GPTConfig, stage: int) -> StageProgram:
-    """The program of every rank of target ``stage`` of ``cfg``, from a role's templates."""
+def compose_stage(
+    template: RoleTemplate, *, cfg: GPTConfig, captured: GPTConfig, stage: int, buckets: GradBuckets
+) -> StageProgram:
+    """The program of every rank of target ``stage`` of ``cfg``, from a role's templates, its
+    gradient sync re-planned for the stage's ``buckets``."""
     program = _ProgramBuilder()
     program.add(_segment(template, PRE))
     first_layer = cfg.stage_layers(stage).start
@@ -281,7 +292,7 @@ def compose_stage(template: RoleTemplate, *, cfg: GPTConfig, captured: GPTConfig
     sync = (
         pd.DataFrame()
         if no_sync
-        else _rescale_grad_sync(_segment(template, GRAD_SYNC), cfg, captured, stage, template.stage)
+        else _rescale_grad_sync(_segment(template, GRAD_SYNC), buckets, cfg, captured)
     )
     sync = _finish_columns(sync)
     is_async = (sync[ot.IS_COMM].astype(bool) & sync[ot.IS_ASYNC].astype(bool)).to_numpy(dtype=bool)

@@ -20,9 +20,7 @@ from prism.graph.sim.engine import COLLECTIVE, COMPUTE, RECV, SEND
 from prism.graph.sim.simulate import SimGraph, SimulationError
 from prism.schemas import graph_format as gf
 from prism.schemas.cluster import wake_points_ns
-from prism.schemas.gpt_params import stage_buckets, stage_parameter_numels
 from prism.schemas.layout import ParallelLayout
-from prism.schemas.workload import GPTConfig
 
 _KIND_CODES = {
     gf.NodeKind.COMPUTE.value: COMPUTE,
@@ -339,24 +337,16 @@ def _skew_or_none(skew: np.ndarray) -> np.ndarray | None:
 
 
 def static_bytes_of(metadata: gf.GraphMetadata, layout: ParallelLayout) -> np.ndarray:
-    """Static bytes of a rank of each stage: measured at capture for a program's graph and for
-    the built-in GPT's on CUDA (``gf.STATIC_BYTES_KEY``), computed from the model for the
-    built-in GPT's on CPU, none for a graph built from traces."""
-    if gf.PROGRAM_KEY in metadata.model or gf.STATIC_BYTES_KEY in metadata.extra:
+    """Static bytes of a rank of each stage, as the build recorded them from the capture
+    (``gf.STATIC_BYTES_KEY``); none for a graph built from traces, whose memory is not read."""
+    if gf.STATIC_BYTES_KEY in metadata.extra:
         return np.asarray(metadata.extra[gf.STATIC_BYTES_KEY], np.int64)
-    if gf.TRACES_KEY in metadata.model:  # a trace's memory is not read
+    if gf.TRACES_KEY in metadata.model:
         return np.zeros(layout.pp, np.int64)
-    config = GPTConfig.from_dict(metadata.model)
-    return np.array([static_bytes(config, s) for s in range(layout.pp)], np.int64)
-
-
-def static_bytes(config: GPTConfig, stage: int) -> int:
-    """Bytes a rank of ``stage`` holds across iterations: weights, grads, Adam state, DP buckets."""
-    numels = stage_parameter_numels(config, stage)
-    params = sum(numels) * config.itemsize
-    adam_steps = 4 * len(numels)  # one float32 step counter per parameter
-    buckets = sum(b.numel for b in stage_buckets(config, stage, config.itemsize)) * config.itemsize
-    return 4 * params + adam_steps + (buckets if config.dp > 1 else 0)
+    raise SimulationError(
+        "the graph holds no static memory of its stages (a graph of the built-in GPT built by an earlier "
+        "prism): rebuild it with prism-build-graph"
+    )
 
 
 def graph_column(path: str | Path, column: str, ranks: np.ndarray | None = None) -> np.ndarray:

@@ -5,9 +5,9 @@ the simulation runs ``iterations`` passes, each starting every rank at its previ
 steady iteration time of a rank is the length of its last pass. The engine's semantics are in
 ``prism.graph.sim.engine``; ``prism.graph.sim.load`` reads a graph file into a ``SimGraph``.
 
-Peak memory of a rank = its static bytes (the built-in GPT's parameters, gradients, Adam moments
-and step counters, DP bucket buffers, from ``prism.schemas.gpt_params``; a program's, measured at
-capture) + the highest running total of the
+Peak memory of a rank = its static bytes (what the build recorded from the capture: the
+parameters, gradients, optimizer state and gradient buckets its stage holds, and on CUDA what the
+device held besides) + the highest running total of the
 bytes its nodes allocate and free, in program order (a node's allocations count before its
 frees).
 """

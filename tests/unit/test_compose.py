@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from prism.capture.workloads.gpt.params import stage_buckets
 from prism.graph.build import op_table as ot
 from prism.graph.build.bind import bind_ranks, encode_program
 from prism.graph.build.compose import (
@@ -17,6 +18,8 @@ from prism.graph.build.compose import (
     MB,
     P2P_DIR,
     P2P_SEQ,
+    GradBuckets,
+    StageProgram,
     compose_stage,
     finish_nodes,
     wait_node,
@@ -25,12 +28,21 @@ from prism.graph.build.compose import (
 from prism.graph.build.templates import TemplateError, build_role_template, split_segments
 from prism.graph.comm.placement import LayoutTables
 from prism.schemas import graph_format as gf
-from prism.schemas.gpt_params import stage_buckets
 from prism.schemas.pipeline_schedule import Action, one_f_one_b
 from prism.schemas.workload import GPTConfig
 
 CAPTURED = GPTConfig(layers=8, hidden=64, heads=4, seq_len=16, vocab=256, microbatches=8, tp=2, pp=4, dp=2)
 ACT_BYTES = CAPTURED.micro_batch_size * CAPTURED.seq_len * CAPTURED.hidden * 4
+
+
+def compose(template, *, cfg: GPTConfig, captured: GPTConfig, stage: int) -> StageProgram:
+    """``compose_stage`` with the GPT's buckets for the target stage and the template's."""
+    buckets = GradBuckets(
+        target=stage_buckets(cfg, stage, cfg.itemsize),
+        captured=stage_buckets(captured, template.stage, captured.itemsize),
+        itemsize=cfg.itemsize,
+    )
+    return compose_stage(template, cfg=cfg, captured=captured, stage=stage, buckets=buckets)
 
 
 class FakeComm:
@@ -134,7 +146,7 @@ def test_segments_follow_the_schedule() -> None:
 @pytest.mark.parametrize("stage", range(4))
 def test_stage_program_is_1f1b_for_pp4_m8(stage: int) -> None:
     role_stage = {0: 0, 3: 3}.get(stage, 1)  # middle stages come from the captured stage 1
-    program = compose_stage(template(role_stage), cfg=CAPTURED, captured=CAPTURED, stage=stage).nodes
+    program = compose(template(role_stage), cfg=CAPTURED, captured=CAPTURED, stage=stage).nodes
     layers = list(CAPTURED.stage_layers(stage))
     blocks = program[program[LAYER] >= 0].drop_duplicates([ot.PHASE, MB])[[ot.PHASE, MB]]
     expected = [
@@ -154,7 +166,7 @@ def test_stage_program_is_1f1b_for_pp4_m8(stage: int) -> None:
 
 def test_more_layers_per_stage_repeat_the_layer_blocks() -> None:
     target = replace(CAPTURED, pp=2)  # 4 layers per stage instead of 2
-    program = compose_stage(template(0), cfg=target, captured=CAPTURED, stage=0).nodes
+    program = compose(template(0), cfg=target, captured=CAPTURED, stage=0).nodes
     fwd0 = program[(program[ot.PHASE] == "fwd") & (program[MB] == 0) & (program[LAYER] >= 0)]
     assert list(dict.fromkeys(fwd0[LAYER])) == [0, 1, 2, 3]
     bwd0 = program[(program[ot.PHASE] == "bwd") & (program[MB] == 0) & (program[LAYER] >= 0)]
@@ -172,13 +184,13 @@ def test_missing_segment_is_a_clear_error() -> None:
     table = table[table[ot.PHASE] != "grad_sync"]
     tmpl = build_role_template(table, rank=0, stage=0, first_layer=0)
     with pytest.raises(TemplateError, match="never ran a 'grad_sync' segment"):
-        compose_stage(tmpl, cfg=CAPTURED, captured=CAPTURED, stage=0)
+        compose(tmpl, cfg=CAPTURED, captured=CAPTURED, stage=0)
 
 
 def test_bound_ranks_share_collective_ids_with_their_group() -> None:
     cfg = CAPTURED
     tables = LayoutTables.build(cfg.layout, gpus_per_node=4)
-    encoded = encode_program(compose_stage(template(1), cfg=cfg, captured=cfg, stage=1), cfg.layout)
+    encoded = encode_program(compose(template(1), cfg=cfg, captured=cfg, stage=1), cfg.layout)
     ranks = np.array([r for r in range(cfg.layout.world_size) if cfg.layout.stage(r) == 1])
     table = bind_ranks(encoded, ranks, tables, FakeComm()).to_pandas()
     assert list(table[gf.RANK].unique()) == list(ranks)
@@ -197,9 +209,9 @@ def test_a_dp1_capture_cannot_give_a_gradient_sync() -> None:
     table = op_table(0, captured)
     table = table[table[ot.PHASE] != "grad_sync"].reset_index(drop=True)  # dp=1 syncs nothing
     role = build_role_template(table, rank=0, stage=0, first_layer=0)
-    compose_stage(role, cfg=captured, captured=captured, stage=0)  # its own layout: fine
+    compose(role, cfg=captured, captured=captured, stage=0)  # its own layout: fine
     with pytest.raises(TemplateError, match="capture at dp >= 2"):
-        compose_stage(role, cfg=replace(captured, dp=8), captured=captured, stage=0)
+        compose(role, cfg=replace(captured, dp=8), captured=captured, stage=0)
 
 
 def test_an_asynchronous_collectives_post_is_not_compute_it_flies_beside() -> None:

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from prism.capture.workloads.gpt.data_parallel import GradSync
-from prism.schemas.gpt_params import MIB, plan_buckets
+from prism.schemas.grad_buckets import MIB, plan_buckets
 
 
 def test_buckets_take_parameters_last_first_and_close_at_the_cap() -> None:

@@ -40,7 +40,8 @@ def metadata(layout: ParallelLayout = LAYOUT, **changes: object) -> GraphMetadat
     values = dict(
         layout=layout.to_dict(), model={"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "layers": 4},
         cluster={"name": "test"}, capture_digest="0" * 64, build_options={"microbatches": 1},
-        prism_version="0.1.0", extra={gf.STREAMS_KEY: ["main thread", "thread 2"]},  # a side thread
+        prism_version="0.1.0",
+        extra={gf.STREAMS_KEY: ["main thread", "thread 2"], gf.STATIC_BYTES_KEY: [1 << 20] * layout.pp},  # a side thread
     )  # fmt: skip
     return GraphMetadata(**{**values, **changes})
 

@@ -43,7 +43,7 @@ def metadata(version: int = gf.VERSION) -> GraphMetadata:
     return GraphMetadata(
         layout=cfg.layout.to_dict(), model=cfg.to_dict(), cluster={}, capture_digest="0" * 64,
         build_options={}, prism_version="test", version=version,
-        extra={gf.STREAMS_KEY: ["main thread", "cuda stream 7"]},
+        extra={gf.STREAMS_KEY: ["main thread", "cuda stream 7"], gf.STATIC_BYTES_KEY: [0]},
     )  # fmt: skip
 
 
@@ -116,7 +116,7 @@ def test_a_lane_dependency_on_no_node_of_another_stream_is_refused(tmp_path: Pat
 
 def test_streams_the_metadata_does_not_name_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "g.parquet"
-    unnamed = GraphMetadata(**{**metadata().__dict__, "extra": {}})
+    unnamed = GraphMetadata(**{**metadata().__dict__, "extra": {gf.STATIC_BYTES_KEY: [0]}})
     with pytest.raises(ValueError, match="names no streams"), GraphWriter(path, unnamed) as writer:
         writer.write_ranks(rows([gpu_rank(100), gpu_rank(100)]))
     assert not path.exists()
@@ -146,7 +146,7 @@ def test_a_file_of_version_3_reads_with_no_lane_dependency(tmp_path: Path) -> No
     assert list(simulate(graph, iterations=1).iteration_ns) == [360, 360]
     assert validate_graph(path).ok
     # A graph of version 4 with one stream a rank leaves the column out too, as prism writes it.
-    one = GraphMetadata(**{**metadata().__dict__, "extra": {}})
+    one = GraphMetadata(**{**metadata().__dict__, "extra": {gf.STATIC_BYTES_KEY: [0]}})
     with GraphWriter(tmp_path / "v4.parquet", one, ranks_per_row_group=1) as writer:
         writer.write_ranks(table)
     assert gf.LANE_DEPS not in pq.read_schema(tmp_path / "v4.parquet").names

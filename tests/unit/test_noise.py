@@ -7,10 +7,10 @@ import math
 
 import numpy as np
 import pytest
-from test_compose import CAPTURED, template
+from test_compose import CAPTURED, compose, template
 
 from prism.graph.build import op_table as ot
-from prism.graph.build.compose import DEPS, GROUP_AXIS, IS_WAIT, OVERLAP, P2P_DIR, SKEW, compose_stage
+from prism.graph.build.compose import DEPS, GROUP_AXIS, IS_WAIT, OVERLAP, P2P_DIR, SKEW
 from prism.graph.sim.noise import (
     call_jitter_ns,
     collective_skew_ns,
@@ -89,13 +89,13 @@ def test_call_jitter_is_the_spread_of_each_position_across_clean_iterations() ->
 def test_composed_programs_skew_only_their_collectives() -> None:
     noisy = template(1)
     noisy = type(noisy)(**{**noisy.__dict__, "noise_cv": 0.05})
-    nodes = compose_stage(noisy, cfg=CAPTURED, captured=CAPTURED, stage=1).nodes
+    nodes = compose(noisy, cfg=CAPTURED, captured=CAPTURED, stage=1).nodes
     is_coll = nodes[ot.IS_COMM].to_numpy(dtype=bool) & (nodes[P2P_DIR].to_numpy() == 0)
     assert (nodes.loc[is_coll, SKEW] > 0).all() and (nodes.loc[~is_coll, SKEW] == 0).all()
     dp = nodes[is_coll & (nodes[GROUP_AXIS] == "dp").to_numpy()]
     tp = nodes[is_coll & (nodes[GROUP_AXIS] == "tp").to_numpy()]
     assert dp[SKEW].iloc[0] > tp[SKEW].max()  # a whole iteration since the last gradient sync
-    quiet = compose_stage(template(1), cfg=CAPTURED, captured=CAPTURED, stage=1).nodes
+    quiet = compose(template(1), cfg=CAPTURED, captured=CAPTURED, stage=1).nodes
     assert (quiet[SKEW] == 0).all()
 
 
@@ -117,7 +117,7 @@ def test_work_in_flight_is_what_the_rank_does_between_a_call_and_its_wait() -> N
 
 
 def test_composed_async_calls_carry_the_compute_they_fly_beside() -> None:
-    nodes = compose_stage(template(1), cfg=CAPTURED, captured=CAPTURED, stage=1).nodes
+    nodes = compose(template(1), cfg=CAPTURED, captured=CAPTURED, stage=1).nodes
     is_async = nodes[ot.IS_COMM].to_numpy(dtype=bool) & nodes[ot.IS_ASYNC].to_numpy(dtype=bool)
     assert is_async.any() and (nodes.loc[~is_async, OVERLAP] == 0).all()
     own = np.where(nodes[ot.IS_COMM], 0, nodes[ot.DUR_NS]) + nodes[ot.GAP_NS].to_numpy()

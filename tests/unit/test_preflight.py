@@ -14,8 +14,8 @@ from prism.capture.preflight import (
     stage_parameter_count,
 )
 from prism.capture.workloads.gpt import GPTWorkload
+from prism.capture.workloads.gpt.params import stage_buckets, stage_parameter_shapes
 from prism.peers import BACKEND_NAME, FreeRunningClock, VirtualWorld, activate
-from prism.schemas.gpt_params import stage_buckets, stage_parameter_shapes
 from prism.schemas.workload import GPTConfig
 
 CONFIG = GPTConfig(

@@ -8,8 +8,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from prism.capture.workloads.gpt.params import static_bytes
 from prism.graph.io.parquet import GraphFormatError, GraphWriter
-from prism.graph.sim.load import load_sim_graph, static_bytes
+from prism.graph.sim.load import load_sim_graph
 from prism.graph.sim.simulate import SimulationError, simulate
 from prism.schemas import graph_format as gf
 from prism.schemas.graph_format import GraphMetadata, NodeKind
@@ -54,6 +55,7 @@ def write(path: Path, cfg: GPTConfig, programs: list[list[dict]]) -> Path:
     meta = GraphMetadata(
         layout=cfg.layout.to_dict(), model=cfg.to_dict(), cluster={}, capture_digest="0" * 64,
         build_options={}, prism_version="test",
+        extra={gf.STATIC_BYTES_KEY: [static_bytes(cfg, s) for s in range(cfg.pp)]},
     )  # fmt: skip
     schema = pa.schema([f.with_type(pa.string()) if pa.types.is_dictionary(f.type) else f for f in gf.SCHEMA])
     with GraphWriter(path, meta, ranks_per_row_group=2) as writer:
@@ -158,7 +160,7 @@ def test_slow_rank_delays_its_group_only(tmp_path: Path) -> None:
     assert list(result.iteration_ns) == [105, 105, 405, 405]
 
 
-def test_peak_memory_replays_allocations_on_top_of_static_bytes(tmp_path: Path) -> None:
+def test_peak_memory_replays_allocations_on_top_of_the_recorded_static_bytes(tmp_path: Path) -> None:
     cfg = config()
     nodes = [
         compute(1, **{gf.ALLOC_BYTES: 100}),

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
-from test_compose import CAPTURED, op_table
+from test_compose import CAPTURED, compose, op_table
 
 from prism.graph.build import op_table as ot
-from prism.graph.build.compose import MB, compose_stage
+from prism.graph.build.compose import MB
 from prism.graph.build.templates import build_role_template
 
 STAGE = 0
@@ -51,7 +51,7 @@ def _net_bytes_by_mb(program, phase):
 
 def test_memory_follows_the_instance_position_in_the_iteration() -> None:
     template = _template(_with_warmup_buffer(op_table(STAGE, iterations=3)))
-    program = compose_stage(template, cfg=CAPTURED, captured=CAPTURED, stage=STAGE).nodes
+    program = compose(template, cfg=CAPTURED, captured=CAPTURED, stage=STAGE).nodes
     fwd, bwd = _net_bytes_by_mb(program, "fwd"), _net_bytes_by_mb(program, "bwd")
     assert fwd[0] - fwd[1] == EXTRA and (fwd[1:] == fwd[1]).all()
     last = CAPTURED.microbatches - 1
@@ -67,7 +67,7 @@ def test_memory_follows_the_instance_position_in_the_iteration() -> None:
 def test_more_microbatches_keep_warmup_and_cooldown_memory_once() -> None:
     template = _template(_with_warmup_buffer(op_table(STAGE, iterations=2)))
     target = replace(CAPTURED, microbatches=20)
-    program = compose_stage(template, cfg=target, captured=CAPTURED, stage=STAGE).nodes
+    program = compose(template, cfg=target, captured=CAPTURED, stage=STAGE).nodes
     fwd, bwd = _net_bytes_by_mb(program, "fwd"), _net_bytes_by_mb(program, "bwd")
     assert len(fwd) == 20 and fwd[0] - fwd[10] == EXTRA
     assert np.count_nonzero(fwd.to_numpy() != fwd[10]) == 1
@@ -84,7 +84,7 @@ def test_forwards_in_flight_before_the_first_backward_keep_their_memory_at_more_
     template = _template(table)
     for microbatches in (6, 12):
         target = replace(CAPTURED, microbatches=microbatches)
-        program = compose_stage(template, cfg=target, captured=captured, stage=STAGE).nodes
+        program = compose(template, cfg=target, captured=captured, stage=STAGE).nodes
         fwd = _net_bytes_by_mb(program, "fwd")
         steady = fwd[microbatches - 1]
         assert (fwd[:4] - steady == EXTRA * CAPTURED.layers_per_stage).all(), microbatches

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from prism.capture import annotate
-from prism.schemas.gpt_params import MIB, Bucket, plan_buckets
+from prism.schemas.grad_buckets import MIB, Bucket, plan_buckets
 
 
 class GradSync:
@@ -31,7 +31,8 @@ class GradSync:
         self.params = list(params)
         self.group, self.dp = group, dp
         sizes = [p.numel() * p.element_size() for p in self.params]
-        self.buckets = plan_buckets(sizes, [p.numel() for p in self.params], max(1, int(bucket_mb * MIB)))
+        self.bucket_bytes = max(1, int(bucket_mb * MIB))
+        self.buckets = plan_buckets(sizes, [p.numel() for p in self.params], self.bucket_bytes)
         self._buffers = [self._flat_buffer(b) for b in self.buckets] if dp > 1 else []
 
     def _flat_buffer(self, bucket: Bucket) -> torch.Tensor:

@@ -1,17 +1,14 @@
-"""Parameters one rank of the GPT workload holds, and how they are packed into DP gradient buckets.
+"""The GPT's own count of what one of its ranks holds: its parameters, their DP gradient
+buckets and the bytes they keep across iterations with Adam.
 
-Declared here (pure Python) because the workload builds exactly these tensors and the graph
-builder must know the bucket sizes of a target layout it never ran.
-"""
+The capture checks a layout fits before running it (``prism.capture.preflight``) and the
+fidelity check's real runs take their static memory from here; the graph builder never does:
+it works from what the capture measured (``prism.capture.held_parameters``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-
+from prism.schemas.grad_buckets import MIB, Bucket, plan_buckets
 from prism.schemas.workload import GPTConfig
-
-MIB = 1 << 20
 
 
 def _layer_shapes(cfg: GPTConfig, layer: int) -> list[tuple[str, tuple[int, ...]]]:
@@ -60,43 +57,17 @@ def stage_parameter_numels(cfg: GPTConfig, stage: int) -> list[int]:
     return numels
 
 
-@dataclass(frozen=True, kw_only=True)
-class Bucket:
-    """Parameters whose gradients are all-reduced together."""
-
-    index: int
-    """Position in the sync order."""
-    params: tuple[int, ...]
-    """Indices into the parameter list, in packing order."""
-    numel: int
-    """Elements of the flat buffer."""
-
-
-def plan_buckets(sizes_bytes: Sequence[int], numels: Sequence[int], bucket_bytes: int) -> list[Bucket]:
-    """Pack parameters (given by size, in model order) into buckets, last parameter first.
-
-    As DDP does: the last layers' gradients are ready first. A bucket closes once it reaches
-    the cap, so a parameter larger than the cap gets a bucket of its own.
-    """
-    buckets: list[Bucket] = []
-    current: list[int] = []
-    filled = 0
-    for i in reversed(range(len(sizes_bytes))):
-        current.append(i)
-        filled += sizes_bytes[i]
-        if filled >= bucket_bytes:
-            buckets.append(
-                Bucket(index=len(buckets), params=tuple(current), numel=sum(numels[j] for j in current))
-            )
-            current, filled = [], 0
-    if current:
-        buckets.append(
-            Bucket(index=len(buckets), params=tuple(current), numel=sum(numels[j] for j in current))
-        )
-    return buckets
-
-
 def stage_buckets(cfg: GPTConfig, stage: int, itemsize: int) -> list[Bucket]:
     """The DP gradient buckets of a rank of ``stage``."""
     numels = stage_parameter_numels(cfg, stage)
     return plan_buckets([n * itemsize for n in numels], numels, max(1, int(cfg.grad_bucket_mb * MIB)))
+
+
+def static_bytes(cfg: GPTConfig, stage: int) -> int:
+    """Bytes a rank of ``stage`` holds across iterations: weights, gradients, Adam's two moments
+    and its float32 step counter per parameter, and the DP bucket buffers where dp > 1."""
+    numels = stage_parameter_numels(cfg, stage)
+    params = sum(numels) * cfg.itemsize
+    adam_steps = 4 * len(numels)
+    buckets = sum(b.numel for b in stage_buckets(cfg, stage, cfg.itemsize)) * cfg.itemsize
+    return 4 * params + adam_steps + (buckets if cfg.dp > 1 else 0)

@@ -1,0 +1,102 @@
+"""What a stage holds across iterations, from the parameters a capture read off the model: the
+same as the GPT's own count for the stage captured and for stages of other layer counts, and a
+CUDA capture's device bytes beyond the model kept per role."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+import torch.distributed as dist
+
+from prism.capture.held_parameters import held_parameters
+from prism.capture.workloads.gpt import GPTWorkload
+from prism.capture.workloads.gpt.params import stage_buckets, static_bytes
+from prism.graph.build.builder import BuildError, stage_holdings
+from prism.graph.build.retarget import holding, stage_parameters
+from prism.graph.build.templates import TemplateError
+from prism.peers import BACKEND_NAME, FreeRunningClock, VirtualWorld, activate
+from prism.schemas.held_parameters import HeldParameters, HeldParametersError
+from prism.schemas.layout import Role
+from prism.schemas.workload import GPTConfig
+
+CONFIG = GPTConfig(
+    layers=8, hidden=64, heads=4, seq_len=16, vocab=256, microbatches=4, tp=2, pp=4, dp=2, grad_bucket_mb=0.02
+)
+WORKSPACES = 2 * 32 * 2**20  # two cuBLAS workspaces, as a Hopper rank keeps them
+
+
+def captured_parameters(cfg: GPTConfig, stage: int) -> HeldParameters:
+    """What a capture of ``cfg`` reads off a rank of ``stage`` once its optimizer stepped."""
+    rank = cfg.layout.rank(tp=1, dp=1, pp=stage)
+    activate(VirtualWorld(real_ranks=frozenset({rank}), clock=FreeRunningClock()))
+    dist.init_process_group(BACKEND_NAME, rank=rank, world_size=cfg.layout.world_size, store=dist.HashStore())
+    try:
+        workload = GPTWorkload(cfg)
+        workload.optimizer.step()  # Adam's state exists from its first step on
+        return held_parameters(workload.model, workload.optimizer, workload.grad_sync.bucket_bytes)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("stage", [0, 1, 3])
+def test_what_the_capture_reads_is_the_gpts_own_count_here_and_at_other_layer_counts(stage: int) -> None:
+    held = captured_parameters(CONFIG, stage)
+    assert holding(held, data_parallel=True).static_bytes == static_bytes(CONFIG, stage)
+    assert holding(held, data_parallel=False).static_bytes == static_bytes(replace(CONFIG, dp=1), stage)
+    # The same role's stage of a model with three times the layers: its blocks copied, the
+    # embeddings (first stage) and head (last stage) kept, its buckets planned again.
+    target = replace(CONFIG, layers=24, dp=8)
+    moved = holding(stage_parameters(held, target.stage_layers(stage)), data_parallel=True)
+    assert moved.static_bytes == static_bytes(target, stage)
+    assert [b.numel for b in moved.buckets] == [b.numel for b in stage_buckets(target, stage, 4)]
+    assert moved.parameters.layers.count(target.stage_layers(stage).start) == held.layers.count(
+        held.layers[2]
+    )
+
+
+def record(layers: list[int], numels: list[int]) -> HeldParameters:
+    return HeldParameters(
+        numels=tuple(numels), layers=tuple(layers), held_bytes=tuple(16 * n for n in numels), itemsize=4,
+        bucket_bytes=1 << 20,
+    )  # fmt: skip
+
+
+def test_blocks_that_differ_or_parameters_between_blocks_keep_the_captured_layers() -> None:
+    unlike = record([-1, 0, 0, 1, -1], [10, 4, 4, 5, 3])
+    assert stage_parameters(unlike, range(2)) == unlike  # its own layers: as captured
+    with pytest.raises(TemplateError, match="different parameters"):
+        stage_parameters(unlike, range(4))
+    with pytest.raises(TemplateError, match="between its layer blocks"):
+        stage_parameters(record([0, -1, 1], [4, 1, 4]), range(3))
+    with pytest.raises(TemplateError, match="no layers"):
+        stage_parameters(record([-1], [4]), range(3))
+    with pytest.raises(HeldParametersError, match="one entry a parameter"):
+        HeldParameters(numels=(1, 2), layers=(0,), held_bytes=(4, 8), itemsize=4, bucket_bytes=1)
+
+
+def manifest(captured: GPTConfig, static: dict[Role, int | None], held: dict[Role, HeldParameters | None]):
+    layout = captured.layout
+    ranks = {
+        role: SimpleNamespace(rank=s, stage=s, result=SimpleNamespace(static_bytes=static[role], parameters=held[role]))
+        for s, role in ((s, layout.role_of_stage(s)) for s in range(captured.pp))
+    }  # fmt: skip
+    return SimpleNamespace(job=SimpleNamespace(config=captured), rank_of_role=ranks.get)
+
+
+def test_each_stage_gets_its_parameters_plus_what_its_roles_device_held_beyond_them() -> None:
+    captured = replace(CONFIG, device="cuda")
+    stages = {Role.FIRST: 0, Role.MIDDLE: 1, Role.LAST: 3}
+    held = {role: captured_parameters(CONFIG, s) for role, s in stages.items()}
+    beyond = {Role.FIRST: WORKSPACES + 4096, Role.MIDDLE: WORKSPACES, Role.LAST: WORKSPACES + 512}
+    static = {role: static_bytes(captured, s) + beyond[role] for role, s in stages.items()}
+    target = replace(captured, layers=16, dp=8)
+    built, _ = stage_holdings(manifest(captured, static, held), target)
+    roles = [Role.FIRST, Role.MIDDLE, Role.MIDDLE, Role.LAST]
+    assert [h.static_bytes for h in built] == [static_bytes(target, s) + beyond[roles[s]] for s in range(4)]
+    # On CPU nothing is measured beyond the parameters: they are the whole of it.
+    cpu, _ = stage_holdings(manifest(CONFIG, dict.fromkeys(stages), held), target)
+    assert [h.static_bytes for h in cpu] == [static_bytes(target, s) for s in range(4)]
+    with pytest.raises(BuildError, match="re-capture it"):
+        stage_holdings(manifest(CONFIG, dict.fromkeys(stages), {**held, Role.LAST: None}), CONFIG)
