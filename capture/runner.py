@@ -72,6 +72,7 @@ class ProgramRoles(enum.StrEnum):
 
     PIPELINE = "pipeline"  # every stage
     FIRST_MIDDLE_LAST = "first-middle-last"  # stage 0, two middle stages, the last; middles stand for all
+    AXIS_ENDS = "axis-ends"  # every stage, and on each the last rank of every other axis, checked alike
 
 
 def program_stages(layout: ParallelLayout, roles: ProgramRoles) -> tuple[int, ...]:
@@ -79,6 +80,17 @@ def program_stages(layout: ParallelLayout, roles: ProgramRoles) -> tuple[int, ..
     if roles == ProgramRoles.FIRST_MIDDLE_LAST:
         return tuple(sorted({0, min(1, layout.pp - 1), max(layout.pp - 2, 0), layout.pp - 1}))
     return tuple(range(layout.pp))
+
+
+def program_ranks(layout: ParallelLayout, roles: ProgramRoles) -> tuple[int, ...]:
+    """The ranks captured for ``roles``: each captured stage's first rank and, with axis-ends,
+    its rank at the last index of every other axis of the mesh (``ParallelLayout.axis_ends``)."""
+    ranks: dict[int, None] = {}  # ordered, each once (dp_shard's end can be edp's)
+    for stage in program_stages(layout, roles):
+        ranks[layout.rank(tp=0, dp=0, pp=stage)] = None
+        if roles == ProgramRoles.AXIS_ENDS:
+            ranks |= dict.fromkeys(layout.axis_ends(stage).values())
+    return tuple(ranks)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,7 +175,7 @@ def plan_batches(options: CaptureOptions) -> list[RankBatch]:
         ranks = options.ranks
     elif options.program is not None:
         # A program prism knows nothing about: one rank per pipeline position (or per kind).
-        ranks = tuple(layout.rank(tp=0, dp=0, pp=s) for s in program_stages(layout, options.roles))
+        ranks = program_ranks(layout, options.roles)
     else:
         ranks = tuple(layout.roles().values())
     alone = [RankBatch(ranks=(rank,)) for rank in ranks]

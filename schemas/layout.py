@@ -288,6 +288,32 @@ class ParallelLayout:
                 raise LayoutError(f"{axis} index {index} out of range for degree {self.degree(axis)}")
         return sum(index * self._strides[axis] for axis, index in coords.items())
 
+    def rank_on_axis(self, stage: int, axis: str, index: int) -> int:
+        """The rank of pipeline ``stage`` at ``index`` on ``axis`` (a dense or an expert axis)
+        and at 0 on every other axis of that axis's system."""
+        system = EXPERT_AXES if axis in SPLIT_AXES else DENSE_AXES
+        if axis not in system or axis == "pp":
+            raise LayoutError(f"{axis} is not an axis within a pipeline stage")
+        if not 0 <= index < self._sizes[axis]:
+            raise LayoutError(f"{axis} index {index} out of range for degree {self._sizes[axis]}")
+        if not 0 <= stage < self.pp:
+            raise LayoutError(f"stage {stage} out of range for pp={self.pp}")
+        fine = dict.fromkeys(DENSE_AXES + EXPERT_AXES, 0) | {"pp": stage, axis: index}
+        return self._rank_of(fine, system)
+
+    def stage_axes(self) -> tuple[str, ...]:
+        """The axes within a pipeline stage: the dense ones, and the expert ones where there is
+        expert parallelism (without it they only renumber the dense ones)."""
+        expert = SPLIT_AXES if self.ep > 1 or self.etp > 1 else ()
+        return tuple(a for a in (*DENSE_AXES, *expert) if a != "pp")
+
+    def axis_ends(self, stage: int) -> dict[str, int]:
+        """For each axis of more than one rank within a stage, the rank of ``stage`` at its last
+        index (``rank_on_axis``): the ranks where a program that computes differently along an
+        axis (the last context-parallel chunk, the last expert group) shows it."""
+        axes = [a for a in self.stage_axes() if self._sizes[a] > 1]
+        return {a: self.rank_on_axis(stage, a, self._sizes[a] - 1) for a in axes}
+
     # -- groups ------------------------------------------------------------------------------
     def others(self, kind: str) -> tuple[str, ...]:
         """The axes of ``kind``'s system outside it, fastest first: a group's index counts them."""

@@ -4,8 +4,9 @@ A program's graph gives every rank of a stage the calls of one captured rank, an
 ``--roles first-middle-last`` every middle stage the calls of a captured middle one. Before it
 does, the captured ranks that stand for the same thing are compared call by call over their
 first profiled iteration: the operation, the layout axis of its group, bytes, dtype and, for a
-transfer, the stage offset of the peer. The first difference is an error that names both ranks
-and both calls.
+transfer, the stage offset of the peer. An all-to-all's bytes are left out: they are the tokens
+its rank's data routed, and the graph gives every rank the captured rank's routing (the virtual
+peers' rule). The first difference is an error that names both ranks and both calls.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def call_sequence(ops: pd.DataFrame, rank: int, layout: ParallelLayout) -> list[
         offset = (
             layout.stage(int(peer)) - stage if op in ("send", "recv") and pd.notna(peer) and peer >= 0 else 0
         )
-        sequence.append((op, label.split(".")[0], int(nbytes), dtype, offset))
+        routed = op in ("all_to_all", "all_to_all_single")
+        sequence.append((op, label.split(".")[0], -1 if routed else int(nbytes), dtype, offset))
     return sequence
 
 
@@ -41,7 +43,8 @@ def _describe(call: Call | None) -> str:
         return "no call (its sequence ended)"
     op, axis, nbytes, dtype, offset = call
     where = f"stage {offset:+d}" if op in ("send", "recv") else f"group {axis}"
-    return f"{op} on {where}, {nbytes} bytes of {dtype}"
+    size = "routed bytes" if nbytes < 0 else f"{nbytes} bytes"
+    return f"{op} on {where}, {size} of {dtype}"
 
 
 def check_alike(sequences: dict[int, list[Call]], why: str) -> None:

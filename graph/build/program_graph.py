@@ -69,8 +69,11 @@ def _check_alike(manifest: CaptureManifest, sources: dict[int, CapturedRank], la
     for captured in sorted(manifest.ranks, key=lambda r: r.rank):
         by_stage.setdefault(captured.stage, []).append(captured.rank)
     for stage, ranks in sorted(by_stage.items()):
-        if len(ranks) > 1:
-            check_alike(sequences(ranks), f"both run pipeline stage {stage}")
+        for other in ranks[1:]:
+            check_alike(
+                sequences([ranks[0], other]),
+                f"both run pipeline stage {stage} (rank {other} {_where(layout, ranks[0], other)})",
+            )
     if any(source.stage != stage for stage, source in sources.items()):
         middles = [ranks[0] for stage, ranks in sorted(by_stage.items()) if 0 < stage < layout.pp - 1]
         if len(middles) > 1:
@@ -78,6 +81,15 @@ def _check_alike(manifest: CaptureManifest, sources: dict[int, CapturedRank], la
                 sequences(middles),
                 "both stand for every middle stage (capture every stage with --roles pipeline)",
             )
+
+
+def _where(layout, base: int, other: int) -> str:
+    """Where ``other`` stands apart from ``base`` on the mesh: 'at cp 1 of 2, ep 3 of 4'."""
+    a, b = layout.fine_coords(base), layout.fine_coords(other)
+    apart = [
+        f"{axis} {b[axis]} of {layout.degree(axis)}" for axis in layout.stage_axes() if a[axis] != b[axis]
+    ]
+    return "at " + ", ".join(apart) if apart else "at the same place"
 
 
 def _received_values(capture_dir, layout) -> dict[str, str]:

@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from prism.capture.cli import app as capture_app
+from prism.graph.build.cli import app as build_app
 from prism.graph.io.reader import read_metadata
 from prism.graph.sim.cli import app as simulate_app
 from prism.graph.sim.folded import load_folded
@@ -23,6 +24,7 @@ from prism.graph.sim.predict import predict
 from prism.graph.sim.simulate import simulate
 from prism.schemas import graph_format as gf
 from prism.schemas.layout import ParallelLayout
+from prism.schemas.manifest import read_manifest
 from tests.integration.programs import captured_and_built, replayed
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -166,3 +168,35 @@ def test_context_parallel_at_8192_ranks_gathers_on_its_cp_groups_and_replays(tmp
     expected = {("cp", "all_gather"): 4, ("cp", "reduce_scatter"): 4, ("world", "all_reduce"): 8192}
     assert kinds.to_dict() == expected
     assert abs(replayed(graph, 4097, CP_PROGRAM, out=tmp_path / "replay").mem_err_pct) < 0.1
+
+
+PROGRAMS = Path(__file__).resolve().parents[1] / "data" / "programs"
+
+
+def test_axis_ends_finds_a_context_parallel_rank_that_calls_differently(tmp_path: Path) -> None:
+    # The first slice's ranks log the loss over their dp group; the others never call it. Captured
+    # with the last rank of every axis, the build names the rank and the axis instead of giving
+    # every rank of the stage rank 0's calls.
+    capture = tmp_path / "cap"
+    result = runner.invoke(
+        capture_app,
+        ["--dp", "4", "--cp", "2", "--roles", "axis-ends", "--warmup", "3", "--iterations", "2", "-o", str(capture),
+         "--", str(PROGRAMS / "cp_logged_loss.py"), "--cp", "2", "--steps", "10"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert sorted(r.rank for r in read_manifest(capture).ranks) == [0, 1, 6]  # first, cp's end, dp's end
+    result = runner.invoke(build_app, [str(capture), "-o", str(tmp_path / "g.parquet")])
+    assert result.exit_code == 2
+    assert (
+        "ranks 0 and 1 both run pipeline stage 0 (rank 1 at cp 1 of 2), but their calls differ"
+        in result.output
+    )
+    assert not (tmp_path / "g.parquet").exists()
+
+
+def test_axis_ends_of_an_expert_parallel_program_that_routes_alike_build(tmp_path: Path) -> None:
+    layout = ("--dp", "8", "--ep", "4", "--roles", "axis-ends")
+    program = (str(EXAMPLES / "moe.py"), "--ep", "4", "--steps", "50", "--hidden", "32", "--vocab", "64")
+    capture, _ = captured_and_built(tmp_path / "cap", layout, program)  # built and valid
+    # The ends of dp, expert dp and ep, each routing its own tokens: the same calls as rank 0.
+    assert sorted(r.rank for r in read_manifest(capture).ranks) == [0, 3, 4, 7]

@@ -239,3 +239,37 @@ def test_expert_parallel_without_hsdp_folds_along_its_expert_data_parallel_index
     assert ParallelLayout(tp=4, pp=1, dp=8, ep=2).fold_axis is None
     # Pipeline stages between tp and dp in the rank order: a block is no stride of ranks.
     assert ParallelLayout(tp=2, pp=2, dp=8, ep=4, order="tp-pp-dp").fold_axis is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(meshes())
+def test_a_ranks_place_on_one_axis_is_the_brute_force_one(layout: ParallelLayout) -> None:
+    # rank_on_axis(stage, axis, i): of the stage's ranks, the one at i on the axis and at 0 on
+    # every other axis of its system; axis_ends: the last such rank of each axis of > 1 rank.
+    for stage in {0, layout.pp - 1}:
+        for axis in layout.stage_axes():
+            system = EXPERT_AXES if axis in ("edp", "ep", "etp") else DENSE_AXES
+            for index in range(layout.degree(axis)):
+                found = [
+                    r
+                    for r in range(layout.world_size)
+                    if all(layout.fine_coords(r)[a] == {"pp": stage, axis: index}.get(a, 0) for a in system)
+                ]
+                assert found == [layout.rank_on_axis(stage, axis, index)]
+        ends = layout.axis_ends(stage)
+        assert set(ends) == {a for a in layout.stage_axes() if layout.degree(a) > 1}
+        assert all(layout.fine_coords(r)[a] == layout.degree(a) - 1 for a, r in ends.items())
+    with pytest.raises(LayoutError, match="not an axis within a pipeline stage"):
+        layout.rank_on_axis(0, "pp", 0)
+
+
+def test_axis_ends_captures_each_stages_first_rank_and_its_last_on_every_axis() -> None:
+    from prism.capture.runner import ProgramRoles, program_ranks
+
+    layout = ParallelLayout(tp=2, pp=2, dp=4, cp=2, ep=4)
+    assert program_ranks(layout, ProgramRoles.PIPELINE) == (0, layout.rank(tp=0, dp=0, pp=1))
+    ranks = program_ranks(layout, ProgramRoles.AXIS_ENDS)
+    assert len(ranks) == len(set(ranks))  # dp_shard's end can be edp's: captured once
+    for stage in (0, 1):
+        first = layout.rank(tp=0, dp=0, pp=stage)
+        assert {first, *layout.axis_ends(stage).values()} == {r for r in ranks if layout.stage(r) == stage}
