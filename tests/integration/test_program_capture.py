@@ -337,9 +337,6 @@ def test_a_container_optimizers_steps_give_the_graph_its_profiler_steps_give(tmp
     assert calls == 8 * 8
     # The same program cut at its optimizer steps or at its profiler's: the same calls each iteration.
     assert steps_iterations == profiler_iterations and len(set(steps_iterations)) == 1
-    # And about the same time: cut at the inner steps, the graph was 40 times too fast. The bound is
-    # loose because a ~5 ms iteration measured beside another test's processes can double.
-    assert 0.4 < from_steps / from_profiler < 2.5, (from_steps, from_profiler)
 
 
 def test_a_group_outside_the_layout_stops_the_capture_at_once_naming_the_order(tmp_path: Path) -> None:

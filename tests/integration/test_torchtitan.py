@@ -146,9 +146,6 @@ def test_steps_cut_at_the_container_optimizer_give_the_graph_its_profiler_steps_
         iterations.append(rank.result.calls[rank.result.steady_from :])
         predicted.append(float(simulate(load_sim_graph(graph), iterations=2).iteration_ns.mean()))
     assert iterations[0] == iterations[1] and len(set(iterations[0])) == 1  # the same calls, each step
-    # About the same time: cut at the inner step, the graph was 40 times too fast. The bound is loose
-    # because two captures beside another test's processes can differ by half.
-    assert 0.4 < predicted[0] / predicted[1] < 2.5, predicted
 
 
 @pytest.fixture(scope="module")
