@@ -317,10 +317,7 @@ def stage_holdings(
     stages = []
     for s in range(cfg.pp):
         parameters, beyond = recorded[layout.role_of_stage(s)]
-        try:
-            target = stage_parameters(parameters, cfg.stage_layers(s))
-        except TemplateError as e:
-            raise BuildError(str(e)) from e
+        target = stage_parameters(parameters, cfg.stage_layers(s))  # build_graph names a TemplateError
         stages.append(holding(target, data_parallel=cfg.dp > 1, beyond_bytes=beyond))
     return stages, held
 
