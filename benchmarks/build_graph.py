@@ -23,8 +23,8 @@ from rich.console import Console
 from rich.table import Table
 
 from prism.capture.runner import CaptureOptions, run_capture
+from prism.capture.workloads.gpt.config import GPTConfig
 from prism.graph.io.parquet import read_metadata, read_rank
-from prism.schemas.workload import GPTConfig
 
 
 def build_once(capture: Path, out: Path, dp: int) -> tuple[float, int]:

@@ -28,11 +28,11 @@ from rich.table import Table
 from prism.capture import annotate
 from prism.capture.phase_timer import PhaseTimer
 from prism.capture.runner import CaptureOptions, RealMode, run_capture
+from prism.capture.workloads.gpt.config import INT_FIELDS, GPTConfig
 from prism.graph.traces.kineto import find_marks, read_kineto
 from prism.schemas.annotations import Mark, Phase, is_block
 from prism.schemas.iterations import MIN_WARMUP, clean_unprofiled
 from prism.schemas.manifest import CaptureFiles
-from prism.schemas.workload import INT_FIELDS, GPTConfig
 
 
 def parse_args() -> tuple[argparse.Namespace, GPTConfig]:

@@ -31,13 +31,13 @@ from rich.console import Console
 from rich.table import Table
 
 from prism.capture.runner import CaptureOptions, run_capture
+from prism.capture.workloads.gpt.config import GPTConfig
 from prism.graph.build.builder import MEMORY_BASE_BYTES, SIMULATE_BYTES_PER_NODE
 from prism.graph.io.parquet import GraphReader
 from prism.graph.io.parts import graph_bytes, remove_graph
 from prism.graph.io.reader import read_metadata
 from prism.graph.sim.folded import recorded_replicas
 from prism.schemas.layout import ParallelLayout
-from prism.schemas.workload import GPTConfig
 
 _PEAK = """\
 import resource, subprocess, sys

@@ -21,9 +21,9 @@ from rich.console import Console
 from rich.table import Table
 
 from prism.capture.runner import CaptureOptions, run_capture
+from prism.capture.workloads.gpt.config import GPTConfig
 from prism.graph.build.builder import BuildOptions, build_graph
 from prism.schemas.cluster import preset
-from prism.schemas.workload import GPTConfig
 
 CHILD = """
 import json, resource, sys, time

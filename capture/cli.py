@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import statistics
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
@@ -15,6 +15,7 @@ from rich.console import Console
 from prism.capture.preflight import CaptureError
 from prism.capture.progress import RankProgress
 from prism.capture.runner import CaptureHooks, CaptureOptions, ProgramRoles, RealMode, run_capture
+from prism.capture.workloads.gpt.config import ConfigError, GPTConfig
 from prism.schemas import cli_help
 from prism.schemas.cli_command import PrismCommand
 from prism.schemas.cluster import ClusterSpec, ClusterSpecError
@@ -26,7 +27,6 @@ from prism.schemas.manifest import CaptureFiles, CaptureManifest
 from prism.schemas.program import ProgramError, ProgramSpec
 from prism.schemas.terminal import Table
 from prism.schemas.termination import stop_on_termination
-from prism.schemas.workload import ConfigError, GPTConfig
 
 app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=False)
 console = Console(stderr=True)
@@ -220,7 +220,7 @@ def capture(
                 micro_batch_size=micro_batch_size, microbatches=microbatches, tp=layout.tp, pp=layout.pp, dp=layout.dp, dtype=dtype,
                 device=device, seed=seed, grad_bucket_mb=grad_bucket_mb,
             )  # fmt: skip
-            job, what = {"config": config}, f"model {model_line(config)}"
+            job, what = {"config": config}, f"model {model_line(config.to_dict())}"
         options = CaptureOptions(
             **job, ranks=parse_ranks(ranks), roles=roles, out_dir=out, real=real, warmup=warmup, iterations=iterations,
             threads=threads, overwrite=overwrite, rank_timeout_s=rank_timeout,
@@ -278,7 +278,9 @@ def reported(hooks: ConsoleHooks, *errors: type[Exception]) -> Iterator[None]:
         raise typer.Exit(130) from None
 
 
-def model_line(c: GPTConfig) -> str:
+def model_line(record: Mapping) -> str:
+    """The built-in GPT's model, from its settings record, on one line."""
+    c = GPTConfig.from_dict(dict(record))
     return (
         f"layers={c.layers} hidden={c.hidden} heads={c.heads} seq={c.seq_len} vocab={c.vocab} "
         f"mbs={c.micro_batch_size} microbatches={c.microbatches} {c.dtype} on {c.device}"

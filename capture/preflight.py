@@ -9,10 +9,10 @@ from pathlib import Path
 import psutil
 import torch
 
+from prism.capture.workloads.gpt.config import GPTConfig
 from prism.capture.workloads.gpt.params import stage_parameter_numels
 from prism.schemas.layout import ParallelLayout
 from prism.schemas.program import ProgramSpec
-from prism.schemas.workload import GPTConfig
 
 # A CPU rank process (torch + gloo + profiler) costs this much beyond its tensors.
 PROCESS_OVERHEAD_BYTES = 400 * 2**20

@@ -27,7 +27,8 @@ from prism.capture.launch import parse_rank_args
 from prism.capture.phase_timer import BlockSpan, PhaseTimer, block_wall_ns, own_phase_ns
 from prism.capture.profiling import ProfileSpec, profiled
 from prism.capture.progress import report
-from prism.capture.workloads.gpt import GPTWorkload
+from prism.capture.workloads.gpt.config import GPTConfig
+from prism.capture.workloads.gpt.train import GPTWorkload
 from prism.peers.backend import BACKEND_NAME, VirtualWorld, activate, current_comm_log, rendezvous_store
 from prism.peers.clock import CommClock, capture_clock
 from prism.peers.host_work import host_work_of
@@ -50,7 +51,7 @@ def layout_labeler(layout: ParallelLayout):
 
 
 def _init_distributed(job: RankJob, rank: int, clock: CommClock) -> None:
-    layout = job.config.layout
+    layout = job.layout
     world = VirtualWorld(
         real_ranks=job.real_ranks_for(rank),
         clock=clock,
@@ -136,7 +137,7 @@ def _train(workload: GPTWorkload, job: RankJob, rank: int, spec: ProfileSpec, cl
     try:
         with profiled(spec) as prof:
             for it in range(total):
-                if it == job.warmup and job.config.device == "cuda":
+                if it == job.warmup and job.device == "cuda":
                     # What the device holds between iterations: the model's state and what CUDA
                     # libraries keep in the allocator (cuBLAS workspaces), which no model counts.
                     timings.static_bytes = torch.cuda.memory_allocated()
@@ -168,17 +169,17 @@ def run_rank(job: RankJob, rank: int, out_dir: Path, *, clock: CommClock | None 
     started = time.perf_counter()
     clock = clock or capture_clock(job)
     torch.set_num_threads(job.threads)
-    if job.config.device == "cuda":
+    if job.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     _init_distributed(job, rank, clock)
     files = CaptureFiles(out_dir)
-    workload = GPTWorkload(job.config)
+    workload = GPTWorkload(GPTConfig.from_dict(job.config))
     spec = ProfileSpec(
         warmup=job.warmup,
         iterations=job.iterations,
         kineto_path=files.kineto(rank),
         et_path=files.et(rank),
-        cuda=job.config.device == "cuda",
+        cuda=job.device == "cuda",
     )
     timings = _train(workload, job, rank, spec, clock)
     return record_rank(

@@ -33,6 +33,7 @@ from prism.capture.preflight import (
     check_ranks,
 )
 from prism.capture.value_pass import needs_value_pass, value_pass_ranks
+from prism.capture.workloads.gpt.config import GPTConfig
 from prism.schemas import PRISM_VERSION
 from prism.schemas.cluster import ClusterSpec
 from prism.schemas.comm_log import read_comm_log
@@ -57,7 +58,6 @@ from prism.schemas.manifest import (
     write_manifest,
 )
 from prism.schemas.program import ProgramSpec
-from prism.schemas.workload import GPTConfig
 
 
 class RealMode(enum.StrEnum):
@@ -213,7 +213,7 @@ def _job(options: CaptureOptions) -> RankJob:
     # Roles run alone (empty tuple: only the rank itself is real); --real all runs every rank.
     return RankJob(
         workload=GPT if options.program is None else PROGRAM,
-        config=options.config,
+        config=None if options.config is None else options.config.to_dict(),
         program=options.program,
         real_ranks=None if options.real == RealMode.ALL else (),
         warmup=options.warmup,

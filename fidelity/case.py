@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prism.capture.workloads.gpt.config import GPTConfig
 from prism.fidelity.cases import case_label
 from prism.fidelity.compare import breakdown_rows, paired_records
 from prism.fidelity.explain import summarize_latencies
@@ -22,7 +23,6 @@ from prism.fidelity.measure import (
 )
 from prism.graph.comm.call_latency import capture_latencies
 from prism.schemas.cluster import ClusterSpec
-from prism.schemas.workload import GPTConfig
 
 Progress = Callable[[str], None]
 

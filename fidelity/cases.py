@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from prism.schemas.workload import ConfigError, GPTConfig
+from prism.capture.workloads.gpt.config import ConfigError, GPTConfig
 
 ALIASES = {"seq": "seq_len", "mbs": "micro_batch_size", "ffn": "ffn_hidden"}
 _SHORT = {v: k for k, v in ALIASES.items()}

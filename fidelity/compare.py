@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from prism.capture.workloads.gpt.config import GPTConfig
 from prism.fidelity.measure import RankRun
-from prism.schemas.workload import GPTConfig
 
 
 def _err_pct(pred: float, real: float) -> float:

@@ -33,12 +33,12 @@ from pathlib import Path
 
 from prism.capture.launch import rank_command
 from prism.capture.runner import CaptureHooks
+from prism.capture.workloads.gpt.config import GPTConfig
 from prism.schemas.cluster import ClusterSpec
 from prism.schemas.layout import Role
 from prism.schemas.manifest import GPT, PROGRAM, CaptureFiles, RankJob
 from prism.schemas.program import ProgramSpec
 from prism.schemas.replay import ReplayJob
-from prism.schemas.workload import GPTConfig
 
 _OUTLAST = 20
 """Load ranks run this many times the slice's profiled iterations (killed when the batch ends)."""
@@ -76,7 +76,7 @@ class MatchedLoad(CaptureHooks):
         else:
             job = RankJob(
                 workload=GPT,
-                config=config,
+                config=config.to_dict(),
                 real_ranks=(),
                 warmup=warmup,
                 # Outlast the batch (it is killed when the batch ends): a load rank that is faster

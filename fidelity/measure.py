@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from prism.capture.runner import CaptureOptions, RealMode, run_capture
+from prism.capture.workloads.gpt.config import GPTConfig
 from prism.capture.workloads.gpt.params import static_bytes
 from prism.fidelity.explain import (
     decompose,
@@ -37,7 +38,6 @@ from prism.schemas.iterations import MIN_WARMUP, clean_unprofiled
 from prism.schemas.manifest import CaptureFiles, CaptureManifest, RankResult
 from prism.schemas.program import ProgramSpec
 from prism.schemas.replay import RankReport, ReplayFiles, read_replay_stats
-from prism.schemas.workload import GPTConfig
 
 T = TypeVar("T")
 

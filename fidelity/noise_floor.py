@@ -16,12 +16,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from prism.capture.workloads.gpt.config import GPTConfig
 from prism.fidelity.case import Progress, repeat_dir
 from prism.fidelity.cases import case_label
 from prism.fidelity.compare import paired_records
 from prism.fidelity.measure import RankRun, RunSettings, bracketed, measure_real
 from prism.fidelity.program_case import ProgramCase, measure_real_program
-from prism.schemas.workload import GPTConfig
 
 FLOOR = "floor"
 """The records' source: a second real run standing where the prediction stands."""

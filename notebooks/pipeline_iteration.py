@@ -39,7 +39,7 @@ from prism.graph.sim.metrics import breakdown, critical_path
 from prism.graph.sim.simulate import simulate
 from prism.graph.sim.load import graph_column, load_sim_graph
 from prism.schemas.cluster import preset
-from prism.schemas.workload import GPTConfig
+from prism.capture.workloads.gpt.config import GPTConfig
 
 FIGURES = Path(os.environ.get("PRISM_FIGURES", "figures"))
 FIGURES.mkdir(parents=True, exist_ok=True)

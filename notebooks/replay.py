@@ -39,7 +39,7 @@ from prism.replay.runtime import ReplayOptions, run_replay
 from prism.schemas.annotations import BLOCK_PHASES, try_parse_mark
 from prism.schemas.cluster import preset
 from prism.schemas.replay import ReplayFiles
-from prism.schemas.workload import GPTConfig
+from prism.capture.workloads.gpt.config import GPTConfig
 
 FIGURES = Path(os.environ.get("PRISM_FIGURES", "figures"))
 FIGURES.mkdir(parents=True, exist_ok=True)

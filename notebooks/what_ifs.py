@@ -38,7 +38,7 @@ from prism.graph.sim.simulate import simulate
 from prism.graph.sim.load import load_sim_graph
 from prism.graph.sim.whatif import SlowRank, WhatIf, apply_what_if
 from prism.schemas.cluster import preset
-from prism.schemas.workload import GPTConfig
+from prism.capture.workloads.gpt.config import GPTConfig
 
 FIGURES = Path(os.environ.get("PRISM_FIGURES", "figures"))
 FIGURES.mkdir(parents=True, exist_ok=True)

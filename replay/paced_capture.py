@@ -47,11 +47,11 @@ from prism.schemas.manifest import (
     RankJob,
     write_manifest,
 )
-from prism.schemas.workload import GPTConfig
+from prism.schemas.workload import RecordError, record_device, record_layout
 
 
-def paced_config(graph: Path) -> GPTConfig:
-    """The job of ``graph`` (the model and layout a paced capture of it runs)."""
+def paced_config(graph: Path) -> dict:
+    """The built-in workload's record of ``graph`` (the model and layout a paced capture of it runs)."""
     try:
         model = read_metadata(graph).model
     except (GraphFormatError, ValueError, OSError) as e:
@@ -60,7 +60,11 @@ def paced_config(graph: Path) -> GPTConfig:
         raise CaptureError(
             f"{graph} is the graph of your own program; paced captures are of the built-in GPT only so far"
         )
-    return GPTConfig.from_dict(model)
+    try:
+        record_layout(model), record_device(model)
+    except (RecordError, ValueError) as e:
+        raise CaptureError(f"{graph}: {str(e).splitlines()[0]}") from None
+    return dict(model)
 
 
 def run_paced_capture(
@@ -82,7 +86,8 @@ def run_paced_capture(
     check_output(out_dir, overwrite=overwrite)
     started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     t0 = time.perf_counter()
-    roles = config.layout.roles()
+    layout = record_layout(config)
+    roles = layout.roles()
     ranks = tuple(sorted(roles.values()))
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.paced-", dir=out_dir.parent))
@@ -104,13 +109,13 @@ def run_paced_capture(
         )
         write_json_atomic(CaptureFiles(run).job, job.to_dict())
         manifest = CaptureManifest(
-            layout=config.layout,
+            layout=layout,
             mode=PACED_MODE,
             job=job,
-            ranks=tuple(captured_rank(run, r, config.layout) for r in ranks),
+            ranks=tuple(captured_rank(run, r, layout) for r in ranks),
             rerun_command=rerun_command_template(),
             torch_version=torch.__version__,
-            device=device_name(config.device),
+            device=device_name(record_device(config)),
             host=socket.gethostname(),
             started_at=started_at,
             wall_s=round(time.perf_counter() - t0, 3),

@@ -16,6 +16,7 @@ from prism.schemas import cli_help
 from prism.schemas.cli_command import PrismCommand
 from prism.schemas.iterations import DEFAULT_WARMUP
 from prism.schemas.termination import stop_on_termination
+from prism.schemas.workload import record_layout
 
 app = typer.Typer(add_completion=False, help=__doc__)
 
@@ -39,7 +40,7 @@ def capture_paced(
     with reported(hooks, CaptureError, ReplayInputError, ReplayDiverged):
         config = paced_config(graph)
         console.print(
-            f"[bold]prism-capture-paced[/] {config.layout} paced by {graph}, model {model_line(config)}"
+            f"[bold]prism-capture-paced[/] {record_layout(config)} paced by {graph}, model {model_line(config)}"
         )
         manifest = run_paced_capture(
             graph, out, warmup=warmup, iterations=iterations, threads=threads, overwrite=overwrite,

@@ -61,7 +61,6 @@ from prism.schemas.replay import (
     ReplayReport,
     read_replay_stats,
 )
-from prism.schemas.workload import GPTConfig
 
 Progress = Callable[[dict], None]
 
@@ -161,9 +160,9 @@ def check_inputs(options: ReplayOptions) -> ReplayTarget:
             raise ReplayInputError(
                 f"the graph's program is the {workload!r} workload; prism-replay runs 'gpt'"
             )
-        config = GPTConfig.from_dict(metadata.model)
+        config = dict(metadata.model)  # the built-in workload's record, read by the workload alone
         if options.device is not None:
-            config = replace(config, device=options.device)
+            config["device"] = options.device
         job = RankJob(workload=GPT, config=config, real_ranks=(), warmup=options.warmup,
                       iterations=options.iterations, threads=options.threads)  # fmt: skip
     world = layout.world_size

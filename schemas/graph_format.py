@@ -41,8 +41,9 @@ PROGRAM_KEY = "program"
 TIME_SCALE_KEY = "time_scale"
 """Key of ``GraphMetadata.extra``: the profiler correction applied to each captured rank, or None."""
 STATIC_BYTES_KEY = "stage_static_bytes"
-"""Key of ``GraphMetadata.extra`` for a program's graph: bytes a rank of each stage holds across
-iterations, measured at capture (the built-in GPT's are computed from its model)."""
+"""Key of ``GraphMetadata.extra``: bytes a rank of each stage holds across iterations, measured at
+capture (a program's) or from the parameters its role's captured rank held (a graph of other layers
+than the captured ones: ``prism.graph.build.retarget``)."""
 STEADY_FROM_KEY = "steady_from"
 """Key of ``GraphMetadata.extra`` for a program's graph: the first iteration from which the
 program's calls are the graph's (the latest over its captured ranks; before it, set-up and
@@ -185,7 +186,8 @@ class GraphMetadata:
     layout: dict
     """Target layout: tp, pp, dp, order."""
     model: dict
-    """Workload of the target job: the built-in GPT's GPTConfig fields, or ``{"program": ProgramSpec}``."""
+    """Workload of the target job: the built-in workload's record at the target's shape
+    (``prism.schemas.workload``), or ``{"program": ProgramSpec}``."""
     cluster: dict
     """Cluster spec the comm durations were computed with."""
     capture_digest: str

@@ -22,6 +22,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from prism.schemas.checked import check_fields
 from prism.schemas.cluster import ClusterSpec
@@ -29,7 +30,7 @@ from prism.schemas.files import write_json_atomic
 from prism.schemas.held_parameters import HeldParameters
 from prism.schemas.layout import ParallelLayout, Role
 from prism.schemas.program import ProgramSpec
-from prism.schemas.workload import GPTConfig
+from prism.schemas.workload import RecordError, record_device, record_layout
 
 SCHEMA = "prism.capture_manifest"
 VERSION = 2
@@ -104,9 +105,9 @@ class RankJob:
 
     workload: str
     """'gpt' (the built-in workload, ``config``) or 'program' (the user's own, ``program``)."""
-    config: GPTConfig | None = None
-    """The built-in GPT's model and target layout: every real rank gets the per-rank shapes of
-    this job. None for a program."""
+    config: Mapping[str, Any] | None = field(default=None, hash=False)
+    """The built-in workload's settings record (``prism.schemas.workload``: the model and the
+    target layout; every real rank gets the per-rank shapes of this job). None for a program."""
     program: ProgramSpec | None = None
     """The user's program and its target layout; None for the built-in GPT."""
     real_ranks: tuple[int, ...] | None
@@ -118,18 +119,23 @@ class RankJob:
             self.program is None
         ):
             raise ManifestError(
-                f"a {self.workload!r} job needs exactly its own settings (GPT config or program)"
+                f"a {self.workload!r} job needs exactly its own settings (workload record or program)"
             )
+        if self.config is not None:
+            try:
+                record_layout(self.config), record_device(self.config)
+            except (RecordError, ValueError) as e:
+                raise ManifestError(str(e).splitlines()[0]) from None
 
     @property
     def layout(self) -> ParallelLayout:
         """The target layout."""
-        return self.program.layout if self.program is not None else self.config.layout
+        return self.program.layout if self.program is not None else record_layout(self.config)
 
     @property
     def device(self) -> str:
         """'cpu' or 'cuda'."""
-        return self.program.device if self.program is not None else self.config.device
+        return self.program.device if self.program is not None else record_device(self.config)
 
     def real_ranks_for(self, rank: int) -> frozenset[int] | None:
         """The real ranks seen by the process that runs ``rank``."""
@@ -158,7 +164,7 @@ class RankJob:
     def to_dict(self) -> dict:
         data = asdict(replace(self, hold_calls=None))  # a spec's tables are read-only mappings
         data["hold_calls"] = None if self.hold_calls is None else self.hold_calls.to_dict()
-        data["config"] = None if self.config is None else self.config.to_dict()
+        data["config"] = None if self.config is None else dict(self.config)
         data["program"] = None if self.program is None else self.program.to_dict()
         data["host_ns_per_byte"] = dict(self.host_ns_per_byte)
         return data
@@ -169,7 +175,7 @@ class RankJob:
         config, program = data.get("config"), data.get("program")
         return cls(
             workload=data["workload"],
-            config=None if config is None else GPTConfig.from_dict(config),
+            config=None if config is None else dict(config),
             program=None if program is None else ProgramSpec.from_dict(program),
             real_ranks=None if real is None else tuple(real),
             warmup=int(data["warmup"]),

@@ -25,6 +25,7 @@ from prism.graph.build.profiler_overhead import (
 )
 from prism.graph.build.program_graph import program_stages
 from prism.graph.build.retarget import StageHolding, holding, stage_parameters
+from prism.graph.build.shape import PipelineShape, ShapeError
 from prism.graph.build.templates import (
     GRAD_SYNC,
     OPTIM,
@@ -51,7 +52,7 @@ from prism.schemas.held_parameters import HeldParameters
 from prism.schemas.layout import ParallelLayout, Role
 from prism.schemas.layout_options import DEGREES, flag, given_differs
 from prism.schemas.manifest import PACED_MODE, CaptureFiles, CaptureManifest, ManifestError, read_manifest
-from prism.schemas.workload import ConfigError, GPTConfig
+from prism.schemas.workload import reshaped
 
 ProgressCallback = Callable[[int, int], None]
 """Called with (ranks written, total ranks)."""
@@ -108,8 +109,6 @@ class BuildOptions:
 class BuildResult:
     """What was built."""
 
-    config: GPTConfig | None
-    """Target job of the built-in GPT; None for a program's graph."""
     metadata: GraphMetadata
     """File metadata written."""
     report: ValidationReport
@@ -127,7 +126,9 @@ class BuildResult:
         return self.metadata.extra.get(gf.TIME_SCALE_KEY)
 
 
-def target_config(captured: GPTConfig, options: BuildOptions) -> GPTConfig:
+def target_shape(record: dict, options: BuildOptions) -> PipelineShape:
+    """The shape of the built-in workload's graph: its captured record's, with the options'."""
+    captured = PipelineShape.of_record(record)
     if options.tp is not None and options.tp != captured.tp:
         raise BuildError(
             f"--tp {options.tp} differs from the capture's tp={captured.tp}: per-rank shapes depend on tp, "
@@ -136,19 +137,11 @@ def target_config(captured: GPTConfig, options: BuildOptions) -> GPTConfig:
     extra = [flag(n) for n in DEGREES if n not in ("tp", "pp", "dp") and getattr(options, n) not in (None, 1)]
     if extra:
         raise BuildError(f"the built-in GPT has tp, pp and dp only; {', '.join(extra)} are for programs")
+    given = {k: getattr(options, k) for k in ("pp", "dp", "microbatches", "layers")}
     try:
-        return replace(
-            captured,
-            pp=captured.pp if options.pp is None else options.pp,
-            dp=captured.dp if options.dp is None else options.dp,
-            microbatches=captured.microbatches if options.microbatches is None else options.microbatches,
-            layers=captured.layers if options.layers is None else options.layers,
-        )
-    except ConfigError as e:
+        return replace(captured, **{k: v for k, v in given.items() if v is not None})
+    except ShapeError as e:
         raise BuildError(f"target is inconsistent with the model: {e}") from e
-
-
-"""``GraphMetadata.extra`` key: the profiler correction of each captured rank, or None."""
 
 
 def load_templates(
@@ -165,7 +158,7 @@ def load_templates(
     not; by phase on CPU captures that timed their phases (``profiler_overhead``).
     """
     correct = profiler_correction != Correction.NONE
-    captured = manifest.job.config
+    captured = PipelineShape.of_record(manifest.job.config)
     templates, scales = {}, {}
     for role in sorted(roles):
         rank = manifest.rank_of_role(role)
@@ -236,16 +229,22 @@ def build_graph(options: BuildOptions, progress: ProgressCallback | None = None)
         raise BuildError(str(e)) from e
     if manifest.job.program is not None:
         return _build_program_graph(options, manifest, progress)
-    cfg = target_config(manifest.job.config, options)
-    layout = cfg.layout
+    try:
+        shape, captured = (
+            target_shape(manifest.job.config, options),
+            PipelineShape.of_record(manifest.job.config),
+        )
+    except ShapeError as e:
+        raise BuildError(f"the capture's workload record: {e}") from e
+    layout = shape.layout
     try:
         templates, scales = load_templates(
             options.capture_dir,
             manifest,
-            {layout.role_of_stage(s) for s in range(cfg.pp)},
+            {layout.role_of_stage(s) for s in range(shape.pp)},
             profiler_correction=options.profiler_correction,
         )
-        holdings, captured_holdings = stage_holdings(manifest, cfg)
+        holdings, captured_holdings = stage_holdings(manifest, shape)
         stages = []
         for s, held in enumerate(holdings):
             role = layout.role_of_stage(s)
@@ -256,9 +255,7 @@ def build_graph(options: BuildOptions, progress: ProgressCallback | None = None)
             )
             stages.append(
                 encode_program(
-                    compose_stage(
-                        templates[role], cfg=cfg, captured=manifest.job.config, stage=s, buckets=buckets
-                    ),
+                    compose_stage(templates[role], shape=shape, captured=captured, stage=s, buckets=buckets),
                     layout,
                 )
             )
@@ -266,17 +263,15 @@ def build_graph(options: BuildOptions, progress: ProgressCallback | None = None)
         raise BuildError(str(e)) from e
     metadata = GraphMetadata(
         layout=layout.to_dict(),
-        model=cfg.to_dict(),
+        model=reshaped(manifest.job.config, pp=shape.pp, dp=shape.dp, microbatches=shape.microbatches, layers=shape.layers),
         cluster=_priced_cluster(options.cluster, manifest),
         capture_digest=_digest(options.capture_dir),
-        build_options={"microbatches": cfg.microbatches, "layers": cfg.layers, "ranks_per_row_group": _row_group_ranks(options)},
+        build_options={"microbatches": shape.microbatches, "layers": shape.layers, "ranks_per_row_group": _row_group_ranks(options)},
         prism_version=PRISM_VERSION,
         extra={gf.TIME_SCALE_KEY: scales, gf.STATIC_BYTES_KEY: [h.static_bytes for h in holdings]},
     )  # fmt: skip
     metadata, report = _checked_write(options, metadata, stages, layout, progress)
-    return BuildResult(
-        config=cfg, metadata=metadata, report=report, warnings=_warnings(stages, layout, options)
-    )
+    return BuildResult(metadata=metadata, report=report, warnings=_warnings(stages, layout, options))
 
 
 def _priced_cluster(spec: ClusterSpec, manifest: CaptureManifest) -> dict:
@@ -293,16 +288,16 @@ def _warnings(stages: list, layout: ParallelLayout, options: BuildOptions) -> tu
 
 
 def stage_holdings(
-    manifest: CaptureManifest, cfg: GPTConfig
+    manifest: CaptureManifest, shape: PipelineShape
 ) -> tuple[list[StageHolding], dict[Role, StageHolding]]:
     """What every rank of each target stage holds (``retarget``), and what the captured rank of
     each role held, from the parameters the capture recorded; on CUDA with what the captured
     rank's device held beyond them (CUDA libraries' buffers, cuBLAS workspaces, kept in the same
     allocator)."""
-    layout, captured = cfg.layout, manifest.job.config
+    layout, captured = shape.layout, manifest.job.layout
     recorded: dict[Role, tuple[HeldParameters, int]] = {}
     held: dict[Role, StageHolding] = {}
-    for role in {layout.role_of_stage(s) for s in range(cfg.pp)}:
+    for role in {layout.role_of_stage(s) for s in range(shape.pp)}:
         rank = manifest.rank_of_role(role)
         if rank.result.parameters is None:
             raise BuildError(
@@ -315,10 +310,10 @@ def stage_holdings(
             0 if measured is None else measured - held[role].static_bytes,
         )
     stages = []
-    for s in range(cfg.pp):
+    for s in range(shape.pp):
         parameters, beyond = recorded[layout.role_of_stage(s)]
-        target = stage_parameters(parameters, cfg.stage_layers(s))  # build_graph names a TemplateError
-        stages.append(holding(target, data_parallel=cfg.dp > 1, beyond_bytes=beyond))
+        target = stage_parameters(parameters, shape.stage_layers(s))  # build_graph names a TemplateError
+        stages.append(holding(target, data_parallel=shape.dp > 1, beyond_bytes=beyond))
     return stages, held
 
 
@@ -342,9 +337,7 @@ def _build_program_graph(options: BuildOptions, manifest: CaptureManifest, progr
     except TemplateError as e:
         raise BuildError(str(e)) from e
     metadata, report = _checked_write(options, built.metadata, built.stages, layout, progress)
-    return BuildResult(
-        config=None, metadata=metadata, report=report, warnings=_warnings(built.stages, layout, options)
-    )
+    return BuildResult(metadata=metadata, report=report, warnings=_warnings(built.stages, layout, options))
 
 
 def _checked_write(

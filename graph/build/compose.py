@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from prism.graph.build import op_table as ot
+from prism.graph.build.shape import PipelineShape
 from prism.graph.build.templates import (
     BWD,
     FWD,
@@ -34,7 +35,6 @@ from prism.schemas.annotations import Direction, Phase, block_kind
 from prism.schemas.grad_buckets import Bucket
 from prism.schemas.graph_format import POST_NAME, WAIT_NAME
 from prism.schemas.pipeline_schedule import Action, Step, one_f_one_b
-from prism.schemas.workload import GPTConfig
 
 # Rank-independent columns of a stage program.
 MB, LAYER, GSEQ, P2P_DIR, P2P_SEQ, DEPS, IS_WAIT, SKEW, IDLE, OVERLAP = (
@@ -184,7 +184,7 @@ class GradBuckets:
 
 
 def _rescale_grad_sync(
-    units: pd.DataFrame, buckets: GradBuckets, cfg: GPTConfig, captured: GPTConfig
+    units: pd.DataFrame, buckets: GradBuckets, shape: PipelineShape, captured: PipelineShape
 ) -> pd.DataFrame:
     """The captured gradient sync re-planned for the target's buckets.
 
@@ -194,12 +194,12 @@ def _rescale_grad_sync(
     """
     itemsize, target, source = buckets.itemsize, buckets.target, buckets.captured
     has_comm = bool((units[ot.IS_COMM] & (units[GROUP_AXIS] == "dp")).any())
-    if cfg.dp > 1 and not has_comm:
+    if shape.dp > 1 and not has_comm:
         raise TemplateError(
             f"the capture ran with dp={captured.dp}, so it holds no gradient all-reduce to extrapolate to "
-            f"dp={cfg.dp}; capture with dp >= 2"
+            f"dp={shape.dp}; capture with dp >= 2"
         )
-    if [b.numel for b in target] == [b.numel for b in source] and (cfg.dp > 1) == has_comm:
+    if [b.numel for b in target] == [b.numel for b in source] and (shape.dp > 1) == has_comm:
         return units
     bucket = units[ot.BUCKET].to_numpy()
     in_bucket = bucket >= 0
@@ -218,7 +218,7 @@ def _rescale_grad_sync(
     _scale_compute(tail, total_ratio)
     pieces.append(tail)
     out = pd.concat(pieces, ignore_index=True)
-    return out if cfg.dp > 1 else out[~out[ot.IS_COMM]].reset_index(drop=True)
+    return out if shape.dp > 1 else out[~out[ot.IS_COMM]].reset_index(drop=True)
 
 
 def _scale_compute(units: pd.DataFrame, ratio: float) -> None:
@@ -261,14 +261,14 @@ _DEFAULTS = {
 
 
 def compose_stage(
-    template: RoleTemplate, *, cfg: GPTConfig, captured: GPTConfig, stage: int, buckets: GradBuckets
+    template: RoleTemplate, *, shape: PipelineShape, captured: PipelineShape, stage: int, buckets: GradBuckets
 ) -> StageProgram:
-    """The program of every rank of target ``stage`` of ``cfg``, from a role's templates, its
+    """The program of every rank of target ``stage`` of ``shape`` (a role captured at ``captured``), from a role's templates, its
     gradient sync re-planned for the stage's ``buckets``."""
     program = _ProgramBuilder()
     program.add(_segment(template, PRE))
-    first_layer = cfg.stage_layers(stage).start
-    steps = one_f_one_b(stage=stage, stages=cfg.pp, microbatches=cfg.microbatches)
+    first_layer = shape.stage_layers(stage).start
+    steps = one_f_one_b(stage=stage, stages=shape.pp, microbatches=shape.microbatches)
     ran = one_f_one_b(stage=template.stage, stages=captured.pp, microbatches=captured.microbatches)
     for step, at in zip(steps, _instances(steps, ran), strict=True):
         kind = _STEP_KINDS[step.action]
@@ -279,20 +279,20 @@ def compose_stage(
             continue
         units = _segment(template, kind, step.mb, at)
         if kind in (FWD, BWD):
-            units = _expand_layers(units, first_layer, cfg.layers_per_stage)
+            units = _expand_layers(units, first_layer, shape.layers_per_stage)
         program.add(units)
     program.pending = []  # every transfer was waited for by the schedule's last WAIT
     # With dp = 1 the workload opens its grad-sync marks but runs nothing inside them.
-    no_sync = GRAD_SYNC not in template.segments and cfg.dp == 1
-    if GRAD_SYNC not in template.segments and cfg.dp > 1 and captured.dp == 1:
+    no_sync = GRAD_SYNC not in template.segments and shape.dp == 1
+    if GRAD_SYNC not in template.segments and shape.dp > 1 and captured.dp == 1:
         raise TemplateError(
-            f"the capture ran dp=1, so it has no gradient sync to scale to dp={cfg.dp}: capture at dp >= 2 "
+            f"the capture ran dp=1, so it has no gradient sync to scale to dp={shape.dp}: capture at dp >= 2 "
             "(the slice still runs one real rank per role)"
         )
     sync = (
         pd.DataFrame()
         if no_sync
-        else _rescale_grad_sync(_segment(template, GRAD_SYNC), buckets, cfg, captured)
+        else _rescale_grad_sync(_segment(template, GRAD_SYNC), buckets, shape, captured)
     )
     sync = _finish_columns(sync)
     is_async = (sync[ot.IS_COMM].astype(bool) & sync[ot.IS_ASYNC].astype(bool)).to_numpy(dtype=bool)
@@ -304,7 +304,7 @@ def compose_stage(
     program.add(_segment(template, OPTIM))
     program.add(_segment(template, POST))
     nodes = finish_nodes(program.pieces)
-    sizes = {"tp": cfg.tp, "dp": cfg.dp, "world": cfg.layout.world_size}
+    sizes = {"tp": shape.tp, "dp": shape.dp, "world": shape.layout.world_size}
     nodes[SKEW], nodes[IDLE], nodes[OVERLAP] = waiting_columns(
         nodes, sizes, template.noise_cv, template.call_jitter_ns
     )

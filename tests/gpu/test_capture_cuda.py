@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from prism.capture.runner import CaptureOptions, RealMode, run_capture
+from prism.capture.workloads.gpt.config import GPTConfig
 from prism.graph.build.builder import BuildOptions, build_graph
 from prism.graph.sim.load import load_sim_graph
 from prism.graph.sim.simulate import simulate
 from prism.schemas.cluster import preset
 from prism.schemas.comm_log import read_comm_log
 from prism.schemas.manifest import CaptureFiles, read_manifest
-from prism.schemas.workload import GPTConfig
 
 pytestmark = pytest.mark.gpu
 

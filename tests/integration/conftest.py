@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from prism.capture.runner import CaptureOptions, run_capture
+from prism.capture.workloads.gpt.config import GPTConfig
 from prism.graph.build.builder import BuildOptions, build_graph
 from prism.graph.build.from_traces import build_from_traces
 from prism.schemas.cluster import preset
-from prism.schemas.workload import GPTConfig
 
 GPU_TRACES = Path(__file__).resolve().parents[1] / "data" / "gpu_traces"
 FUZZ_CONFIG = GPTConfig(layers=2, hidden=32, heads=2, seq_len=16, vocab=128, microbatches=2, tp=1, pp=2, dp=2)

@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from prism.capture.runner import CaptureOptions, RealMode, run_capture
+from prism.capture.workloads.gpt.config import GPTConfig
 from prism.graph.build.builder import BuildError, BuildOptions, build_graph
 from prism.graph.build.cli import app
 from prism.graph.build.profiler_overhead import Correction
@@ -24,7 +25,6 @@ from prism.schemas.annotations import GLUE
 from prism.schemas.cluster import preset
 from prism.schemas.comm_log import read_comm_log
 from prism.schemas.manifest import CaptureFiles, read_manifest
-from prism.schemas.workload import GPTConfig
 
 pytestmark = pytest.mark.slow
 

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from prism.capture.runner import CaptureOptions, RealMode, run_capture
+from prism.capture.workloads.gpt.config import GPTConfig
 from prism.graph.comm.calibrate import CalibrationError, read_comm_logs
 from prism.graph.comm.call_latency import capture_latencies
 from prism.graph.traces.memory import iteration_memory
 from prism.schemas.comm_log import read_comm_log
 from prism.schemas.manifest import CaptureFiles, read_manifest
-from prism.schemas.workload import GPTConfig
 
 pytestmark = pytest.mark.slow
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from prism.capture.runner import CaptureOptions, run_capture
+from prism.capture.workloads.gpt.config import GPTConfig
 from prism.schemas.annotations import Direction, Part, Phase, try_parse_mark
 from prism.schemas.comm_log import read_comm_log
 from prism.schemas.layout import Role
 from prism.schemas.manifest import CaptureFiles, read_manifest
-from prism.schemas.workload import GPTConfig
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +46,7 @@ def test_manifest_names_one_rank_per_role(capture_dir: Path) -> None:
     assert manifest.layout.world_size == 8192
     assert {r.role: r.rank for r in manifest.ranks} == {Role.FIRST: 0, Role.MIDDLE: 512, Role.LAST: 7680}
     assert manifest.mode == "roles"
-    assert manifest.job.config == CONFIG
+    assert manifest.job.config == CONFIG.to_dict()
     assert "{rank}" in manifest.rerun_command and "prism.capture.rank_main" in manifest.rerun_command
     for r in manifest.ranks:
         assert len(r.result.iteration_ns) == WARMUP + ITERATIONS

@@ -238,9 +238,9 @@ def test_a_graph_built_for_a_job_larger_than_its_capture(spec_file: Path, tmp_pa
     (repeat,) = (tmp_path / "wd").glob("*/repeat0")
     # The slice ran the smaller job, the real run and the graph the case's own.
     slice_job = read_manifest(repeat / "slice").job.config
-    assert (slice_job.layers, slice_job.microbatches) == (6, 4)
+    assert (slice_job["layers"], slice_job["microbatches"]) == (6, 4)
     real_job = read_manifest(repeat / "real").job.config
-    assert (real_job.layers, real_job.microbatches) == (8, 8)
+    assert (real_job["layers"], real_job["microbatches"]) == (8, 8)
     model = read_metadata(repeat / "graph.parquet").model
     assert (model["layers"], model["microbatches"]) == (8, 8), model
     # The peak memory of layers and microbatches that never ran in the capture is the real run's.

@@ -20,9 +20,9 @@ import torch
 import torch.distributed as dist
 
 from prism.capture.launch import free_port
-from prism.capture.workloads.gpt import GPTWorkload
+from prism.capture.workloads.gpt.config import GPTConfig
+from prism.capture.workloads.gpt.train import GPTWorkload
 from prism.peers import BACKEND_NAME, FreeRunningClock, VirtualWorld, activate
-from prism.schemas.workload import GPTConfig
 
 pytestmark = pytest.mark.slow
 

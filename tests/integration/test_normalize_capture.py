@@ -9,11 +9,11 @@ import pandas as pd
 import pytest
 
 from prism.capture.runner import CaptureOptions, run_capture
+from prism.capture.workloads.gpt.config import GPTConfig
 from prism.graph.build import op_table as T
 from prism.graph.build.normalize import baseline_bytes, block_signatures, et_join_coverage, normalize_capture
 from prism.schemas.comm_log import read_comm_log
 from prism.schemas.manifest import CaptureFiles, read_manifest
-from prism.schemas.workload import GPTConfig
 
 pytestmark = pytest.mark.slow
 

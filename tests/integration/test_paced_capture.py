@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from prism.capture.rank_main import run_rank
+from prism.capture.workloads.gpt.config import GPTConfig
 from prism.graph.build.cli import app as build_app
 from prism.graph.build.normalize import normalize_rank
 from prism.graph.io.parquet import read_metadata
@@ -17,7 +18,6 @@ from prism.replay.paced_cli import app as paced_app
 from prism.schemas.comm_log import HeldTime, read_comm_log
 from prism.schemas.iterations import clean_unprofiled
 from prism.schemas.manifest import CaptureFiles, RankJob, read_manifest
-from prism.schemas.workload import GPTConfig
 
 TINY = Path(__file__).parents[1] / "data" / "tiny_graph.parquet"
 runner = CliRunner()
@@ -35,7 +35,7 @@ def test_waits_on_virtual_peers_stay_out_of_gaps_and_iteration_times(tmp_path: P
     config = GPTConfig(
         layers=2, hidden=32, heads=2, seq_len=16, vocab=128, micro_batch_size=1, microbatches=2, tp=2, pp=2, dp=1
     )  # fmt: skip
-    job = RankJob(workload="gpt", config=config, real_ranks=(), warmup=3, iterations=1, threads=1)
+    job = RankJob(workload="gpt", config=config.to_dict(), real_ranks=(), warmup=3, iterations=1, threads=1)
     result = run_rank(job, 0, tmp_path, clock=WaitingClock())
     log = read_comm_log(CaptureFiles(tmp_path).comm(0))
     waited = [c for c in log.calls if c.wait_ns]
@@ -79,7 +79,7 @@ def test_a_paced_capture_is_a_capture_of_the_graphs_job_held_by_its_peers(paced:
     meta = read_metadata(TINY)
     assert manifest.mode == "paced"
     assert manifest.notes["paced_by"] == str(TINY.resolve())
-    assert manifest.job.config == GPTConfig.from_dict(meta.model)
+    assert manifest.job.config == meta.model
     assert sorted(r.rank for r in manifest.ranks) == sorted(manifest.layout.roles().values())
     for rank in manifest.ranks:
         result = rank.result

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from prism.capture.workloads.gpt.config import GPTConfig
 from prism.capture.workloads.gpt.params import stage_buckets
 from prism.graph.build import op_table as ot
 from prism.graph.build.bind import bind_ranks, encode_program
@@ -25,11 +26,11 @@ from prism.graph.build.compose import (
     wait_node,
     waiting_columns,
 )
+from prism.graph.build.shape import PipelineShape
 from prism.graph.build.templates import TemplateError, build_role_template, split_segments
 from prism.graph.comm.placement import LayoutTables
 from prism.schemas import graph_format as gf
 from prism.schemas.pipeline_schedule import Action, one_f_one_b
-from prism.schemas.workload import GPTConfig
 
 CAPTURED = GPTConfig(layers=8, hidden=64, heads=4, seq_len=16, vocab=256, microbatches=8, tp=2, pp=4, dp=2)
 ACT_BYTES = CAPTURED.micro_batch_size * CAPTURED.seq_len * CAPTURED.hidden * 4
@@ -42,7 +43,8 @@ def compose(template, *, cfg: GPTConfig, captured: GPTConfig, stage: int) -> Sta
         captured=stage_buckets(captured, template.stage, captured.itemsize),
         itemsize=cfg.itemsize,
     )
-    return compose_stage(template, cfg=cfg, captured=captured, stage=stage, buckets=buckets)
+    shape, captured_shape = (PipelineShape.of_record(c.to_dict()) for c in (cfg, captured))
+    return compose_stage(template, shape=shape, captured=captured_shape, stage=stage, buckets=buckets)
 
 
 class FakeComm:

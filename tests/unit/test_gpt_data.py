@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from prism.capture.workloads.gpt import data
-from prism.schemas.workload import GPTConfig
+from prism.capture.workloads.gpt.config import GPTConfig
 
 CFG = GPTConfig(
     layers=2, hidden=16, heads=2, seq_len=12, vocab=50, micro_batch_size=3, microbatches=4, tp=1, pp=2, dp=2

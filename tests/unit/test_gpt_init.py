@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from prism.capture.workloads.gpt import init, rng
+from prism.capture.workloads.gpt.config import GPTConfig
 from prism.capture.workloads.gpt.init import ParamFactory, Shard, uniform_tensor
 from prism.capture.workloads.gpt.model import GPTStage
 from prism.capture.workloads.gpt.tensor_parallel import TPGroup
-from prism.schemas.workload import GPTConfig
 
 
 def splitmix64_reference(key: int, index: np.ndarray) -> np.ndarray:

@@ -13,11 +13,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.profiler import profile
 
-from prism.capture.workloads.gpt import GPTWorkload
+from prism.capture.workloads.gpt.config import GPTConfig
 from prism.capture.workloads.gpt.cross_entropy import vocab_parallel_cross_entropy
 from prism.capture.workloads.gpt.tensor_parallel import TPGroup
+from prism.capture.workloads.gpt.train import GPTWorkload
 from prism.schemas.annotations import Mark, Part, Phase, try_parse_mark
-from prism.schemas.workload import GPTConfig
 
 CFG = GPTConfig(
     layers=3, hidden=16, heads=2, seq_len=8, vocab=32, micro_batch_size=2, microbatches=3, tp=1, pp=1, dp=1

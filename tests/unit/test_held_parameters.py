@@ -11,15 +11,16 @@ import pytest
 import torch.distributed as dist
 
 from prism.capture.held_parameters import held_parameters
-from prism.capture.workloads.gpt import GPTWorkload
+from prism.capture.workloads.gpt.config import GPTConfig
 from prism.capture.workloads.gpt.params import stage_buckets, static_bytes
+from prism.capture.workloads.gpt.train import GPTWorkload
 from prism.graph.build.builder import BuildError, stage_holdings
 from prism.graph.build.retarget import holding, stage_parameters
+from prism.graph.build.shape import PipelineShape
 from prism.graph.build.templates import TemplateError
 from prism.peers import BACKEND_NAME, FreeRunningClock, VirtualWorld, activate
 from prism.schemas.held_parameters import HeldParameters, HeldParametersError
 from prism.schemas.layout import Role
-from prism.schemas.workload import GPTConfig
 
 CONFIG = GPTConfig(
     layers=8, hidden=64, heads=4, seq_len=16, vocab=256, microbatches=4, tp=2, pp=4, dp=2, grad_bucket_mb=0.02
@@ -76,13 +77,17 @@ def test_blocks_that_differ_or_parameters_between_blocks_keep_the_captured_layer
         HeldParameters(numels=(1, 2), layers=(0,), held_bytes=(4, 8), itemsize=4, bucket_bytes=1)
 
 
+def shape(config: GPTConfig) -> PipelineShape:
+    return PipelineShape.of_record(config.to_dict())
+
+
 def manifest(captured: GPTConfig, static: dict[Role, int | None], held: dict[Role, HeldParameters | None]):
     layout = captured.layout
     ranks = {
         role: SimpleNamespace(rank=s, stage=s, result=SimpleNamespace(static_bytes=static[role], parameters=held[role]))
         for s, role in ((s, layout.role_of_stage(s)) for s in range(captured.pp))
     }  # fmt: skip
-    return SimpleNamespace(job=SimpleNamespace(config=captured), rank_of_role=ranks.get)
+    return SimpleNamespace(job=SimpleNamespace(layout=layout), rank_of_role=ranks.get)
 
 
 def test_each_stage_gets_its_parameters_plus_what_its_roles_device_held_beyond_them() -> None:
@@ -92,11 +97,11 @@ def test_each_stage_gets_its_parameters_plus_what_its_roles_device_held_beyond_t
     beyond = {Role.FIRST: WORKSPACES + 4096, Role.MIDDLE: WORKSPACES, Role.LAST: WORKSPACES + 512}
     static = {role: static_bytes(captured, s) + beyond[role] for role, s in stages.items()}
     target = replace(captured, layers=16, dp=8)
-    built, _ = stage_holdings(manifest(captured, static, held), target)
+    built, _ = stage_holdings(manifest(captured, static, held), shape(target))
     roles = [Role.FIRST, Role.MIDDLE, Role.MIDDLE, Role.LAST]
     assert [h.static_bytes for h in built] == [static_bytes(target, s) + beyond[roles[s]] for s in range(4)]
     # On CPU nothing is measured beyond the parameters: they are the whole of it.
-    cpu, _ = stage_holdings(manifest(CONFIG, dict.fromkeys(stages), held), target)
+    cpu, _ = stage_holdings(manifest(CONFIG, dict.fromkeys(stages), held), shape(target))
     assert [h.static_bytes for h in cpu] == [static_bytes(target, s) for s in range(4)]
     with pytest.raises(BuildError, match="re-capture it"):
-        stage_holdings(manifest(CONFIG, dict.fromkeys(stages), {**held, Role.LAST: None}), CONFIG)
+        stage_holdings(manifest(CONFIG, dict.fromkeys(stages), {**held, Role.LAST: None}), shape(CONFIG))

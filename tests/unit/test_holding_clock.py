@@ -9,13 +9,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from prism.capture.workloads.gpt.config import GPTConfig
 from prism.peers import virtual_work
 from prism.peers.backend import BACKEND_NAME, VirtualWorld, activate, current_comm_log
 from prism.peers.clock import FreeRunningClock, HoldingClock, PendingCall, capture_clock
 from prism.peers.comm_model import CommModel
 from prism.schemas.cluster import ClusterSpec
 from prism.schemas.manifest import RankJob
-from prism.schemas.workload import GPTConfig
 
 # A slow machine: 20 ms a hop, so that a hold is long beside the backend's own few µs.
 SPEC = ClusterSpec(
@@ -50,7 +50,13 @@ def test_a_capture_holds_only_cpu_ranks_whose_job_names_a_spec() -> None:
     def job(device: str, spec: ClusterSpec | None) -> RankJob:
         config = GPTConfig(tp=2, device=device)
         return RankJob(
-            workload="gpt", config=config, real_ranks=(), warmup=1, iterations=1, threads=1, hold_calls=spec
+            workload="gpt",
+            config=config.to_dict(),
+            real_ranks=(),
+            warmup=1,
+            iterations=1,
+            threads=1,
+            hold_calls=spec,
         )
 
     assert isinstance(capture_clock(job("cpu", SPEC)), HoldingClock)
@@ -62,7 +68,7 @@ def test_a_capture_holds_only_cpu_ranks_whose_job_names_a_spec() -> None:
 def test_a_rank_job_keeps_its_spec_through_json() -> None:
     job = RankJob(
         workload="gpt",
-        config=GPTConfig(tp=2),
+        config=GPTConfig(tp=2).to_dict(),
         real_ranks=(),
         warmup=1,
         iterations=1,
@@ -70,7 +76,9 @@ def test_a_rank_job_keeps_its_spec_through_json() -> None:
         hold_calls=SPEC,
     )
     assert RankJob.from_dict(job.to_dict()).hold_calls == SPEC
-    free = RankJob(workload="gpt", config=GPTConfig(tp=2), real_ranks=(), warmup=1, iterations=1, threads=1)
+    free = RankJob(
+        workload="gpt", config=GPTConfig(tp=2).to_dict(), real_ranks=(), warmup=1, iterations=1, threads=1
+    )
     assert RankJob.from_dict(free.to_dict()).hold_calls is None
 
 

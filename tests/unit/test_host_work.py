@@ -86,10 +86,10 @@ def test_calibration_fits_cpu_per_byte_through_the_origin_on_large_calls() -> No
 def test_a_rank_job_asks_for_it_on_cpu_only() -> None:
     import dataclasses
 
+    from prism.capture.workloads.gpt.config import GPTConfig
     from prism.schemas.manifest import RankJob
-    from prism.schemas.workload import GPTConfig
 
-    job = RankJob(workload="gpt", config=GPTConfig(), real_ranks=(), warmup=3, iterations=1, threads=1,
+    job = RankJob(workload="gpt", config=GPTConfig().to_dict(), real_ranks=(), warmup=3, iterations=1, threads=1,
                   host_ns_per_byte={"all_reduce": 0.4})  # fmt: skip
     assert RankJob.from_dict(job.to_dict()) == job
     assert (
@@ -98,7 +98,7 @@ def test_a_rank_job_asks_for_it_on_cpu_only() -> None:
     assert host_work_of(job).ns_per_byte == {"all_reduce": 0.4}
     assert host_work_of(dataclasses.replace(job, host_ns_per_byte={})) is None
     assert (
-        host_work_of(dataclasses.replace(job, config=GPTConfig(device="cuda"))) is None
+        host_work_of(dataclasses.replace(job, config=GPTConfig(device="cuda").to_dict())) is None
     )  # NCCL: on the device
 
 

@@ -78,3 +78,16 @@ def test_every_module_lives_in_a_known_package() -> None:
     loose = [p.name for p in (ROOT / "graph").glob("*.py") if p.name != "__init__.py"]
     assert not loose
     assert {p.name for p in (ROOT / "graph").iterdir() if (p / "__init__.py").is_file()} == set(GRAPH_ALLOWED)
+
+
+def test_generic_code_imports_nothing_of_the_built_in_workload() -> None:
+    """The built-in GPT is one program among others: what every program goes through reads its
+    settings as a record (``prism.schemas.workload``), never its modules."""
+    wrong = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for package in ("schemas", "peers", "graph", "replay")
+        for path in _modules(package)
+        for module, line in _prism_imports(path)
+        if module.startswith("prism.capture.workloads")
+    ]
+    assert not wrong, "\n".join(wrong)

@@ -13,10 +13,10 @@ from prism.capture.preflight import (
     check_rank_fits,
     stage_parameter_count,
 )
-from prism.capture.workloads.gpt import GPTWorkload
+from prism.capture.workloads.gpt.config import GPTConfig
 from prism.capture.workloads.gpt.params import stage_buckets, stage_parameter_shapes
+from prism.capture.workloads.gpt.train import GPTWorkload
 from prism.peers import BACKEND_NAME, FreeRunningClock, VirtualWorld, activate
-from prism.schemas.workload import GPTConfig
 
 CONFIG = GPTConfig(
     layers=8, hidden=64, heads=4, seq_len=16, vocab=256, microbatches=4, tp=2, pp=4, dp=2, grad_bucket_mb=0.02

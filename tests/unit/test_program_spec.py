@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from prism.capture.workloads.gpt.config import GPTConfig
 from prism.schemas.layout import ParallelLayout
 from prism.schemas.manifest import ManifestError, RankJob
 from prism.schemas.program import ProgramError, ProgramSpec
-from prism.schemas.workload import GPTConfig
 
 LAYOUT = ParallelLayout(tp=2, pp=4, dp=128)
 
@@ -44,13 +44,15 @@ def test_jobs_round_trip_and_name_their_layout() -> None:
     assert RankJob.from_dict(program.to_dict()) == program
     assert program.layout == LAYOUT and program.device == "cpu"
     config = GPTConfig(tp=1, pp=2, dp=1, layers=2)
-    gpt = RankJob(workload="gpt", config=config, real_ranks=None, warmup=3, iterations=2, threads=1)
+    gpt = RankJob(workload="gpt", config=config.to_dict(), real_ranks=None, warmup=3, iterations=2, threads=1)
     assert RankJob.from_dict(gpt.to_dict()) == gpt
     assert gpt.layout == config.layout
 
 
 def test_a_job_needs_exactly_its_own_settings() -> None:
     with pytest.raises(ManifestError):
-        RankJob(workload="program", config=GPTConfig(), real_ranks=(), warmup=3, iterations=2, threads=1)
+        RankJob(
+            workload="program", config=GPTConfig().to_dict(), real_ranks=(), warmup=3, iterations=2, threads=1
+        )
     with pytest.raises(ManifestError):
         RankJob(workload="gpt", program=spec("t.py"), real_ranks=(), warmup=3, iterations=2, threads=1)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from prism.capture.workloads.gpt.config import GPTConfig
 from prism.schemas.manifest import RankJob
 from prism.schemas.replay import ReplayJob
-from prism.schemas.workload import GPTConfig
 
-PROGRAM = RankJob(workload="gpt", config=GPTConfig(), real_ranks=(), warmup=3, iterations=1, threads=1)
+PROGRAM = RankJob(
+    workload="gpt", config=GPTConfig().to_dict(), real_ranks=(), warmup=3, iterations=1, threads=1
+)
 
 
 def test_the_job_survives_its_file() -> None:

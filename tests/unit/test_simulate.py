@@ -8,6 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from prism.capture.workloads.gpt.config import GPTConfig
 from prism.capture.workloads.gpt.params import static_bytes
 from prism.graph.io.parquet import GraphFormatError, GraphWriter
 from prism.graph.sim.load import load_sim_graph
@@ -15,7 +16,6 @@ from prism.graph.sim.simulate import SimulationError, simulate
 from prism.schemas import graph_format as gf
 from prism.schemas.graph_format import GraphMetadata, NodeKind
 from prism.schemas.pipeline_schedule import Action, one_f_one_b
-from prism.schemas.workload import GPTConfig
 from tests.graph_files import with_metadata
 
 DEFAULTS = {

@@ -7,8 +7,8 @@ from dataclasses import fields
 
 import pytest
 
+from prism.capture.workloads.gpt.config import ConfigError, GPTConfig
 from prism.schemas.layout import ParallelLayout
-from prism.schemas.workload import ConfigError, GPTConfig
 
 SMALL = dict(layers=4, hidden=64, heads=4, seq_len=8, vocab=128, microbatches=2, tp=2, pp=2, dp=2)
 

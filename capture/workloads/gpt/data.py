@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from prism.capture.workloads.gpt import rng
-from prism.schemas.workload import GPTConfig
+from prism.capture.workloads.gpt.config import GPTConfig
 
 _STREAM = "data/tokens"
 

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from prism.capture import annotate
+from prism.capture.workloads.gpt.config import GPTConfig
 from prism.capture.workloads.gpt.cross_entropy import vocab_parallel_cross_entropy
 from prism.capture.workloads.gpt.init import ParamFactory
 from prism.capture.workloads.gpt.tensor_parallel import (
@@ -29,7 +30,6 @@ from prism.capture.workloads.gpt.tensor_parallel import (
     copy_to_tp,
 )
 from prism.schemas.annotations import Part
-from prism.schemas.workload import GPTConfig
 
 EMBED_BOUND = 0.02 * math.sqrt(3.0)  # uniform with std 0.02
 

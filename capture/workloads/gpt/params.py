@@ -7,8 +7,8 @@ it works from what the capture measured (``prism.capture.held_parameters``)."""
 
 from __future__ import annotations
 
+from prism.capture.workloads.gpt.config import GPTConfig
 from prism.schemas.grad_buckets import MIB, Bucket, plan_buckets
-from prism.schemas.workload import GPTConfig
 
 
 def _layer_shapes(cfg: GPTConfig, layer: int) -> list[tuple[str, tuple[int, ...]]]:

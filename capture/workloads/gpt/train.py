@@ -19,13 +19,13 @@ import torch.distributed as dist
 
 from prism.capture import annotate
 from prism.capture.workloads.gpt import data
+from prism.capture.workloads.gpt.config import GPTConfig
 from prism.capture.workloads.gpt.data_parallel import GradSync
 from prism.capture.workloads.gpt.init import ParamFactory
 from prism.capture.workloads.gpt.model import GPTStage
 from prism.capture.workloads.gpt.parallel_state import ParallelState, build_parallel_state
 from prism.capture.workloads.gpt.pipeline import P2P, ForwardStep, run_schedule
 from prism.schemas.pipeline_schedule import one_f_one_b
-from prism.schemas.workload import GPTConfig
 
 
 @dataclass(frozen=True, kw_only=True)
