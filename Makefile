@@ -8,7 +8,7 @@ OUT    ?= capture-out
 GRAPH  ?= graph.parquet
 REPLAY ?= replay-out
 
-.PHONY: install demo test test-fast lint results results-programs results-programs-floor results-programs-accumulate results-torchtitan results-torchtitan-mesh results-torchtitan-floor results-mesh results-moe-skew results-scale-mesh results-random results-call-cost results-host-work-gil results-from-traces results-ddp-overlap results-pipeline-p2p results-collective-prices results-seeds respec gpu-checks figures clean
+.PHONY: install demo test test-fast lint results results-programs results-programs-floor results-programs-accumulate results-torchtitan results-torchtitan-mesh results-torchtitan-floor results-mesh results-moe-skew results-scale-mesh results-random results-call-cost results-host-work-gil results-from-traces results-ddp-overlap results-pipeline-p2p results-collective-prices results-seeds results-families respec gpu-checks figures clean
 
 install: $(VENV)/.installed-torch-$(TORCH)
 
@@ -269,6 +269,12 @@ results-collective-prices: install
 results-seeds: install
 	$(RECORD) fidelity_seeds -- $(BIN)/python benchmarks/fidelity_seeds.py --markdown
 	$(RECORD) fidelity_seeds_bias -- $(BIN)/python benchmarks/fidelity_seeds.py --bias
+
+# Every kept fidelity record pooled by family and source, judged by bias and floor; SINCE=DATE
+# pools one code version's runs (seconds).
+SINCE ?=
+results-families: install
+	$(RECORD) fidelity_families -- $(BIN)/python benchmarks/fidelity_families.py $(if $(SINCE),--since $(SINCE))
 
 # A kept fidelity run (its --json and --work-dir) re-priced under other specs, the real side and
 # slices unchanged: make respec RUN=run.json WORK_DIR=DIR SPECS="old=a.toml new=b.toml" (prints).

@@ -1,0 +1,117 @@
+"""Every kept fidelity record pooled by family and source: bias with its interval, median error
+against the floor's, and whether each row meets the targets (``prism.fidelity.families``).
+
+    .venv/bin/python benchmarks/fidelity_families.py [--results DIR] [--since 2026-12-01] [--markdown]
+
+Reads the records of ``DIR/fidelity_*.json`` and ``DIR/noise_floor_*.json`` (``benchmarks/fidelity.py``
+and ``benchmarks/noise_floor.py --json``, kept with ``benchmarks/record.py``, whose ``.txt`` header
+beside each gives the date ``--since`` selects by). Each file's records are one run's: pooling
+runs of several code versions mixes what each got right, so choose ``--since`` a version's date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from prism.fidelity.families import (
+    ABOVE_FLOOR_PCT,
+    MAX_BIAS_PCT,
+    MAX_INTERVAL_PCT,
+    MIN_RECORDS,
+    FamilyRow,
+    family_rows,
+)
+from prism.schemas.terminal import Table
+
+COLUMNS = (
+    "family",
+    "source",
+    "records",
+    "bias (95 %)",
+    "median abs. error",
+    "floor's median",
+    "memory",
+    "verdict",
+)
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def run_date(path: Path) -> str:
+    """The date (YYYY-MM-DD) ``benchmarks/record.py`` wrote beside ``path``."""
+    header = path.with_suffix(".txt")
+    found = re.search(r"^# date: (\d{4}-\d\d-\d\d)", header.read_text(), re.M) if header.is_file() else None
+    if found is None:
+        raise ValueError(f"{header}: no '# date:' line (keep results with benchmarks/record.py)")
+    return found.group(1)
+
+
+def read_records(results: Path, since: str = "") -> tuple[list[dict], int]:
+    """The records of every kept run on or after ``since``, and how many runs they come from."""
+    records, runs = [], 0
+    for path in sorted([*results.glob("fidelity_*.json"), *results.glob("noise_floor_*.json")]):
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict) or "records" not in data or run_date(path) < since:
+            continue
+        records += data["records"]
+        runs += 1
+    return records, runs
+
+
+def _cells(row: FamilyRow) -> tuple[str, ...]:
+    floor = "" if row.floor_median_pct is None else f"{row.floor_median_pct:.1f}%"
+    bias = f"{row.bias_pct:+.1f}%" + (f" ± {row.interval_pct:.1f}" if row.records > 1 else "")
+    return (
+        row.family, row.source, str(row.records), bias,
+        f"{row.median_abs_pct:.1f}%", floor, f"{row.max_memory_pct:.2g}%", row.verdict,
+    )  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--since", default="", help="only runs made on or after this date (YYYY-MM-DD)")
+    parser.add_argument("--markdown", action="store_true", help="print a Markdown table (for the docs)")
+    args = parser.parse_args(argv)
+    try:
+        records, runs = read_records(args.results, args.since)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not records:
+        print(
+            f"error: no fidelity records in {args.results} since {args.since or 'the first'}", file=sys.stderr
+        )
+        return 2
+    rows = [_cells(row) for row in family_rows(records)]
+    targets = (
+        f"targets: |bias| <= {MAX_BIAS_PCT:g}% with its interval within ±{MAX_INTERVAL_PCT:g}% over at least "
+        f"{MIN_RECORDS} records, median |error| at most {ABOVE_FLOOR_PCT:g} point over the floor's, memory exact"
+    )
+    if args.markdown:
+        print("| " + " | ".join(COLUMNS) + " |")
+        print("|---|---|" + "---:|" * (len(COLUMNS) - 3) + "---|")
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
+        print(f"\n{len(records)} records of {runs} runs; {targets}.")
+        return 0
+    table = Table(
+        title=f"fidelity by family: {len(records)} records of {runs} runs since {args.since or 'the first'}"
+    )
+    for i, column in enumerate(COLUMNS):
+        table.add_column(column, justify="left" if i in (0, 1, len(COLUMNS) - 1) else "right")
+    for row in rows:
+        table.add_row(*row)
+    console = Console(width=200)
+    console.print(table)
+    console.print(targets)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
