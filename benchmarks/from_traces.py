@@ -35,6 +35,7 @@ JOBS = {
     "one GPU, stream/event/device syncs": ["event_sync.json.gz"],
     "rank 0 of a 2-rank NCCL DDP job": ["nccl_ddp_rank0.json.gz"],
     "ranks 0 and 1 of a 128-rank job": ["sampled_rank0.json.gz", "sampled_rank1.json.gz"],
+    "AMD MI250 (ROCm 6.2), MLP step": ["amd_mi250_rocm.json.gz"],
     "MLP training step, one H200": ["h200_mlp.json.gz"],
     "4x wider MLP step, one H200": ["h200_mlp_wide.json.gz"],
 }

@@ -45,7 +45,7 @@ from prism.graph.build.trace_groups import (
     number_in_groups,
 )
 from prism.graph.io.parquet import GraphWriter
-from prism.graph.traces.gpu import EdgeKind, GpuTrace, dependencies, read_gpu_trace
+from prism.graph.traces.gpu import GPU_KINDS, EdgeKind, GpuTrace, dependencies, read_gpu_trace
 from prism.graph.traces.gpu_timeline import LaunchModel, on_lanes, trace_lanes
 from prism.peers.comm_model import OPS
 from prism.schemas import PRISM_VERSION
@@ -125,8 +125,20 @@ def read_ranks(files: list[Path]) -> tuple[dict[int, GpuTrace], int]:
     return dict(sorted(by_rank.items())), world
 
 
+def launches_gpu_work(trace: GpuTrace, step: int) -> bool:
+    """Whether ``step``'s span launched GPU work: the step a profiler opens as it stops (a stub of
+    no work, the trace's last) is not one of the job's."""
+    span = trace.steps[trace.steps["step"] == step].iloc[0]
+    ev = trace.events
+    on_gpu = ev["kind"].isin([k.value for k in GPU_KINDS]).to_numpy()
+    within = ev["start_ns"].between(span["start_ns"], span["end_ns"], inclusive="left").to_numpy()
+    calls = ev.loc[~on_gpu & within & (ev["correlation"] >= 0).to_numpy(), "correlation"]
+    return bool(calls.isin(ev.loc[on_gpu, "correlation"]).any())
+
+
 def common_step(traces: dict[int, GpuTrace], step: int | None) -> int:
-    """The step to build: ``step``, or the last one every trace holds."""
+    """The step to build: ``step``, or the last one every trace holds that launched GPU work
+    on every trace."""
     held = [set(t.steps["step"].tolist()) for t in traces.values()]
     common = set.intersection(*held) if held else set()
     if step is not None:
@@ -138,7 +150,13 @@ def common_step(traces: dict[int, GpuTrace], step: int | None) -> int:
         raise TraceGraphError(
             "the traces have no ProfilerStep in common (record them with torch.profiler's schedule)"
         )
-    return max(common)
+    working = [n for n in sorted(common) if all(launches_gpu_work(t, n) for t in traces.values())]
+    if not working:
+        raise TraceGraphError(
+            f"no ProfilerStep the traces hold in common ({', '.join(map(str, sorted(common)))}) launched GPU "
+            "work on every trace: name one with --step"
+        )
+    return working[-1]
 
 
 def traced_rank(rank: int, trace: GpuTrace, step_no: int, world: int) -> TracedRank:

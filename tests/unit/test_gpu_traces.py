@@ -186,3 +186,23 @@ def test_a_malformed_event_is_refused_in_one_line(tmp_path: Path) -> None:
     events = [{"ph": "X", "cat": "kernel", "name": "k", "ts": "soon", "dur": 1, "pid": 0, "tid": 7}]
     with pytest.raises(NormalizeError, match="malformed trace event"):
         read_gpu_trace(_write(tmp_path / "t.json.gz", {"traceEvents": events}))
+
+
+def test_a_rocm_trace_reads_like_a_cuda_one_and_its_closing_stub_step_is_not_built(tmp_path: Path) -> None:
+    """HTA's AMD MI250 trace (ROCm 6.2): HIP runtime calls launch its kernels and copies as CUDA's
+    do. Its last ProfilerStep is the 49 us one the profiler opened as it stopped, with no GPU work:
+    the graph is of the step before it, and reproduces what the trace recorded."""
+    from prism.graph.build.from_traces import build_from_traces, launches_gpu_work
+    from prism.graph.sim.predict import predict
+
+    trace = read_gpu_trace(TRACES / "amd_mi250_rocm.json.gz")
+    launches = dependencies(trace).query("kind == 'launch'")
+    callers = set(trace.events.loc[launches["src"], "name"])
+    assert {"hipLaunchKernel", "hipMemcpyWithStream"} <= callers
+    assert [launches_gpu_work(trace, step) for step in trace.steps["step"]] == [True, False]
+    shutil.copy(TRACES / "amd_mi250_rocm.json.gz", tmp_path)
+    built = build_from_traces(tmp_path, tmp_path / "graph.parquet")
+    assert built.step == 1
+    recorded = built.traced[0].recorded_ns
+    assert recorded > 9_000_000  # the step of the job, not the stub
+    assert predict(tmp_path / "graph.parquet").ranks["iteration_ns"][0] == pytest.approx(recorded, rel=0.01)
