@@ -7,7 +7,10 @@ ops by symbol ids, and is several times slower per rank than ``read_kineto``.
 
 Times: Kineto writes ``ts``/``dur`` in µs as floats with ns decimals; the absolute wall time
 is ``baseTimeNanoseconds + ts * 1000``. Integer and fraction are split before scaling so that
-the ns stay exact whatever the magnitude of ``ts``.
+the ns stay exact whatever the magnitude of ``ts``. A trace without ``baseTimeNanoseconds`` may
+write absolute µs since the epoch, past what a float holds to the ns (2**41 µs): such a trace is
+read again with exact decimals and its times made relative to its first whole µs
+(``read_trace_events``), so that two calls back to back on a thread never overlap by a rounding.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import gzip
 import json
 import zlib
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
@@ -49,8 +53,9 @@ class KinetoTrace:
     with the frees the profiler missed restored (``restore_unrecorded_frees``)."""
 
 
-def read_json_file(path: Path) -> dict:
-    """Parse a JSON file (gzipped when its name ends in .gz); one-line NormalizeError on failure."""
+def read_json_file(path: Path, *, exact: bool = False) -> dict:
+    """Parse a JSON file (gzipped when its name ends in .gz); one-line NormalizeError on failure.
+    ``exact``: numbers with a fraction as ``Decimal``, as written."""
     if not path.is_file():
         raise NormalizeError(f"{path}: file is missing")
     try:
@@ -60,7 +65,7 @@ def read_json_file(path: Path) -> dict:
         enabled = gc.isenabled()
         gc.disable()
         try:
-            data = json.loads(raw)
+            data = json.loads(raw, parse_float=Decimal) if exact else json.loads(raw)
         finally:
             if enabled:
                 gc.enable()
@@ -80,16 +85,55 @@ def trace_ns(ts: list[float], base: int) -> np.ndarray:
     return base + whole.astype(np.int64) * 1000 + np.rint((t - whole) * 1000).astype(np.int64)
 
 
+FLOAT_NS_LIMIT_US = 2**41
+"""Largest ``ts`` (µs) whose float still holds the ns: its spacing is under half a ns below it."""
+
+
 def read_trace_events(path: Path) -> tuple[dict, list, int]:
     """A Kineto trace's document, its ``traceEvents`` and its time base (ns; 0 if unrecorded)."""
     data = read_json_file(path)
     events = data.get("traceEvents")
     if not isinstance(events, list):
         raise NormalizeError(f"{path}: no traceEvents list: not a Kineto trace")
+    if "baseTimeNanoseconds" not in data and _latest_ts(events) >= FLOAT_NS_LIMIT_US:
+        data = read_json_file(path, exact=True)
+        events = data["traceEvents"]
+        base = _rebase(events)  # before the other numbers become floats
+        return _as_floats(data), events, base
     base = data.get("baseTimeNanoseconds", 0)
     if not isinstance(base, int) or isinstance(base, bool):
         raise NormalizeError(f"{path}: baseTimeNanoseconds is {base!r}, not an integer")
     return data, events, base
+
+
+def _latest_ts(events: list) -> float:
+    return max(
+        (t for e in events if isinstance(e, dict) and isinstance(t := e.get("ts"), int | float)), default=0
+    )
+
+
+def _rebase(events: list) -> int:
+    """Make every exact ``ts`` relative to the first whole µs (a float again, now exact to the
+    ns); the base in ns."""
+    starts = [t for e in events if isinstance(e, dict) and isinstance(t := e.get("ts"), int | Decimal)]
+    base_us = int(min(starts))
+    for e in events:
+        if isinstance(e, dict) and isinstance(e.get("ts"), int | Decimal):
+            e["ts"] = float(e["ts"] - base_us)
+    return base_us * 1000
+
+
+def _as_floats(value):
+    """``value`` with every ``Decimal`` in it a float, in place where it is a container."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            value[key] = _as_floats(item)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            value[i] = _as_floats(item)
+    elif isinstance(value, Decimal):
+        return float(value)
+    return value
 
 
 def read_kineto(path: Path) -> KinetoTrace:

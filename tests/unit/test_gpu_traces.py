@@ -206,3 +206,25 @@ def test_a_rocm_trace_reads_like_a_cuda_one_and_its_closing_stub_step_is_not_bui
     recorded = built.traced[0].recorded_ns
     assert recorded > 9_000_000  # the step of the job, not the stub
     assert predict(tmp_path / "graph.parquet").ranks["iteration_ns"][0] == pytest.approx(recorded, rel=0.01)
+
+
+def test_absolute_times_without_a_time_base_keep_their_nanoseconds(tmp_path: Path) -> None:
+    """A trace without ``baseTimeNanoseconds`` that writes µs since the epoch (HTA's ns-resolution
+    trace) holds ns a float cannot: calls back to back on a thread must not overlap by a rounding."""
+    from prism.graph.traces.kineto import read_trace_events, trace_ns
+
+    call = '{{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": {ts}, "dur": 0.264, "pid": 1, "tid": 7, "args": {{"correlation": {c}}}}}'
+    kernel = '{{"ph": "X", "cat": "kernel", "name": "k", "ts": {ts}, "dur": 1.5, "pid": 0, "tid": 7, "args": {{"correlation": {c}, "device": 0, "stream": 7}}}}'
+    events = [
+        call.format(ts="1712195495519689.047", c=1), call.format(ts="1712195495519689.311", c=2),
+        kernel.format(ts="1712195495519690.003", c=1), kernel.format(ts="1712195495519691.503", c=2),
+    ]  # fmt: skip
+    path = tmp_path / "t.json"
+    path.write_text('{"traceEvents": [' + ", ".join(events) + "]}")
+    _, raw, base = read_trace_events(path)
+    assert trace_ns([e["ts"] for e in raw], base).tolist() == [
+        1712195495519689047, 1712195495519689311, 1712195495519690003, 1712195495519691503
+    ]  # fmt: skip
+    trace = read_gpu_trace(path)
+    calls = trace.events[trace.events["kind"] == EventKind.RUNTIME.value]
+    assert calls["start_ns"].iloc[1] == calls["end_ns"].iloc[0]  # back to back, to the ns
