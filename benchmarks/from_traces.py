@@ -36,6 +36,10 @@ JOBS = {
     "rank 0 of a 2-rank NCCL DDP job": ["nccl_ddp_rank0.json.gz"],
     "ranks 0 and 1 of a 128-rank job": ["sampled_rank0.json.gz", "sampled_rank1.json.gz"],
     "AMD MI250 (ROCm 6.2), MLP step": ["amd_mi250_rocm.json.gz"],
+    "8-rank DLRM job, V100": [f"dlrm_rank{r}.json.gz" for r in range(8)],
+    "rank 3 of an 8-rank A100 job": ["a100_rank3_of_8.json.gz"],
+    "rank 0 of a 16-rank A100 job": ["a100_rank0_of_16.json.gz"],
+    "rank 0 of a V100 job, epoch times": ["v100_epoch_times.json.gz"],
     "MLP training step, one H200": ["h200_mlp.json.gz"],
     "4x wider MLP step, one H200": ["h200_mlp_wide.json.gz"],
 }

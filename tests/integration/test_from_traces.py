@@ -32,6 +32,8 @@ TRACES = {
     "sampled": (["sampled_rank0.json.gz", "sampled_rank1.json.gz"], 128, [0, 1]),
     "h200_mlp": (["h200_mlp.json.gz"], 1, [0]),
     "h200_mlp_wide": (["h200_mlp_wide.json.gz"], 1, [0]),
+    "amd_mi250_rocm": (["amd_mi250_rocm.json.gz"], 1, [0]),
+    "a100_rank3_of_8": (["a100_rank3_of_8.json.gz"], 8, [3]),
 }
 
 

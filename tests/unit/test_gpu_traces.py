@@ -33,9 +33,13 @@ def trace_and_edges(request):
 
 
 def test_every_gpu_event_has_its_launch_and_runs_after_it(trace_and_edges) -> None:
+    """Each GPU event launched in the trace has its launch, once. Where the GPU runs behind the
+    CPU, a trace opens on work launched before it began: those events' correlations precede every
+    call the trace holds, and they have none."""
     trace, edges = trace_and_edges
     ev = trace.events
-    gpu = ev[ev["kind"].isin(GPU)]
+    first_call = ev.loc[ev["kind"] == EventKind.RUNTIME.value, "correlation"].min()
+    gpu = ev[ev["kind"].isin(GPU) & (ev["correlation"] >= first_call)]
     launch = edges[edges["kind"] == EdgeKind.LAUNCH.value]
     assert sorted(launch["dst"]) == sorted(gpu.index)  # each one, once
     assert (ev.loc[launch["src"], "kind"] == EventKind.RUNTIME.value).all()
@@ -54,7 +58,10 @@ def test_no_edge_contradicts_the_recorded_times(trace_and_edges) -> None:
         [dst["start_ns"] - src["start_ns"], dst["end_ns"] - src["end_ns"]],
         dst["start_ns"] - src["end_ns"],  # stream order and stream waits: after the source ends
     )
-    assert (slack >= 0).all(), edges[slack < 0]
+    # A trace of whole-µs times (its GPU clock read at µs resolution) may show two events of one
+    # stream overlapping by up to 2 µs (one A100 trace: once in 7,747 events).
+    whole_us = bool((ev[["start_ns", "end_ns"]] % 1000 == 0).all().all())
+    assert (slack >= (-2000 if whole_us else 0)).all(), edges[slack < 0]
 
 
 def test_stream_order_chains_each_streams_events(trace_and_edges) -> None:
