@@ -5,7 +5,9 @@
 For each directory of Kineto traces (default: the public GPU traces of tests/data/gpu_traces, a
 directory per job), builds the graph of the last ProfilerStep every trace holds, simulates it
 as ``prism-simulate`` does, and prints per traced rank the step as recorded and as simulated,
-and the end of the step's GPU work as the trace's own timeline puts it and as simulated.
+and the end of the step's GPU work as the trace's own timeline puts it and as simulated: first
+with the launch and stream delays fitted on each trace, then with delays fitted on none of the
+job's traces (``held_out_delays``: the other jobs of its GPU family, else the whole corpus).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +29,7 @@ from prism.graph.sim.load import load_sim_graph
 from prism.graph.sim.predict import predict
 from prism.graph.sim.simulate import SimGraph, SimResult, simulate
 from prism.graph.traces.gpu import read_gpu_trace
-from prism.graph.traces.gpu_timeline import simulate_timeline, step_times
+from prism.graph.traces.gpu_timeline import LaunchModel, simulate_timeline, step_times
 from prism.graph.traces.kineto import NormalizeError
 from prism.schemas import graph_format as gf
 
@@ -56,44 +59,105 @@ def _job_dirs(root: Path) -> dict[str, Path]:
     return dirs
 
 
+FAMILIES = ("A100", "V100", "H100", "H200", "MI250", "MI300")
+
+
+def gpu_family(name: str | None) -> str:
+    """The GPU family a trace's device name names ("NVIDIA A100-SXM4-80GB" -> A100), else the
+    name itself (HTA's MI250 trace names its GPU "AMD Radeon Graphics"), or unknown."""
+    found = [f for f in FAMILIES if name and f in name.upper()]
+    return found[0] if found else (name or "unknown")
+
+
+@dataclass(frozen=True)
+class Built:
+    directory: Path
+    family: str
+    models: list[LaunchModel]
+    """The delays fitted on each traced rank."""
+
+
+def _median_model(models: list[LaunchModel]) -> LaunchModel:
+    return LaunchModel(
+        launch_ns=int(np.median([m.launch_ns for m in models])),
+        stream_ns=int(np.median([m.stream_ns for m in models])),
+    )
+
+
+def held_out_delays(name: str, built: dict[str, Built]) -> tuple[LaunchModel, str]:
+    """The delays a job is judged with, fitted on none of its traces: the median over the other
+    jobs of its GPU family, else over every other job (the corpus default)."""
+    others = {n: b for n, b in built.items() if n != name}
+    same = [m for b in others.values() if b.family == built[name].family for m in b.models]
+    if same and built[name].family != "unknown":
+        return _median_model(same), built[name].family
+    return _median_model([m for b in others.values() for m in b.models]), "corpus"
+
+
+def _errors(out: Path, built) -> dict[int, tuple[float, float, float, float]]:
+    """Per traced rank: recorded step, simulated step, the trace's own GPU end, the graph's (ms)."""
+    summary = predict(out)
+    graph = load_sim_graph(out)
+    result = simulate(graph, iterations=1)
+    rows = {}
+    for rank, traced in built.traced.items():
+        trace = read_gpu_trace(traced.path)
+        recorded_gpu = (
+            step_times(trace, simulate_timeline(trace)).set_index("step").at[built.step, "gpu_recorded_ms"]
+        )
+        rows[rank] = (
+            traced.recorded_ns / 1e6, summary.ranks["iteration_ns"][rank] / 1e6, recorded_gpu,
+            _gpu_end_ms(graph, result, rank, built.streams, out),
+        )  # fmt: skip
+    return rows
+
+
+def _pct(a: float, b: float) -> str:
+    return f"{100 * (a / b - 1):+.3f}" if b else ""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dirs", nargs="*", type=Path)
     args = parser.parse_args()
     table = Table(title="graphs from traces: each traced rank's ProfilerStep, recorded vs simulated")
-    columns = ("job", "ranks", "nodes", "build s", "rank", "step", "recorded ms", "simulated ms", "err %",
-               "GPU work: trace's timeline ms", "graph ms", "err %")  # fmt: skip
+    columns = ("job", "GPU", "ranks", "nodes", "build s", "rank", "step", "recorded ms", "simulated ms", "err %",
+               "GPU work: trace's timeline ms", "graph ms", "err %", "held-out delays from", "step err %", "GPU work err %")  # fmt: skip
     for column in columns:
-        table.add_column(column, justify="left" if column == "job" else "right")
+        table.add_column(
+            column, justify="left" if column in ("job", "GPU", "held-out delays from") else "right"
+        )
     with tempfile.TemporaryDirectory() as tmp:
         dirs = {d.name: d for d in args.dirs} if args.dirs else _job_dirs(Path(tmp))
+        built, rows = {}, {}
         for name, directory in dirs.items():
             out = Path(tmp) / f"{directory.name}.parquet"
             t0 = time.perf_counter()
             try:
-                built = build_from_traces(directory, out)
+                job = build_from_traces(directory, out)
             except (TraceGraphError, NormalizeError) as e:
                 raise SystemExit(f"error: {e}") from None
             took = time.perf_counter() - t0
-            summary = predict(out)
-            graph = load_sim_graph(out)
-            result = simulate(graph, iterations=1)
-            for rank, traced in built.traced.items():
-                simulated = summary.ranks["iteration_ns"][rank]
-                trace = read_gpu_trace(traced.path)
-                recorded_gpu = (
-                    step_times(trace, simulate_timeline(trace))
-                    .set_index("step")
-                    .at[built.step, "gpu_recorded_ms"]
-                )
-                gpu = _gpu_end_ms(graph, result, rank, built.streams, out)
+            first = read_gpu_trace(next(iter(job.traced.values())).path)
+            built[name] = Built(
+                directory, gpu_family(first.device_name), [t.model for t in job.traced.values()]
+            )
+            rows[name] = (job, took, len(load_sim_graph(out).kind), _errors(out, job))
+        for name, (job, took, nodes, fitted) in rows.items():
+            delays, source = held_out_delays(name, built) if len(built) > 1 else (None, "")
+            held = {}
+            if delays is not None:
+                out = Path(tmp) / f"{built[name].directory.name}.held.parquet"
+                held = _errors(out, build_from_traces(built[name].directory, out, delays=delays))
+            for rank, (recorded, simulated, recorded_gpu, gpu) in fitted.items():
+                h = held.get(rank)
                 table.add_row(
-                    name, f"{built.layout.world_size:,}", f"{len(graph.kind):,}", f"{took:.1f}", str(rank),
-                    str(built.step), f"{traced.recorded_ns / 1e6:.3f}", f"{simulated / 1e6:.3f}",
-                    f"{100 * (simulated / traced.recorded_ns - 1):+.3f}", f"{recorded_gpu:.3f}", f"{gpu:.3f}",
-                    f"{100 * (gpu / recorded_gpu - 1):+.3f}" if recorded_gpu else "",
+                    name, built[name].family, f"{job.layout.world_size:,}", f"{nodes:,}", f"{took:.1f}", str(rank),
+                    str(job.step), f"{recorded:.3f}", f"{simulated:.3f}", _pct(simulated, recorded),
+                    f"{recorded_gpu:.3f}", f"{gpu:.3f}", _pct(gpu, recorded_gpu),
+                    source, _pct(h[1], recorded) if h else "", _pct(h[3], recorded_gpu) if h else "",
                 )  # fmt: skip
-    Console(width=200).print(table)
+    Console(width=240).print(table)
 
 
 def _gpu_end_ms(graph: SimGraph, result: SimResult, rank: int, streams: list[str], path: Path) -> float:

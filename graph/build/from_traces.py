@@ -159,12 +159,15 @@ def common_step(traces: dict[int, GpuTrace], step: int | None) -> int:
     return working[-1]
 
 
-def traced_rank(rank: int, trace: GpuTrace, step_no: int, world: int) -> TracedRank:
-    """The rows of ``trace``'s step ``step_no``."""
+def traced_rank(
+    rank: int, trace: GpuTrace, step_no: int, world: int, delays: LaunchModel | None = None
+) -> TracedRank:
+    """The rows of ``trace``'s step ``step_no``; ``delays``: the launch and stream delays to
+    place its GPU work by (default: fitted on ``trace``)."""
     step = trace.steps[trace.steps["step"] == step_no].iloc[0]
     begin, finish = int(step["start_ns"]), int(step["end_ns"])
     edges = dependencies(trace)
-    model = LaunchModel.fit(trace, edges)
+    model = LaunchModel.fit(trace, edges) if delays is None else delays
     sub, sub_edges, new_row = _step_events(trace, edges, begin, finish)
     lanes = lane_graph(sub, sub_edges, model)
     g = lanes.graph
@@ -421,12 +424,18 @@ class TraceBuild:
 
 
 def build_from_traces(
-    directory: Path, out: Path, *, step: int | None = None, on_rank: Callable[[int, int], None] | None = None
+    directory: Path,
+    out: Path,
+    *,
+    step: int | None = None,
+    delays: LaunchModel | None = None,
+    on_rank: Callable[[int, int], None] | None = None,
 ) -> TraceBuild:
-    """Write the graph of the traces in ``directory`` to ``out`` (see the module's docstring)."""
+    """Write the graph of the traces in ``directory`` to ``out`` (see the module's docstring).
+    ``delays``: every rank's launch and stream delays (default: each fitted on its own trace)."""
     by_rank, world = read_ranks(trace_files(directory))
     step_no = common_step(by_rank, step)
-    traced = {r: traced_rank(r, t, step_no, world) for r, t in by_rank.items()}
+    traced = {r: traced_rank(r, t, step_no, world, delays) for r, t in by_rank.items()}
     try:
         layout = infer_layout({m for t in traced.values() for m in t.rows["members"] if m}, world)
     except GroupError as e:
@@ -450,6 +459,7 @@ def build_from_traces(
             gf.RECORDED_STEP_KEY: {str(r): t.recorded_ns for r, t in traced.items()},
             "filled_from": {str(r): p for r, p in filled_from.items()},
             "launch_model": {str(r): dataclasses.asdict(t.model) for r, t in traced.items()},
+            "launch_model_fitted": delays is None,
         },
     )  # fmt: skip
     with GraphWriter(out, metadata) as writer:

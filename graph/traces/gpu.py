@@ -93,6 +93,8 @@ class GpuTrace:
     """``distributedInfo.rank``, if recorded."""
     world_size: int | None
     """``distributedInfo.world_size``, if recorded."""
+    device_name: str | None
+    """The first GPU's name in ``deviceProperties`` ("NVIDIA A100-SXM4-80GB"), if recorded."""
     events: pd.DataFrame
     """One row per event, in start order: kind (``EventKind``), name, tid (CPU thread; -1 on the
     GPU), device, stream (-1 on the CPU), start_ns, end_ns, correlation (-1: none), external_id."""
@@ -155,6 +157,7 @@ def read_gpu_trace(path: Path) -> GpuTrace:
         path=path,
         rank=_int_or_none(info.get("rank")),
         world_size=_int_or_none(info.get("world_size")),
+        device_name=_device_name(data.get("deviceProperties")),
         events=events,
         syncs=pd.DataFrame(
             syncs,
@@ -163,6 +166,12 @@ def read_gpu_trace(path: Path) -> GpuTrace:
         steps=_steps(steps, base),
         collectives=_collectives(comm_args, events),
     )
+
+
+def _device_name(properties: object) -> str | None:
+    first = properties[0] if isinstance(properties, list) and properties else None
+    name = first.get("name") if isinstance(first, dict) else None
+    return name if isinstance(name, str) and name else None
 
 
 def _times(e: dict) -> tuple[float, float]:

@@ -196,3 +196,24 @@ def test_collectives_on_groups_no_layout_has_are_refused(tmp_path: Path) -> None
     assert done.exit_code == 2
     assert "collectives over ranks [0, 3] fit no layout of 4 ranks" in done.output, done.output
     assert not (tmp_path / "g.parquet").exists()
+
+
+def test_given_delays_place_the_gpu_work_instead_of_those_fitted_on_the_trace(tmp_path: Path) -> None:
+    """A graph judged on its own trace must be able to take delays fitted elsewhere."""
+    from prism.graph.build.from_traces import build_from_traces
+    from prism.graph.sim.predict import predict
+    from prism.graph.traces.gpu_timeline import LaunchModel
+
+    directory = _directory(tmp_path, ["event_sync.json.gz"])
+    fitted = build_from_traces(directory, tmp_path / "fitted.parquet")
+    assert read_metadata(tmp_path / "fitted.parquet").extra["launch_model_fitted"] is True
+    slow = LaunchModel(
+        launch_ns=fitted.traced[0].model.launch_ns + 200_000, stream_ns=fitted.traced[0].model.stream_ns
+    )
+    given = build_from_traces(directory, tmp_path / "given.parquet", delays=slow)
+    metadata = read_metadata(tmp_path / "given.parquet")
+    assert given.traced[0].model == slow and metadata.extra["launch_model_fitted"] is False
+    assert metadata.extra["launch_model"]["0"] == {"launch_ns": slow.launch_ns, "stream_ns": slow.stream_ns}
+    # Its syncs wait on GPU work each launched 0.2 ms later: the step comes out longer.
+    before, after = (predict(tmp_path / f"{n}.parquet").ranks["iteration_ns"][0] for n in ("fitted", "given"))
+    assert after > before + 200_000
