@@ -34,8 +34,8 @@ def _idle_before(graph: SimGraph, result: SimResult) -> np.ndarray:
     progress = np.where(graph.is_async, start, end)  # where the program was after each node
     reached = np.empty_like(start)
     reached[1:] = progress[:-1]
-    firsts = graph.rank_ptr[:-1]  # of every lane: it starts when its rank does
-    reached[firsts] = result.rank_start_ns[graph.rank_of_lane()]
+    firsts = graph.rank_ptr[:-1]  # of every lane
+    reached[firsts] = result.lane_start_ns
     return start - (reached + graph.gap)
 
 

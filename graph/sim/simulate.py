@@ -89,6 +89,15 @@ class SimGraph:
         """The rank of every lane."""
         return np.arange(self.lanes) if self.lane_rank is None else self.lane_rank
 
+    def main_lane(self) -> np.ndarray:
+        """Every rank's first lane: its one lane, or of a rank of several streams stream 0, the
+        thread that marked its step."""
+        return (
+            np.arange(self.lanes)
+            if self.lane_rank is None
+            else np.searchsorted(self.lane_rank, np.arange(self.ranks))
+        )
+
     def node_rank(self) -> np.ndarray:
         """The rank of every node (rows are grouped by rank)."""
         return np.repeat(self.rank_of_lane(), np.diff(self.rank_ptr))
@@ -121,9 +130,12 @@ class SimResult:
     end_ns: np.ndarray
     """End of every node in the last simulated iteration."""
     rank_start_ns: np.ndarray
-    """When every rank started the last simulated iteration."""
+    """When every rank started the last simulated iteration (its main lane: ``SimGraph.main_lane``)."""
     iteration_ns: np.ndarray
-    """Steady iteration time of every rank."""
+    """Steady iteration time of every rank: its slowest lane's period."""
+    lane_start_ns: np.ndarray
+    """When every lane started the last simulated iteration (of a graph of one lane a rank, the
+    ranks' starts)."""
     peak_bytes: np.ndarray
     """Peak memory of every rank."""
 
@@ -162,36 +174,44 @@ def peak_bytes(graph: SimGraph) -> np.ndarray:
     return static + high
 
 
+def _slowest(periods: np.ndarray, graph: SimGraph) -> np.ndarray:
+    """Each rank's longest lane period."""
+    if graph.lane_rank is None:
+        return periods
+    out = np.zeros(graph.ranks, np.int64)
+    np.maximum.at(out, graph.lane_rank, periods)
+    return out
+
+
 def simulate(graph: SimGraph, *, iterations: int = 2) -> SimResult:
     """Run ``iterations`` back-to-back passes; the last one gives the steady state.
 
     Identical dp replicas are simulated once (``prism.graph.sim.fold``: exact, every rank's times
-    are its representative's). A rank of several streams starts each pass on all of them at once,
-    when the last of them ended the pass before."""
+    are its representative's). Each lane starts a pass when it ended the one before: a rank's GPU
+    streams may still run the last step's work while its CPU thread begins the next, as a GPU
+    running behind its CPU does. A rank's iteration is the period of its slowest lane: in a steady
+    state every stream of a rank keeps the same pace, or one falls ever further behind."""
     check_total_time(graph, iterations)
     folding = fold_replicas(graph)
     g = folding.graph
     lane_rank = g.rank_of_lane()
-    clock = np.zeros(g.ranks, np.int64)
+    clock = np.zeros(g.lanes, np.int64)
     previous = clock
     for _ in range(iterations):
-        engine = Engine(g, clock[lane_rank])
+        engine = Engine(g, clock)
         engine.advance()
         start, end, pc = engine.start, engine.end, engine.pc
         stuck = np.flatnonzero(pc < g.rank_ptr[1:])
         if len(stuck):
             stuck = np.flatnonzero(np.isin(folding.rank_of, lane_rank[stuck]))  # as ranks of the full graph
             raise SimulationError(f"deadlock: {len(stuck)} rank(s) cannot finish, first rank {stuck[0]}")
-        lane_end = np.maximum.reduceat(end, g.rank_ptr[:-1])
-        if g.lane_rank is not None:
-            rank_end = np.full(g.ranks, np.iinfo(np.int64).min, np.int64)
-            np.maximum.at(rank_end, g.lane_rank, lane_end)
-            lane_end = rank_end
-        previous, clock = clock, lane_end
+        previous, clock = clock, np.maximum.reduceat(end, g.rank_ptr[:-1])
+    main = g.main_lane()
     return SimResult(
         start_ns=folding.per_node(start),
         end_ns=folding.per_node(end),
-        rank_start_ns=folding.per_rank(previous),
-        iteration_ns=folding.per_rank(clock - previous),
+        rank_start_ns=folding.per_rank(previous[main]),
+        iteration_ns=folding.per_rank(_slowest(clock - previous, g)),
+        lane_start_ns=previous if g.lane_rank is not None else folding.per_rank(previous),
         peak_bytes=folding.per_rank(peak_bytes(g)),  # folded replicas allocate alike too
     )

@@ -34,6 +34,8 @@ TRACES = {
     "h200_mlp_wide": (["h200_mlp_wide.json.gz"], 1, [0]),
     "amd_mi250_rocm": (["amd_mi250_rocm.json.gz"], 1, [0]),
     "a100_rank3_of_8": (["a100_rank3_of_8.json.gz"], 8, [3]),
+    "gpu_behind_cpu_a100": (["a100_rank0_of_16.json.gz"], 16, [0]),
+    "gpu_behind_cpu_v100": (["v100_epoch_times.json.gz"], 1, [0]),
 }
 
 

@@ -80,7 +80,7 @@ def test_gpu_lanes_wait_for_launches_collectives_and_syncs(tmp_path: Path) -> No
         assert list(start[gpu]) == [30, kernel_end]
         assert list(end[gpu]) == [kernel_end, 380]
         assert list(start[cpu]) == [0, 10, 380] and list(end[cpu]) == [10, 20, 385]
-    # Each pass starts every stream of a rank when its last one ended the pass before.
+    # The CPU thread waits for its GPU each pass: both streams keep its pace.
     assert list(result.iteration_ns) == [385, 385]
     assert list(result.rank_start_ns) == [385, 385]
     summary = predict(path)
@@ -156,3 +156,25 @@ def test_a_file_of_version_3_reads_with_no_lane_dependency(tmp_path: Path) -> No
     pq.write_table(table.replace_schema_metadata(schema.metadata), path, row_group_size=3)
     with pytest.raises(ValueError, match="column 'lane_deps' is missing"):
         load_sim_graph(path)
+
+
+@pytest.mark.parametrize(
+    ("cpu_ns", "kernel_ns", "period"),
+    [(90, 50, 100), (10, 150, 150)],
+    ids=["gpu-behind-keeps-up", "gpu-bound"],
+)
+def test_each_stream_starts_a_pass_when_it_is_free(
+    tmp_path: Path, cpu_ns: int, kernel_ns: int, period: int
+) -> None:
+    """A CPU thread that launches a kernel as its step ends and never waits for it: the GPU runs
+    behind, and a rank's iteration is the pace of its slowest stream, not the first pass's last end."""
+    cpu = [compute(cpu_ns), compute(10)]
+    gpu = [compute(kernel_ns, **{gf.LANE_DEPS: [on(0, 1, LAUNCH_NS)]})]
+    graph = load_sim_graph(write(tmp_path / "g.parquet", [[cpu, gpu], [cpu, gpu]]))  # two alike ranks
+    first = simulate(graph, iterations=1)
+    assert first.end_ns.max() == cpu_ns + 10 + LAUNCH_NS + kernel_ns  # the kernel outlives the CPU's step
+    steady = simulate(graph, iterations=3)
+    assert list(steady.iteration_ns) == [period, period]
+    # The last pass's kernel started when launched, or when its stream was free.
+    launched = steady.lane_start_ns[0] + cpu_ns + 10 + LAUNCH_NS
+    assert steady.start_ns[2] == max(launched, steady.lane_start_ns[1])
