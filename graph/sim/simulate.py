@@ -140,6 +140,8 @@ class SimResult:
     """Peak memory of every rank."""
 
 
+MAX_LANE_PASSES = 16
+"""Passes a graph of several lanes a rank may run for its periods to repeat."""
 MAX_TOTAL_NS = 2**62
 """Bound on the sum of every duration, gap and skew of a graph times the iterations simulated:
 no time the engine computes (int64 ns) can then overflow."""
@@ -190,14 +192,19 @@ def simulate(graph: SimGraph, *, iterations: int = 2) -> SimResult:
     are its representative's). Each lane starts a pass when it ended the one before: a rank's GPU
     streams may still run the last step's work while its CPU thread begins the next, as a GPU
     running behind its CPU does. A rank's iteration is the period of its slowest lane: in a steady
-    state every stream of a rank keeps the same pace, or one falls ever further behind."""
-    check_total_time(graph, iterations)
+    state every stream of a rank keeps the same pace, or one falls ever further behind. Asked for a
+    steady state (``iterations`` >= 2), a graph of several lanes a rank runs more passes until
+    every rank's period repeats (at most ``MAX_LANE_PASSES``): ranks whose streams began out of
+    step take a few to settle."""
+    lanes = graph.lane_rank is not None and iterations >= 2
+    check_total_time(graph, max(iterations, MAX_LANE_PASSES) if lanes else iterations)
     folding = fold_replicas(graph)
     g = folding.graph
     lane_rank = g.rank_of_lane()
     clock = np.zeros(g.lanes, np.int64)
     previous = clock
-    for _ in range(iterations):
+    periods = None
+    for done in range(1, (max(iterations, MAX_LANE_PASSES) if lanes else iterations) + 1):
         engine = Engine(g, clock)
         engine.advance()
         start, end, pc = engine.start, engine.end, engine.pc
@@ -206,12 +213,15 @@ def simulate(graph: SimGraph, *, iterations: int = 2) -> SimResult:
             stuck = np.flatnonzero(np.isin(folding.rank_of, lane_rank[stuck]))  # as ranks of the full graph
             raise SimulationError(f"deadlock: {len(stuck)} rank(s) cannot finish, first rank {stuck[0]}")
         previous, clock = clock, np.maximum.reduceat(end, g.rank_ptr[:-1])
+        periods, settled = _slowest(clock - previous, g), periods
+        if done >= iterations and (not lanes or np.array_equal(periods, settled)):
+            break
     main = g.main_lane()
     return SimResult(
         start_ns=folding.per_node(start),
         end_ns=folding.per_node(end),
         rank_start_ns=folding.per_rank(previous[main]),
-        iteration_ns=folding.per_rank(_slowest(clock - previous, g)),
+        iteration_ns=folding.per_rank(periods),
         lane_start_ns=previous if g.lane_rank is not None else folding.per_rank(previous),
         peak_bytes=folding.per_rank(peak_bytes(g)),  # folded replicas allocate alike too
     )

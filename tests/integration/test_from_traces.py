@@ -219,3 +219,22 @@ def test_given_delays_place_the_gpu_work_instead_of_those_fitted_on_the_trace(tm
     # Its syncs wait on GPU work each launched 0.2 ms later: the step comes out longer.
     before, after = (predict(tmp_path / f"{n}.parquet").ranks["iteration_ns"][0] for n in ("fitted", "given"))
     assert after > before + 200_000
+
+
+def test_ranks_that_began_their_step_out_of_step_settle_to_the_jobs_period(tmp_path: Path) -> None:
+    """PARAM's 8-rank DLRM job: its ranks began the traced step up to 7.5 ms apart and ended it
+    within 1 ms, held together by their collectives. The simulation runs passes until their
+    periods repeat, and every rank keeps the job's one period: the step of the rank that began
+    first (rank 1), which a two-pass simulation had not reached."""
+    from prism.graph.build.from_traces import build_from_traces
+    from prism.graph.sim.load import load_sim_graph
+    from prism.graph.sim.simulate import simulate
+
+    built = build_from_traces(
+        _directory(tmp_path, [f"dlrm_rank{r}.json.gz" for r in range(8)]), tmp_path / "g.parquet"
+    )
+    recorded = {r: t.recorded_ns for r, t in built.traced.items()}
+    assert sorted(recorded) == list(range(8)) and max(recorded, key=recorded.get) == 1
+    periods = simulate(load_sim_graph(tmp_path / "g.parquet")).iteration_ns
+    assert list(periods) == [periods[0]] * 8
+    assert periods[0] == pytest.approx(recorded[1], rel=0.01)
