@@ -25,7 +25,6 @@ from prism.graph.build.profiler_overhead import (
 )
 from prism.graph.build.program_graph import program_stages
 from prism.graph.build.retarget import StageHolding, holding, stage_parameters
-from prism.graph.build.shape import PipelineShape, ShapeError
 from prism.graph.build.templates import (
     GRAD_SYNC,
     OPTIM,
@@ -52,6 +51,7 @@ from prism.schemas.held_parameters import HeldParameters
 from prism.schemas.layout import ParallelLayout, Role
 from prism.schemas.layout_options import DEGREES, flag, given_differs
 from prism.schemas.manifest import PACED_MODE, CaptureFiles, CaptureManifest, ManifestError, read_manifest
+from prism.schemas.pipeline_shape import PipelineShape, ShapeError
 from prism.schemas.workload import reshaped
 
 ProgressCallback = Callable[[int, int], None]

@@ -16,7 +16,6 @@ import numpy as np
 import pandas as pd
 
 from prism.graph.build import op_table as ot
-from prism.graph.build.shape import PipelineShape
 from prism.graph.build.templates import (
     BWD,
     FWD,
@@ -35,6 +34,7 @@ from prism.schemas.annotations import Direction, Phase, block_kind
 from prism.schemas.grad_buckets import Bucket
 from prism.schemas.graph_format import POST_NAME, WAIT_NAME
 from prism.schemas.pipeline_schedule import Action, Step, one_f_one_b
+from prism.schemas.pipeline_shape import PipelineShape
 
 # Rank-independent columns of a stage program.
 MB, LAYER, GSEQ, P2P_DIR, P2P_SEQ, DEPS, IS_WAIT, SKEW, IDLE, OVERLAP = (

@@ -26,11 +26,11 @@ from prism.graph.build.compose import (
     wait_node,
     waiting_columns,
 )
-from prism.graph.build.shape import PipelineShape
 from prism.graph.build.templates import TemplateError, build_role_template, split_segments
 from prism.graph.comm.placement import LayoutTables
 from prism.schemas import graph_format as gf
 from prism.schemas.pipeline_schedule import Action, one_f_one_b
+from prism.schemas.pipeline_shape import PipelineShape
 
 CAPTURED = GPTConfig(layers=8, hidden=64, heads=4, seq_len=16, vocab=256, microbatches=8, tp=2, pp=4, dp=2)
 ACT_BYTES = CAPTURED.micro_batch_size * CAPTURED.seq_len * CAPTURED.hidden * 4

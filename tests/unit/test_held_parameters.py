@@ -16,11 +16,11 @@ from prism.capture.workloads.gpt.params import stage_buckets, static_bytes
 from prism.capture.workloads.gpt.train import GPTWorkload
 from prism.graph.build.builder import BuildError, stage_holdings
 from prism.graph.build.retarget import holding, stage_parameters
-from prism.graph.build.shape import PipelineShape
 from prism.graph.build.templates import TemplateError
 from prism.peers import BACKEND_NAME, FreeRunningClock, VirtualWorld, activate
 from prism.schemas.held_parameters import HeldParameters, HeldParametersError
 from prism.schemas.layout import Role
+from prism.schemas.pipeline_shape import PipelineShape
 
 CONFIG = GPTConfig(
     layers=8, hidden=64, heads=4, seq_len=16, vocab=256, microbatches=4, tp=2, pp=4, dp=2, grad_bucket_mb=0.02

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from prism.capture.workloads.gpt.config import GPTConfig
-from prism.graph.build.shape import PipelineShape, ShapeError
 from prism.schemas.layout import ParallelLayout
 from prism.schemas.manifest import ManifestError, RankJob
+from prism.schemas.pipeline_shape import PipelineShape, ShapeError
 from prism.schemas.workload import RecordError, record_device, record_layout, record_shape, reshaped
 
 CONFIG = GPTConfig(layers=8, hidden=64, heads=4, microbatches=4, tp=2, pp=2, dp=4, device="cpu")

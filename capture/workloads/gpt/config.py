@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 
 from prism.schemas.layout import ParallelLayout
+from prism.schemas.pipeline_shape import PipelineShape, ShapeError
 from prism.schemas.workload import DEVICES
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
@@ -82,12 +83,19 @@ class GPTConfig:
         return ITEMSIZE[self.dtype]
 
     @property
+    def shape(self) -> PipelineShape:
+        """Its layout, microbatches and layers (``ShapeError`` where 1F1B cannot run them)."""
+        return PipelineShape(
+            tp=self.tp, pp=self.pp, dp=self.dp, microbatches=self.microbatches, layers=self.layers
+        )
+
+    @property
     def layout(self) -> ParallelLayout:
-        return ParallelLayout(tp=self.tp, pp=self.pp, dp=self.dp)
+        return self.shape.layout
 
     @property
     def layers_per_stage(self) -> int:
-        return self.layers // self.pp
+        return self.shape.layers_per_stage
 
     @property
     def head_dim(self) -> int:
@@ -95,8 +103,7 @@ class GPTConfig:
 
     def stage_layers(self, stage: int) -> range:
         """Global indices of the layers that ``stage`` holds."""
-        n = self.layers_per_stage
-        return range(stage * n, (stage + 1) * n)
+        return self.shape.stage_layers(stage)
 
     def validate(self) -> None:
         for name in INT_FIELDS:
@@ -114,11 +121,6 @@ class GPTConfig:
             (self.heads % self.tp == 0, f"heads ({self.heads}) must be divisible by tp ({self.tp})"),
             (self.ffn % self.tp == 0, f"ffn hidden ({self.ffn}) must be divisible by tp ({self.tp})"),
             (self.vocab % self.tp == 0, f"vocab ({self.vocab}) must be divisible by tp ({self.tp})"),
-            (self.layers % self.pp == 0, f"layers ({self.layers}) must be divisible by pp ({self.pp})"),
-            (
-                self.microbatches >= self.pp,
-                f"microbatches ({self.microbatches}) must be at least pp ({self.pp}) for the 1F1B schedule",
-            ),
             (self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}"),
             (self.device in DEVICES, f"device must be one of {', '.join(DEVICES)}, got {self.device!r}"),
             (self.grad_bucket_mb > 0, f"grad bucket size must be positive, got {self.grad_bucket_mb}"),
@@ -126,7 +128,10 @@ class GPTConfig:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
-        self.layout  # noqa: B018  (validates the degrees)
+        try:
+            self.layout  # noqa: B018  (validates the layers over pp, the microbatches, the degrees)
+        except ShapeError as e:
+            raise ConfigError(str(e)) from None
 
     def with_layout(self, *, tp: int, pp: int, dp: int) -> GPTConfig:
         return replace(self, tp=tp, pp=pp, dp=dp)

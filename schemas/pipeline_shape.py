@@ -1,7 +1,8 @@
-"""The shape a composed graph's schedule is cut by: the layout, the microbatches of an iteration
-and the layers its pipeline stages share, as the workload record names them
-(``prism.schemas.workload``). A target shape differs from the captured one where the user asks
-for another pp, dp, layer count or microbatch count; tp sets the per-rank shapes and stays.
+"""The shape a 1F1B pipeline job is cut by: its layout, the microbatches of an iteration and the
+layers its stages share, as the workload record names them (``prism.schemas.workload``). The
+built-in workload runs it; the graph builder composes a target's schedule from it, which differs
+from the captured one where the user asks for another pp, dp, layer count or microbatch count
+(tp sets the per-rank shapes and stays).
 """
 
 from __future__ import annotations
