@@ -8,6 +8,8 @@ as ``prism-simulate`` does, and prints per traced rank the step as recorded and 
 and the end of the step's GPU work as the trace's own timeline puts it and as simulated: first
 with the launch and stream delays fitted on each trace, then with delays fitted on none of the
 job's traces (``held_out_delays``: the other jobs of its GPU family, else the whole corpus).
+Then each job of several traced ranks is built from one of them alone and its other ranks
+predicted (``cross_rank_table``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import argparse
 import shutil
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +26,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from prism.graph.build.from_traces import TraceGraphError, build_from_traces
+from prism.graph.build.from_traces import TracedRank, TraceGraphError, build_from_traces
 from prism.graph.io.parquet import read_rank
 from prism.graph.sim.load import load_sim_graph
 from prism.graph.sim.predict import predict
@@ -157,7 +160,52 @@ def main() -> None:
                     f"{recorded_gpu:.3f}", f"{gpu:.3f}", _pct(gpu, recorded_gpu),
                     source, _pct(h[1], recorded) if h else "", _pct(h[3], recorded_gpu) if h else "",
                 )  # fmt: skip
-    Console(width=240).print(table)
+        console = Console(width=240)
+        console.print(table)
+        console.print(cross_rank_table(rows, dirs, Path(tmp)))
+
+
+def gpu_work(traced: TracedRank) -> frozenset:
+    """The step's GPU work as a multiset of kernel and copy names: ranks of one role run the same."""
+    rows = traced.rows
+    on_gpu = np.array([" stream " in traced.lanes[lane] for lane in rows["lane"]], dtype=bool)
+    return frozenset(Counter(rows["name"][on_gpu]).items())
+
+
+def cross_rank_table(rows: dict, dirs: dict[str, Path], tmp: Path) -> Table:
+    """Each multi-rank job built from one traced rank alone (as a capture records one rank a
+    role), its other traced ranks of the same role (the same GPU work in the step) predicted by
+    it, against what they recorded; ranks of other roles are listed, not predicted."""
+    table = Table(title="one rank's trace for its role: the role's other traced ranks predicted")
+    for column in ("job", "role", "from rank", "predicted ms", "rank", "recorded ms", "err %"):
+        table.add_column(column, justify="left" if column in ("job", "role") else "right")
+    for name, (job, _, _, _) in rows.items():
+        if len(job.traced) < 2:
+            continue
+        roles: dict[frozenset, list[int]] = {}
+        for rank, traced in sorted(job.traced.items()):
+            roles.setdefault(gpu_work(traced), []).append(rank)
+        for members in roles.values():
+            label = ", ".join(map(str, members))
+            if len(members) == 1:
+                table.add_row(name, label, "", "", "", "", "its own role")
+                continue
+            for rank in members:
+                traced = job.traced[rank]
+                alone = tmp / f"{dirs[name].name}.from{rank}"
+                alone.mkdir()
+                shutil.copy(traced.path, alone / traced.path.name)
+                out = tmp / f"{alone.name}.parquet"
+                build_from_traces(alone, out)
+                predicted = predict(out).ranks["iteration_ns"]
+                for other in members:
+                    if other != rank:
+                        recorded = job.traced[other].recorded_ns
+                        table.add_row(
+                            name, label, str(rank), f"{predicted[other] / 1e6:.3f}", str(other),
+                            f"{recorded / 1e6:.3f}", _pct(predicted[other], recorded),
+                        )  # fmt: skip
+    return table
 
 
 def _gpu_end_ms(graph: SimGraph, result: SimResult, rank: int, streams: list[str], path: Path) -> float:
