@@ -36,8 +36,15 @@ from prism.fidelity import (
     resolve_spec,
     run_case_detailed,
 )
+from prism.fidelity.compare import steal_line
 from prism.fidelity.explain import concurrency_probe
-from prism.fidelity.options import add_case_options, case_texts, check_case_options, program_cases
+from prism.fidelity.options import (
+    add_case_options,
+    case_texts,
+    check_case_options,
+    program_cases,
+    steal_settings,
+)
 from prism.fidelity.program_case import ProgramRunFailed, run_program_case
 from prism.fidelity.report import (
     breakdown_table,
@@ -172,6 +179,7 @@ def settings_of(args: argparse.Namespace, spec: ClusterSpec, **more: object) -> 
         work_dir=args.work_dir,
         matched_load=not args.slice_alone,
         replay=not args.no_replay,
+        **steal_settings(args),
         **more,
     )
     return with_spec(common, spec, args)
@@ -267,6 +275,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
         tables += (collectives_table(collectives, ids),)
     for table in tables:
         console.print(table)
+    console.print(steal_line(every), highlight=False)
     elapsed = time.perf_counter() - started
     console.print(
         f"2-process CPU concurrency probe (1.0 = no slow-down): {probes or 'skipped'}; took {elapsed:.0f} s",
@@ -295,6 +304,8 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
                     "paced": settings.paced,
                     "paced_load": settings.paced_load,
                     "bracket": settings.bracket,
+                    "steal_limit_pct": settings.steal_limit_pct,
+                    "steal_tries": settings.steal_tries,
                     "hold_calls": settings.hold_calls is not None,
                     "concurrency_probe": probes,
                     "elapsed_s": round(elapsed, 1),

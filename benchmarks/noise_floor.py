@@ -31,8 +31,15 @@ from prism.fidelity import (
     mean_errors,
     parse_case,
 )
+from prism.fidelity.compare import steal_line
 from prism.fidelity.noise_floor import FLOOR, beside_floor, case_floor, program_floor
-from prism.fidelity.options import add_case_options, case_texts, check_case_options, program_cases
+from prism.fidelity.options import (
+    add_case_options,
+    case_texts,
+    check_case_options,
+    program_cases,
+    steal_settings,
+)
 from prism.fidelity.program_case import ProgramRunFailed
 from prism.fidelity.report import case_ids, legend_table, machine, phase_table, records_table, summary_table
 from prism.schemas.files import write_json_atomic
@@ -75,7 +82,11 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"[bold red]error:[/] {args.against} is not a fidelity JSON: {e}", highlight=False)
             return 2
     settings = RunSettings(
-        warmup=args.warmup, iterations=args.iterations, work_dir=args.work_dir, bracket=not args.no_bracket
+        warmup=args.warmup,
+        iterations=args.iterations,
+        work_dir=args.work_dir,
+        bracket=not args.no_bracket,
+        **steal_settings(args),
     )
     try:
         records = _measure(args, settings)
@@ -97,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print(table)
     for line in beside_summary(rows):
         console.print(line, highlight=False)
+    console.print(steal_line(records), highlight=False)
     elapsed = time.perf_counter() - started
     console.print(f"took {elapsed:.0f} s", highlight=False)
     if args.json:

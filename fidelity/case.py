@@ -6,6 +6,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from prism.capture.workloads.gpt.config import GPTConfig
@@ -20,6 +21,7 @@ from prism.fidelity.measure import (
     predict,
     predict_paced,
     replay_roles,
+    unstolen,
 )
 from prism.graph.comm.call_latency import capture_latencies
 from prism.schemas.cluster import ClusterSpec
@@ -77,7 +79,11 @@ def run_case_detailed(
             bracket = settings.replay and settings.bracket
             if not bracket:
                 say(f"{step} every rank real")
-                real.append(measure_real(config, settings, root / "real"))
+                real.append(
+                    unstolen(
+                        partial(measure_real, config, settings, root / "real"), settings, root / "real", say
+                    )
+                )
             say(f"{step} slice capture, build, simulate")
             predicted, slice_parts = predict(config, spec, settings, root, captured)
             pred.append(predicted)
@@ -89,13 +95,17 @@ def run_case_detailed(
                 graph = PACED_GRAPH
             if bracket:
                 say(f"{step} every rank real (before the replay)")
-                before = measure_real(config, settings, root / "real")
+                before = unstolen(
+                    partial(measure_real, config, settings, root / "real"), settings, root / "real", say
+                )
             if settings.replay:
                 say(f"{step} replay of each role's rank against {graph}")
-                replayed.append(replay_roles(config, settings, root, graph))
+                replay = partial(replay_roles, config, settings, root, graph)
+                replayed.append(unstolen(replay, settings, root / "replay", say))
             if bracket:
                 say(f"{step} every rank real (after the replay)")
-                real.append(bracketed(before, measure_real(config, settings, root / "real_after")))
+                after = partial(measure_real, config, settings, root / "real_after")
+                real.append(bracketed(before, unstolen(after, settings, root / "real_after", say)))
             latencies += capture_latencies(root / "real")
     return CaseResult(
         records=paired_records(label, real, pred)

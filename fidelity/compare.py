@@ -79,6 +79,7 @@ def paired_records(
                 "within_noise": bool(abs(_err_pct(pred_ms, real_ms)) <= moved),
             }
         )  # fmt: skip
+        records[-1].update(_machine_fields([run[rank] for run in real], [run[rank] for run in pred]))
         real_own = [run[rank].own_ms for run in real if run[rank].own_ms is not None]
         pred_own = [run[rank].own_ms for run in pred if run[rank].own_ms is not None]
         if real_own and pred_own:  # the iteration by phase against the real run's
@@ -94,6 +95,44 @@ def paired_records(
             records[-1]["corrected_err_pct"] = round(_err_pct(_median(corrected), real_ms), 2)
             records[-1]["graph_phase_err"] = _phase_errors([run[rank].phases_ms or {} for run in pred])
     return records
+
+
+def _machine_fields(real: list[RankRun], pred: list[RankRun]) -> dict:
+    """How clean the runs behind a record were: the most CPU time stolen during a kept real run
+    and a kept twin or replayed one (``prism.fidelity.steal``), the runs made again for it, and
+    the seconds of iterations a real run's median is taken over."""
+
+    def most(runs: list[RankRun]) -> float | None:
+        stolen = [r.steal_pct for r in runs if r.steal_pct is not None]
+        return round(max(stolen), 2) if stolen else None
+
+    windows = [r.window_ns for r in real if r.window_ns]
+    return {
+        "real_steal_pct": most(real),
+        "pred_steal_pct": most(pred),
+        "real_reruns": sum(r.tries - 1 for r in real),
+        "pred_reruns": sum(r.tries - 1 for r in pred),
+        "real_window_s": round(_median(windows) / 1e9, 3) if windows else None,
+    }
+
+
+def steal_line(records: list[dict]) -> str:
+    """One line on how clean the records' runs were (``_machine_fields``)."""
+    stolen = [r[k] for r in records for k in ("real_steal_pct", "pred_steal_pct") if r.get(k) is not None]
+    windows = [r["real_window_s"] for r in records if r.get("real_window_s") is not None]
+    if not stolen:
+        return "CPU time stolen from the machine: not measured"
+    # Every rank of a case shares its real runs, and every rank of a source its replayed or twin runs.
+    real = {r["case"]: r.get("real_reruns", 0) for r in records}
+    pred = {(r["case"], r["source"]): r.get("pred_reruns", 0) for r in records}
+    reruns = sum(real.values()) + sum(pred.values())
+    window = (
+        f"; a real run's median over {min(windows):.2f}-{max(windows):.2f} s of iterations" if windows else ""
+    )
+    return (
+        f"CPU time stolen from the machine during a kept run: at most {max(stolen):.2f} % "
+        f"(median {float(np.median(stolen)):.2f} %); runs made again for it: {reruns}{window}"
+    )
 
 
 def _own_phase_errors(real: list[dict[str, float]], pred: list[dict[str, float]]) -> dict[str, dict]:

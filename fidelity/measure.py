@@ -24,6 +24,7 @@ from prism.fidelity.explain import (
     sim_breakdown,
 )
 from prism.fidelity.load import MatchedLoad
+from prism.fidelity.steal import STEAL_LIMIT_PCT, STEAL_TRIES, run_unstolen
 from prism.graph.build.builder import BuildOptions, build_graph
 from prism.graph.build.normalize import normalize_rank
 from prism.graph.build.profiler_overhead import Correction
@@ -90,6 +91,11 @@ class RunSettings:
     take the repeat's real time as the mean of the two: a drift of the machine during the
     replay cancels to first order (the real side moved by up to 20 % between runs an hour
     apart on the 2-vCPU VM). False: one real run per repeat, first."""
+    steal_limit_pct: float | None = STEAL_LIMIT_PCT
+    """A real, twin or replayed run that had more of the machine's CPU time stolen is run again
+    (``prism.fidelity.steal``); None: every run is kept."""
+    steal_tries: int = STEAL_TRIES
+    """Runs at most of one side of a repeat, the first included."""
 
     def paces(self, config: GPTConfig) -> bool:
         """Whether ``config``'s case is also captured paced."""
@@ -125,6 +131,13 @@ class RankRun:
     blocks_ms: dict[str, float] | None = None
     """Programs: the iteration by block, each block's calls inside it (``explain.block_phases_ms``),
     ms: the split a fully real run of a program measures of itself."""
+    window_ns: float = 0.0
+    """Real runs: the wall time of the iterations ``iter_ns`` is the median of."""
+    steal_pct: float | None = None
+    """Real, twin and replayed runs: the share of the machine's CPU time stolen while the kept run
+    ran (``prism.fidelity.steal``), in %; None: not measured."""
+    tries: int = 1
+    """Runs made to keep this one (more than 1: earlier ones had too much stolen)."""
 
 
 def _steady_ns(manifest: CaptureManifest, rank: int) -> float:
@@ -156,6 +169,7 @@ def measure_real(config: GPTConfig, settings: RunSettings, out: Path) -> dict[in
         steady = _steady_ns(manifest, rank)
         runs[rank] = RankRun(
             iter_ns=steady,
+            window_ns=float(sum(clean_unprofiled(result.iteration_ns, manifest.job.warmup))),
             own_ms=measured_phases_ms(result, settings.warmup),
             peak_bytes=static_bytes(config, config.layout.stage(rank)) + mem.peak_delta_bytes,
             parts_ms=decompose(normalize_rank(out, rank)),
@@ -174,10 +188,32 @@ def bracketed(before: dict[int, RankRun], after: dict[int, RankRun]) -> dict[int
             run,
             iter_ns=(run.iter_ns + after[rank].iter_ns) / 2,
             bracket_ns=(run.iter_ns, after[rank].iter_ns),
+            window_ns=run.window_ns + after[rank].window_ns,
+            steal_pct=_most(run.steal_pct, after[rank].steal_pct),
+            tries=run.tries + after[rank].tries - 1,
             own_ms=_mean_phases(run.own_ms, after[rank].own_ms),
         )
         for rank, run in before.items()
     }
+
+
+def _most(a: float | None, b: float | None) -> float | None:
+    return None if a is None and b is None else max(x for x in (a, b) if x is not None)
+
+
+def unstolen(
+    run: Callable[[], dict[int, RankRun]],
+    settings: RunSettings,
+    out: Path,
+    say: Callable[[str], None] | None = None,
+) -> dict[int, RankRun]:
+    """``run()``'s runs, made again while the machine had more CPU time stolen than
+    ``settings.steal_limit_pct`` (``prism.fidelity.steal.run_unstolen``), each with the steal it saw.
+    ``out``: the folder ``run`` writes."""
+    runs, stolen = run_unstolen(
+        run, out=out, limit_pct=settings.steal_limit_pct, tries=settings.steal_tries, say=say
+    )
+    return {rank: replace(r, steal_pct=stolen.pct, tries=stolen.tries) for rank, r in runs.items()}
 
 
 def _mean_phases(a: dict[str, float] | None, b: dict[str, float] | None) -> dict[str, float] | None:

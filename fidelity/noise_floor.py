@@ -14,13 +14,14 @@ same repeats on the same machine. A target below that floor cannot be told from 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from prism.capture.workloads.gpt.config import GPTConfig
 from prism.fidelity.case import Progress, repeat_dir
 from prism.fidelity.cases import case_label
 from prism.fidelity.compare import paired_records
-from prism.fidelity.measure import RankRun, RunSettings, bracketed, measure_real
+from prism.fidelity.measure import RankRun, RunSettings, bracketed, measure_real, unstolen
 from prism.fidelity.program_case import ProgramCase, measure_real_program
 
 FLOOR = "floor"
@@ -64,9 +65,13 @@ def _floor(
     for repeat in range(repeats):
         with repeat_dir(settings, label, repeat) as root:
             say(f"[{label}] repeat {repeat + 1}/{repeats}: every rank real, then its twin run")
-            before = run(root, "real")
-            twin.append(run(root, "twin"))
-            real.append(bracketed(before, run(root, "real_after")) if bracket else before)
+
+            def kept(name: str, root: Path = root) -> dict[int, RankRun]:
+                return unstolen(partial(run, root, name), settings, root / name, say)
+
+            before = kept("real")
+            twin.append(kept("twin"))
+            real.append(bracketed(before, kept("real_after")) if bracket else before)
     return paired_records(label, real, twin, FLOOR)
 
 

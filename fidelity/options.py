@@ -41,10 +41,20 @@ def add_case_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each side per case (medians kept)")
     parser.add_argument("--warmup", type=int, default=RunSettings.warmup)
     parser.add_argument("--iterations", type=int, default=RunSettings.iterations, help="profiled iterations")
+    parser.add_argument(
+        "--steal-limit", type=float, default=RunSettings.steal_limit_pct, metavar="PCT",
+        help="run a real, twin or replayed run again (at most --steal-tries runs) when more than PCT %% of "
+        "the machine's CPU time was stolen during it; a negative PCT keeps every run [default: %(default)s]",
+    )  # fmt: skip
+    parser.add_argument(
+        "--steal-tries", type=int, default=RunSettings.steal_tries, help="[default: %(default)s]"
+    )
 
 
 def check_case_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """One ``error:`` line (argparse's, exit 2) for options that do not go together."""
+    if args.steal_tries < 1:
+        parser.error(f"--steal-tries must be at least 1, got {args.steal_tries}")
     if args.program and args.case:
         parser.error("--program and --case are separate runs")
     if args.random and (args.case or args.program):
@@ -57,6 +67,14 @@ def check_case_options(parser: argparse.ArgumentParser, args: argparse.Namespace
         parser.error(
             f"--warmup must be at least {MIN_WARMUP}: the real run's time is its clean unprofiled iterations"
         )
+
+
+def steal_settings(args: argparse.Namespace) -> dict:
+    """``RunSettings``' steal limit and tries from --steal-limit and --steal-tries."""
+    return {
+        "steal_limit_pct": None if args.steal_limit < 0 else args.steal_limit,
+        "steal_tries": args.steal_tries,
+    }
 
 
 def case_texts(args: argparse.Namespace) -> list[str]:

@@ -39,7 +39,7 @@ from prism.capture.runner import CaptureOptions, RealMode, run_capture
 from prism.fidelity.case import repeat_dir
 from prism.fidelity.compare import paired_records
 from prism.fidelity.explain import block_phases_ms, measured_blocks_ms, sim_breakdown
-from prism.fidelity.measure import RankRun, RunSettings, beside_load, replayed_run
+from prism.fidelity.measure import RankRun, RunSettings, beside_load, replayed_run, unstolen
 from prism.fidelity.timed_run import TimedRun, result_path, trace_path
 from prism.fidelity.torchrun import torchrun_command
 from prism.graph.build.builder import BuildOptions, build_graph
@@ -113,10 +113,11 @@ def measure_real_program(
     runs, hooks = {}, {}
     for rank in range(world):
         timed = TimedRun.read(result_path(out, rank))
-        steady = statistics.median(clean_unprofiled(timed.iteration_ns, settings.warmup))
+        clean = clean_unprofiled(timed.iteration_ns, settings.warmup)
         memory = iteration_memory(trace_path(out, rank), after_first=True)
         runs[rank] = RankRun(
-            iter_ns=float(steady),
+            iter_ns=float(statistics.median(clean)),
+            window_ns=float(sum(clean)),
             peak_bytes=timed.static_bytes + memory.peak_delta_bytes,
             parts_ms={},
             dynamic_bytes=memory.peak_delta_bytes,
@@ -201,14 +202,20 @@ def run_program_case(
         with repeat_dir(settings, case.label, repeat) as root:
             step = f"[{case.label}] repeat {repeat + 1}/{repeats}:"
             say(f"{step} every rank real under torchrun")
-            runs, hook = measure_real_program(case, settings, root / "real")
-            real.append(runs)
-            hooks.append(hook)
+            kept: dict = {}  # the hook's cost of the run kept
+
+            def real_run(root: Path = root, kept: dict = kept) -> dict[int, RankRun]:
+                runs, kept["hook"] = measure_real_program(case, settings, root / "real")
+                return runs
+
+            real.append(unstolen(real_run, settings, root / "real", say))
+            hooks.append(kept["hook"])
             say(f"{step} capture, build, simulate")
             pred.append(predict_program(case, spec, settings, root))
             if settings.replay:
                 say(f"{step} replay of each captured rank")
-                replayed.append(replay_program(case, settings, root))
+                replay = partial(replay_program, case, settings, root)
+                replayed.append(unstolen(replay, settings, root / "replay", say))
     hook_rows = []
     for rank in sorted(real[0]):
         hook_ns = statistics.median(h[rank][0] for h in hooks)

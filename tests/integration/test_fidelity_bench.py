@@ -37,6 +37,11 @@ RECORD_TYPES = {
     "err_ci95_pct": (list, type(None)),
     "real_spread_pct": float,
     "within_noise": bool,
+    "real_steal_pct": float,
+    "pred_steal_pct": (float, type(None)),  # a simulation's: no run
+    "real_reruns": int,
+    "pred_reruns": int,
+    "real_window_s": float,
 }
 REPLAY_RECORD_TYPES = RECORD_TYPES | {
     "pred_corrected_ms": float,
