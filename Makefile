@@ -197,6 +197,13 @@ results-mesh: install
 	    --json benchmarks/results/fidelity_mesh_cp.json --program "examples/cp.py --cp 2 --steps 40"
 	$(RECORD) noise_floor_mesh_cp -- $(FLOOR_PROGRAMS) --cp 2 --against benchmarks/results/fidelity_mesh_cp.json \
 	    --json benchmarks/results/noise_floor_mesh_cp.json --program "examples/cp.py --cp 2 --steps 40"
+	$(RECORD) noise_floor_mesh_moe -- $(FLOOR_PROGRAMS) --dp 2 --ep 2 --against benchmarks/results/fidelity_mesh_moe.json \
+	    --json benchmarks/results/noise_floor_mesh_moe.json --program "examples/moe.py --ep 2 --steps 40"
+	$(RECORD) fidelity_mesh_hsdp -- $(FIDELITY_PROGRAMS) --dp-replicate 2 --dp-shard 2 --cluster-spec $(MESH_SPEC) \
+	    --json benchmarks/results/fidelity_mesh_hsdp.json --program "examples/fsdp2.py --replicate 2 --steps 400"
+	$(RECORD) noise_floor_mesh_hsdp -- $(FLOOR_PROGRAMS) --dp-replicate 2 --dp-shard 2 \
+	    --against benchmarks/results/fidelity_mesh_hsdp.json --json benchmarks/results/noise_floor_mesh_hsdp.json \
+	    --program "examples/fsdp2.py --replicate 2 --steps 400"
 
 # The noise floor of results-programs: each program's real run against a second real run of it
 # where the replay stands, eight repeats, beside the latest records (about 25 min).

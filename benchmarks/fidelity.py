@@ -42,8 +42,8 @@ from prism.fidelity.options import (
     add_case_options,
     case_texts,
     check_case_options,
+    measuring_settings,
     program_cases,
-    steal_settings,
 )
 from prism.fidelity.program_case import ProgramRunFailed, run_program_case
 from prism.fidelity.report import (
@@ -179,7 +179,7 @@ def settings_of(args: argparse.Namespace, spec: ClusterSpec, **more: object) -> 
         work_dir=args.work_dir,
         matched_load=not args.slice_alone,
         replay=not args.no_replay,
-        **steal_settings(args),
+        **measuring_settings(args),
         **more,
     )
     return with_spec(common, spec, args)
@@ -306,6 +306,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
                     "bracket": settings.bracket,
                     "steal_limit_pct": settings.steal_limit_pct,
                     "steal_tries": settings.steal_tries,
+                    "window_s": settings.window_s,
                     "hold_calls": settings.hold_calls is not None,
                     "concurrency_probe": probes,
                     "elapsed_s": round(elapsed, 1),

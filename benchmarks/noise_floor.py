@@ -37,8 +37,8 @@ from prism.fidelity.options import (
     add_case_options,
     case_texts,
     check_case_options,
+    measuring_settings,
     program_cases,
-    steal_settings,
 )
 from prism.fidelity.program_case import ProgramRunFailed
 from prism.fidelity.report import case_ids, legend_table, machine, phase_table, records_table, summary_table
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         iterations=args.iterations,
         work_dir=args.work_dir,
         bracket=not args.no_bracket,
-        **steal_settings(args),
+        **measuring_settings(args),
     )
     try:
         records = _measure(args, settings)

@@ -22,6 +22,7 @@ from prism.fidelity.measure import (
     predict_paced,
     replay_roles,
     unstolen,
+    windowed,
 )
 from prism.graph.comm.call_latency import capture_latencies
 from prism.schemas.cluster import ClusterSpec
@@ -59,6 +60,16 @@ def repeat_dir(settings: RunSettings, label: str, repeat: int) -> Iterator[Path]
     yield path
 
 
+def fit_window(settings: RunSettings, probe, label: str, say: Progress) -> RunSettings:
+    """``settings`` with the warm-up that spans ``settings.window_s`` (``measure.windowed``)."""
+    if settings.window_s is None:
+        return settings
+    say(f"[{label}] a probe real run, for the warm-up that spans {settings.window_s:g} s")
+    fitted = windowed(settings, probe)
+    say(f"[{label}] warm-up {fitted.warmup} iterations")
+    return fitted
+
+
 def run_case_detailed(
     config: GPTConfig,
     repeats: int,
@@ -69,9 +80,9 @@ def run_case_detailed(
 ) -> CaseResult:
     """Measure and predict ``config`` ``repeats`` times (real run and slice interleaved) and pair
     them; the slice captures ``captured`` (default: ``config``) and the graph is built for ``config``."""
-    settings = settings or RunSettings()
     say = progress or (lambda _: None)
     label = case_label(config, captured)
+    settings = fit_window(settings or RunSettings(), partial(measure_real, config), label, say)
     real, pred, paced, replayed, slices, latencies = [], [], [], [], [], []
     for repeat in range(repeats):
         with repeat_dir(settings, label, repeat) as root:

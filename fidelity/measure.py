@@ -4,7 +4,9 @@ the replay of each role's rank; what each measured or predicted per rank (``Rank
 from __future__ import annotations
 
 import json
+import math
 import statistics
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -96,6 +98,9 @@ class RunSettings:
     (``prism.fidelity.steal``); None: every run is kept."""
     steal_tries: int = STEAL_TRIES
     """Runs at most of one side of a repeat, the first included."""
+    window_s: float | None = None
+    """Seconds of clean unprofiled iterations each run's median is taken over: the warm-up of a
+    case grows to span them, by a probe real run's iteration time (``windowed``); None: ``warmup``."""
 
     def paces(self, config: GPTConfig) -> bool:
         """Whether ``config``'s case is also captured paced."""
@@ -195,6 +200,18 @@ def bracketed(before: dict[int, RankRun], after: dict[int, RankRun]) -> dict[int
         )
         for rank, run in before.items()
     }
+
+
+def windowed(settings: RunSettings, probe: Callable[[RunSettings, Path], dict[int, RankRun]]) -> RunSettings:
+    """``settings`` whose warm-up spans ``settings.window_s`` seconds of clean iterations on every
+    rank, as fast as ``probe`` (one real run into the folder given, at ``settings``) ran them;
+    never shorter than ``settings.warmup``."""
+    if settings.window_s is None:
+        return settings
+    with tempfile.TemporaryDirectory(prefix="prism-window-") as tmp:
+        fastest_ns = min(run.iter_ns for run in probe(settings, Path(tmp) / "probe").values())
+    clean = math.ceil(settings.window_s * 1e9 / fastest_ns)
+    return replace(settings, warmup=max(settings.warmup, clean + 2))  # the cold and the last aside
 
 
 def _most(a: float | None, b: float | None) -> float | None:

@@ -18,11 +18,11 @@ from functools import partial
 from pathlib import Path
 
 from prism.capture.workloads.gpt.config import GPTConfig
-from prism.fidelity.case import Progress, repeat_dir
+from prism.fidelity.case import Progress, fit_window, repeat_dir
 from prism.fidelity.cases import case_label
 from prism.fidelity.compare import paired_records
 from prism.fidelity.measure import RankRun, RunSettings, bracketed, measure_real, unstolen
-from prism.fidelity.program_case import ProgramCase, measure_real_program
+from prism.fidelity.program_case import ProgramCase, real_program_runs
 
 FLOOR = "floor"
 """The records' source: a second real run standing where the prediction stands."""
@@ -36,8 +36,10 @@ def case_floor(
 ) -> list[dict]:
     """A/A records of a built-in model's case: each repeat real, twin, real (or real, twin
     without ``settings.bracket``)."""
-    settings = settings or RunSettings()
     label = case_label(config)
+    settings = fit_window(
+        settings or RunSettings(), partial(measure_real, config), label, progress or (lambda _: None)
+    )
 
     def run(root: Path, name: str) -> dict[int, RankRun]:
         return measure_real(config, settings, root / name)
@@ -49,10 +51,11 @@ def program_floor(
     case: ProgramCase, repeats: int, settings: RunSettings | None = None, progress: Progress | None = None
 ) -> list[dict]:
     """A/A records of a program under torchrun: each repeat real, then twin."""
-    settings = settings or RunSettings()
+    say = progress or (lambda _: None)
+    settings = fit_window(settings or RunSettings(), partial(real_program_runs, case), case.label, say)
 
     def run(root: Path, name: str) -> dict[int, RankRun]:
-        return measure_real_program(case, settings, root / name)[0]
+        return real_program_runs(case, settings, root / name)
 
     return _floor(case.label, repeats, settings, progress, run, bracket=False)
 

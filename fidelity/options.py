@@ -18,7 +18,7 @@ from prism.schemas.layout_options import DEGREES, flag, layout_of
 
 def add_case_options(parser: argparse.ArgumentParser) -> None:
     """--case, --random/--seed, --program with its layout's degrees and --device; --repeats,
-    --warmup, --iterations."""
+    --warmup, --iterations; --steal-limit, --steal-tries, --window-s."""
     parser.add_argument("--case", action="append", default=None, help="key=value ... (repeatable)")
     parser.add_argument(
         "--random", type=int, default=0, metavar="N",
@@ -49,10 +49,17 @@ def add_case_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--steal-tries", type=int, default=RunSettings.steal_tries, help="[default: %(default)s]"
     )
+    parser.add_argument(
+        "--window-s", type=float, default=None, metavar="S",
+        help="grow each case's --warmup so that every run's median spans S seconds of clean iterations, "
+        "by a probe real run's iteration time (a program must allow that many steps)",
+    )  # fmt: skip
 
 
 def check_case_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """One ``error:`` line (argparse's, exit 2) for options that do not go together."""
+    if args.window_s is not None and args.window_s <= 0:
+        parser.error(f"--window-s must be positive, got {args.window_s}")
     if args.steal_tries < 1:
         parser.error(f"--steal-tries must be at least 1, got {args.steal_tries}")
     if args.program and args.case:
@@ -69,11 +76,12 @@ def check_case_options(parser: argparse.ArgumentParser, args: argparse.Namespace
         )
 
 
-def steal_settings(args: argparse.Namespace) -> dict:
-    """``RunSettings``' steal limit and tries from --steal-limit and --steal-tries."""
+def measuring_settings(args: argparse.Namespace) -> dict:
+    """``RunSettings``' steal limit and tries and the window, from --steal-limit, --steal-tries, --window-s."""
     return {
         "steal_limit_pct": None if args.steal_limit < 0 else args.steal_limit,
         "steal_tries": args.steal_tries,
+        "window_s": args.window_s,
     }
 
 

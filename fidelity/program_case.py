@@ -36,7 +36,7 @@ from functools import partial
 from pathlib import Path
 
 from prism.capture.runner import CaptureOptions, RealMode, run_capture
-from prism.fidelity.case import repeat_dir
+from prism.fidelity.case import fit_window, repeat_dir
 from prism.fidelity.compare import paired_records
 from prism.fidelity.explain import block_phases_ms, measured_blocks_ms, sim_breakdown
 from prism.fidelity.measure import RankRun, RunSettings, beside_load, replayed_run, unstolen
@@ -187,6 +187,11 @@ def replay_program(case: ProgramCase, settings: RunSettings, out: Path) -> dict[
     }
 
 
+def real_program_runs(case: ProgramCase, settings: RunSettings, out: Path) -> dict[int, RankRun]:
+    """Every rank's run of ``measure_real_program``."""
+    return measure_real_program(case, settings, out)[0]
+
+
 def run_program_case(
     case: ProgramCase,
     repeats: int,
@@ -195,8 +200,8 @@ def run_program_case(
     progress: Progress | None = None,
 ) -> ProgramCaseResult:
     """Run ``case`` for real and predict it, ``repeats`` times interleaved, and pair them."""
-    settings = settings or RunSettings()
     say = progress or (lambda _: None)
+    settings = fit_window(settings or RunSettings(), partial(real_program_runs, case), case.label, say)
     real, pred, replayed, hooks = [], [], [], []
     for repeat in range(repeats):
         with repeat_dir(settings, case.label, repeat) as root:

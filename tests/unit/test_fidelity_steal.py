@@ -9,7 +9,7 @@ import pytest
 
 from prism.fidelity import steal
 from prism.fidelity.compare import paired_records, steal_line
-from prism.fidelity.measure import RankRun, RunSettings, unstolen
+from prism.fidelity.measure import RankRun, RunSettings, unstolen, windowed
 from prism.fidelity.noise_floor import _floor
 
 Times = namedtuple("Times", "user nice system idle iowait irq softirq steal guest guest_nice")
@@ -98,3 +98,18 @@ def test_unstolen_marks_every_rank_of_the_run_kept(monkeypatch) -> None:
     assert [r.steal_pct for r in runs.values()] == pytest.approx([1.0, 1.0])
     assert [r.tries for r in runs.values()] == [2, 2]
     assert steal_line(paired_records("c", [runs], [runs])).startswith("CPU time stolen")
+
+
+def test_the_warm_up_grows_to_span_the_window_on_the_fastest_rank() -> None:
+    seen = []
+
+    def probe(settings: RunSettings, out: Path) -> dict[int, RankRun]:
+        seen.append((settings.warmup, out.name))
+        return {0: _run(30.0), 1: _run(40.0)}
+
+    fitted = windowed(RunSettings(warmup=8, window_s=3.0), probe)
+    assert fitted.warmup == 102 and seen == [
+        (8, "probe")
+    ]  # 100 clean iterations of 30 ms, cold and last aside
+    assert windowed(RunSettings(warmup=200, window_s=3.0), probe).warmup == 200  # never shorter
+    assert windowed(RunSettings(warmup=8), probe).warmup == 8 and len(seen) == 2  # no window: no probe
