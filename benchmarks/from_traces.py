@@ -46,6 +46,7 @@ JOBS = {
     "rank 3 of an 8-rank A100 job": ["a100_rank3_of_8.json.gz"],
     "rank 0 of a 16-rank A100 job": ["a100_rank0_of_16.json.gz"],
     "rank 0 of a V100 job, epoch times": ["v100_epoch_times.json.gz"],
+    "ResNet-50 on a V100, 2021 trace format": ["v100_resnet50_legacy.json.gz"],
     "MLP training step, one H200": ["h200_mlp.json.gz"],
     "4x wider MLP step, one H200": ["h200_mlp_wide.json.gz"],
 }

@@ -175,6 +175,13 @@ def build(
             help="With --from-traces: the ProfilerStep to build [default: the last every trace holds]."
         ),
     ] = None,
+    whole_trace: Annotated[
+        bool,
+        typer.Option(
+            help="With --from-traces: each trace's whole window is the step (traces recorded without "
+            "torch.profiler's schedule have no ProfilerStep)."
+        ),
+    ] = False,
 ) -> None:
     """Build the full-scale graph of the captured job at the target layout, then validate it."""
     if (capture is None) == (from_traces is None):
@@ -185,8 +192,10 @@ def build(
         _fail(
             "--from-traces takes the layout from the traces: give no layout degrees, --microbatches or --layers"
         )
-    if capture is None and step is not None and from_traces is None:
-        _fail("--step is for --from-traces")
+    if from_traces is None and (step is not None or whole_trace):
+        _fail("--step and --whole-trace are for --from-traces")
+    if step is not None and whole_trace:
+        _fail("give --step or --whole-trace, not both")
     try:
         refuse_other_directory(out)  # before any work, not at the end when the graph is put there
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -207,12 +216,13 @@ def build(
             on_rank = lambda done, total: progress.update(task, completed=done, total=total)  # noqa: E731
             if from_traces is not None:
                 result: BuildResult | TraceBuild = build_from_traces(
-                    from_traces, staged, step=step, on_rank=on_rank
+                    from_traces, staged, step=step, whole=whole_trace, on_rank=on_rank
                 )
                 report = validate_graph(staged)
                 if not report.ok:
                     raise ValueError(f"the graph built from the traces is not valid: {report.problems[0]}")
-                title = f"graph of {result.layout} from the traces' ProfilerStep#{result.step}"
+                window = "whole windows" if whole_trace else f"ProfilerStep#{result.step}"
+                title = f"graph of {result.layout} from the traces' {window}"
             else:
                 options = BuildOptions(
                     capture_dir=capture, out=staged, **degrees, cluster=load_cluster(cluster),

@@ -2,7 +2,8 @@
 
 Many users already have ``torch.profiler`` traces of their jobs, one file per rank. Each rank's
 trace gives one iteration, a ``ProfilerStep`` of it (the last one every trace holds, or the one
-asked for), as lanes of the graph (``prism.graph.build.gpu_lanes``):
+asked for; or, for traces recorded without a schedule, the trace's whole window), as lanes of
+the graph (``prism.graph.build.gpu_lanes``):
 
 - the step's CUDA runtime calls on every CPU thread (stream 0 the thread that marked the step,
   then the others), the CPU work between them kept as recorded gaps, and after the last call
@@ -45,7 +46,7 @@ from prism.graph.build.trace_groups import (
     number_in_groups,
 )
 from prism.graph.io.parquet import GraphWriter
-from prism.graph.traces.gpu import GPU_KINDS, EdgeKind, GpuTrace, dependencies, read_gpu_trace
+from prism.graph.traces.gpu import GPU_KINDS, EdgeKind, EventKind, GpuTrace, dependencies, read_gpu_trace
 from prism.graph.traces.gpu_timeline import LaunchModel, on_lanes, trace_lanes
 from prism.peers.comm_model import OPS
 from prism.schemas import PRISM_VERSION
@@ -136,6 +137,26 @@ def launches_gpu_work(trace: GpuTrace, step: int) -> bool:
     return bool(calls.isin(ev.loc[on_gpu, "correlation"]).any())
 
 
+WHOLE_TRACE = -1
+"""The step number of a trace's whole window (``as_one_step``)."""
+
+
+def as_one_step(trace: GpuTrace) -> GpuTrace:
+    """``trace`` with its whole window as its one step (``WHOLE_TRACE``), from its first CPU event
+    to the end of its last event, marked by the thread that made the most runtime calls: a trace
+    recorded without ``torch.profiler``'s schedule has no ProfilerStep."""
+    ev = trace.events
+    _, on_cpu = on_lanes(ev)
+    calls = ev[ev["kind"] == EventKind.RUNTIME.value]
+    if not on_cpu.any() or calls.empty:
+        raise TraceGraphError(f"{trace.path.name}: no CUDA runtime call launched its GPU work")
+    steps = pd.DataFrame({
+        "step": [WHOLE_TRACE], "tid": [int(calls["tid"].value_counts().idxmax())],
+        "start_ns": [int(ev["start_ns"].to_numpy()[on_cpu].min())], "end_ns": [int(ev["end_ns"].max())],
+    })  # fmt: skip
+    return dataclasses.replace(trace, steps=steps)
+
+
 def common_step(traces: dict[int, GpuTrace], step: int | None) -> int:
     """The step to build: ``step``, or the last one every trace holds that launched GPU work
     on every trace."""
@@ -148,7 +169,8 @@ def common_step(traces: dict[int, GpuTrace], step: int | None) -> int:
         return step
     if not common:
         raise TraceGraphError(
-            "the traces have no ProfilerStep in common (record them with torch.profiler's schedule)"
+            "the traces have no ProfilerStep in common (record them with torch.profiler's schedule, "
+            "or build each trace's whole window with --whole-trace)"
         )
     working = [n for n in sorted(common) if all(launches_gpu_work(t, n) for t in traces.values())]
     if not working:
@@ -428,12 +450,18 @@ def build_from_traces(
     out: Path,
     *,
     step: int | None = None,
+    whole: bool = False,
     delays: LaunchModel | None = None,
     on_rank: Callable[[int, int], None] | None = None,
 ) -> TraceBuild:
     """Write the graph of the traces in ``directory`` to ``out`` (see the module's docstring).
+    ``whole``: each trace's whole window is its step (``as_one_step``; not with ``step``).
     ``delays``: every rank's launch and stream delays (default: each fitted on its own trace)."""
+    if whole and step is not None:
+        raise TraceGraphError("a step, or the whole trace: not both")
     by_rank, world = read_ranks(trace_files(directory))
+    if whole:
+        by_rank = {rank: as_one_step(trace) for rank, trace in by_rank.items()}
     step_no = common_step(by_rank, step)
     traced = {r: traced_rank(r, t, step_no, world, delays) for r, t in by_rank.items()}
     try:

@@ -56,6 +56,17 @@ _CATEGORIES = {
     "gpu_memset": EventKind.MEMSET,
 }
 
+LEGACY_CATEGORIES = {
+    "Operator": CPU_OP,
+    "Runtime": "cuda_runtime",
+    "Kernel": "kernel",
+    "Memcpy": "gpu_memcpy",
+    "Memset": "gpu_memset",
+}
+"""The categories of Kineto's traces before its schema was versioned (2021: TensorBoard's
+profiler samples), by today's names; their ``ProfilerStep#N`` spans are ``Operator`` events and
+their runtime calls' and GPU work's args say ``external id``."""
+
 
 class EdgeKind(enum.StrEnum):
     LAUNCH = "launch"
@@ -125,6 +136,8 @@ def read_gpu_trace(path: Path) -> GpuTrace:
             cat, name, args = e.get("cat"), e.get("name", ""), e.get("args") or {}
             if not isinstance(name, str) or not isinstance(args, dict):
                 raise TypeError("an event's name is not a string or its args not an object")
+            if cat in LEGACY_CATEGORIES:
+                cat = USER_ANNOTATION if name.startswith(PROFILER_STEP) else LEGACY_CATEGORIES[cat]
             if cat == "cuda_sync":
                 syncs.append((
                     int(args.get("correlation", -1)), args.get("cuda_sync_kind", name), int(args.get("device", -1)),
@@ -144,7 +157,7 @@ def read_gpu_trace(path: Path) -> GpuTrace:
             rows.append((
                 kind.value, name, -1 if on_gpu else _tid(e["tid"]), int(args.get("device", -1)),
                 int(args.get("stream", -1)) if on_gpu else -1, *_times(e),
-                int(args.get("correlation", -1)), int(args.get("External id", -1)),
+                int(args.get("correlation", -1)), int(args.get("External id", args.get("external id", -1))),
             ))  # fmt: skip
     except (KeyError, TypeError, ValueError) as e:
         raise NormalizeError(f"{path}: malformed trace event ({type(e).__name__}: {e})") from e

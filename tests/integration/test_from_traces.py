@@ -36,6 +36,7 @@ TRACES = {
     "a100_rank3_of_8": (["a100_rank3_of_8.json.gz"], 8, [3]),
     "gpu_behind_cpu_a100": (["a100_rank0_of_16.json.gz"], 16, [0]),
     "gpu_behind_cpu_v100": (["v100_epoch_times.json.gz"], 1, [0]),
+    "legacy_format_v100": (["v100_resnet50_legacy.json.gz"], 1, [0]),
 }
 
 
@@ -130,6 +131,8 @@ def graph_stream(path: Path, graph, lane: int) -> int:
         (["{capture}", "--from-traces", "{traces}"], "not both"),
         (["--from-traces", "{traces}", "--dp", "4"], "takes the layout from the traces"),
         (["--from-traces", "{traces}", "--step", "99"], "has no ProfilerStep#99"),
+        (["--from-traces", "{traces}", "--step", "1", "--whole-trace"], "not both"),
+        (["--from-traces", "{stepless}"], "--whole-trace"),
         (["{capture}"], "is not a complete capture: manifest.json is missing"),
         ([], "give a capture directory"),
     ],
@@ -137,12 +140,39 @@ def graph_stream(path: Path, graph, lane: int) -> int:
 def test_bad_requests_are_one_error_line(tmp_path: Path, argv: list[str], needle: str) -> None:
     (tmp_path / "empty").mkdir()
     traces = _directory(tmp_path, ["event_sync.json.gz"])
-    names = {"empty": tmp_path / "empty", "traces": traces, "capture": tmp_path / "empty"}
+    stepless = tmp_path / "stepless"
+    stepless.mkdir()
+    shutil.copy(DATA / "alexnet.json.gz", stepless)
+    names = {
+        "empty": tmp_path / "empty",
+        "traces": traces,
+        "capture": tmp_path / "empty",
+        "stepless": stepless,
+    }
     done = runner.invoke(app, [a.format(**names) for a in argv] + ["-o", str(tmp_path / "g.parquet")])
     assert done.exit_code == 2
     lines = [line for line in done.output.splitlines() if line.strip()]
     assert lines[-1].startswith("error: ") and needle in done.output, done.output
     assert not (tmp_path / "g.parquet").exists()
+
+
+@pytest.mark.parametrize("name", ["alexnet.json.gz", "event_sync_multi_stream.json.gz"])
+def test_a_trace_without_profiler_steps_is_built_whole_with_whole_trace(tmp_path: Path, name: str) -> None:
+    """HTA's AlexNet and multi-stream traces were recorded without a schedule: with --whole-trace
+    each trace's window is the step, and the graph reproduces it."""
+    out = tmp_path / "graph.parquet"
+    done = runner.invoke(
+        app, ["--from-traces", str(_directory(tmp_path, [name])), "--whole-trace", "-o", str(out)]
+    )
+    assert done.exit_code == 0, done.output
+    assert "whole windows" in done.output
+    trace = read_gpu_trace(DATA / name)
+    cpu = trace.events[trace.events["tid"] >= 0]
+    window = int(trace.events["end_ns"].max() - cpu["start_ns"].min())
+    recorded = read_metadata(out).extra[gf.RECORDED_STEP_KEY]["0"]
+    assert recorded == window
+    iteration = json.loads((tmp_path / "summary.json").read_text())["ranks"]["iteration_ns"][0]
+    assert iteration == pytest.approx(window, rel=0.01)
 
 
 def _regrouped(tmp_path: Path, world: int, groups: list[list[int]]) -> Path:

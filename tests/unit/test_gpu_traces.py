@@ -235,3 +235,21 @@ def test_absolute_times_without_a_time_base_keep_their_nanoseconds(tmp_path: Pat
     trace = read_gpu_trace(path)
     calls = trace.events[trace.events["kind"] == EventKind.RUNTIME.value]
     assert calls["start_ns"].iloc[1] == calls["end_ns"].iloc[0]  # back to back, to the ns
+
+
+def test_a_trace_from_before_kinetos_schema_reads_like_todays() -> None:
+    """Kineto's 2021 TensorBoard sample (ResNet-50 on a V100): ``Operator``, ``Runtime``,
+    ``Kernel``, ``Memcpy`` and ``Memset`` events, its ProfilerSteps as operators and
+    ``external id`` args read as today's categories (its steps are built and reproduced in
+    tests/integration/test_from_traces.py)."""
+    trace = read_gpu_trace(TRACES / "v100_resnet50_legacy.json.gz")
+    kinds = trace.events["kind"].value_counts()
+    assert kinds[EventKind.KERNEL.value] == 8772 and kinds[EventKind.MEMSET.value] == 312
+    assert kinds[EventKind.MEMCPY.value] == 12 and kinds[EventKind.RUNTIME.value] == 11923
+    assert trace.steps["step"].tolist() == [5, 6, 7, 8, 9]
+    assert not trace.events["name"].str.startswith("ProfilerStep").any()  # steps, not operators
+    ops = trace.events[trace.events["kind"] == EventKind.CPU_OP.value]
+    assert (ops["external_id"] > 0).mean() > 0.9  # 'external id' read
+    launches = dependencies(trace).query("kind == 'launch'")
+    gpu = trace.events["kind"].isin(GPU)
+    assert len(launches) == gpu.sum()  # every kernel, copy and memset found its runtime call
