@@ -146,13 +146,12 @@ def as_one_step(trace: GpuTrace) -> GpuTrace:
     to the end of its last event, marked by the thread that made the most runtime calls: a trace
     recorded without ``torch.profiler``'s schedule has no ProfilerStep."""
     ev = trace.events
-    _, on_cpu = on_lanes(ev)
     calls = ev[ev["kind"] == EventKind.RUNTIME.value]
-    if not on_cpu.any() or calls.empty:
+    if calls.empty:
         raise TraceGraphError(f"{trace.path.name}: no CUDA runtime call launched its GPU work")
     steps = pd.DataFrame({
         "step": [WHOLE_TRACE], "tid": [int(calls["tid"].value_counts().idxmax())],
-        "start_ns": [int(ev["start_ns"].to_numpy()[on_cpu].min())], "end_ns": [int(ev["end_ns"].max())],
+        "start_ns": [int(ev.loc[ev["tid"] >= 0, "start_ns"].min())], "end_ns": [int(ev["end_ns"].max())],
     })  # fmt: skip
     return dataclasses.replace(trace, steps=steps)
 

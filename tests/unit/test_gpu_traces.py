@@ -246,7 +246,7 @@ def test_a_trace_from_before_kinetos_schema_reads_like_todays() -> None:
     kinds = trace.events["kind"].value_counts()
     assert kinds[EventKind.KERNEL.value] == 8772 and kinds[EventKind.MEMSET.value] == 312
     assert kinds[EventKind.MEMCPY.value] == 12 and kinds[EventKind.RUNTIME.value] == 11923
-    assert trace.steps["step"].tolist() == [5, 6, 7, 8, 9]
+    assert trace.steps["step"].tolist() == [5, 6, 7, 8, 9, 10]
     assert not trace.events["name"].str.startswith("ProfilerStep").any()  # steps, not operators
     ops = trace.events[trace.events["kind"] == EventKind.CPU_OP.value]
     assert (ops["external_id"] > 0).mean() > 0.9  # 'external id' read
