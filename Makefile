@@ -8,7 +8,7 @@ OUT    ?= capture-out
 GRAPH  ?= graph.parquet
 REPLAY ?= replay-out
 
-.PHONY: install demo test test-fast lint results results-programs results-programs-floor results-programs-accumulate results-torchtitan results-torchtitan-mesh results-torchtitan-floor results-mesh results-moe-skew results-scale-mesh results-random results-call-cost results-host-work-gil results-from-traces results-ddp-overlap results-pipeline-p2p results-collective-prices results-seeds results-families respec gpu-checks figures clean
+.PHONY: install demo test test-fast lint results results-programs results-programs-floor results-programs-accumulate results-torchtitan results-torchtitan-mesh results-torchtitan-floor results-mesh results-moe-skew results-scale-mesh results-random results-call-cost results-host-work-gil results-from-traces results-ddp-overlap results-pipeline-p2p results-collective-prices results-seeds results-families fidelity respec gpu-checks figures clean
 
 install: $(VENV)/.installed-torch-$(TORCH)
 
@@ -185,20 +185,21 @@ results-torchtitan-floor: install
 	    --against $(TT_RESULTS)/fidelity_torchtitan_$(c).json --json $(TT_RESULTS)/noise_floor_torchtitan_$(c).json &&) true
 
 # Programs on a mesh against their own torchrun runs: the mixture of experts at ep 2 and context
-# parallel attention at cp 2 (world 2), with a spec calibrated here that prices all-to-alls (about 30 min). (HSDP needs world 4: four processes
-# on this 2-core VM leave its captured rank's clean iterations slower than its profiled ones.)
+# parallel attention at cp 2 (world 2), HSDP at 2 replicas x 2 shards (world 4), with a spec calibrated here that
+# prices all-to-alls, each beside its noise floor (about 50 min). The mixture of experts' 24 ms iterations are
+# measured over 3 s windows.
 MESH_SPEC = benchmarks/results/fidelity-mesh-spec.toml
 results-mesh: install
 	$(RECORD) fidelity_mesh_moe -- $(FIDELITY_PROGRAMS) --dp 2 --ep 2 --recalibrate --calibrate-into $(MESH_SPEC) \
 	    --calibrate-reps 30 --calibrate-cold-gaps-ms 0.5,1,2,4,16,64 --calibrate-busy-rounds 30 \
 	    --calibrate-wake-gaps-ms 0.25,0.5,1,2,4,8,16,32 --json benchmarks/results/fidelity_mesh_moe.json \
-	    --program "examples/moe.py --ep 2 --steps 40"
+	    --window-s 3 --program "examples/moe.py --ep 2 --steps 400"
 	$(RECORD) fidelity_mesh_cp -- $(FIDELITY_PROGRAMS) --cp 2 --cluster-spec $(MESH_SPEC) \
 	    --json benchmarks/results/fidelity_mesh_cp.json --program "examples/cp.py --cp 2 --steps 40"
 	$(RECORD) noise_floor_mesh_cp -- $(FLOOR_PROGRAMS) --cp 2 --against benchmarks/results/fidelity_mesh_cp.json \
 	    --json benchmarks/results/noise_floor_mesh_cp.json --program "examples/cp.py --cp 2 --steps 40"
 	$(RECORD) noise_floor_mesh_moe -- $(FLOOR_PROGRAMS) --dp 2 --ep 2 --against benchmarks/results/fidelity_mesh_moe.json \
-	    --json benchmarks/results/noise_floor_mesh_moe.json --program "examples/moe.py --ep 2 --steps 40"
+	    --json benchmarks/results/noise_floor_mesh_moe.json --window-s 3 --program "examples/moe.py --ep 2 --steps 400"
 	$(RECORD) fidelity_mesh_hsdp -- $(FIDELITY_PROGRAMS) --dp-replicate 2 --dp-shard 2 --cluster-spec $(MESH_SPEC) \
 	    --json benchmarks/results/fidelity_mesh_hsdp.json --program "examples/fsdp2.py --replicate 2 --steps 400"
 	$(RECORD) noise_floor_mesh_hsdp -- $(FLOOR_PROGRAMS) --dp-replicate 2 --dp-shard 2 \
@@ -282,6 +283,24 @@ results-seeds: install
 SINCE ?=
 results-families: install
 	$(RECORD) fidelity_families -- $(BIN)/python benchmarks/fidelity_families.py $(if $(SINCE),--since $(SINCE))
+
+# The fidelity protocol on a seed never used (benchmarks/fidelity_seeds.py --used lists them): CASES random
+# world-2 GPT cases at one repeat, every run's median over 3 s of iterations and repeated past 2 % steal, priced
+# by the committed spec as a user's one calibration prices them; then their noise floor; then the families
+# table of these two runs alone, written into docs/fidelity.md. Each case costs about 1.5 min and its floor
+# 0.5 min: CASES=60 (40 records per family) about 2 h.
+CASES ?= 60
+fidelity: install
+	@test -n "$(SEED)" || { echo "make fidelity SEED=S: a seed not in $$($(BIN)/python benchmarks/fidelity_seeds.py --used)"; exit 2; }
+	@$(BIN)/python benchmarks/fidelity_seeds.py --unused $(SEED)
+	$(RECORD) fidelity_protocol -- $(BIN)/python benchmarks/fidelity.py --random $(CASES) --seed $(SEED) --repeats 1 \
+	    --warmup 12 --window-s 3 --cluster-spec benchmarks/results/fidelity-spec.toml \
+	    --json benchmarks/results/fidelity_protocol.json
+	$(RECORD) noise_floor_protocol -- $(BIN)/python benchmarks/noise_floor.py --random $(CASES) --seed $(SEED) --repeats 1 \
+	    --warmup 12 --window-s 3 --against benchmarks/results/fidelity_protocol.json \
+	    --json benchmarks/results/noise_floor_protocol.json
+	$(BIN)/python benchmarks/fidelity_families.py --files benchmarks/results/fidelity_protocol.json \
+	    benchmarks/results/noise_floor_protocol.json --docs docs/fidelity.md
 
 # A kept fidelity run (its --json and --work-dir) re-priced under other specs, the real side and
 # slices unchanged: make respec RUN=run.json WORK_DIR=DIR SPECS="old=a.toml new=b.toml" (prints).

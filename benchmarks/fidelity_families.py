@@ -2,6 +2,7 @@
 against the floor's, and whether each row meets the targets (``prism.fidelity.families``).
 
     .venv/bin/python benchmarks/fidelity_families.py [--results DIR] [--since 2026-12-01] [--markdown]
+    .venv/bin/python benchmarks/fidelity_families.py --files RUN.json FLOOR.json --docs docs/fidelity.md
 
 Reads the records of ``DIR/fidelity_*.json`` and ``DIR/noise_floor_*.json`` (``benchmarks/fidelity.py``
 and ``benchmarks/noise_floor.py --json``, kept with ``benchmarks/record.py``, whose ``.txt`` header
@@ -51,16 +52,46 @@ def run_date(path: Path) -> str:
     return found.group(1)
 
 
-def read_records(results: Path, since: str = "") -> tuple[list[dict], int]:
-    """The records of every kept run on or after ``since``, and how many runs they come from."""
+def read_records(results: Path, since: str = "", files: list[Path] | None = None) -> tuple[list[dict], int]:
+    """The records of every kept run on or after ``since`` (or of ``files`` alone), and how many
+    runs they come from."""
     records, runs = [], 0
-    for path in sorted([*results.glob("fidelity_*.json"), *results.glob("noise_floor_*.json")]):
+    paths = (
+        files if files else sorted([*results.glob("fidelity_*.json"), *results.glob("noise_floor_*.json")])
+    )
+    for path in paths:
         data = json.loads(path.read_text())
         if not isinstance(data, dict) or "records" not in data or run_date(path) < since:
             continue
         records += data["records"]
         runs += 1
     return records, runs
+
+
+BEGIN = "<!-- families table: make fidelity writes it -->"
+END = "<!-- end of the families table -->"
+
+
+def write_between_marks(path: Path, text: str) -> None:
+    """Replace what ``path`` holds between its ``BEGIN`` and ``END`` lines with ``text``."""
+    lines = path.read_text().splitlines(keepends=True)
+    marks = [i for i, line in enumerate(lines) if line.strip() in (BEGIN, END)]
+    if len(marks) != 2 or lines[marks[0]].strip() != BEGIN:
+        raise ValueError(f"{path}: needs one line {BEGIN!r} and, after it, one line {END!r}")
+    start, end = marks
+    path.write_text("".join(lines[: start + 1]) + text.rstrip("\n") + "\n" + "".join(lines[end:]))
+
+
+def _made(files: list[Path] | None) -> str:
+    """' (commit C, DATE)' of the runs given, from their record headers."""
+    if not files:
+        return ""
+    made = set()
+    for path in files:
+        header = path.with_suffix(".txt").read_text() if path.with_suffix(".txt").is_file() else ""
+        commit = re.search(r"^# commit: (\S+)", header, re.M)
+        made.add(f"{commit.group(1) if commit else 'unknown commit'}, {run_date(path)}")
+    return f" ({'; '.join(sorted(made))})"
 
 
 def _cells(row: FamilyRow) -> tuple[str, ...]:
@@ -77,9 +108,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--since", default="", help="only runs made on or after this date (YYYY-MM-DD)")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table (for the docs)")
+    parser.add_argument("--files", type=Path, nargs="+", default=None, help="these runs' JSON only")
+    parser.add_argument(
+        "--docs", type=Path, default=None,
+        help=f"also write the Markdown table into this file, between {BEGIN!r} and {END!r}",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     try:
-        records, runs = read_records(args.results, args.since)
+        records, runs = read_records(args.results, args.since, args.files)
     except (OSError, ValueError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -93,12 +129,19 @@ def main(argv: list[str] | None = None) -> int:
         f"targets: |bias| <= {MAX_BIAS_PCT:g}% with its interval within ±{MAX_INTERVAL_PCT:g}% over at least "
         f"{MIN_RECORDS} records, median |error| at most {ABOVE_FLOOR_PCT:g} point over the floor's, memory exact"
     )
+    markdown = "\n".join(
+        ["| " + " | ".join(COLUMNS) + " |", "|---|---|" + "---:|" * (len(COLUMNS) - 3) + "---|"]
+        + ["| " + " | ".join(row) + " |" for row in rows]
+        + ["", f"{len(records)} records of {runs} runs{_made(args.files)}; {targets}."]
+    )
+    if args.docs is not None:
+        try:
+            write_between_marks(args.docs, markdown)
+        except (OSError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     if args.markdown:
-        print("| " + " | ".join(COLUMNS) + " |")
-        print("|---|---|" + "---:|" * (len(COLUMNS) - 3) + "---|")
-        for row in rows:
-            print("| " + " | ".join(row) + " |")
-        print(f"\n{len(records)} records of {runs} runs; {targets}.")
+        print(markdown)
         return 0
     table = Table(
         title=f"fidelity by family: {len(records)} records of {runs} runs since {args.since or 'the first'}"

@@ -3,6 +3,7 @@ with ``--bias``, where predictions are off the same way across seeds.
 
     .venv/bin/python benchmarks/fidelity_seeds.py [--results DIR] [--markdown]
     .venv/bin/python benchmarks/fidelity_seeds.py --bias [--since 2026-11-27] [--source simulation|final|replay]
+    .venv/bin/python benchmarks/fidelity_seeds.py --used | --unused SEED
 
 Reads ``DIR/fidelity_random*.json`` (``benchmarks/fidelity.py --random N --seed S --json``) and
 the header ``benchmarks/record.py`` wrote into the ``.txt`` beside each (command, commit). Per
@@ -14,6 +15,8 @@ captured paced), and of the replay's wall time; the largest |memory error|. Newe
 first and last stage) and, for the iteration and each phase, gives the median signed error, the
 median difference in ms and how many records came out short: an error that noise makes is as
 often long as short, one of the method's keeps its sign from seed to seed.
+
+``--used`` lists every seed used before (``used_seeds``); ``--unused SEED`` fails if SEED is one.
 """
 
 from __future__ import annotations
@@ -140,6 +143,24 @@ def bias_rows(runs: list[SeedRun], source: str) -> list[tuple[str, ...]]:
     return rows
 
 
+SEED_MENTION = re.compile(r"(?:[Ss]eeds? |--seed )(\d{2,})")
+"""How the results log names a seed whose run's files are no longer kept."""
+
+
+def used_seeds(results: Path) -> list[int]:
+    """Every seed a kept random run, its noise floor, a calibrated spec folder or the results log
+    names, sorted: a seed chosen outside them has cases the model was not developed on."""
+    log = results / "fidelity-log.md"
+    seeds = {int(n) for n in SEED_MENTION.findall(log.read_text())} if log.is_file() else set()
+    for path in [*results.glob("fidelity_*.json"), *results.glob("noise_floor_*.json")]:
+        cases = json.loads(path.read_text()).get("meta", {}).get("cases")
+        if isinstance(cases, dict) and isinstance(cases.get("seed"), int):
+            seeds.add(cases["seed"])
+    specs = results / "fidelity-specs"
+    seeds |= {int(p.name) for p in specs.iterdir() if p.name.isdigit()} if specs.is_dir() else set()
+    return sorted(seeds)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=Path(__file__).parent / "results")
@@ -148,8 +169,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--since", default="", help="--bias: only runs made on or after this date (YYYY-MM-DD)"
     )
+    parser.add_argument("--used", action="store_true", help="print every seed used before, one line")
+    parser.add_argument(
+        "--unused", type=int, default=None, metavar="SEED", help="exit 2 if SEED was used before"
+    )
     parser.add_argument("--source", choices=("simulation", "final", "replay"), default="simulation")
     args = parser.parse_args(argv)
+    if args.used or args.unused is not None:
+        used = used_seeds(args.results)
+        if args.unused is None:
+            print(", ".join(map(str, used)))
+            return 0
+        if args.unused in used:
+            print(
+                f"error: seed {args.unused} was used before; choose one not in {', '.join(map(str, used))}",
+                file=sys.stderr,
+            )
+            return 2
+        return 0
     try:
         runs = [read_seed_run(p) for p in args.results.glob("fidelity_random*.json")]
     except (OSError, ValueError, KeyError) as e:

@@ -80,3 +80,23 @@ def test_the_benchmark_pools_kept_runs_since_a_date(tmp_path: Path, capsys: pyte
     (tmp_path / "fidelity_new.txt").write_text("no header\n")
     assert fidelity_families.main(["--results", str(tmp_path)]) == 2
     assert "no '# date:' line" in capsys.readouterr().err
+
+
+def test_the_protocols_runs_alone_are_written_between_the_docs_marks(tmp_path: Path, capsys) -> None:
+    _kept(tmp_path, "fidelity_other", [record(GPT_DP, -9.0)], "2026-12-01")
+    _kept(tmp_path, "fidelity_protocol", [record(GPT_DP, 1.0), record(GPT_DP, 3.0)], "2026-12-03")
+    _kept(tmp_path, "noise_floor_protocol", [record(GPT_DP, 2.0, source="floor")], "2026-12-03")
+    docs = tmp_path / "fidelity.md"
+    docs.write_text(
+        f"# Fidelity\n\nbefore\n{fidelity_families.BEGIN}\nold table\n{fidelity_families.END}\nafter\n"
+    )
+    files = [str(tmp_path / f"{name}.json") for name in ("fidelity_protocol", "noise_floor_protocol")]
+    assert fidelity_families.main(["--files", *files, "--docs", str(docs)]) == 0
+    text = docs.read_text()
+    assert text.startswith("# Fidelity\n\nbefore\n" + fidelity_families.BEGIN + "\n| family |")
+    assert text.endswith(fidelity_families.END + "\nafter\n") and "old table" not in text
+    assert "| GPT dp | simulation | 2 | +2.0% ± 2.0 |" in text  # the other run's -9 % is not pooled
+    assert "3 records of 2 runs (" in text and "2026-12-03" in text
+    docs.write_text("no marks\n")
+    assert fidelity_families.main(["--files", *files, "--docs", str(docs)]) == 2
+    assert "needs one line" in capsys.readouterr().err

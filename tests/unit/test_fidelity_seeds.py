@@ -88,3 +88,17 @@ def test_bias_pools_signed_errors_by_kind_of_rank_and_phase(tmp_path: Path) -> N
     assert rows[("dp", "iteration")] == ["2", "-1.0%", "-1.00", "1/2"]
     # A pipeline has a bubble to get wrong; ranks without transfers do not.
     assert ("pp first stage", "bubble") in rows and ("dp", "bubble") not in rows
+
+
+def test_the_seeds_used_before_are_listed_and_refused(tmp_path: Path) -> None:
+    _keep(tmp_path, "fidelity_random_77", "fidelity.py --random 2 --seed 77", "2026-12-01", [])
+    data = json.loads((tmp_path / "fidelity_random_77.json").read_text())
+    data["meta"]["cases"] = {"random": 2, "seed": 77}
+    (tmp_path / "fidelity_random_77.json").write_text(json.dumps(data))
+    (tmp_path / "fidelity-specs" / "4242").mkdir(parents=True)
+    (tmp_path / "fidelity-log.md").write_text("Seed 31's cases, then `--seed 515` and seeds 8128.\n")
+    listed = _run(tmp_path, "--used")
+    assert listed.returncode == 0 and listed.stdout.strip() == "31, 77, 515, 4242, 8128"
+    refused = _run(tmp_path, "--unused", "515")
+    assert refused.returncode == 2 and "seed 515 was used before" in refused.stderr
+    assert _run(tmp_path, "--unused", "20261203").returncode == 0
