@@ -19,5 +19,6 @@ def test_the_compiled_gate_holds_for_its_hold_and_stamps_wall_time(benchmark_scr
     after = time.time_ns()
     entered, left = int(slots[0]), int(slots[1])
     assert before <= entered <= left <= after
-    # Never short; late only by what a busy machine's scheduler adds (a unit slip would be 1,000 x off).
-    assert 2_000_000 <= left - entered < 2_000_000 + 20_000_000
+    # Never short; late only by what a busy machine's scheduler adds (a CI host beside another
+    # worker: 25 ms seen), far from a unit slip (1,000 x: 2 s).
+    assert 2_000_000 <= left - entered < 200_000_000
