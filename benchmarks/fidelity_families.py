@@ -43,13 +43,18 @@ COLUMNS = (
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def _header(path: Path, key: str, pattern: str) -> str:
+    """The ``# key:`` field ``benchmarks/record.py`` wrote in the header beside ``path``."""
+    header = path.with_suffix(".txt")
+    found = re.search(rf"^# {key}: ({pattern})", header.read_text(), re.M) if header.is_file() else None
+    if found is None:
+        raise ValueError(f"{header}: no '# {key}:' line (keep results with benchmarks/record.py)")
+    return found.group(1)
+
+
 def run_date(path: Path) -> str:
     """The date (YYYY-MM-DD) ``benchmarks/record.py`` wrote beside ``path``."""
-    header = path.with_suffix(".txt")
-    found = re.search(r"^# date: (\d{4}-\d\d-\d\d)", header.read_text(), re.M) if header.is_file() else None
-    if found is None:
-        raise ValueError(f"{header}: no '# date:' line (keep results with benchmarks/record.py)")
-    return found.group(1)
+    return _header(path, "date", r"\d{4}-\d\d-\d\d")
 
 
 def read_records(results: Path, since: str = "", files: list[Path] | None = None) -> tuple[list[dict], int]:
@@ -86,11 +91,7 @@ def _made(files: list[Path] | None) -> str:
     """' (commit C, DATE)' of the runs given, from their record headers."""
     if not files:
         return ""
-    made = set()
-    for path in files:
-        header = path.with_suffix(".txt").read_text() if path.with_suffix(".txt").is_file() else ""
-        commit = re.search(r"^# commit: (\S+)", header, re.M)
-        made.add(f"{commit.group(1) if commit else 'unknown commit'}, {run_date(path)}")
+    made = {f"{_header(path, 'commit', r'.+')}, {run_date(path)}" for path in files}
     return f" ({'; '.join(sorted(made))})"
 
 

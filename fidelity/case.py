@@ -15,6 +15,7 @@ from prism.fidelity.compare import breakdown_rows, paired_records
 from prism.fidelity.explain import summarize_latencies
 from prism.fidelity.measure import (
     PACED_GRAPH,
+    RankRun,
     RunSettings,
     bracketed,
     measure_real,
@@ -88,13 +89,15 @@ def run_case_detailed(
         with repeat_dir(settings, label, repeat) as root:
             step = f"[{label}] repeat {repeat + 1}/{repeats}:"
             bracket = settings.replay and settings.bracket
+
+            def real_run(name: str, root: Path = root) -> dict[int, RankRun]:
+                return unstolen(
+                    partial(measure_real, config, settings, root / name), settings, root / name, say
+                )
+
             if not bracket:
                 say(f"{step} every rank real")
-                real.append(
-                    unstolen(
-                        partial(measure_real, config, settings, root / "real"), settings, root / "real", say
-                    )
-                )
+                real.append(real_run("real"))
             say(f"{step} slice capture, build, simulate")
             predicted, slice_parts = predict(config, spec, settings, root, captured)
             pred.append(predicted)
@@ -106,17 +109,14 @@ def run_case_detailed(
                 graph = PACED_GRAPH
             if bracket:
                 say(f"{step} every rank real (before the replay)")
-                before = unstolen(
-                    partial(measure_real, config, settings, root / "real"), settings, root / "real", say
-                )
+                before = real_run("real")
             if settings.replay:
                 say(f"{step} replay of each role's rank against {graph}")
                 replay = partial(replay_roles, config, settings, root, graph)
                 replayed.append(unstolen(replay, settings, root / "replay", say))
             if bracket:
                 say(f"{step} every rank real (after the replay)")
-                after = partial(measure_real, config, settings, root / "real_after")
-                real.append(bracketed(before, unstolen(after, settings, root / "real_after", say)))
+                real.append(bracketed(before, real_run("real_after")))
             latencies += capture_latencies(root / "real")
     return CaseResult(
         records=paired_records(label, real, pred)

@@ -137,7 +137,8 @@ class RankRun:
     """Programs: the iteration by block, each block's calls inside it (``explain.block_phases_ms``),
     ms: the split a fully real run of a program measures of itself."""
     window_ns: float = 0.0
-    """Real runs: the wall time of the iterations ``iter_ns`` is the median of."""
+    """Real runs: the wall time of the iterations ``iter_ns`` is the median of (bracketed: the
+    shorter of the two runs')."""
     steal_pct: float | None = None
     """Real, twin and replayed runs: the share of the machine's CPU time stolen while the kept run
     ran (``prism.fidelity.steal``), in %; None: not measured."""
@@ -193,7 +194,7 @@ def bracketed(before: dict[int, RankRun], after: dict[int, RankRun]) -> dict[int
             run,
             iter_ns=(run.iter_ns + after[rank].iter_ns) / 2,
             bracket_ns=(run.iter_ns, after[rank].iter_ns),
-            window_ns=run.window_ns + after[rank].window_ns,
+            window_ns=min(run.window_ns, after[rank].window_ns),
             steal_pct=_most(run.steal_pct, after[rank].steal_pct),
             tries=run.tries + after[rank].tries - 1,
             own_ms=_mean_phases(run.own_ms, after[rank].own_ms),
