@@ -167,7 +167,8 @@ def capture(
         typer.Option(
             help="Program: capture every pipeline stage, or the first, two middle and the last (the "
             "build checks the middles made the same calls, then uses them for every middle stage), or "
-            "every stage and on each the last rank of every other axis (checked to make the stage's calls)."
+            "every stage and on each the last rank of every other axis (one whose calls differ runs its own "
+            "program for the ranks past the first on that axis)."
         ),
     ] = ProgramRoles.PIPELINE,
     nproc_per_node: Annotated[

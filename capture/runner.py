@@ -72,7 +72,7 @@ class ProgramRoles(enum.StrEnum):
 
     PIPELINE = "pipeline"  # every stage
     FIRST_MIDDLE_LAST = "first-middle-last"  # stage 0, two middle stages, the last; middles stand for all
-    AXIS_ENDS = "axis-ends"  # every stage, and on each the last rank of every other axis, checked alike
+    AXIS_ENDS = "axis-ends"  # every stage, and on each the ranks at index 1 and last of every other axis
 
 
 def program_stages(layout: ParallelLayout, roles: ProgramRoles) -> tuple[int, ...]:
@@ -84,12 +84,13 @@ def program_stages(layout: ParallelLayout, roles: ProgramRoles) -> tuple[int, ..
 
 def program_ranks(layout: ParallelLayout, roles: ProgramRoles) -> tuple[int, ...]:
     """The ranks captured for ``roles``: each captured stage's first rank and, with axis-ends,
-    its rank at the last index of every other axis of the mesh (``ParallelLayout.axis_ends``)."""
+    its ranks at index 1 and at the last index of every other axis of the mesh
+    (``ParallelLayout.axis_seconds``, ``axis_ends``)."""
     ranks: dict[int, None] = {}  # ordered, each once (dp_shard's end can be edp's)
     for stage in program_stages(layout, roles):
         ranks[layout.rank(tp=0, dp=0, pp=stage)] = None
         if roles == ProgramRoles.AXIS_ENDS:
-            ranks |= dict.fromkeys(layout.axis_ends(stage).values())
+            ranks |= dict.fromkeys((*layout.axis_seconds(stage).values(), *layout.axis_ends(stage).values()))
     return tuple(ranks)
 
 

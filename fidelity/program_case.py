@@ -44,7 +44,7 @@ from prism.fidelity.timed_run import TimedRun, result_path, trace_path
 from prism.fidelity.torchrun import torchrun_command
 from prism.graph.build.builder import BuildOptions, build_graph
 from prism.graph.io.parquet import read_metadata
-from prism.graph.sim.load import load_sim_graph, static_bytes_of
+from prism.graph.sim.load import load_sim_graph, rank_static_bytes
 from prism.graph.sim.metrics import breakdown
 from prism.graph.sim.simulate import simulate
 from prism.graph.traces.memory import iteration_memory
@@ -153,13 +153,12 @@ def predict_program(
     graph = load_sim_graph(graph_path)
     result = simulate(graph, iterations=settings.sim_iterations)
     parts = sim_breakdown(breakdown(graph, result))
-    static = graph.stage_static_bytes
     return {
         rank: RankRun(
             iter_ns=float(result.iteration_ns[rank]),
             peak_bytes=int(result.peak_bytes[rank]),
             parts_ms=parts[rank],
-            dynamic_bytes=int(result.peak_bytes[rank]) - int(static[layout.stage(rank)]),
+            dynamic_bytes=int(result.peak_bytes[rank]) - int(graph.static_bytes[rank]),
             # As the replay's clock splits a pass: each node's time, a call's wait with it.
             blocks_ms=block_phases_ms(
                 predicted_phase_ns(graph, result, RankProgram.read(graph_path, rank)),
@@ -180,9 +179,9 @@ def replay_program(case: ProgramCase, settings: RunSettings, out: Path) -> dict[
     )  # fmt: skip
     program = ProgramSpec(argv=case.argv, cwd=os.getcwd(), layout=case.layout, device=case.device)
     report = beside_load(settings, partial(run_replay, options), program=program)
-    stage_static = static_bytes_of(read_metadata(out / "graph.parquet"), case.layout)
+    static = rank_static_bytes(read_metadata(out / "graph.parquet"), case.layout, ranks)
     return {
-        r.rank: replayed_run(r, int(stage_static[r.stage]), out / "replay", settings.warmup)
+        r.rank: replayed_run(r, int(static[ranks.index(r.rank)]), out / "replay", settings.warmup)
         for r in report.ranks
     }
 

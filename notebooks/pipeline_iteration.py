@@ -102,7 +102,7 @@ for y, rank in enumerate(stages):
                          label="critical path" if y == 0 else None)  # fmt: skip
     order = np.argsort(result.start_ns[rows], kind="stable")
     held = np.cumsum((graph.alloc[rows] - graph.free[rows])[order])
-    static = graph.stage_static_bytes[graph.stage[rows[0]]]
+    static = graph.static_bytes[rank]
     memory.step(start_ms[order], (static + held) / 2**20, where="post", label=f"stage {y}")
 timeline.set_yticks(range(len(stages)), [f"stage {s}" for s in range(len(stages))])
 timeline.invert_yaxis()

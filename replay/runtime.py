@@ -32,7 +32,7 @@ from pathlib import Path
 from prism.capture.launch import LaunchError, RankLaunch, run_processes
 from prism.capture.runner import CaptureHooks
 from prism.graph.io.parquet import GraphFormatError, read_metadata
-from prism.graph.sim.load import static_bytes_of
+from prism.graph.sim.load import rank_static_bytes
 from prism.graph.sim.simulate import SimulationError
 from prism.graph.sim.whatif import BlockDelay
 from prism.graph.traces.memory import iteration_memory
@@ -119,8 +119,9 @@ class ReplayTarget:
 
     job: RankJob
     """The rank job (the built-in GPT's config or the user's program), for every real rank."""
-    stage_static_bytes: tuple[int, ...]
-    """Bytes a rank of each stage holds across iterations (the measured peak's base on CPU)."""
+    static_bytes: dict[int, int]
+    """Bytes each replayed rank holds across iterations, as the graph says (the measured peak's
+    base on CPU where the run does not measure its own)."""
     received_values: dict[str, str]
     """A pipelined program's value-pass files per stage, base64 (``gf.RECEIVED_VALUES_KEY``)."""
     clock_from: int = 0
@@ -205,12 +206,12 @@ def check_inputs(options: ReplayOptions) -> ReplayTarget:
     if options.host_work:  # the spec's host work of virtual collectives, done by every CPU rank
         job = replace(job, host_ns_per_byte=dict(metadata.cluster.get("host_ns_per_byte") or {}))
     try:
-        static = tuple(int(b) for b in static_bytes_of(metadata, layout))
+        static = rank_static_bytes(metadata, layout, list(options.ranks))
     except SimulationError as e:
         raise ReplayInputError(f"{options.graph}: {e}") from None
     return ReplayTarget(
         job=job,
-        stage_static_bytes=static,
+        static_bytes=dict(zip(options.ranks, map(int, static), strict=True)),
         received_values=dict(metadata.extra.get(gf.RECEIVED_VALUES_KEY) or {}),
         clock_from=clock_from,
     )
@@ -356,7 +357,7 @@ def rank_report(files: ReplayFiles, rank: int, target: ReplayTarget, *, warmup: 
     # sees no free of a block allocated before it started): measure the same iterations.
     program = target.job.workload == PROGRAM
     memory = iteration_memory(files.kineto(rank), after_first=program) if target.job.device == "cpu" else None
-    static = result.static_bytes if result.static_bytes is not None else target.stage_static_bytes[stage]
+    static = result.static_bytes if result.static_bytes is not None else target.static_bytes[rank]
     measured_peak = static + memory.peak_delta_bytes if memory is not None else result.peak_device_bytes
     phases = _phases(stats, clean)
     return RankReport(

@@ -29,9 +29,10 @@ import pyarrow as pa
 from prism.schemas.checked import check_fields
 
 SCHEMA_NAME = "prism.graph"
-VERSION = 6
-READABLE_VERSIONS = (2, 3, 4, 5, 6)
-"""Version 6 adds ``split_bytes``, the bytes an all-to-all sends each member; version 5 added the N-dimensional layout (cp, dp_replicate, ep, etp in ``layout``) and its group
+VERSION = 7
+READABLE_VERSIONS = (2, 3, 4, 5, 6, 7)
+"""Version 7 adds ``RANK_VARIANTS_KEY``, ranks of a stage that run another captured rank's program;
+version 6 added ``split_bytes``, the bytes an all-to-all sends each member; version 5 added the N-dimensional layout (cp, dp_replicate, ep, etp in ``layout``) and its group
 kinds in ``group_kind``; version 4 added streams beyond the main thread and ``lane_deps``; version
 3 graphs of the user's own programs (``PROGRAM_KEY``, ``STATIC_BYTES_KEY``). Earlier files read
 unchanged."""
@@ -44,6 +45,10 @@ STATIC_BYTES_KEY = "stage_static_bytes"
 """Key of ``GraphMetadata.extra``: bytes a rank of each stage holds across iterations, measured at
 capture (a program's) or from the parameters its role's captured rank held (a graph of other layers
 than the captured ones: ``prism.graph.build.retarget``)."""
+RANK_VARIANTS_KEY = "rank_variants"
+"""Key of ``GraphMetadata.extra`` for a program's graph: the stages whose ranks past the first on
+one axis run another captured rank's program (``prism.schemas.rank_programs.RankVariant``, as
+dicts); absent or empty where every rank runs its stage's."""
 STEADY_FROM_KEY = "steady_from"
 """Key of ``GraphMetadata.extra`` for a program's graph: the first iteration from which the
 program's calls are the graph's (the latest over its captured ranks; before it, set-up and

@@ -314,6 +314,13 @@ class ParallelLayout:
         axes = [a for a in self.stage_axes() if self._sizes[a] > 1]
         return {a: self.rank_on_axis(stage, a, self._sizes[a] - 1) for a in axes}
 
+    def axis_seconds(self, stage: int) -> dict[str, int]:
+        """For each axis of more than two ranks within a stage, the rank of ``stage`` at index 1
+        (``rank_on_axis``): with ``axis_ends``, what tells a program that singles out the first
+        rank of a group from one that singles out its last."""
+        axes = [a for a in self.stage_axes() if self._sizes[a] > 2]
+        return {a: self.rank_on_axis(stage, a, 1) for a in axes}
+
     # -- groups ------------------------------------------------------------------------------
     def others(self, kind: str) -> tuple[str, ...]:
         """The axes of ``kind``'s system outside it, fastest first: a group's index counts them."""

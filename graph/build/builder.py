@@ -52,6 +52,7 @@ from prism.schemas.layout import ParallelLayout, Role
 from prism.schemas.layout_options import DEGREES, flag, given_differs
 from prism.schemas.manifest import PACED_MODE, CaptureFiles, CaptureManifest, ManifestError, read_manifest
 from prism.schemas.pipeline_shape import PipelineShape, ShapeError
+from prism.schemas.rank_programs import program_of, rank_variants
 from prism.schemas.workload import reshaped
 
 ProgressCallback = Callable[[int, int], None]
@@ -337,7 +338,8 @@ def _build_program_graph(options: BuildOptions, manifest: CaptureManifest, progr
     except TemplateError as e:
         raise BuildError(str(e)) from e
     metadata, report = _checked_write(options, built.metadata, built.stages, layout, progress)
-    return BuildResult(metadata=metadata, report=report, warnings=_warnings(built.stages, layout, options))
+    warnings = built.notes + _warnings(built.stages, layout, options)
+    return BuildResult(metadata=metadata, report=report, warnings=warnings)
 
 
 def _checked_write(
@@ -348,14 +350,15 @@ def _checked_write(
     Every dp replica binds the same stage programs, so two replicas repeat each other exactly
     where the cluster prices their calls alike (``LayoutTables.replica_of``); a simulation reads
     each distinct one once."""
-    nodes = _nodes(stages, layout)
+    program = program_of(layout, rank_variants(metadata), np.arange(layout.world_size))
+    nodes = _nodes(stages, program)
     check_room(options.out, nodes)  # before the per-rank tables: a world too large stops here
     tables = LayoutTables.build(layout, options.cluster.gpus_per_node)
-    replica_of = tables.replica_of()
+    replica_of = tables.replica_of(program)
     if options.simulated_after:  # the simulation reads the distinct replicas
         check_room(options.out, nodes, simulated_nodes=nodes * len(np.unique(replica_of)) // len(replica_of))
     metadata = replace(metadata, extra={**metadata.extra, gf.REPLICA_OF_KEY: replica_of.tolist()})
-    return metadata, _write(options, metadata, stages, tables, progress)
+    return metadata, _write(options, metadata, stages, tables, program, progress)
 
 
 BUILD_BYTES_PER_NODE = 1
@@ -383,9 +386,10 @@ def _row_group_ranks(options: BuildOptions) -> int:
     return RANKS_PER_ROW_GROUP if given is None else given
 
 
-def _nodes(stages: list, layout: ParallelLayout) -> int:
-    """Nodes of the whole graph: every stage's program on each of its ranks."""
-    return layout.world_size // layout.pp * sum(stage.size for stage in stages)
+def _nodes(stages: list, program: np.ndarray) -> int:
+    """Nodes of the whole graph: each rank's ``program`` (its number in ``stages``)."""
+    ranks = np.bincount(program, minlength=len(stages))
+    return int(sum(int(n) * e.size for n, e in zip(ranks, stages, strict=True)))
 
 
 def check_room(
@@ -417,13 +421,18 @@ def check_room(
 
 
 def _write(
-    options: BuildOptions, metadata: GraphMetadata, stages: list, tables: LayoutTables, progress
+    options: BuildOptions,
+    metadata: GraphMetadata,
+    stages: list,
+    tables: LayoutTables,
+    program: np.ndarray,
+    progress,
 ) -> ValidationReport:
     """Write the graph row group by row group, each validated as it is written (beside the
-    writing, on a thread of its own); nothing is left behind on failure."""
+    writing, on a thread of its own), each rank running its ``program`` of ``stages``; nothing is
+    left behind on failure."""
     comm = CommModel(options.cluster)
     layout = tables.layout
-    stage_of = np.array([layout.stage(r) for r in range(layout.world_size)])
     per_group = _row_group_ranks(options)
     step = max(1, BIND_RANKS // per_group) * per_group  # whole row groups a batch
     with RowGroupValidator(layout, metadata.model) as validator:
@@ -432,14 +441,21 @@ def _write(
         ) as writer:
             for start in range(0, layout.world_size, step):
                 ranks = np.arange(start, min(start + step, layout.world_size))
-                # Runs of consecutive ranks on one stage share a program.
-                cuts = np.flatnonzero(np.diff(stage_of[ranks])) + 1
+                # Runs of consecutive ranks of one program are bound together.
+                cuts = np.flatnonzero(np.diff(program[ranks])) + 1
                 for run in np.split(ranks, cuts):
-                    writer.write_ranks(bind_ranks(stages[stage_of[run[0]]], run, tables, comm))
+                    writer.write_ranks(bind_ranks(stages[program[run[0]]], run, tables, comm))
                 if progress is not None:
                     progress(int(ranks[-1]) + 1, layout.world_size)
         report = validator.report(str(options.out))
     if not report.ok:
         remove_graph(options.out)
+        variants = rank_variants(metadata)
+        if variants:  # the program singles ranks out in a way the variant rule does not bind
+            v = variants[0]
+            raise BuildError(
+                f"the graph is invalid where ranks past the first on {v.axis} of stage {v.stage} run captured rank "
+                f"{v.rank}'s calls: {report.problems[0]} (their groups' other ranks do not make those calls)"
+            )
         raise BuildError(f"the built graph is invalid (a prism bug): {report.problems[0]}")
     return report

@@ -82,7 +82,7 @@ def lane_graph(trace: GpuTrace, edges, model: LaunchModel) -> LaneGraph:
     counts = np.array([len(d) for d in deps], np.int64)
     flat = [pair for d in deps for pair in d]
     graph = SimGraph(
-        layout=ParallelLayout(tp=1, pp=1, dp=1), stage_static_bytes=np.zeros(1, np.int64),
+        layout=ParallelLayout(tp=1, pp=1, dp=1), static_bytes=np.zeros(1, np.int64),
         rank_ptr=np.array(rank_ptr, np.int64), stage=np.zeros(n, np.int16), kind=np.full(n, COMPUTE, np.int8),
         dur=dur, gap=gap, is_async=np.zeros(n, np.bool_), slot=np.full(n, -1, np.int32),
         slot_size=np.zeros(0, np.int64), slot_nodes_ptr=np.zeros(1, np.int64), slot_nodes=np.zeros(0, np.int64),

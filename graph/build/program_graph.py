@@ -1,6 +1,7 @@
 """Build graph.parquet from a capture of the user's own program: one stage program per pipeline
 position, from its captured rank's traces alone (``prism.graph.build.program_stage``), bound to
-every rank of the captured layout."""
+every rank of the captured layout, and one more for each stage whose ranks past the first on an
+axis call differently (``prism.schemas.rank_programs``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from prism.graph.build.bind import encode_program
 from prism.graph.build.normalize import normalize_rank
 from prism.graph.build.profiler_overhead import Correction, calls_are_launches, correction_scale
 from prism.graph.build.program_stage import fitted_scale, program_stage
+from prism.graph.build.rank_variants import Found, find_variants, variant_line
 from prism.graph.build.templates import TemplateError
 from prism.graph.sim.noise import iteration_cv
 from prism.schemas import PRISM_VERSION
@@ -28,9 +30,12 @@ class ProgramStages:
     """The encoded stage programs of a program's graph and the facts its metadata records."""
 
     stages: list
-    """``EncodedProgram`` of every pipeline stage, in order."""
+    """``EncodedProgram`` of every program the ranks run, by program number: each pipeline
+    stage's, then each rank variant's (``prism.schemas.rank_programs``)."""
     metadata: GraphMetadata
     """The graph's file metadata."""
+    notes: tuple[str, ...] = ()
+    """What the user should know of the ranks it binds (a variant's line each)."""
 
 
 def _stage_sources(manifest: CaptureManifest, pp: int) -> dict[int, CapturedRank]:
@@ -59,37 +64,22 @@ def _stage_sources(manifest: CaptureManifest, pp: int) -> dict[int, CapturedRank
     return sources
 
 
-def _check_alike(manifest: CaptureManifest, sources: dict[int, CapturedRank], layout, ops) -> None:
-    """Captured ranks that stand for the same ranks made the same calls."""
-
-    def sequences(ranks: list[int]) -> dict[int, list]:
-        return {rank: call_sequence(ops(rank), rank, layout) for rank in ranks}
-
-    by_stage: dict[int, list[int]] = {}
+def _variants(manifest: CaptureManifest, sources: dict[int, CapturedRank], layout, ops) -> list[Found]:
+    """Captured ranks that stand for the same ranks made the same calls, up to the variants of
+    ``--roles axis-ends`` (``prism.graph.build.rank_variants``)."""
+    calls = functools.cache(lambda rank: call_sequence(ops(rank), rank, layout))
+    by_stage: dict[int, list[CapturedRank]] = {}
     for captured in sorted(manifest.ranks, key=lambda r: r.rank):
-        by_stage.setdefault(captured.stage, []).append(captured.rank)
-    for stage, ranks in sorted(by_stage.items()):
-        for other in ranks[1:]:
-            check_alike(
-                sequences([ranks[0], other]),
-                f"both run pipeline stage {stage} (rank {other} {_where(layout, ranks[0], other)})",
-            )
+        by_stage.setdefault(captured.stage, []).append(captured)
+    variants = find_variants(layout, by_stage, calls)
     if any(source.stage != stage for stage, source in sources.items()):
-        middles = [ranks[0] for stage, ranks in sorted(by_stage.items()) if 0 < stage < layout.pp - 1]
+        middles = [ranks[0].rank for stage, ranks in sorted(by_stage.items()) if 0 < stage < layout.pp - 1]
         if len(middles) > 1:
             check_alike(
-                sequences(middles),
+                {rank: calls(rank) for rank in middles},
                 "both stand for every middle stage (capture every stage with --roles pipeline)",
             )
-
-
-def _where(layout, base: int, other: int) -> str:
-    """Where ``other`` stands apart from ``base`` on the mesh: 'at cp 1 of 2, ep 3 of 4'."""
-    a, b = layout.fine_coords(base), layout.fine_coords(other)
-    apart = [
-        f"{axis} {b[axis]} of {layout.degree(axis)}" for axis in layout.stage_axes() if a[axis] != b[axis]
-    ]
-    return "at " + ", ".join(apart) if apart else "at the same place"
+    return variants
 
 
 def _received_values(capture_dir, layout) -> dict[str, str]:
@@ -117,10 +107,11 @@ def program_stages(
     layout = program.layout
     sources = _stage_sources(manifest, layout.pp)
     ops = functools.cache(lambda rank: normalize_rank(capture_dir, rank))
-    _check_alike(manifest, sources, layout, ops)
-    stages, scales, static = [], {}, []
-    for stage in range(layout.pp):
-        captured = sources[stage]
+    variants = _variants(manifest, sources, layout, ops)
+    programs = [(str(stage), stage, sources[stage]) for stage in range(layout.pp)]
+    programs += [(f"{v.stage}.{v.axis}", v.stage, captured) for v, captured, _ in variants]
+    stages, scales = [], {}
+    for key, stage, captured in programs:
         ops_of_stage = ops(captured.rank)
         scale = correction_scale(captured.result, manifest.job.warmup, correction, manifest.job.device)
         scale = scale and fitted_scale(ops_of_stage, scale)
@@ -131,8 +122,8 @@ def program_stages(
         )  # fmt: skip
         stages.append(encode_program(stage_program, layout))
         if scale is not None:
-            scales[str(stage)] = scale.to_dict() | {"noise_cv": round(cv, 6)}
-        static.append(int(captured.result.static_bytes))
+            scales[key] = scale.to_dict() | {"noise_cv": round(cv, 6)}
+    static = [int(sources[stage].result.static_bytes) for stage in range(layout.pp)]
     metadata = GraphMetadata(
         layout=layout.to_dict(),
         model={gf.PROGRAM_KEY: program.to_dict()},
@@ -143,8 +134,10 @@ def program_stages(
         extra={
             gf.TIME_SCALE_KEY: scales or None,
             gf.STATIC_BYTES_KEY: static,
+            gf.RANK_VARIANTS_KEY: [v.to_dict() for v, _, _ in variants],
             gf.RECEIVED_VALUES_KEY: _received_values(capture_dir, layout),
             gf.STEADY_FROM_KEY: max(r.result.steady_from or 1 for r in manifest.ranks),
         },
     )
-    return ProgramStages(stages=stages, metadata=metadata)
+    notes = tuple(variant_line(v, layout, why) for v, _, why in variants)
+    return ProgramStages(stages=stages, metadata=metadata, notes=notes)

@@ -104,11 +104,13 @@ class LayoutTables:
             volumes[k] = busiest(sent, patterns[int(pattern)].reshape(size, size))
         return volumes[row_of.ravel()]
 
-    def replica_of(self) -> np.ndarray:
+    def replica_of(self, program: np.ndarray | None = None) -> np.ndarray:
         """For each replica along the layout's fold axis (dp, or dp_replicate under HSDP), the first
         replica whose ranks sit on the nodes alike, position for position: every group of theirs
         spans as many nodes and every pipeline transfer crosses nodes or not alike, so the comm
-        model prices their calls alike. Without a fold axis, one replica per dp index, each its own."""
+        model prices their calls alike, and (``program``: each rank's program number, where ranks
+        of a stage run different ones) runs the same programs. Without a fold axis, one replica per
+        dp index, each its own."""
         layout = self.layout
         ranks = np.arange(layout.world_size)
         axis = layout.fold_axis
@@ -121,7 +123,8 @@ class LayoutTables:
             & (self.node_of_rank != self.node_of_rank[np.clip(ranks + step * stride, 0, ranks[-1])])
             for step in (1, -1)
         ]
-        signature = np.stack([*self.nodes_spanned.values(), *crosses], axis=1)
+        runs = () if program is None else (np.asarray(program),)
+        signature = np.stack([*self.nodes_spanned.values(), *crosses, *runs], axis=1)
         replica = (ranks // layout.stride(axis)) % layout.degree(axis)
         position = ranks - replica * layout.stride(axis)  # the same place in every replica
         by_replica = signature[np.lexsort((position, replica))].reshape(layout.degree(axis), -1)

@@ -181,6 +181,8 @@ def _same_replica(graph: SimGraph, signature: np.ndarray, a: np.ndarray, b: np.n
     runs_a, runs_b = _runs(a), _runs(b)
     if [y - x for x, y in runs_a] != [y - x for x, y in runs_b]:
         return False
+    if not np.array_equal(graph.static_bytes[a], graph.static_bytes[b]):
+        return False  # ranks that hold different memory (ranks of another program)
     for (fa, la), (fb, lb) in zip(runs_a, runs_b, strict=True):
         lo_a, hi_a, lo_b, hi_b = ptr[a[fa]], ptr[a[la] + 1], ptr[b[fb]], ptr[b[lb] + 1]
         if not np.array_equal(np.diff(ptr[a[fa] : a[la] + 2]), np.diff(ptr[b[fb] : b[lb] + 2])):
@@ -228,7 +230,7 @@ def _subgraph(graph: SimGraph, ranks: np.ndarray) -> SimGraph:
     skew = None if graph.skew is None else graph.skew[rows]
     deps_lag = None if graph.deps_lag is None else graph.deps_lag[_rows(graph.deps_ptr, rows)]
     return dataclasses.replace(
-        graph, rank_ptr=rank_ptr, stage=graph.stage[rows], kind=graph.kind[rows],
+        graph, static_bytes=graph.static_bytes[ranks], rank_ptr=rank_ptr, stage=graph.stage[rows], kind=graph.kind[rows],
         dur=graph.dur[rows], gap=graph.gap[rows], is_async=graph.is_async[rows], slot=slot,
         slot_size=slot_size, slot_nodes_ptr=np.r_[0, np.cumsum(slot_size)].astype(np.int64),
         slot_nodes=slot_nodes, deps_ptr=np.r_[0, np.cumsum(deps_counts)].astype(np.int64), deps=deps,

@@ -21,6 +21,7 @@ from prism.graph.sim.simulate import SimGraph, SimulationError
 from prism.schemas import graph_format as gf
 from prism.schemas.cluster import wake_points_ns
 from prism.schemas.layout import ParallelLayout
+from prism.schemas.rank_programs import rank_variants, static_bytes_of_ranks
 
 _KIND_CODES = {
     gf.NodeKind.COMPUTE.value: COMPUTE,
@@ -254,7 +255,7 @@ def load_sim_graph(path: str | Path, ranks: np.ndarray | None = None) -> SimGrap
     _check_structure(path, a, columns.deps_count[1:], deps, rank_ptr, layout.pp)
     deps_ptr, deps, deps_lag = _with_lane_deps(deps_ptr, deps, columns.lane_deps)
     return SimGraph(
-        layout=layout, stage_static_bytes=static_bytes_of(metadata, layout), rank_ptr=rank_ptr, stage=a[gf.STAGE], kind=kind, dur=a[gf.DUR_NS], gap=a[gf.GAP_NS],
+        layout=layout, static_bytes=rank_static_bytes(metadata, layout, loaded), rank_ptr=rank_ptr, stage=a[gf.STAGE], kind=kind, dur=a[gf.DUR_NS], gap=a[gf.GAP_NS],
         skew=_skew_or_none(a[gf.SKEW_NS]), is_async=a[gf.IS_ASYNC], slot=slot, slot_size=slot_size,
         slot_nodes_ptr=slot_nodes_ptr, slot_nodes=slot_nodes, deps_ptr=deps_ptr, deps=deps,
         alloc=a[gf.ALLOC_BYTES], free=a[gf.FREE_BYTES], deps_lag=deps_lag, lane_rank=lane_rank,
@@ -347,6 +348,11 @@ def static_bytes_of(metadata: gf.GraphMetadata, layout: ParallelLayout) -> np.nd
         "the graph holds no static memory of its stages (a graph of the built-in GPT built by an earlier "
         "prism): rebuild it with prism-build-graph"
     )
+
+
+def rank_static_bytes(metadata: gf.GraphMetadata, layout: ParallelLayout, ranks) -> np.ndarray:
+    """Static bytes of each of ``ranks``: its stage's (``static_bytes_of``), or its variant's."""
+    return static_bytes_of_ranks(layout, static_bytes_of(metadata, layout), rank_variants(metadata), ranks)
 
 
 def graph_column(path: str | Path, column: str, ranks: np.ndarray | None = None) -> np.ndarray:

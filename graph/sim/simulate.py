@@ -36,8 +36,8 @@ class SimGraph:
 
     layout: ParallelLayout
     """The graph's layout (every rank of it)."""
-    stage_static_bytes: np.ndarray
-    """Bytes a rank of each stage holds across iterations (``static_bytes_of``)."""
+    static_bytes: np.ndarray
+    """Bytes each rank holds across iterations (``prism.graph.sim.load.rank_static_bytes``)."""
     rank_ptr: np.ndarray
     """First row of each lane, and the row count last (with one lane a rank: of each rank)."""
     stage: np.ndarray
@@ -172,8 +172,7 @@ def peak_bytes(graph: SimGraph) -> np.ndarray:
         per_rank = np.zeros(graph.ranks, np.int64)
         np.add.at(per_rank, graph.lane_rank, high)
         high = per_rank
-    static = graph.stage_static_bytes[graph.stage[graph.rank_first_row()]]
-    return static + high
+    return graph.static_bytes + high
 
 
 def _slowest(periods: np.ndarray, graph: SimGraph) -> np.ndarray:

@@ -173,30 +173,39 @@ def test_context_parallel_at_8192_ranks_gathers_on_its_cp_groups_and_replays(tmp
 PROGRAMS = Path(__file__).resolve().parents[1] / "data" / "programs"
 
 
-def test_axis_ends_finds_a_context_parallel_rank_that_calls_differently(tmp_path: Path) -> None:
+def test_a_context_parallel_rank_that_calls_differently_runs_its_own_program(tmp_path: Path) -> None:
     # The first slice's ranks log the loss over their dp group; the others never call it. Captured
-    # with the last rank of every axis, the build names the rank and the axis instead of giving
-    # every rank of the stage rank 0's calls.
-    capture = tmp_path / "cap"
+    # with the last rank of every axis, the ranks past the first on cp run the cp end's calls.
+    capture, graph = tmp_path / "cap", tmp_path / "cap.parquet"
+    program = (str(PROGRAMS / "cp_logged_loss.py"), "--cp", "4", "--steps", "50")
     result = runner.invoke(
         capture_app,
-        ["--dp", "4", "--cp", "2", "--roles", "axis-ends", "--warmup", "3", "--iterations", "2", "-o", str(capture),
-         "--", str(PROGRAMS / "cp_logged_loss.py"), "--cp", "2", "--steps", "10"],
+        ["--dp", "2048", "--cp", "4", "--roles", "axis-ends", "--warmup", "4", "--iterations", "2",
+         "-o", str(capture), "--", *program],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert sorted(r.rank for r in read_manifest(capture).ranks) == [0, 1, 6]  # first, cp's end, dp's end
-    result = runner.invoke(build_app, [str(capture), "-o", str(tmp_path / "g.parquet")])
-    assert result.exit_code == 2
-    assert (
-        "ranks 0 and 1 both run pipeline stage 0 (rank 1 at cp 1 of 2), but their calls differ"
-        in result.output
+    # The first; cp 1 and its end; dp 1 and its end.
+    assert sorted(r.rank for r in read_manifest(capture).ranks) == [0, 1, 3, 4, 8188]
+    result = runner.invoke(build_app, [str(capture), "-o", str(graph)])
+    assert result.exit_code == 0, result.output
+    assert "the ranks of pipeline stage 0 at cp 1..3 run captured rank 3's calls" in " ".join(
+        result.output.split()
     )
-    assert not (tmp_path / "g.parquet").exists()
+    calls = calls_of(graph)
+    logged = calls[calls[gf.GROUP_KIND].astype(str) == "dp"]
+    # Every first-slice rank (cp 0) logs over its 2,048 replicas; no other rank does.
+    assert set(logged[gf.RANK] % 4) == {0} and logged[gf.RANK].nunique() == 2048
+    assert set(logged[gf.GROUP_SIZE]) == {2048}
+    metadata = read_metadata(graph)
+    assert [v["axis"] for v in metadata.extra[gf.RANK_VARIANTS_KEY]] == ["cp"]
+    assert load_folded(graph).graph.ranks == 4  # the dp replicas still sit alike: one is simulated
+    # A replayed cp-1 rank makes its own calls against the graph, its memory as the graph has it.
+    assert abs(replayed(graph, 4097, program, out=tmp_path / "replay").mem_err_pct) < 0.1
 
 
 def test_axis_ends_of_an_expert_parallel_program_that_routes_alike_build(tmp_path: Path) -> None:
     layout = ("--dp", "8", "--ep", "4", "--roles", "axis-ends")
     program = (str(EXAMPLES / "moe.py"), "--ep", "4", "--steps", "50", "--hidden", "32", "--vocab", "64")
     capture, _ = captured_and_built(tmp_path / "cap", layout, program)  # built and valid
-    # The ends of dp, expert dp and ep, each routing its own tokens: the same calls as rank 0.
-    assert sorted(r.rank for r in read_manifest(capture).ranks) == [0, 3, 4, 7]
+    # dp's, expert dp's and ep's second ranks and ends, each routing its own tokens: rank 0's calls.
+    assert sorted(r.rank for r in read_manifest(capture).ranks) == [0, 1, 3, 4, 7]

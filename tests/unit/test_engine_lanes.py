@@ -19,7 +19,7 @@ def lanes_graph(lanes: list[list[tuple[int, int, list[tuple[int, int]]]]]) -> Si
     n = len(nodes)
     deps = [d for _, _, ds in nodes for d in ds]
     return SimGraph(
-        layout=ParallelLayout(tp=1, pp=1, dp=1), stage_static_bytes=np.zeros(1, np.int64),
+        layout=ParallelLayout(tp=1, pp=1, dp=1), static_bytes=np.zeros(1, np.int64),
         rank_ptr=np.r_[0, np.cumsum([len(lane) for lane in lanes])].astype(np.int64),
         stage=np.zeros(n, np.int16), kind=np.full(n, COMPUTE, np.int8),
         dur=np.array([d for _, d, _ in nodes], np.int64), gap=np.array([g for g, _, _ in nodes], np.int64),

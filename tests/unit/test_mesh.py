@@ -245,7 +245,8 @@ def test_expert_parallel_without_hsdp_folds_along_its_expert_data_parallel_index
 @given(meshes())
 def test_a_ranks_place_on_one_axis_is_the_brute_force_one(layout: ParallelLayout) -> None:
     # rank_on_axis(stage, axis, i): of the stage's ranks, the one at i on the axis and at 0 on
-    # every other axis of its system; axis_ends: the last such rank of each axis of > 1 rank.
+    # every other axis of its system; axis_ends: the last such rank of each axis of > 1 rank,
+    # axis_seconds: the one at 1 of each axis of > 2.
     for stage in {0, layout.pp - 1}:
         for axis in layout.stage_axes():
             system = EXPERT_AXES if axis in ("edp", "ep", "etp") else DENSE_AXES
@@ -256,14 +257,16 @@ def test_a_ranks_place_on_one_axis_is_the_brute_force_one(layout: ParallelLayout
                     if all(layout.fine_coords(r)[a] == {"pp": stage, axis: index}.get(a, 0) for a in system)
                 ]
                 assert found == [layout.rank_on_axis(stage, axis, index)]
-        ends = layout.axis_ends(stage)
+        ends, seconds = layout.axis_ends(stage), layout.axis_seconds(stage)
         assert set(ends) == {a for a in layout.stage_axes() if layout.degree(a) > 1}
         assert all(layout.fine_coords(r)[a] == layout.degree(a) - 1 for a, r in ends.items())
+        assert set(seconds) == {a for a in layout.stage_axes() if layout.degree(a) > 2}
+        assert all(seconds[a] == layout.rank_on_axis(stage, a, 1) for a in seconds)
     with pytest.raises(LayoutError, match="not an axis within a pipeline stage"):
         layout.rank_on_axis(0, "pp", 0)
 
 
-def test_axis_ends_captures_each_stages_first_rank_and_its_last_on_every_axis() -> None:
+def test_axis_ends_captures_each_stages_first_rank_and_its_second_and_last_on_every_axis() -> None:
     from prism.capture.runner import ProgramRoles, program_ranks
 
     layout = ParallelLayout(tp=2, pp=2, dp=4, cp=2, ep=4)
@@ -272,4 +275,5 @@ def test_axis_ends_captures_each_stages_first_rank_and_its_last_on_every_axis() 
     assert len(ranks) == len(set(ranks))  # dp_shard's end can be edp's: captured once
     for stage in (0, 1):
         first = layout.rank(tp=0, dp=0, pp=stage)
-        assert {first, *layout.axis_ends(stage).values()} == {r for r in ranks if layout.stage(r) == stage}
+        probes = {*layout.axis_seconds(stage).values(), *layout.axis_ends(stage).values()}
+        assert {first, *probes} == {r for r in ranks if layout.stage(r) == stage}

@@ -270,7 +270,7 @@ def _text_file(path: Path) -> Path:
     [
         (lambda p: p, "no such file"),
         (_text_file, "not a Parquet file"),
-        (_wrong_version, f"graph format version {gf.VERSION + 1} is not supported (reads 2, 3, 4, 5, 6)"),
+        (_wrong_version, f"graph format version {gf.VERSION + 1} is not supported (reads 2, 3, 4, 5, 6, 7)"),
     ],
 )
 def test_cli_unreadable_file_is_one_error_line(
