@@ -8,7 +8,7 @@ OUT    ?= capture-out
 GRAPH  ?= graph.parquet
 REPLAY ?= replay-out
 
-.PHONY: install demo test test-fast lint results results-programs results-programs-floor results-programs-accumulate results-torchtitan results-torchtitan-mesh results-torchtitan-floor results-mesh results-moe-skew results-scale-mesh results-random results-call-cost results-host-work-gil results-from-traces results-ddp-overlap results-pipeline-p2p results-collective-prices results-seeds results-families fidelity respec gpu-checks figures clean
+.PHONY: install demo test test-fast lint results results-programs results-programs-floor results-programs-accumulate results-torchtitan results-torchtitan-mesh results-torchtitan-floor results-mesh results-moe-skew results-scale-mesh results-random results-call-cost results-host-work-gil results-from-traces fetch-traces results-ddp-overlap results-pipeline-p2p results-collective-prices results-seeds results-families fidelity respec gpu-checks figures clean
 
 install: $(VENV)/.installed-torch-$(TORCH)
 
@@ -237,10 +237,15 @@ results-call-cost: install
 results-host-work-gil: install
 	$(RECORD) host_work_gil -- $(BIN)/python benchmarks/host_work_gil.py
 
-# Graphs built from the public GPU traces of tests/data/gpu_traces against the traces' own steps
-# (docs/gpu-traces.md; seconds).
+# Graphs built from the public GPU traces of tests/data/gpu_traces, and those fetch-traces brought,
+# against the traces' own steps (docs/gpu-traces.md; about 2 min).
 results-from-traces: install
 	$(RECORD) from_traces -- $(BIN)/python benchmarks/from_traces.py
+
+# The public GPU traces too large for tests/data (benchmarks/public_traces.toml), each checked
+# against its git blob id, into benchmarks/traces/ (needs the network).
+fetch-traces: install
+	$(BIN)/python benchmarks/fetch_traces.py
 
 # What real gradient all-reduces cost a small DDP step beside its compute: alone, two processes,
 # two DDP ranks over gloo (about 1 min).

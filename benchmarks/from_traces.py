@@ -1,15 +1,17 @@
 """Graphs built from GPU traces (``prism-build-graph --from-traces``) against the traces' own steps.
 
-    .venv/bin/python benchmarks/from_traces.py [DIR ...]
+    .venv/bin/python benchmarks/from_traces.py [DIR ...] [--fetched benchmarks/traces]
 
 For each directory of Kineto traces (default: the public GPU traces of tests/data/gpu_traces, a
-directory per job), builds the graph of the last ProfilerStep every trace holds, simulates it
+directory per job, and those ``benchmarks/fetch_traces.py`` fetched), builds the graph of the
+last ProfilerStep every trace holds (of a trace without one, its whole window), simulates it
 as ``prism-simulate`` does, and prints per traced rank the step as recorded and as simulated,
 and the end of the step's GPU work as the trace's own timeline puts it and as simulated: first
 with the launch and stream delays fitted on each trace, then with delays fitted on none of the
 job's traces (``held_out_delays``: the other jobs of its GPU family, else the whole corpus).
 Then each job of several traced ranks is built from one of them alone and its other ranks
-predicted (``cross_rank_table``).
+predicted (``cross_rank_table``), and the public traces that are not GPU timelines are listed
+with the line that refuses them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import shutil
 import tempfile
 import time
+import tomllib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +29,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from prism.graph.build.from_traces import TracedRank, TraceGraphError, build_from_traces
+from prism.graph.build.from_traces import TracedRank, TraceGraphError, as_one_step, build_from_traces
 from prism.graph.io.parquet import read_rank
 from prism.graph.sim.load import load_sim_graph
 from prism.graph.sim.predict import predict
@@ -37,6 +40,15 @@ from prism.graph.traces.kineto import NormalizeError
 from prism.schemas import graph_format as gf
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "gpu_traces"
+FETCHED = Path(__file__).resolve().parent / "traces"
+PUBLIC_TRACES = Path(__file__).resolve().parent / "public_traces.toml"
+WHOLE = {  # traces recorded without torch.profiler's schedule: each built whole (--whole-trace)
+    "simple add on one A100": ["a100_simple_add.json.gz"],
+    "simple add on one A100, its Execution Trace run": ["a100_simple_add_et_run.json.gz"],
+    "inference rank, 2021 trace format": ["inference_rank1_legacy.json.gz"],
+    "AlexNet on one A100, two streams": ["alexnet.json.gz"],
+    "three streams with event waits": ["event_sync_multi_stream.json.gz"],
+}
 JOBS = {
     "one GPU, stream/event/device syncs": ["event_sync.json.gz"],
     "rank 0 of a 2-rank NCCL DDP job": ["nccl_ddp_rank0.json.gz"],
@@ -49,18 +61,35 @@ JOBS = {
     "ResNet-50 on a V100, 2021 trace format": ["v100_resnet50_legacy.json.gz"],
     "MLP training step, one H200": ["h200_mlp.json.gz"],
     "4x wider MLP step, one H200": ["h200_mlp_wide.json.gz"],
+    "a Triton kernel on one A100": ["a100_triton.json.gz"],
+    "rank 1 of a 2-rank V100 job": ["v100_rank1_of_2.json.gz"],
+    "trace_compare excerpt, before": ["excerpts/compare_base.json.gz"],
+    "trace_compare excerpt, after": ["excerpts/compare_test.json.gz"],
+    **WHOLE,
 }
 
 
-def _job_dirs(root: Path) -> dict[str, Path]:
+def _job_dirs(root: Path, fetched: Path) -> dict[str, Path]:
+    """A directory of each job's traces: the kept ones, then the fetched ones that are there."""
+    jobs = {name: [DATA / f for f in files] for name, files in JOBS.items()}
+    for name, paths in fetched_jobs(fetched).items():
+        jobs[name] = paths
     dirs = {}
-    for name, files in JOBS.items():
-        d = root / name.replace(" ", "_").replace(",", "").replace("/", "-")
+    for name, paths in jobs.items():
+        d = root / "".join(c if c.isalnum() else "_" for c in name)
         d.mkdir()
-        for f in files:
-            shutil.copy(DATA / f, d / f)
+        for path in paths:
+            shutil.copy(path, d / path.name)
         dirs[name] = d
     return dirs
+
+
+def fetched_jobs(fetched: Path) -> dict[str, list[Path]]:
+    """The jobs of ``public_traces.toml`` whose every trace ``fetch_traces.py`` brought into ``fetched``."""
+    jobs: dict[str, list[Path]] = {}
+    for entry in tomllib.loads(PUBLIC_TRACES.read_text()).get("trace", []):
+        jobs.setdefault(entry["job"], []).append(fetched / entry["dir"] / entry["file"])
+    return {name: paths for name, paths in jobs.items() if all(p.is_file() for p in paths)}
 
 
 FAMILIES = ("A100", "V100", "H100", "H200", "MI250", "MI300")
@@ -98,7 +127,7 @@ def held_out_delays(name: str, built: dict[str, Built]) -> tuple[LaunchModel, st
     return _median_model([m for b in others.values() for m in b.models]), "corpus"
 
 
-def _errors(out: Path, built) -> dict[int, tuple[float, float, float, float]]:
+def _errors(out: Path, built, whole: bool) -> dict[int, tuple[float, float, float, float]]:
     """Per traced rank: recorded step, simulated step, the trace's own GPU end, the graph's (ms)."""
     summary = predict(out)
     graph = load_sim_graph(out)
@@ -106,6 +135,7 @@ def _errors(out: Path, built) -> dict[int, tuple[float, float, float, float]]:
     rows = {}
     for rank, traced in built.traced.items():
         trace = read_gpu_trace(traced.path)
+        trace = as_one_step(trace) if whole else trace
         recorded_gpu = (
             step_times(trace, simulate_timeline(trace)).set_index("step").at[built.step, "gpu_recorded_ms"]
         )
@@ -123,6 +153,8 @@ def _pct(a: float, b: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dirs", nargs="*", type=Path)
+    parser.add_argument("--fetched", type=Path, default=FETCHED, help="where fetch_traces.py put its traces")
+    parser.add_argument("--whole-trace", action="store_true", help="build each given DIR's whole windows")
     args = parser.parse_args()
     table = Table(title="graphs from traces: each traced rank's ProfilerStep, recorded vs simulated")
     columns = ("job", "GPU", "ranks", "nodes", "build s", "rank", "step", "recorded ms", "simulated ms", "err %",
@@ -132,38 +164,60 @@ def main() -> None:
             column, justify="left" if column in ("job", "GPU", "held-out delays from") else "right"
         )
     with tempfile.TemporaryDirectory() as tmp:
-        dirs = {d.name: d for d in args.dirs} if args.dirs else _job_dirs(Path(tmp))
-        built, rows = {}, {}
+        dirs = {d.name: d for d in args.dirs} if args.dirs else _job_dirs(Path(tmp), args.fetched)
+        whole = set(dirs) if args.whole_trace else set(WHOLE)
+        built, rows, refused = {}, {}, {}
         for name, directory in dirs.items():
             out = Path(tmp) / f"{directory.name}.parquet"
             t0 = time.perf_counter()
             try:
-                job = build_from_traces(directory, out)
+                job = build_from_traces(directory, out, whole=name in whole)
             except (TraceGraphError, NormalizeError) as e:
-                raise SystemExit(f"error: {e}") from None
+                refused[name] = str(e).splitlines()[0]
+                continue
             took = time.perf_counter() - t0
             first = read_gpu_trace(next(iter(job.traced.values())).path)
             built[name] = Built(
                 directory, gpu_family(first.device_name), [t.model for t in job.traced.values()]
             )
-            rows[name] = (job, took, len(load_sim_graph(out).kind), _errors(out, job))
+            rows[name] = (job, took, len(load_sim_graph(out).kind), _errors(out, job, name in whole))
         for name, (job, took, nodes, fitted) in rows.items():
             delays, source = held_out_delays(name, built) if len(built) > 1 else (None, "")
             held = {}
             if delays is not None:
                 out = Path(tmp) / f"{built[name].directory.name}.held.parquet"
-                held = _errors(out, build_from_traces(built[name].directory, out, delays=delays))
+                again = build_from_traces(built[name].directory, out, whole=name in whole, delays=delays)
+                held = _errors(out, again, name in whole)
             for rank, (recorded, simulated, recorded_gpu, gpu) in fitted.items():
                 h = held.get(rank)
                 table.add_row(
                     name, built[name].family, f"{job.layout.world_size:,}", f"{nodes:,}", f"{took:.1f}", str(rank),
-                    str(job.step), f"{recorded:.3f}", f"{simulated:.3f}", _pct(simulated, recorded),
+                    "whole" if name in whole else str(job.step), f"{recorded:.3f}", f"{simulated:.3f}", _pct(simulated, recorded),
                     f"{recorded_gpu:.3f}", f"{gpu:.3f}", _pct(gpu, recorded_gpu),
                     source, _pct(h[1], recorded) if h else "", _pct(h[3], recorded_gpu) if h else "",
                 )  # fmt: skip
         console = Console(width=240)
         console.print(table)
         console.print(cross_rank_table(rows, dirs, Path(tmp)))
+        console.print(refused_table(refused))
+
+
+def refused_table(refused: dict[str, str]) -> Table:
+    """The public traces that are not GPU timelines (``tests/data/gpu_traces/not_timelines``)
+    and any job above that was refused, each with the line that refuses it."""
+    table = Table(title="traces refused, with the line that says why")
+    table.add_column("trace")
+    table.add_column("refused with")
+    for path in sorted((DATA / "not_timelines").glob("*.json.gz")):
+        try:
+            read_gpu_trace(path)
+        except NormalizeError as e:
+            table.add_row(path.name, str(e).splitlines()[0].replace(f"{path}: ", ""))
+        else:
+            table.add_row(path.name, "read (no longer refused)")
+    for name, line in refused.items():
+        table.add_row(name, line)
+    return table
 
 
 def gpu_work(traced: TracedRank) -> frozenset:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,6 +121,21 @@ class GpuTrace:
     out_nelems, dtype, group_size, group_ranks, group_name."""
 
 
+NOT_A_TIMELINE = {
+    "cuda_profiler_range": "CUPTI's range profiler replays each kernel alone for its counters",
+    "mtia_runtime": "another accelerator's runtime (MTIA)",
+}
+"""Categories of traces that hold device work prism does not read as a GPU timeline, and why."""
+
+
+def _holds(categories: Counter) -> str:
+    """What a trace without GPU events holds: its event categories, most first, and why one that
+    looks like device work is not read."""
+    held = ", ".join(f"{n:,} {cat}" for cat, n in categories.most_common(4) if cat)
+    why = [NOT_A_TIMELINE[cat] for cat in categories if cat in NOT_A_TIMELINE]
+    return f"it holds {held or 'no complete events'}" + (f": {why[0]}" if why else "")
+
+
 def read_gpu_trace(path: Path) -> GpuTrace:
     """The events of a Kineto trace with GPU activities; a one-line ``NormalizeError`` otherwise."""
     data, raw, base = read_trace_events(path)
@@ -127,6 +143,7 @@ def read_gpu_trace(path: Path) -> GpuTrace:
     syncs: list[tuple] = []
     steps: list[tuple] = []
     comm_args: dict[int, dict] = {}  # row -> args of a record_param_comms op
+    categories: Counter = Counter()  # of every complete event, for a refusal to name
     try:
         for e in raw:
             if not isinstance(e, dict):
@@ -134,6 +151,7 @@ def read_gpu_trace(path: Path) -> GpuTrace:
             if e.get("ph") != "X":
                 continue
             cat, name, args = e.get("cat"), e.get("name", ""), e.get("args") or {}
+            categories[cat] += 1
             if not isinstance(name, str) or not isinstance(args, dict):
                 raise TypeError("an event's name is not a string or its args not an object")
             if cat in LEGACY_CATEGORIES:
@@ -162,7 +180,7 @@ def read_gpu_trace(path: Path) -> GpuTrace:
     except (KeyError, TypeError, ValueError) as e:
         raise NormalizeError(f"{path}: malformed trace event ({type(e).__name__}: {e})") from e
     if not any(r[0] in GPU_KINDS for r in rows):
-        raise NormalizeError(f"{path}: no GPU kernels, memcpys or memsets: not a GPU trace")
+        raise NormalizeError(f"{path}: no GPU kernels, memcpys or memsets: not a GPU trace ({_holds(categories)})")
     events = _events(rows, base)
     info = data.get("distributedInfo")
     info = info if isinstance(info, dict) else {}

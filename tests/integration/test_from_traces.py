@@ -37,6 +37,9 @@ TRACES = {
     "gpu_behind_cpu_a100": (["a100_rank0_of_16.json.gz"], 16, [0]),
     "gpu_behind_cpu_v100": (["v100_epoch_times.json.gz"], 1, [0]),
     "legacy_format_v100": (["v100_resnet50_legacy.json.gz"], 1, [0]),
+    "triton_a100": (["a100_triton.json.gz"], 1, [0]),
+    "v100_rank1_of_2": (["v100_rank1_of_2.json.gz"], 2, [1]),
+    "compare_excerpt": (["excerpts/compare_base.json.gz"], 1, [0]),
 }
 
 
@@ -44,7 +47,7 @@ def _directory(tmp_path: Path, files: list[str]) -> Path:
     directory = tmp_path / "traces"
     directory.mkdir()
     for name in files:
-        shutil.copy(DATA / name, directory / name)
+        shutil.copy(DATA / name, directory / Path(name).name)
     return directory
 
 
@@ -156,10 +159,15 @@ def test_bad_requests_are_one_error_line(tmp_path: Path, argv: list[str], needle
     assert not (tmp_path / "g.parquet").exists()
 
 
-@pytest.mark.parametrize("name", ["alexnet.json.gz", "event_sync_multi_stream.json.gz"])
+@pytest.mark.parametrize(
+    "name",
+    ["alexnet.json.gz", "event_sync_multi_stream.json.gz", "a100_simple_add.json.gz",
+     "a100_simple_add_et_run.json.gz", "inference_rank1_legacy.json.gz"],
+)  # fmt: skip
 def test_a_trace_without_profiler_steps_is_built_whole_with_whole_trace(tmp_path: Path, name: str) -> None:
-    """HTA's AlexNet and multi-stream traces were recorded without a schedule: with --whole-trace
-    each trace's window is the step, and the graph reproduces it."""
+    """HTA's traces recorded without a schedule (AlexNet, three streams, a simple add and its
+    Execution Trace run, a 2021-format inference rank): with --whole-trace each trace's window is
+    the step, and the graph reproduces it."""
     out = tmp_path / "graph.parquet"
     done = runner.invoke(
         app, ["--from-traces", str(_directory(tmp_path, [name])), "--whole-trace", "-o", str(out)]

@@ -59,9 +59,13 @@ def test_no_edge_contradicts_the_recorded_times(trace_and_edges) -> None:
         dst["start_ns"] - src["end_ns"],  # stream order and stream waits: after the source ends
     )
     # A trace of whole-µs times (its GPU clock read at µs resolution) may show two events of one
-    # stream overlapping by up to 2 µs (one A100 trace: once in 7,747 events).
+    # stream overlapping: by up to 2 µs once in 7,747 edges of an A100 trace, by up to 13 µs 31
+    # times in 30,706 of a V100 one (12 of them over 2 µs, each after a reduce kernel whose
+    # recorded end is late).
     whole_us = bool((ev[["start_ns", "end_ns"]] % 1000 == 0).all().all())
-    assert (slack >= (-2000 if whole_us else 0)).all(), edges[slack < 0]
+    overlap = slack < 0
+    assert (slack >= (-13_000 if whole_us else 0)).all(), edges[overlap]
+    assert overlap.mean() < 2e-3 and (kind[overlap] == EdgeKind.STREAM).all(), edges[overlap]
 
 
 def test_stream_order_chains_each_streams_events(trace_and_edges) -> None:
@@ -253,3 +257,18 @@ def test_a_trace_from_before_kinetos_schema_reads_like_todays() -> None:
     launches = dependencies(trace).query("kind == 'launch'")
     gpu = trace.events["kind"].isin(GPU)
     assert len(launches) == gpu.sum()  # every kernel, copy and memset found its runtime call
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [("a100_cupti_range_profiler.json.gz", "77 cuda_profiler_range, 8 user_annotation: CUPTI's range profiler"),
+     ("mtia_inference.json.gz", "823 mtia_runtime: another accelerator's runtime (MTIA)")],
+)  # fmt: skip
+def test_public_traces_that_are_no_gpu_timeline_are_refused_naming_what_they_hold(
+    name: str, why: str
+) -> None:
+    with pytest.raises(
+        NormalizeError, match="no GPU kernels, memcpys or memsets: not a GPU trace"
+    ) as refused:
+        read_gpu_trace(TRACES / "not_timelines" / name)
+    assert why in str(refused.value) and "\n" not in str(refused.value)
