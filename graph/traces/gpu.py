@@ -180,7 +180,9 @@ def read_gpu_trace(path: Path) -> GpuTrace:
     except (KeyError, TypeError, ValueError) as e:
         raise NormalizeError(f"{path}: malformed trace event ({type(e).__name__}: {e})") from e
     if not any(r[0] in GPU_KINDS for r in rows):
-        raise NormalizeError(f"{path}: no GPU kernels, memcpys or memsets: not a GPU trace ({_holds(categories)})")
+        raise NormalizeError(
+            f"{path}: no GPU kernels, memcpys or memsets: not a GPU trace ({_holds(categories)})"
+        )
     events = _events(rows, base)
     info = data.get("distributedInfo")
     info = info if isinstance(info, dict) else {}
