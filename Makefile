@@ -294,13 +294,15 @@ results-families: install
 # world-2 GPT cases at one repeat, every run's median over 3 s of iterations and repeated past 2 % steal, priced
 # by the committed spec as a user's one calibration prices them; then their noise floor; then the families
 # table of these two runs alone, written into docs/fidelity.md. Each case costs about 1.5 min and its floor
-# 0.5 min: CASES=60 (40 records per family) about 2 h.
+# 0.5 min: CASES=60 (40 records per family) about 2 h. The slices stay in FIDELITY_WORK/SEED, so that
+# make respec re-prices the same run under a fresh calibration (the real side unchanged).
 CASES ?= 60
+FIDELITY_WORK ?= fidelity-work
 fidelity: install
 	@$(BIN)/python benchmarks/fidelity_seeds.py --unused $(SEED)
 	$(RECORD) fidelity_protocol -- $(BIN)/python benchmarks/fidelity.py --random $(CASES) --seed $(SEED) --repeats 1 \
 	    --warmup 12 --window-s 3 --cluster-spec benchmarks/results/fidelity-spec.toml \
-	    --json benchmarks/results/fidelity_protocol.json
+	    --work-dir $(FIDELITY_WORK)/$(SEED) --json benchmarks/results/fidelity_protocol.json
 	$(RECORD) noise_floor_protocol -- $(BIN)/python benchmarks/noise_floor.py --random $(CASES) --seed $(SEED) --repeats 1 \
 	    --warmup 12 --window-s 3 --against benchmarks/results/fidelity_protocol.json \
 	    --json benchmarks/results/noise_floor_protocol.json
