@@ -294,7 +294,7 @@ results-families: install
 # world-2 GPT cases at one repeat, every run's median over 3 s of iterations and repeated past 2 % steal, priced
 # by the committed spec as a user's one calibration prices them; then their noise floor; then the families
 # table of these two runs alone, written into docs/fidelity.md. Each case costs about 1.5 min and its floor
-# 0.5 min: CASES=60 (40 records per family) about 2 h. The slices stay in FIDELITY_WORK/SEED, so that
+# 0.5 min: CASES=60 (40 records per family) about 2 h. The slices stay in FIDELITY_WORK/SEED (120 MB a case), so that
 # make respec re-prices the same run under a fresh calibration (the real side unchanged).
 CASES ?= 60
 FIDELITY_WORK ?= fidelity-work
