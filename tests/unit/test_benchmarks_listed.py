@@ -66,7 +66,7 @@ def test_every_listed_script_is_run_by_a_makefile_recipe() -> None:
 def test_every_target_the_table_names_is_in_the_makefile() -> None:
     targets = _targets()
     for row in _table_rows():
-        named = set(re.findall(r"\b(results(?:-[a-z0-9]+)*|respec|gpu-checks)\b", row[2]))
+        named = set(re.findall(r"\b(results(?:-[a-z0-9]+)*|respec|gpu-checks|fetch-traces)\b", row[2]))
         assert named or row[0] == "`record.py`", f"no make target for {row[0]}"
         assert named <= targets, f"{row[0]}: {sorted(named - targets)} not in the Makefile"
 
