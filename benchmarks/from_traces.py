@@ -20,12 +20,13 @@ import argparse
 import shutil
 import tempfile
 import time
-import tomllib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from fetch_traces import LIST, read_list  # the fetched traces' list (a script beside this one)
+from fetch_traces import OUT as FETCHED
 from rich.console import Console
 from rich.table import Table
 
@@ -40,8 +41,6 @@ from prism.graph.traces.kineto import NormalizeError
 from prism.schemas import graph_format as gf
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "gpu_traces"
-FETCHED = Path(__file__).resolve().parent / "traces"
-PUBLIC_TRACES = Path(__file__).resolve().parent / "public_traces.toml"
 WHOLE = {  # traces recorded without torch.profiler's schedule: each built whole (--whole-trace)
     "simple add on one A100": ["a100_simple_add.json.gz"],
     "simple add on one A100, its Execution Trace run": ["a100_simple_add_et_run.json.gz"],
@@ -71,9 +70,7 @@ JOBS = {
 
 def _job_dirs(root: Path, fetched: Path) -> dict[str, Path]:
     """A directory of each job's traces: the kept ones, then the fetched ones that are there."""
-    jobs = {name: [DATA / f for f in files] for name, files in JOBS.items()}
-    for name, paths in fetched_jobs(fetched).items():
-        jobs[name] = paths
+    jobs = {name: [DATA / f for f in files] for name, files in JOBS.items()} | fetched_jobs(fetched)
     dirs = {}
     for name, paths in jobs.items():
         d = root / "".join(c if c.isalnum() else "_" for c in name)
@@ -87,8 +84,8 @@ def _job_dirs(root: Path, fetched: Path) -> dict[str, Path]:
 def fetched_jobs(fetched: Path) -> dict[str, list[Path]]:
     """The jobs of ``public_traces.toml`` whose every trace ``fetch_traces.py`` brought into ``fetched``."""
     jobs: dict[str, list[Path]] = {}
-    for entry in tomllib.loads(PUBLIC_TRACES.read_text()).get("trace", []):
-        jobs.setdefault(entry["job"], []).append(fetched / entry["dir"] / entry["file"])
+    for trace in read_list(LIST):
+        jobs.setdefault(trace.job, []).append(fetched / trace.dir / trace.file)
     return {name: paths for name, paths in jobs.items() if all(p.is_file() for p in paths)}
 
 
@@ -200,6 +197,8 @@ def main() -> None:
         console.print(table)
         console.print(cross_rank_table(rows, dirs, Path(tmp)))
         console.print(refused_table(refused))
+    if refused:  # a job that should build did not: the tables above say which and why
+        raise SystemExit(f"error: {len(refused)} job(s) refused: {', '.join(refused)}")
 
 
 def refused_table(refused: dict[str, str]) -> Table:

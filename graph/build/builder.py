@@ -347,9 +347,9 @@ def _checked_write(
 ) -> tuple[GraphMetadata, ValidationReport]:
     """Check the room, record the replicas, write and validate: the metadata written, the verdict.
 
-    Every dp replica binds the same stage programs, so two replicas repeat each other exactly
-    where the cluster prices their calls alike (``LayoutTables.replica_of``); a simulation reads
-    each distinct one once."""
+    Two dp replicas repeat each other exactly where their ranks run the same programs (every
+    replica does, unless a rank variant lies along the fold axis) and the cluster prices their
+    calls alike (``LayoutTables.replica_of``); a simulation reads each distinct one once."""
     program = program_of(layout, rank_variants(metadata), np.arange(layout.world_size))
     nodes = _nodes(stages, program)
     check_room(options.out, nodes)  # before the per-rank tables: a world too large stops here

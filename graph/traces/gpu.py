@@ -143,7 +143,6 @@ def read_gpu_trace(path: Path) -> GpuTrace:
     syncs: list[tuple] = []
     steps: list[tuple] = []
     comm_args: dict[int, dict] = {}  # row -> args of a record_param_comms op
-    categories: Counter = Counter()  # of every complete event, for a refusal to name
     try:
         for e in raw:
             if not isinstance(e, dict):
@@ -151,7 +150,6 @@ def read_gpu_trace(path: Path) -> GpuTrace:
             if e.get("ph") != "X":
                 continue
             cat, name, args = e.get("cat"), e.get("name", ""), e.get("args") or {}
-            categories[cat] += 1
             if not isinstance(name, str) or not isinstance(args, dict):
                 raise TypeError("an event's name is not a string or its args not an object")
             if cat in LEGACY_CATEGORIES:
@@ -180,6 +178,7 @@ def read_gpu_trace(path: Path) -> GpuTrace:
     except (KeyError, TypeError, ValueError) as e:
         raise NormalizeError(f"{path}: malformed trace event ({type(e).__name__}: {e})") from e
     if not any(r[0] in GPU_KINDS for r in rows):
+        categories = Counter(e.get("cat") for e in raw if e.get("ph") == "X")  # counted only to refuse
         raise NormalizeError(
             f"{path}: no GPU kernels, memcpys or memsets: not a GPU trace ({_holds(categories)})"
         )
