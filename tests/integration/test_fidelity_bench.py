@@ -137,14 +137,25 @@ def test_one_case_through_the_cli_then_repriced(spec_file: Path, tmp_path: Path)
     slow = replace(preset("h100-ib"), measured={"p2p": {2: ((0, 0.02),)}})
     slow_file = slow.save(tmp_path / "slow.toml")
     respec_out = tmp_path / "respec.json"
+    # Switched off one at a time (--without), the measured table prices as --no-table does; a
+    # second run (--also, here the same one) pools with the first, by family.
     argv = [str(out), str(tmp_path / "wd"), f"same={spec_file}", f"slow={slow_file}", "--no-table", "slow"]
+    argv += ["--without", "measured", "--without", "skew", "--also", f"{out}={tmp_path / 'wd'}"]
     done = run_script("fidelity_respec.py", *argv, "--json", str(respec_out))
     assert done.returncode == 0, done.stderr
-    rows = {(r["spec"], r["rank"]): r for r in json.loads(respec_out.read_text())}
-    assert set(rows) == {(name, rank) for name in ("same", "slow", "slow-line") for rank in (0, 1)}
+    repriced = json.loads(respec_out.read_text())
+    names = ["same", "slow", "slow-line", "same-no-measured", "slow-no-measured", "slow-line-no-measured"]
+    names += [f"{name}-no-skew" for name in names]
+    assert sorted((r["run"], r["spec"], r["rank"]) for r in repriced) == sorted(
+        (run, name, rank) for run in (0, 1) for name in names for rank in (0, 1)
+    )
+    rows = {(r["spec"], r["rank"]): r for r in repriced if r["run"] == 0}
     for rank, record in enumerate(r for r in data["records"] if r["source"] == "simulation"):
         assert rows[("same", rank)]["pred_ms"] == pytest.approx(record["pred_iter_ms"], rel=1e-3)
         assert rows[("slow", rank)]["pred_ms"] > rows[("slow-line", rank)]["pred_ms"] + 20
+        assert rows[("slow-no-measured", rank)]["pred_ms"] == rows[("slow-line", rank)]["pred_ms"]
+        assert rows[("same-no-skew", rank)]["pred_ms"] <= rows[("same", rank)]["pred_ms"]  # a wait only adds
+    assert "GPT pp first stage" in done.stdout and "GPT pp last stage" in done.stdout  # the families table
     # The paced captures likewise reproduce the 'paced' rows, and are rebuilt under a second
     # profiler correction beside them.
     argv = [str(out), str(tmp_path / "wd"), f"same={spec_file}", "--capture", "paced"]
