@@ -58,7 +58,7 @@ results: install
 	$(RECORD) cold_gaps -- $(BIN)/python benchmarks/cold_gaps.py --rounds 3
 	$(RECORD) overlap_calls -- $(BIN)/python benchmarks/overlap_calls.py --json benchmarks/results/overlap_calls.json
 	$(RECORD) fidelity -- $(BIN)/python benchmarks/fidelity.py --repeats 5 --warmup 16 --paced --recalibrate \
-	    --calibrate-into benchmarks/results/fidelity-spec.toml --calibrate-reps 100 --calibrate-cold-gaps-ms 0.5,1,2,4,16,64 \
+	    --calibrate-into benchmarks/results/fidelity-spec.toml --calibrate-reps 100 \
 	    --calibrate-wake-gaps-ms 0.25,0.5,1,2,4,8,16,32 --json benchmarks/results/fidelity.json --work-dir $$(mktemp -d)/fidelity
 	$(MAKE) --no-print-directory results-programs
 	$(MAKE) --no-print-directory results-random
@@ -107,7 +107,7 @@ FIDELITY_PROGRAMS = $(BIN)/python benchmarks/fidelity.py --repeats 8 --warmup 12
 PROGRAM_SPEC = benchmarks/results/fidelity-programs-spec.toml
 results-programs: install
 	$(RECORD) fidelity_programs_dp -- $(FIDELITY_PROGRAMS) --dp 2 --recalibrate --calibrate-into $(PROGRAM_SPEC) \
-	    --calibrate-reps 30 --calibrate-cold-gaps-ms 0.5,1,2,4,16,64 --calibrate-busy-rounds 30 \
+	    --calibrate-reps 30 --calibrate-busy-rounds 30 \
 	    --calibrate-wake-gaps-ms 0.25,0.5,1,2,4,8,16,32 --json benchmarks/results/fidelity_programs_dp.json \
 	    --program "examples/ddp.py --steps 40" --program "examples/fsdp2.py --steps 40" \
 	    --program "examples/hf_gpt2_ddp.py --steps 40" --program "examples/compile_ddp.py --steps 40"
@@ -132,7 +132,7 @@ ACCUMULATE_DP = --program "examples/ddp.py --steps 40 --accumulate 3 --bucket-ca
 ACCUMULATE_TP = --program "examples/hf_llama.py --tp 2 --steps 30"
 results-programs-accumulate: install
 	$(RECORD) fidelity_accumulate_dp -- $(FIDELITY_PROGRAMS) --dp 2 --recalibrate --calibrate-into $(ACCUMULATE_SPEC) \
-	    --calibrate-reps 30 --calibrate-cold-gaps-ms 0.5,1,2,4,16,64 --calibrate-busy-rounds 30 \
+	    --calibrate-reps 30 --calibrate-busy-rounds 30 \
 	    --calibrate-wake-gaps-ms 0.25,0.5,1,2,4,8,16,32 --json benchmarks/results/fidelity_accumulate_dp.json $(ACCUMULATE_DP)
 	$(RECORD) fidelity_accumulate_tp -- $(FIDELITY_PROGRAMS) --tp 2 --cluster-spec $(ACCUMULATE_SPEC) \
 	    --json benchmarks/results/fidelity_accumulate_tp.json $(ACCUMULATE_TP)
@@ -191,7 +191,7 @@ results-torchtitan-floor: install
 MESH_SPEC = benchmarks/results/fidelity-mesh-spec.toml
 results-mesh: install
 	$(RECORD) fidelity_mesh_moe -- $(FIDELITY_PROGRAMS) --dp 2 --ep 2 --recalibrate --calibrate-into $(MESH_SPEC) \
-	    --calibrate-reps 30 --calibrate-cold-gaps-ms 0.5,1,2,4,16,64 --calibrate-busy-rounds 30 \
+	    --calibrate-reps 30 --calibrate-busy-rounds 30 \
 	    --calibrate-wake-gaps-ms 0.25,0.5,1,2,4,8,16,32 --json benchmarks/results/fidelity_mesh_moe.json \
 	    --window-s 3 --program "examples/moe.py --ep 2 --steps 400"
 	$(RECORD) fidelity_mesh_cp -- $(FIDELITY_PROGRAMS) --cp 2 --cluster-spec $(MESH_SPEC) \
@@ -292,25 +292,27 @@ results-families: install
 # The fidelity protocol on a seed never used, make fidelity SEED=S (benchmarks/fidelity_seeds.py --used lists
 # the used ones, the default SEED among them): CASES random
 # world-2 GPT cases at one repeat, every run's median over 3 s of iterations and repeated past 2 % steal, priced
-# by the committed spec as a user's one calibration prices them; then their noise floor; then the families
-# table of these two runs alone, written into docs/fidelity.md. Each case costs about 1.5 min and its floor
-# 0.5 min: CASES=60 (40 records per family) about 2 h. The slices stay in FIDELITY_WORK/SEED (120 MB a case), so that
-# make respec re-prices the same run under a fresh calibration (the real side unchanged).
-CASES ?= 60
+# by the committed spec as a user's one calibration prices them; then their noise floor, each seed's run in its
+# own results files; then the families table of every seed's run pooled (each a fresh draw), written into
+# docs/fidelity.md. A case costs about 1.1 min and its floor 0.5 min: CASES=30 about 50 min. The slices stay in
+# FIDELITY_WORK/SEED (120 MB a case), so that make respec re-prices the same run (the real side unchanged).
+CASES ?= 30
 FIDELITY_WORK ?= fidelity-work
 fidelity: install
 	@$(BIN)/python benchmarks/fidelity_seeds.py --unused $(SEED)
-	$(RECORD) fidelity_protocol -- $(BIN)/python benchmarks/fidelity.py --random $(CASES) --seed $(SEED) --repeats 1 \
+	$(RECORD) fidelity_protocol_$(SEED) -- $(BIN)/python benchmarks/fidelity.py --random $(CASES) --seed $(SEED) --repeats 1 \
 	    --warmup 12 --window-s 3 --cluster-spec benchmarks/results/fidelity-spec.toml \
-	    --work-dir $(FIDELITY_WORK)/$(SEED) --json benchmarks/results/fidelity_protocol.json
-	$(RECORD) noise_floor_protocol -- $(BIN)/python benchmarks/noise_floor.py --random $(CASES) --seed $(SEED) --repeats 1 \
-	    --warmup 12 --window-s 3 --against benchmarks/results/fidelity_protocol.json \
-	    --json benchmarks/results/noise_floor_protocol.json
-	$(BIN)/python benchmarks/fidelity_families.py --files benchmarks/results/fidelity_protocol.json \
-	    benchmarks/results/noise_floor_protocol.json --docs docs/fidelity.md
+	    --work-dir $(FIDELITY_WORK)/$(SEED) --json benchmarks/results/fidelity_protocol_$(SEED).json
+	$(RECORD) noise_floor_protocol_$(SEED) -- $(BIN)/python benchmarks/noise_floor.py --random $(CASES) --seed $(SEED) \
+	    --repeats 1 --warmup 12 --window-s 3 --against benchmarks/results/fidelity_protocol_$(SEED).json \
+	    --json benchmarks/results/noise_floor_protocol_$(SEED).json
+	$(BIN)/python benchmarks/fidelity_families.py --files benchmarks/results/fidelity_protocol_*.json \
+	    benchmarks/results/noise_floor_protocol_*.json --docs docs/fidelity.md
 
 # A kept fidelity run (its --json and --work-dir) re-priced under other specs, the real side and
-# slices unchanged: make respec RUN=run.json WORK_DIR=DIR SPECS="old=a.toml new=b.toml" (prints).
+# slices unchanged: make respec RUN=run.json WORK_DIR=DIR SPECS="old=a.toml new=b.toml" (prints);
+# RESPEC_ARGS="--without cold_call --also run2.json=DIR2 --floor floor.json" switches a mechanism
+# off, pools another run and gives the families' floors.
 respec: install
 	@test -n "$(RUN)" && test -n "$(WORK_DIR)" && test -n "$(SPECS)" || \
 	    { echo "usage: make respec RUN=RUN.json WORK_DIR=DIR SPECS='NAME=SPEC.toml ...' [RESPEC_ARGS=...]"; exit 2; }

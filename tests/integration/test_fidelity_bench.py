@@ -79,17 +79,12 @@ def _check_record(record: dict) -> None:
         assert sum(p[side] for p in phases.values()) == pytest.approx(record[total], rel=within)
         assert phases["forward"][side] > 0 and phases["backward"][side] > 0
         # A pipeline stage waits for its neighbour in transfers: the bubble, and no collective.
-        # The first stage waits for every microbatch's gradient, however little when its own
-        # compute is slow (0.4 % of a tiny paced iteration in a CI run); the last only for the
-        # first microbatch (none where its own work before the first receive outlasts the first
-        # stage's forward, as a paced graph's did in a CI run). The posts of its transfers are
-        # its own time, not bubble.
-        # Measured sides (real runs, replays) can find the first stage slower than its neighbour
-        # on a busy machine, then it never waits: strict on the simulation's alone.
-        bubble = phases[BUBBLE][side]
-        strict = record["rank"] == 0 and record["source"] == "simulation" and side == "predicted_ms"
+        # Either stage may find its neighbour never late (a first stage whose own compute
+        # outlasts the last's, on a busy machine or in the graph of a noisy capture); the test
+        # asks some rank of the simulation to wait. The posts of its transfers are its own
+        # time, not bubble.
         where = (record["source"], record["rank"], side, phases)
-        assert (bubble > 0 if strict else bubble >= 0) and phases[COMMUNICATION][side] == 0, where
+        assert phases[BUBBLE][side] >= 0 and phases[COMMUNICATION][side] == 0, where
     for key, kind in types.items():
         assert isinstance(record[key], kind), (key, record[key])
     assert record["source"] in ("simulation", "paced", "replay")
@@ -119,6 +114,9 @@ def test_one_case_through_the_cli_then_repriced(spec_file: Path, tmp_path: Path)
         _check_record(record)
         # The real side ran right before and right after the replay: its time is their mean.
         assert record["real_bracket_drift_pct"] is not None
+    # The pipeline's stages wait for each other somewhere in the simulated iteration.
+    simulated = [r for r in data["records"] if r["source"] == "simulation"]
+    assert any(r["phase_err"][BUBBLE]["predicted_ms"] > 0 for r in simulated), simulated
     # With --paced the replay runs against the paced capture's graph.
     (repeat,) = (tmp_path / "wd").glob("*/repeat0")
     assert json.loads((repeat / "replay" / "report.json").read_text())["graph"].endswith("paced.parquet")
