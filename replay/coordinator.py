@@ -64,12 +64,29 @@ SLEEP_S = 0.001
 sleep, so no sleep is longer than this."""
 
 
+SOCKET_PATH_BYTES = 107
+"""Longest path of a Unix socket (``sun_path`` holds 108 bytes with its terminating NUL)."""
+SHORT_TMP = Path("/tmp")
+
+
+def socket_directory() -> Path:
+    """A private directory (mode 0700) for the co-simulation's socket: in the temporary folder
+    (``TMPDIR``), or in /tmp where that one's path is too long for a socket in it."""
+    for base in (Path(tempfile.gettempdir()), SHORT_TMP):
+        longest = len(os.fsencode(base / "prism-cosim-xxxxxxxx" / SOCKET_NAME))
+        if longest <= SOCKET_PATH_BYTES and base.is_dir():
+            return Path(tempfile.mkdtemp(prefix="prism-cosim-", dir=base))
+    raise OSError(
+        f"no folder for the co-simulation's socket: TMPDIR ({tempfile.gettempdir()}) is too long a path "
+        f"for a Unix socket ({SOCKET_PATH_BYTES} bytes) and {SHORT_TMP} is not a folder; set TMPDIR to a shorter one"
+    )
+
+
 class Coordinator:
     """Serves the co-simulation of ``graph`` to the real ranks ``ranks`` (a background thread)."""
 
     def __init__(self, graph: Path, ranks: tuple[int, ...], *, trace_ranks: tuple[int, ...] = ()) -> None:
-        # A private directory (mode 0700) of a short path: Unix socket paths hold 107 bytes.
-        self._directory = Path(tempfile.mkdtemp(prefix="prism-cosim-"))
+        self._directory = socket_directory()
         self.address = str(self._directory / SOCKET_NAME)
         self._graph, self._ranks, self._trace_ranks = graph, ranks, trace_ranks
         self._listener = Listener(self.address, family="AF_UNIX")
