@@ -47,8 +47,10 @@ def test_waits_on_virtual_peers_stay_out_of_gaps_and_iteration_times(tmp_path: P
     ops = normalize_rank(tmp_path, 0)
     # Without the take-out, the unit after each waited call would carry the call's wait in its gap
     # (four or more an iteration); one long gap is what a busy machine's scheduler can add.
+    # The same holds of the compute ops' own durations: a leaked wait would lengthen four or more.
     assert (ops["gap_ns"] >= WAIT_NS / 2).sum() <= 1, ops["gap_ns"].nlargest(5).tolist()
-    assert ops.loc[~ops["is_comm"], "dur_ns"].max() < WAIT_NS / 2
+    compute = ops.loc[~ops["is_comm"], "dur_ns"]
+    assert (compute >= WAIT_NS / 2).sum() <= 1, compute.nlargest(5).tolist()
     (iteration,) = ops.attrs["iterations"]
     span = iteration["end_ns"] - iteration["start_ns"]
     own = int((ops["gap_ns"] + ops["dur_ns"]).sum())
