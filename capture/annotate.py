@@ -102,12 +102,26 @@ def forward(
 @contextlib.contextmanager
 def backward(*, stage: int, mb: int) -> Iterator[None]:
     """Backward of a microbatch; closes block ranges whose input needed no gradient."""
+    with mark(Mark(phase=Phase.BACKWARD, stage=stage, mb=mb)), closing_block_ranges():
+        yield
+
+
+@contextlib.contextmanager
+def closing_block_ranges() -> Iterator[None]:
+    """Close, as the body ends, the block backward ranges it opened and no gradient hook closed
+    (a block whose input needed no gradient)."""
     depth = len(_ranges)
-    with mark(Mark(phase=Phase.BACKWARD, stage=stage, mb=mb)):
-        try:
-            yield
-        finally:
-            _close_ranges_above(depth)
+    try:
+        yield
+    finally:
+        _close_ranges_above(depth)
+
+
+def marks_are_read() -> bool:
+    """Whether something reads marks now: the profiler records, or a block hook is set. Marks a
+    program does not open itself are opened only then, so that its untraced iterations run as
+    the user's job does."""
+    return _block_hook is not None or torch.autograd._profiler_enabled()
 
 
 def send(*, direction: Direction, stage: int, mb: int, peer: int) -> contextlib.AbstractContextManager[None]:
@@ -149,18 +163,31 @@ def _close_ranges_above(depth: int) -> None:
             _ranges.pop().__exit__(None, None, None)
 
 
-class _RangeSlot:
-    """The backward range of one block."""
+class BackwardRange:
+    """The backward range of one block: mark ``m`` over the backward of the ops that took ``x``
+    to ``y``, opened as ``y``'s gradient is ready (``begins_at(y)``, after the ops ran) and closed
+    as ``x``'s is (``ends_at(x)``, before they ran: in-place ops may follow), or, where ``x``
+    needs none, as the enclosing ``closing_block_ranges`` ends."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self, m: Mark) -> None:
+        self.mark = m
         self.range: record_function | None = None
 
+    def ends_at(self, x: torch.Tensor | None) -> None:
+        if isinstance(x, torch.Tensor) and x.requires_grad:
+            _Boundary.of(x).closes.append(self)
+
+    def begins_at(self, y: torch.Tensor | None) -> None:
+        if isinstance(y, torch.Tensor) and y.requires_grad:
+            _Boundary.of(y).opens.append(self)
+
     def open(self) -> None:
-        self.range = record_function(self.name)
+        self.range = record_function(format_mark(self.mark))
         self.range.__enter__()
         with _ranges_lock:
             _ranges.append(self.range)
+        if _block_hook is not None:  # a straggler's delay of this block's backward, inside its range
+            _block_hook(self.mark)
 
     def close(self) -> None:
         if self.range is not None and self.range in _ranges:
@@ -178,8 +205,8 @@ class _Boundary:
     """
 
     def __init__(self) -> None:
-        self.closes: list[_RangeSlot] = []
-        self.opens: list[_RangeSlot] = []
+        self.closes: list[BackwardRange] = []
+        self.opens: list[BackwardRange] = []
 
     def __call__(self, grad: torch.Tensor) -> None:
         for slot in self.closes:
@@ -214,12 +241,12 @@ def block(
     block's input or output work as without the mark.
     """
     fields = {"stage": stage, "mb": mb, "layer": layer, "part": part}
-    slot = _RangeSlot(format_mark(Mark(phase=Phase.BACKWARD, **fields)))
+    backward_range = BackwardRange(Mark(phase=Phase.BACKWARD, **fields))
     tracking = torch.is_grad_enabled()
-    if tracking and x.requires_grad:
-        _Boundary.of(x).closes.append(slot)
+    if tracking:
+        backward_range.ends_at(x)
     with mark(Mark(phase=Phase.FORWARD, **fields)):
         y = fn(x)
-    if tracking and y.requires_grad:
-        _Boundary.of(y).opens.append(slot)
+    if tracking:
+        backward_range.begins_at(y)
     return y

@@ -12,7 +12,9 @@ capture and its replay mark, on the program's main thread:
   optimizer's inner steps are inside its own);
 - **forward**: every call of a *root module*, a module no other module holds that owns a
   parameter an optimizer steps (the DDP or FSDP wrapper, a compiled module, a pipeline stage's
-  module), outside the backward pass (checkpoint recomputation belongs to backward).
+  module), outside the backward pass (checkpoint recomputation belongs to backward);
+- **layers**: each block of a root's layer stack, forward and backward, while a trace is recorded
+  (``prism.capture.program_layers``).
 
 The roots are found once, at the first optimizer step, and hooked on the root instances alone:
 global module hooks would run Python on every module call of the program, a cost the real job
@@ -32,6 +34,7 @@ from torch.utils.hooks import RemovableHandle
 
 from prism.capture import annotate
 from prism.capture.optimizer_steps import OuterStepHooks, register_outer_step_hooks
+from prism.capture.program_layers import LayerMarks
 from prism.schemas.annotations import Mark, Phase
 
 
@@ -52,7 +55,10 @@ def root_modules() -> list[torch.nn.Module]:
 
 
 class ProgramPhases:
-    """Opens forward, backward and optimizer marks around a program's own calls (``install``)."""
+    """Opens forward, backward and optimizer marks around a program's own calls (``install``), and
+    the marks of its layer blocks (``prism.capture.program_layers``) where ``marks_layers``."""
+
+    marks_layers = True
 
     def __init__(self) -> None:
         self._thread = threading.get_ident()
@@ -104,7 +110,8 @@ class ProgramPhases:
         self._backward_depth += 1
         self._enter(Phase.BACKWARD)
         try:
-            return run(*args, **kwargs)
+            with annotate.closing_block_ranges():
+                return run(*args, **kwargs)
         finally:
             self._close(Phase.BACKWARD)
             self._backward_depth -= 1
@@ -120,11 +127,14 @@ class ProgramPhases:
         self._close(Phase.OPTIMIZER)
         if not self._rooted:
             self._rooted = True
-            for root in root_modules():
+            roots = root_modules()
+            for root in roots:
                 self._handles += [
                     root.register_forward_pre_hook(self._forward_begins, prepend=True),
                     root.register_forward_hook(self._forward_ends, always_call=True),
                 ]
+            if self.marks_layers:
+                self._handles += LayerMarks(lambda: self._mine() and not self._backward_depth).install(roots)
 
     # -- forward ---------------------------------------------------------------------------------
     def _forward_begins(self, module: torch.nn.Module, args: object) -> None:

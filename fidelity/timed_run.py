@@ -65,7 +65,10 @@ class TimedRun:
 class TimedPhases(ProgramPhases):
     """The capture's phase boundaries, timed without marks: a real run has no trace to cut, and
     a mark (a ``record_function``) costs the program 10-150 µs on this VM, where two clock reads
-    cost about 1 µs. Keeps each iteration's wall time by block kind, and what keeping it cost."""
+    cost about 1 µs. Keeps each iteration's wall time by block kind, and what keeping it cost.
+    Its layers are not marked: nothing reads them."""
+
+    marks_layers = False
 
     def __init__(self) -> None:
         super().__init__()

@@ -20,8 +20,10 @@ of ``BACKWARD_OPS``) is waited for where that backward pass ends, as DDP's reduc
 ``backward()`` returns; any other is waited for right after it is made (a functional
 collective's result is used by the next op).
 
-Graphs of programs keep the captured layout: changing tp, pp or dp would need to know which
-units belong to which layer and microbatch (the block marks the built-in workload has).
+Each unit keeps the layer block it ran in (the capture's layer marks,
+``prism.capture.program_layers``; -1 outside every block), so that what-ifs and replays can
+delay a program's layers. Graphs of programs keep the captured layout: changing tp, pp or dp
+would also need to know which units belong to which microbatch and the program's schedule.
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ from prism.graph.build import op_table as ot
 from prism.graph.build.bind import axis_size, kind_codes
 from prism.graph.build.compose import (
     IDLE,
-    LAYER,
     MB,
     OVERLAP,
     P2P_DIR,
@@ -181,7 +182,7 @@ def _units(
     units[P2P_DIR] = [
         _p2p_dir(int(peer), rank, layout) if p else 0 for peer, p in zip(peers, is_p2p, strict=True)
     ]
-    units[MB], units[LAYER] = -1, -1
+    units[MB] = -1
     units[ot.PART] = ""
     return units
 

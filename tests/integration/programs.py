@@ -33,10 +33,13 @@ def captured_and_built(
     return capture, graph
 
 
-def replayed(graph: Path, rank: int, program: Sequence[str] = (), *, out: Path | None = None) -> RankReport:
-    """The report of ``rank``'s replay against ``graph`` (of ``program``, or the one its capture ran)."""
+def replayed(
+    graph: Path, rank: int, program: Sequence[str] = (), *, out: Path | None = None, extra: Sequence[str] = ()
+) -> RankReport:
+    """The report of ``rank``'s replay against ``graph`` (of ``program``, or the one its capture
+    ran), with ``extra`` options."""
     out = out or graph.with_name(f"{graph.stem}-replay{rank}")
-    options = [str(graph), "--rank", str(rank), "--warmup", "5", "--iterations", "2", "-o", str(out)]
+    options = [str(graph), "--rank", str(rank), "--warmup", "5", "--iterations", "2", "-o", str(out), *extra]
     result = runner.invoke(replay_app, [*options, *(("--", *program) if program else ())])
     assert result.exit_code == 0, result.output
     (report,) = ReplayReport.from_dict(json.loads((out / "report.json").read_text())).ranks
