@@ -55,7 +55,6 @@ results: install
 	$(RECORD) graph_io -- $(BIN)/python benchmarks/graph_io.py
 	$(RECORD) capture_cost -- $(BIN)/python benchmarks/capture_cost.py --repeats 3
 	$(RECORD) gpu_trace_timeline -- $(BIN)/python benchmarks/gpu_trace_timeline.py
-	$(RECORD) cold_gaps -- $(BIN)/python benchmarks/cold_gaps.py --rounds 3
 	$(RECORD) overlap_calls -- $(BIN)/python benchmarks/overlap_calls.py --json benchmarks/results/overlap_calls.json
 	$(RECORD) fidelity -- $(BIN)/python benchmarks/fidelity.py --repeats 5 --warmup 16 --paced --recalibrate \
 	    --calibrate-into benchmarks/results/fidelity-spec.toml --calibrate-reps 100 \
@@ -311,7 +310,7 @@ fidelity: install
 
 # A kept fidelity run (its --json and --work-dir) re-priced under other specs, the real side and
 # slices unchanged: make respec RUN=run.json WORK_DIR=DIR SPECS="old=a.toml new=b.toml" (prints);
-# RESPEC_ARGS="--without cold_call --also run2.json=DIR2 --floor floor.json" switches a mechanism
+# RESPEC_ARGS="--without busy_call --also run2.json=DIR2 --floor floor.json" switches a mechanism
 # off, pools another run and gives the families' floors.
 respec: install
 	@test -n "$(RUN)" && test -n "$(WORK_DIR)" && test -n "$(SPECS)" || \

@@ -97,10 +97,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--calibrate-reps", type=int, default=9, help="timed repetitions per calibration point"
     )
     parser.add_argument(
-        "--calibrate-cold-gaps-ms", type=str, default="",
-        help="a fresh calibration also times collectives after these compute gaps (e.g. 0.5,1,2,4)",
-    )  # fmt: skip
-    parser.add_argument(
         "--calibrate-busy-rounds", type=int, default=0,
         help="a fresh calibration also times all-reduces beside compute over this many rounds "
         "(prism-calibrate --busy-rounds; the spec's busy_call table)",
@@ -215,7 +211,6 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
         return resolve_spec(
             args.cluster_spec, into, recalibrate=args.recalibrate or case is not None,
             compute_between_ms=args.calibrate_between_ms, reps=args.calibrate_reps,
-            cold_gaps_ms=tuple(float(g) for g in args.calibrate_cold_gaps_ms.split(",") if g.strip()),
             sizes=sizes, measured_table=args.calibrate_table, busy_rounds=args.calibrate_busy_rounds,
             wake_gaps_ms=tuple(float(g) for g in args.calibrate_wake_gaps_ms.split(",") if g.strip()),
             ops=PROGRAM_CALIBRATION_OPS if args.program else CALIBRATION_OPS,

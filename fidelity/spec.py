@@ -33,7 +33,7 @@ class SpecChoice:
 
 def resolve_spec(
     path: Path | None, calibrate_into: Path, *, recalibrate: bool = False, compute_between_ms: float = 0.0,
-    reps: int = CalibrationConfig.reps, cold_gaps_ms: tuple[float, ...] = (),
+    reps: int = CalibrationConfig.reps,
     sizes: tuple[int, ...] = CALIBRATION_SIZES, measured_table: bool = False,
     ops: tuple[str, ...] = CALIBRATION_OPS, busy_rounds: int = 0, wake_gaps_ms: tuple[float, ...] = (),
 ) -> SpecChoice:  # fmt: skip
@@ -41,8 +41,8 @@ def resolve_spec(
 
     A fresh calibration times gloo ``ops`` (all_reduce and send/recv) of ``sizes`` between 2
     processes (fitted, and written into the spec's measured table too if ``measured_table``; cold
-    calls after ``compute_between_ms`` of compute when > 0; a ``cold_call`` table for
-    ``cold_gaps_ms``; a ``busy_call`` table over ``busy_rounds`` rounds > 0; a ``wake_compute``
+    calls after ``compute_between_ms`` of compute when > 0; a ``busy_call`` table over
+    ``busy_rounds`` rounds > 0; a ``wake_compute``
     table for ``wake_gaps_ms``) and is written to
     ``calibrate_into``, never to the shared 'local' path.
     """
@@ -60,7 +60,6 @@ def resolve_spec(
             out=calibrate_into,
             compute_between_ms=compute_between_ms,
             reps=reps,
-            cold_gaps_ms=cold_gaps_ms,
             sizes=sizes,
             measured_table=measured_table,
             busy_rounds=busy_rounds,

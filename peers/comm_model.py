@@ -70,9 +70,6 @@ OPS: tuple[str, ...] = (
 )
 """Operation names of the comm log."""
 _CHAIN_OPS = ("all_gather", "reduce_scatter", "broadcast", "reduce")
-COLD_FLOOR = 0.5
-"""Least share of its back-to-back price a collective is priced at after compute (a negative
-``cold_call``); measured: 0.74 at the least (``benchmarks/results/cold_gaps_short.txt``)."""
 
 
 def op_class(op: str) -> str:
@@ -106,45 +103,31 @@ class CommModel:
         bytes: np.ndarray,
         group_size: np.ndarray,
         nodes_spanned: np.ndarray,
-        idle_ns: np.ndarray | None = None,
         overlap_ns: np.ndarray | None = None,
         split_volumes: np.ndarray | None = None,
     ) -> np.ndarray:
         """Durations in ns (int64) of many calls at once; arguments broadcast against each other.
 
         ``op`` is one name for all rows or an array of names; the work is vectorised per
-        distinct op, never per row. ``idle_ns``, the compute each call's rank did since its
-        previous call, adds the spec's ``cold_call`` latency to collectives (not to p2p); a
-        negative one takes them down to ``COLD_FLOOR`` of their price at the least.
-        ``overlap_ns``, the compute each call's rank does while the call is in flight (an
-        asynchronous call, up to its wait), stretches collectives by the spec's ``busy_call``
-        factor ``f``: the call progresses at ``1/f`` of its idle rate while its rank computes and
-        at the full rate after, so a price ``D`` becomes ``min(f·D, D + overlap·(1 − 1/f))``,
-        before any cold latency is added (the factor is measured on calls made after the same
-        wait whether their members compute or not). ``split_volumes``, (calls, 2), the on-node
-        and off-node bytes that bound each all_to_all whose splits are known (NaN where they are
+        distinct op, never per row. ``overlap_ns``, the compute each call's rank does while the
+        call is in flight (an asynchronous call, up to its wait), stretches collectives by the
+        spec's ``busy_call`` factor ``f``: the call progresses at ``1/f`` of its idle rate while
+        its rank computes and at the full rate after, so a price ``D`` becomes
+        ``min(f·D, D + overlap·(1 − 1/f))``. ``split_volumes``, (calls, 2), the on-node and
+        off-node bytes that bound each all_to_all whose splits are known (NaN where they are
         not), prices those by them (the module docstring).
         """
         durations = self._durations_ns(op, bytes, group_size, nodes_spanned, split_volumes)
-        cold_calls = idle_ns is not None and self.spec.has_cold_calls
-        busy_calls = overlap_ns is not None and bool(self.spec.busy_call)
-        if not (cold_calls or busy_calls):
+        if overlap_ns is None or not self.spec.busy_call:
             return durations
         ops = np.broadcast_to(np.asarray(op), durations.shape)
         collective = (np.asarray(group_size) > 1) & ~np.isin(ops, list(P2P_OPS))
-        priced = durations
-        if busy_calls:
-            factor = self.spec.busy_factor(bytes)
-            overlap = np.maximum(np.asarray(overlap_ns, dtype=np.float64), 0.0)
-            priced = np.rint(np.minimum(priced * factor, priced + overlap * (1.0 - 1.0 / factor))).astype(
-                np.int64
-            )
-        if cold_calls:
-            extra = self.spec.cold_extra_s(np.asarray(idle_ns, dtype=np.float64) / 1e9, bytes)
-            # A noisy (or all-sizes) figure: a negative one never takes a call below a share of
-            # its back-to-back price.
-            priced = np.maximum(priced + _to_ns(extra), (durations * COLD_FLOOR).astype(np.int64))
-        return np.where(collective, priced, durations)
+        factor = self.spec.busy_factor(bytes)
+        overlap = np.maximum(np.asarray(overlap_ns, dtype=np.float64), 0.0)
+        busy = np.rint(np.minimum(durations * factor, durations + overlap * (1.0 - 1.0 / factor))).astype(
+            np.int64
+        )
+        return np.where(collective, busy, durations)
 
     def _durations_ns(self, op, bytes, group_size, nodes_spanned, split_volumes=None) -> np.ndarray:
         n, p, k = np.broadcast_arrays(

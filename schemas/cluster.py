@@ -12,17 +12,16 @@ names: bytes per second, seconds. Bandwidths are *per GPU, one direction*.
     all_reduce = 0.8
     [latency_factor]
     barrier = 1.0
-    [cold_call]          # optional: extra latency of a collective after this many µs of compute
-    500 = -0.0001        # (negative: cheaper than back to back)
-    4000 = 0.0004
-    [cold_call_by_size.65536]  # optional: the same, measured at one call size (bytes)
-    500 = -0.0003
     [busy_call]          # optional: a collective's time with its members computing, over idle,
     65536 = 3.8          # by call size (bytes)
     [wake_compute]       # optional: extra time of a rank's compute after it waited this many µs
     1200 = 0.00008       # for a peer, over the same compute back to back
     [measured.all_reduce]  # optional: measured one-node times, group size -> [bytes, seconds]
     2 = [[512, 0.0017], [65536, 0.0012], [1048576, 0.0031]]
+
+Specs that earlier versions wrote may hold ``cold_call`` and ``cold_call_by_size`` tables (a
+collective's extra latency by the compute before it): they are read and ignored, as that price
+did not pay on the fidelity runs (docs/fidelity.md, "Mechanisms").
 """
 
 from __future__ import annotations
@@ -69,7 +68,9 @@ _FLOAT_FIELDS = (
     "base_latency_s",
 )
 _FACTOR_TABLES = ("bandwidth_efficiency", "latency_factor", "host_ns_per_byte")
-_TABLES = (*_FACTOR_TABLES, "cold_call", "busy_call", "wake_compute")
+_TABLES = (*_FACTOR_TABLES, "busy_call", "wake_compute")
+RETIRED_KEYS = ("cold_call", "cold_call_by_size")
+"""Keys of specs that earlier versions wrote, read and ignored (the module docstring)."""
 Points = tuple[tuple[int, float], ...]
 """(bytes, seconds) pairs of one op class and group size, by increasing bytes."""
 
@@ -107,19 +108,6 @@ class ClusterSpec:
     there, beside the program's compute (NCCL's work is on the device). ``prism-calibrate``
     measures it; CPU captures given the spec and CPU replays make each rank do that much work for
     each virtual collective (``prism.peers.host_work``). Empty: calls cost the host nothing."""
-    cold_call: Mapping[str, float] = field(default_factory=dict, hash=False)
-    """Extra latency (s) of a collective by the compute (µs, integer keys) its rank did since
-    its previous call, over the same call back to back; interpolated linearly, 0 at 0 µs,
-    constant past the last point. Empty: calls cost the same however long the rank computed
-    before them (``prism-calibrate --cold-gaps-ms`` measures it; on a VM a call after a long
-    compute pays a wake-up, and a small one after 0.5-1 ms is cheaper than back to back, so
-    values may be negative)."""
-    cold_call_by_size: Mapping[int, Mapping[str, float]] = field(default_factory=dict, hash=False)
-    """The ``cold_call`` table measured per call size: bytes -> (µs -> seconds). Where present, a
-    collective's extra latency is each size's table at its gap, interpolated linearly in
-    log(bytes) between the sizes and flat outside them, and ``cold_call`` is not used: a small
-    call after a short compute gains more than a large one (``prism-calibrate --cold-gaps-ms``
-    writes both)."""
     busy_call: Mapping[str, float] = field(default_factory=dict, hash=False)
     """How many times its price a collective takes when every member computes all through it,
     by call size (bytes, integer keys); interpolated linearly in log(bytes), flat outside the
@@ -144,37 +132,6 @@ class ClusterSpec:
     (``prism-calibrate --table`` writes them, at the job's sizes with ``--sizes``)."""
     notes: str = ""
     """Where the numbers come from (free text)."""
-
-    @property
-    def cold_reach_s(self) -> float:
-        """The longest compute gap the ``cold_call`` table was measured at (0 without one); past
-        it the extra latency stays at that gap's."""
-        tables = (self.cold_call, *self.cold_call_by_size.values())
-        return max((int(k) * 1e-6 for table in tables for k in table), default=0.0)
-
-    @property
-    def has_cold_calls(self) -> bool:
-        """Whether collectives are priced by the compute before them at all."""
-        return bool(self.cold_call or self.cold_call_by_size)
-
-    def cold_extra_s(self, idle_s, nbytes=None):
-        """Extra latency of collectives of ``nbytes`` (any size if None) after ``idle_s`` seconds of
-        compute (numpy arrays welcome, broadcast against each other)."""
-        idle = np.asarray(idle_s, dtype=np.float64)
-        if self.cold_call_by_size and nbytes is not None:
-            sizes = sorted(self.cold_call_by_size)
-            logs = np.log2(np.maximum(np.asarray(nbytes, dtype=np.float64), 1.0))
-            idle, logs = np.broadcast_arrays(idle, logs)
-            by_size = np.stack([_interp_gaps(self.cold_call_by_size[n], idle) for n in sizes])
-            where = np.interp(logs, np.log2(sizes), np.arange(len(sizes), dtype=np.float64))
-            low = np.floor(where).astype(np.int64)
-            high = np.minimum(low + 1, len(sizes) - 1)
-            below = np.take_along_axis(by_size, low[None], 0)[0]
-            above = np.take_along_axis(by_size, high[None], 0)[0]
-            return below + (where - low) * (above - below)
-        if not self.cold_call:
-            return np.zeros_like(idle)
-        return _interp_gaps(self.cold_call, idle)
 
     def busy_factor(self, nbytes) -> np.ndarray:
         """The ``busy_call`` factor at ``nbytes`` (an array welcome); 1 without a table."""
@@ -201,10 +158,8 @@ class ClusterSpec:
             object.__setattr__(self, name, value)
         for table in _FACTOR_TABLES:
             object.__setattr__(self, table, _check_table(table, getattr(self, table)))
-        object.__setattr__(self, "cold_call", _check_cold_call("cold_call", self.cold_call))
-        object.__setattr__(self, "cold_call_by_size", _check_cold_by_size(self.cold_call_by_size))
         object.__setattr__(self, "busy_call", _check_busy_call(self.busy_call))
-        object.__setattr__(self, "wake_compute", _check_cold_call("wake_compute", self.wake_compute))
+        object.__setattr__(self, "wake_compute", _check_gap_table("wake_compute", self.wake_compute))
         object.__setattr__(self, "measured", _check_measured(self.measured))
 
     def efficiency(self, op_class: str) -> float:
@@ -218,7 +173,6 @@ class ClusterSpec:
         out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
         for table in _TABLES:
             out[table] = dict(out[table])
-        out["cold_call_by_size"] = {str(n): dict(table) for n, table in self.cold_call_by_size.items()}
         out["measured"] = {
             cls: {str(p): [list(point) for point in points] for p, points in by_size.items()}
             for cls, by_size in self.measured.items()
@@ -227,6 +181,7 @@ class ClusterSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ClusterSpec:
+        data = {key: value for key, value in data.items() if key not in RETIRED_KEYS}
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -238,16 +193,13 @@ class ClusterSpec:
 
     def to_toml(self) -> str:
         data = self.to_dict()
-        nested = (*_TABLES, "cold_call_by_size", "measured")
+        nested = (*_TABLES, "measured")
         lines = [f"{key} = {_toml_value(value)}" for key, value in data.items() if key not in nested]
         for table in _TABLES:
             lines += ["", f"[{table}]"]
             items = data[table].items()
             order = _by_int if all(str(k).isdecimal() for k in data[table]) else None  # µs, bytes
             lines += [f"{key} = {_toml_value(value)}" for key, value in sorted(items, key=order)]
-        for n, table in data["cold_call_by_size"].items():
-            lines += ["", f"[cold_call_by_size.{n}]"]
-            lines += [f"{key} = {_toml_value(value)}" for key, value in sorted(table.items(), key=_by_int)]
         for cls, by_size in data["measured"].items():
             lines += ["", f"[measured.{cls}]"]
             for p, points in sorted(by_size.items(), key=_by_int):
@@ -291,7 +243,7 @@ class ClusterSpec:
 
 
 def _required(name: str) -> bool:
-    return name not in ("base_latency_s", "notes", "measured", "cold_call_by_size", *_TABLES)
+    return name not in ("base_latency_s", "notes", "measured", *_TABLES)
 
 
 def _by_int(item: tuple[str, object]) -> int:
@@ -300,19 +252,11 @@ def _by_int(item: tuple[str, object]) -> int:
 
 def wake_points_ns(table: Mapping[str, float]) -> tuple[np.ndarray, np.ndarray]:
     """A ``wake_compute`` table (µs -> s) as (wait ns, extra ns) arrays from (0, 0), for the engine."""
-    table = _check_cold_call("wake_compute", table)
+    table = _check_gap_table("wake_compute", table)
     points = sorted((int(k) * 1000, v * 1e9) for k, v in table.items() if int(k) > 0)
     waits = np.array([0] + [w for w, _ in points], np.float64)
     extra = np.array([0.0] + [e for _, e in points], np.float64)
     return waits, extra
-
-
-def _interp_gaps(table: Mapping[str, float], idle_s: np.ndarray) -> np.ndarray:
-    """A cold table (µs -> s) at ``idle_s``: linear, 0 at 0 µs, flat past its last gap."""
-    points = sorted((int(k) * 1e-6, v) for k, v in table.items())
-    gaps = np.array([0.0] + [g for g, _ in points if g > 0])
-    extra = np.array([0.0] + [v for g, v in points if g > 0])
-    return np.interp(idle_s, gaps, extra)
 
 
 def _number(name: str, value: object) -> float:
@@ -339,7 +283,7 @@ def _check_table(table: str, values: object) -> MappingProxyType[str, float]:
     return MappingProxyType(checked)
 
 
-def _check_cold_call(where: str, values: object) -> MappingProxyType[str, float]:
+def _check_gap_table(where: str, values: object) -> MappingProxyType[str, float]:
     if not hasattr(values, "items"):
         raise ClusterSpecError(f"{where} must be a table of µs -> seconds, got {values!r}")
     checked: dict[str, float] = {}
@@ -362,17 +306,6 @@ def _check_busy_call(values: object) -> MappingProxyType[str, float]:
             raise ClusterSpecError(f"busy_call.{key} must be positive, got {factor!r}")
         checked[str(int(key))] = factor
     return MappingProxyType(dict(sorted(checked.items(), key=_by_int)))
-
-
-def _check_cold_by_size(values: object) -> MappingProxyType[int, MappingProxyType[str, float]]:
-    if not hasattr(values, "items"):
-        raise ClusterSpecError(f"cold_call_by_size must be a table of bytes -> cold table, got {values!r}")
-    checked = {}
-    for n, table in values.items():  # type: ignore[union-attr]
-        if not str(n).isdecimal() or int(n) < 1:
-            raise ClusterSpecError(f"cold_call_by_size keys are call sizes in bytes (1 or more), got {n!r}")
-        checked[int(n)] = _check_cold_call(f"cold_call_by_size.{n}", table)
-    return MappingProxyType(dict(sorted(checked.items())))
 
 
 def _check_measured(values: object) -> MappingProxyType[str, MappingProxyType[int, Points]]:

@@ -17,7 +17,6 @@ import pyarrow as pa
 from prism.graph.build import op_table as ot
 from prism.graph.build.compose import (
     GSEQ,
-    IDLE,
     LAYER,
     MB,
     OVERLAP,
@@ -121,7 +120,7 @@ def encode_program(program: StageProgram, layout: ParallelLayout) -> EncodedProg
         (P2P_DIR, P2P_DIR),
     ):
         columns[name] = nodes[source].to_numpy(dtype=np.int64)
-    for name in (ot.DUR_NS, ot.GAP_NS, ot.BYTES, ot.ALLOC_BYTES, ot.FREE_BYTES, ot.SEQ, SKEW, IDLE, OVERLAP):
+    for name in (ot.DUR_NS, ot.GAP_NS, ot.BYTES, ot.ALLOC_BYTES, ot.FREE_BYTES, ot.SEQ, SKEW, OVERLAP):
         columns[name] = nodes[name].to_numpy(dtype=np.int64)
     columns[gf.IS_ASYNC] = nodes[ot.IS_ASYNC].to_numpy(dtype=bool)
     columns["comm_op"] = nodes[ot.COMM_OP].to_numpy(dtype=object).astype(str)
@@ -207,14 +206,12 @@ def _durations(
         ops = _tile(e.columns["comm_op"], k)[is_comm]
         nbytes = _tile(e.columns[ot.BYTES], k)[is_comm]
         dur = dur.copy()
-        idle = _tile(e.columns[IDLE], k)[is_comm]
         overlap = _tile(e.columns[OVERLAP], k)[is_comm]
         dur[is_comm] = comm.durations_ns(
             ops,
             nbytes,
             groups[gf.GROUP_SIZE][is_comm],
             groups["spanned"][is_comm],
-            idle_ns=idle,
             overlap_ns=overlap,
             split_volumes=volumes[is_comm],
         )

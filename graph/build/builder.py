@@ -13,7 +13,6 @@ import psutil
 
 from prism.graph.build import op_table as T
 from prism.graph.build.bind import bind_ranks, encode_program
-from prism.graph.build.cold_coverage import uncovered_cold_gaps
 from prism.graph.build.compose import GradBuckets, compose_stage
 from prism.graph.build.normalize import normalize_rank
 from prism.graph.build.profiler_overhead import (
@@ -272,7 +271,7 @@ def build_graph(options: BuildOptions, progress: ProgressCallback | None = None)
         extra={gf.TIME_SCALE_KEY: scales, gf.STATIC_BYTES_KEY: [h.static_bytes for h in holdings]},
     )  # fmt: skip
     metadata, report = _checked_write(options, metadata, stages, layout, progress)
-    return BuildResult(metadata=metadata, report=report, warnings=_warnings(stages, layout, options))
+    return BuildResult(metadata=metadata, report=report)
 
 
 def _priced_cluster(spec: ClusterSpec, manifest: CaptureManifest) -> dict:
@@ -281,11 +280,6 @@ def _priced_cluster(spec: ClusterSpec, manifest: CaptureManifest) -> dict:
     if manifest.mode == PACED_MODE:
         spec = replace(spec, wake_compute={})
     return spec.to_dict()
-
-
-def _warnings(stages: list, layout: ParallelLayout, options: BuildOptions) -> tuple[str, ...]:
-    cold = uncovered_cold_gaps(stages, layout, options.cluster)
-    return () if cold is None else (cold,)
 
 
 def stage_holdings(
@@ -338,8 +332,7 @@ def _build_program_graph(options: BuildOptions, manifest: CaptureManifest, progr
     except TemplateError as e:
         raise BuildError(str(e)) from e
     metadata, report = _checked_write(options, built.metadata, built.stages, layout, progress)
-    warnings = built.notes + _warnings(built.stages, layout, options)
-    return BuildResult(metadata=metadata, report=report, warnings=warnings)
+    return BuildResult(metadata=metadata, report=report, warnings=built.notes)
 
 
 def _checked_write(

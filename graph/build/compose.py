@@ -29,7 +29,7 @@ from prism.graph.build.templates import (
     RoleTemplate,
     TemplateError,
 )
-from prism.graph.sim.noise import collective_skew_ns, work_between, work_in_flight
+from prism.graph.sim.noise import collective_skew_ns, work_in_flight
 from prism.schemas.annotations import Direction, Phase, block_kind
 from prism.schemas.grad_buckets import Bucket
 from prism.schemas.graph_format import POST_NAME, WAIT_NAME
@@ -37,7 +37,7 @@ from prism.schemas.pipeline_schedule import Action, Step, one_f_one_b
 from prism.schemas.pipeline_shape import PipelineShape
 
 # Rank-independent columns of a stage program.
-MB, LAYER, GSEQ, P2P_DIR, P2P_SEQ, DEPS, IS_WAIT, SKEW, IDLE, OVERLAP = (
+MB, LAYER, GSEQ, P2P_DIR, P2P_SEQ, DEPS, IS_WAIT, SKEW, OVERLAP = (
     "mb",
     "layer",
     "gseq",
@@ -46,7 +46,6 @@ MB, LAYER, GSEQ, P2P_DIR, P2P_SEQ, DEPS, IS_WAIT, SKEW, IDLE, OVERLAP = (
     "deps",
     "is_wait",
     "skew_ns",
-    "idle_ns",
     "overlap_ns",
 )
 
@@ -72,7 +71,7 @@ class StageProgram:
     src_rank: int
     """Captured rank whose templates it was built from."""
     nodes: pd.DataFrame
-    """Template columns plus MB, LAYER, GSEQ, P2P_DIR, P2P_SEQ, DEPS, IS_WAIT, SKEW, IDLE, OVERLAP."""
+    """Template columns plus MB, LAYER, GSEQ, P2P_DIR, P2P_SEQ, DEPS, IS_WAIT, SKEW, OVERLAP."""
 
 
 def _sections(steps: tuple[Step, ...]) -> list[tuple[str, str]]:
@@ -305,18 +304,15 @@ def compose_stage(
     program.add(_segment(template, POST))
     nodes = finish_nodes(program.pieces)
     sizes = {"tp": shape.tp, "dp": shape.dp, "world": shape.layout.world_size}
-    nodes[SKEW], nodes[IDLE], nodes[OVERLAP] = waiting_columns(
-        nodes, sizes, template.noise_cv, template.call_jitter_ns
-    )
+    nodes[SKEW], nodes[OVERLAP] = waiting_columns(nodes, sizes, template.noise_cv, template.call_jitter_ns)
     return StageProgram(stage=stage, src_rank=template.rank, nodes=nodes)
 
 
 def waiting_columns(
     nodes: pd.DataFrame, sizes: dict[str, int], noise_cv: float, call_jitter_ns: float
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(SKEW, IDLE, OVERLAP) of a stage program: each collective's expected arrival skew over
-    groups of ``sizes`` (``prism.graph.sim.noise``), each call's compute and gaps since the
-    previous call, and each asynchronous call's compute and gaps while it is in flight (up to
+) -> tuple[np.ndarray, np.ndarray]:
+    """(SKEW, OVERLAP) of a stage program: each collective's expected arrival skew over
+    groups of ``sizes`` (``prism.graph.sim.noise``), and each asynchronous call's compute and gaps while it is in flight (up to
     its wait; posts left out: a post is the call's own host work, which runs the call rather than
     competing with it). What a rank does by itself: a compute node's duration after its arrival,
     plus every gap."""
@@ -327,15 +323,12 @@ def waiting_columns(
     is_coll = is_comm & (nodes[P2P_DIR].to_numpy() == 0)
     axis = np.where(is_coll, nodes[GROUP_AXIS].to_numpy(dtype=object), "").astype(str)
     skew = collective_skew_ns(work, own, axis, sizes, noise_cv, call_jitter_ns)
-    rows = np.flatnonzero(is_comm)
-    idle = np.zeros(len(is_comm), np.int64)
-    idle[rows] = np.round(work_between(work, own, rows)).astype(np.int64)
     in_flight = np.flatnonzero(is_comm & nodes[ot.IS_ASYNC].to_numpy(dtype=bool))
     overlap = np.zeros(len(is_comm), np.int64)
     if len(in_flight):
         computing = np.where(nodes[ot.NAME].to_numpy() == POST_NAME, 0, own)
         overlap[in_flight] = work_in_flight(computing, gap, in_flight, *deps_csr(nodes))
-    return skew, idle, overlap
+    return skew, overlap
 
 
 def deps_csr(nodes: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:

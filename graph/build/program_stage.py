@@ -36,7 +36,6 @@ import pandas as pd
 from prism.graph.build import op_table as ot
 from prism.graph.build.bind import axis_size, kind_codes
 from prism.graph.build.compose import (
-    IDLE,
     MB,
     OVERLAP,
     P2P_DIR,
@@ -244,5 +243,5 @@ def program_stage(
     pieces.append(units.iloc[start:])
     nodes = finish_nodes(pieces)
     sizes = {kind: axis_size(layout, kind) for kind in kind_codes(layout)}
-    nodes[SKEW], nodes[IDLE], nodes[OVERLAP] = waiting_columns(nodes, sizes, noise_cv, call_jitter_ns)
+    nodes[SKEW], nodes[OVERLAP] = waiting_columns(nodes, sizes, noise_cv, call_jitter_ns)
     return StageProgram(stage=stage, src_rank=rank, nodes=nodes)

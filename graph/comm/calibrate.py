@@ -226,10 +226,6 @@ class CalibrationConfig:
     """'GPUs' per node of the spec; None: max(max_procs, CPU count), as every local rank shares this node."""
     compute_between_ms: float = 0.0
     """> 0: time cold calls, each after this much compute (``calibrate_bench``)."""
-    cold_gaps_ms: tuple[float, ...] = ()
-    """Also time cold collectives after each of these compute gaps and write the spec's
-    ``cold_call`` table (per gap, the median over sizes of cold mean − the spec's model) and its
-    ``cold_call_by_size`` (the same per size)."""
     busy_rounds: int = 0
     """> 0: also time 2-member all-reduces of each size with both members computing through them,
     against idle, over this many rounds (``bench.run_busy_benchmark``), and write the ratio of the
@@ -269,16 +265,11 @@ class CalibrationConfig:
             raise ValueError(f"busy_rounds must be 0 (off) or more, got {self.busy_rounds}")
         if any(not g > 0 or math.isinf(g) for g in self.wake_gaps_ms) or self.wake_rounds < 1:
             raise ValueError("wake gaps must be positive ms and wake rounds at least 1")
-        if not all(0 < g < math.inf for g in self.cold_gaps_ms):
-            raise ValueError(f"cold gaps must be positive milliseconds, got {self.cold_gaps_ms}")
         if not self.bench and not self.comm_logs:
             raise ValueError("without the microbenchmark there is nothing to fit: give --capture")
-        if not self.bench and (
-            self.cold_gaps_ms or self.measured_table or self.compute_between_ms or self.busy_rounds
-        ):
+        if not self.bench and (self.measured_table or self.compute_between_ms or self.busy_rounds):
             raise ValueError(
-                "--cold-gaps-ms, --busy-rounds, --table and --compute-between-ms time the microbenchmark: "
-                "not with --no-bench"
+                "--busy-rounds, --table and --compute-between-ms time the microbenchmark: not with --no-bench"
             )
 
 
@@ -355,52 +346,6 @@ def check_samples(spec: ClusterSpec, samples: list[Sample]) -> tuple[Check, ...]
     )
 
 
-COLD_POINT_BUDGET_S = 2.0
-"""Compute a cold gap's timed repetitions spend per point at most (fewer repetitions for long
-gaps, never under ``MIN_COLD_REPS``): 100 repetitions of 3 calls after 64 ms would add 19 s of
-spinning per point."""
-MIN_COLD_REPS = 8
-
-
-def cold_reps(gap_ms: float, config: CalibrationConfig) -> int:
-    """Timed repetitions per point after a ``gap_ms`` compute gap."""
-    within = int(COLD_POINT_BUDGET_S / (gap_ms / 1e3 * config.calls_per_rep))
-    return min(config.reps, max(MIN_COLD_REPS, within))
-
-
-@dataclass(frozen=True)
-class ColdTables:
-    """Extra latency of collectives after each compute gap (µs -> s), over the back-to-back model."""
-
-    all_sizes: dict[str, float]
-    """Per gap, the median over every timed point (the spec's ``cold_call``)."""
-    by_size: dict[int, dict[str, float]]
-    """Per call size, per gap, the median over the ops timed at that size (``cold_call_by_size``)."""
-
-
-def cold_call_tables(spec: ClusterSpec, config: CalibrationConfig) -> ColdTables:
-    """Time collectives after each of ``config.cold_gaps_ms`` of compute; their extra over ``spec``."""
-    model = CommModel(spec)
-    ops = tuple(op for op in config.ops if op_class(op) != "p2p")
-    all_sizes: dict[str, float] = {}
-    by_size: dict[int, dict[str, float]] = {}
-    for gap_ms in config.cold_gaps_ms:
-        cold = run_benchmark(
-            max_procs=config.max_procs, sizes=config.sizes, ops=ops, reps=cold_reps(gap_ms, config),
-            calls_per_rep=config.calls_per_rep, warmup=config.warmup, timeout_s=config.timeout_s,
-            compute_between_s=gap_ms / 1e3,
-        )  # fmt: skip
-        gap = str(round(gap_ms * 1000))
-        extra = [(s.bytes, s.seconds - model.duration_ns(s.op, s.bytes, s.group_size, 1) / 1e9) for s in cold]
-        # Signed: small calls after 0.5-1 ms of compute are cheaper than back to back here
-        # (benchmarks/results/cold_gaps_short.txt), and tp's come after about that much; by size,
-        # because that gain is a small call's, not a 32 MiB one's.
-        all_sizes[gap] = statistics.median(v for _, v in extra) if extra else 0.0
-        for n in sorted({n for n, _ in extra}):
-            by_size.setdefault(n, {})[gap] = statistics.median(v for m, v in extra if m == n)
-    return ColdTables(all_sizes=all_sizes, by_size=by_size)
-
-
 def calibrate(config: CalibrationConfig) -> CalibrationResult:
     """Time collectives here, add comm-log samples, fit, write the spec, check it."""
     runs = read_comm_logs(config.comm_logs)
@@ -441,15 +386,6 @@ def calibrate(config: CalibrationConfig) -> CalibrationResult:
     if config.measured_table:
         spec = replace(
             spec, measured=measured_table(measured), notes=spec.notes + "; measured table of its sizes"
-        )
-    if config.cold_gaps_ms:
-        cold = cold_call_tables(spec, config)
-        spec = replace(
-            spec,
-            cold_call=cold.all_sizes,
-            cold_call_by_size=cold.by_size,
-            notes=spec.notes
-            + f"; cold collectives after {', '.join(f'{g:g}' for g in config.cold_gaps_ms)} ms",
         )
     if config.busy_rounds:
         busy = run_busy_benchmark(

@@ -93,14 +93,6 @@ def calibrate_command(
         float,
         typer.Option(help="Time cold calls: this much compute before each one (0: back to back)."),
     ] = DEFAULT.compute_between_ms,
-    cold_gaps_ms: Annotated[
-        str,
-        typer.Option(
-            help="Comma-separated compute gaps (ms) after which collectives are also timed, giving the "
-            "spec's cold_call table, over all sizes and per size (e.g. 0.5,1,2,4,16,64); reach the longest compute before one of the "
-            "job's collectives (a gradient all-reduce comes after the whole backward)."
-        ),
-    ] = "",
     busy_rounds: Annotated[
         int,
         typer.Option(
@@ -134,8 +126,8 @@ def calibrate_command(
             sizes=tuple(parse_size(s) for s in sizes.split(",") if s.strip()),
             max_procs=max_procs, ops=tuple(o.strip() for o in ops.split(",") if o.strip()), reps=reps,
             timeout_s=timeout, comm_logs=tuple(capture or ()), bench=bench, out=out, compute_between_ms=compute_between_ms,
-            cold_gaps_ms=_gaps(cold_gaps_ms), busy_rounds=busy_rounds, measured_table=table,
-            wake_gaps_ms=_gaps(wake_gaps_ms, "--wake-gaps-ms"), wake_rounds=wake_rounds,
+            busy_rounds=busy_rounds, measured_table=table, wake_gaps_ms=_gaps(wake_gaps_ms),
+            wake_rounds=wake_rounds,
         )  # fmt: skip
         if bench:
             err_console.print(f"[bold]prism-calibrate[/] {config.max_procs} gloo processes, sizes {sizes}")
@@ -157,7 +149,7 @@ def calibrate_command(
     )
 
 
-def _gaps(text: str, option: str = "--cold-gaps-ms") -> tuple[float, ...]:
+def _gaps(text: str, option: str = "--wake-gaps-ms") -> tuple[float, ...]:
     try:
         return tuple(float(g) for g in text.split(",") if g.strip())
     except ValueError:

@@ -21,7 +21,7 @@ from prism.graph.io.reader import read_metadata
 from prism.graph.sim.engine import COMPUTE, RECV, SEND
 from prism.graph.sim.load import graph_column, graph_lists, split_matrix, wake_of
 from prism.graph.sim.moe_skew import apply_moe_skew
-from prism.graph.sim.noise import work_between, work_in_flight
+from prism.graph.sim.noise import work_in_flight
 from prism.graph.sim.simulate import SimGraph
 from prism.peers.comm_model import CommModel
 from prism.schemas import graph_format as gf
@@ -177,7 +177,6 @@ def _recost(graph: SimGraph, path: Path, spec: ClusterSpec, ranks: np.ndarray) -
     p2p = np.isin(graph.kind[comm], (SEND, RECV))
     spanned[p2p] = 1 + (tables.node_of_rank[rank[p2p]] != tables.node_of_rank[peer[p2p]])
     own = np.where(comm, 0, graph.dur)
-    idle = np.round(work_between(own + graph.gap, own, np.flatnonzero(comm), graph.rank_ptr)).astype(np.int64)
     calls = np.flatnonzero(comm)
     computing = np.where(names == gf.POST_NAME, 0, own)  # as the build: a post is its call's own work
     overlap = np.where(
@@ -188,7 +187,7 @@ def _recost(graph: SimGraph, path: Path, spec: ClusterSpec, ranks: np.ndarray) -
     volumes = _split_volumes(path, subset, comm, rank, kind, size, tables)
     dur = graph.dur.copy()
     dur[comm] = CommModel(spec).durations_ns(
-        op, nbytes, size, spanned, idle_ns=idle, overlap_ns=overlap, split_volumes=volumes
+        op, nbytes, size, spanned, overlap_ns=overlap, split_volumes=volumes
     )
     return dur
 

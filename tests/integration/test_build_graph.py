@@ -196,22 +196,6 @@ def test_the_build_says_how_much_of_each_roles_profiled_iteration_its_correction
     assert "warning: the arrival noise of rank(s)" in text and "--warmup 10 or more" in text
 
 
-def test_the_build_says_when_the_cold_call_table_stops_short_of_its_collectives_gaps(
-    slice_capture: Path, tmp_path: Path
-) -> None:
-    def warnings_with(cold_call: dict[str, float]) -> list[str]:
-        spec = replace(preset("h100-ib"), cold_call=cold_call).save(tmp_path / "spec.toml")
-        args = [str(slice_capture), "--tp", "2", "--pp", "4", "--dp", "2", "--cluster", str(spec)]
-        result = CliRunner().invoke(app, [*args, "-o", str(tmp_path / "g.parquet")], env={"COLUMNS": "300"})
-        assert result.exit_code == 0, result.output
-        return [line for line in result.output.splitlines() if "cold_call table" in line]
-
-    # Measured only after 0.1 ms of compute: the gradient all-reduces come after the whole backward.
-    (short,) = warnings_with({"100": 1e-4})
-    assert short.startswith("warning:") and "stops at 0.1 ms" in short and "--cold-gaps-ms 0.5,1,2,4" in short
-    assert warnings_with({"100": 1e-4, "100000000": 2e-4}) == []  # a table reaching 100 s
-
-
 # -- bad input: one error line, exit 2, nothing written ----------------------------------------
 
 

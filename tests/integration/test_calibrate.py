@@ -115,25 +115,16 @@ def test_repetitions_go_round_the_points_so_a_slow_spell_falls_on_all_of_them(mo
 
 
 @pytest.mark.slow
-def test_cold_gaps_give_the_spec_a_cold_call_table(tmp_path) -> None:
+def test_wake_gaps_give_the_spec_a_wake_compute_table(tmp_path) -> None:
     config = CalibrationConfig(
         # Sizes far apart: on a noisy 2-vCPU machine a 4 KiB gloo all-reduce sometimes took
         # longer than a 1 MiB one over 3 reps, leaving no bandwidth to fit.
         sizes=(4 * KiB, 8 * MiB), max_procs=2, ops=("all_reduce", "send"), reps=3, timeout_s=60,
-        out=tmp_path / "local.toml", cold_gaps_ms=(0.5, 2), wake_gaps_ms=(1.0,), wake_rounds=3,
+        out=tmp_path / "local.toml", wake_gaps_ms=(1.0,), wake_rounds=3,
     )  # fmt: skip
     spec = calibrate(config).spec
     assert not spec.measured  # the α-β line alone unless asked
-    assert set(spec.cold_call) == {"500", "2000"} and all(math.isfinite(v) for v in spec.cold_call.values())
-    # Per size too: one all-reduce a size, so each size's figure is its own point's extra.
-    assert set(spec.cold_call_by_size) == {4 * KiB, 8 * MiB}
-    assert all(set(table) == {"500", "2000"} for table in spec.cold_call_by_size.values())
-    for gap in ("500", "2000"):
-        figures = sorted(table[gap] for table in spec.cold_call_by_size.values())
-        assert spec.cold_call[gap] == pytest.approx(sum(figures) / 2)  # the median of two
     loaded = ClusterSpec.load(tmp_path / "local.toml")
-    assert loaded.cold_call == spec.cold_call and loaded.cold_call_by_size == spec.cold_call_by_size
-    assert "cold collectives after 0.5, 2 ms" in spec.notes
     # The wake table: one point, at the wait the benchmark measured (1 ms and the answer's transfer).
     ((wait_us, extra_s),) = spec.wake_compute.items()
     assert 1000 <= int(wait_us) < 50_000 and math.isfinite(extra_s)

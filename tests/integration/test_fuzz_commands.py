@@ -223,7 +223,6 @@ CALIBRATE_OPTIONS = {
     "--max-procs": st.sampled_from(["0", "1", "2", "x"]),
     "--timeout": st.sampled_from(["0", "-1", "nan", "inf", "5"]),
     "--compute-between-ms": st.sampled_from(["-1", "nan", "inf", "0"]),
-    "--cold-gaps-ms": st.sampled_from(["x", "-1", "inf", "1,2", ""]),
     "--wake-gaps-ms": st.sampled_from(["x", "-1", "inf", "0", ""]),
     "--wake-rounds": st.sampled_from(["0", "-3", "x"]),
 }  # fmt: skip

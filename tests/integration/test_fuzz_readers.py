@@ -123,8 +123,8 @@ def test_trace_directory(tmp_path: Path, data: st.DataObject) -> None:
 
 _SPEC_WITH_TABLES = replace(
     preset("h100-ib"),
-    cold_call={"500": -1e-4, "4000": 4e-4},
-    cold_call_by_size={512: {"500": -2e-4}, 65536: {"500": -1e-4, "4000": 3e-4}},
+    busy_call={"512": 3.0, "65536": 2.0},
+    wake_compute={"500": 1e-4, "4000": 4e-4},
     measured={"all_reduce": {2: ((512, 1e-3), (65536, 2e-3))}},
 )
 

@@ -10,7 +10,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from prism.peers.comm_model import (
-    COLD_FLOOR,
     OPS,
     CommModel,
     layout_nodes_spanned,
@@ -257,17 +256,11 @@ GOOD = SPEC.to_toml()
         (GOOD.replace("gpus_per_node = 8", "gpus_per_node = 8\nnvlink_gen = 4"), "unknown cluster spec key"),
         (GOOD.replace("gpus_per_node = 8\n", ""), "lacks required key"),
         (GOOD.replace("[latency_factor]", "[latency_factor]\nall_reduce = -1.0"), "non-negative"),
-        (GOOD.replace("[cold_call]", "[cold_call]\nfast = 0.001"), "whole microseconds"),
-        (GOOD.replace("[cold_call]", "[cold_call]\n1000 = inf"), "finite number"),
-        (GOOD + "\n[cold_call_by_size.small]\n500 = 0.001\n", "call sizes in bytes"),
+        (GOOD.replace("[wake_compute]", "[wake_compute]\nfast = 0.001"), "whole microseconds"),
+        (GOOD.replace("[wake_compute]", "[wake_compute]\n1000 = inf"), "finite number"),
         # Unicode digits that int() refuses: the spec's own error, not a ValueError.
-        (GOOD.replace("[cold_call]", '[cold_call]\n"²" = 0.001'), "whole microseconds"),
-        (GOOD + '\n[cold_call_by_size."²"]\n500 = 0.001\n', "call sizes in bytes"),
+        (GOOD.replace("[wake_compute]", '[wake_compute]\n"²" = 0.001'), "whole microseconds"),
         (GOOD + '\n[measured.gather]\n"²" = [[512, 0.001]]\n', "group sizes of 2 or more"),
-        (GOOD + "\n[cold_call_by_size.0]\n500 = 0.001\n", "call sizes in bytes"),
-        (GOOD + "\n[cold_call_by_size.512]\nhalf = 0.001\n", "whole microseconds"),
-        (GOOD + "\n[cold_call_by_size.512]\n500 = nan\n", "finite number"),
-        ("cold_call_by_size = 3\n" + GOOD, "bytes -> cold table"),
         (GOOD.replace("[busy_call]", "[busy_call]\nsmall = 2.0"), "call sizes in bytes"),
         (GOOD.replace("[busy_call]", "[busy_call]\n0 = 2.0"), "call sizes in bytes"),
         (GOOD.replace("[busy_call]", "[busy_call]\n512 = 0"), "must be positive"),
@@ -284,35 +277,6 @@ GOOD = SPEC.to_toml()
 def test_bad_specs_rejected(text: str, message: str) -> None:
     with pytest.raises(ClusterSpecError, match=message):
         ClusterSpec.from_toml(text)
-
-
-def test_cold_calls_add_latency_to_collectives_by_the_compute_before_them() -> None:
-    spec = replace(preset("h100-ib"), cold_call={"1000": 4e-4, "3000": 8e-4})
-    assert spec.cold_extra_s([0.0, 5e-4, 1e-3, 2e-3, 1.0]).tolist() == pytest.approx(
-        [0, 2e-4, 4e-4, 6e-4, 8e-4]
-    )
-    model, plain = CommModel(spec), CommModel(preset("h100-ib"))
-    ops = np.array(["all_reduce", "all_reduce", "send", "all_reduce"])
-    args = (np.full(4, 65536), np.array([8, 8, 2, 1]), np.ones(4, np.int64))
-    idle = np.array([0, 2_000_000, 2_000_000, 2_000_000])
-    extra = model.durations_ns(ops, *args, idle_ns=idle) - plain.durations_ns(ops, *args)
-    assert extra.tolist() == [0, 600_000, 0, 0]  # p2p and a group of one pay nothing
-    assert (model.durations_ns(ops, *args) == plain.durations_ns(ops, *args)).all()  # no idle given
-    assert ClusterSpec.from_toml(spec.to_toml()) == spec
-
-
-def test_calls_after_a_short_compute_can_be_cheaper_but_never_below_the_floor() -> None:
-    """On a VM small calls after 0.5-1 ms of compute beat back-to-back ones: a negative extra."""
-    spec = replace(preset("h100-ib"), cold_call={"1000": -2e-4, "4000": 1e-4})
-    assert ClusterSpec.from_toml(spec.to_toml()) == spec
-    model, plain = CommModel(spec), CommModel(preset("h100-ib"))
-    ops = np.array(["all_reduce", "all_reduce", "send"])
-    args = (np.array([2**30, 512, 512]), np.array([8, 8, 2]), np.ones(3, np.int64))
-    idle = np.full(3, 1_000_000)
-    cold, warm = model.durations_ns(ops, *args, idle_ns=idle), plain.durations_ns(ops, *args)
-    assert warm[0] > 1_000_000 and cold[0] == warm[0] - 200_000  # a large call: the whole 0.2 ms off
-    assert warm[1] < 400_000 and cold[1] == int(warm[1] * COLD_FLOOR)  # a small one: down to the floor
-    assert cold[2] == warm[2]  # p2p: no cold price
 
 
 def test_busy_factor_interpolates_in_log_bytes_and_never_goes_below_one() -> None:
@@ -343,14 +307,10 @@ def test_a_collective_its_rank_computes_beside_is_stretched_by_processor_sharing
     assert (model.durations_ns(ops, *args) == plain.durations_ns(ops, *args)).all()  # no overlap given
 
 
-def test_busy_calls_stretch_the_warm_price_and_the_cold_latency_adds_on_top() -> None:
-    spec = replace(SPEC, busy_call={"65536": 2.0}, cold_call={"1000": 1e-4})
-    args = (np.array([65536]), np.array([2]), np.array([1]))
-    warm = CommModel(SPEC).durations_ns("all_reduce", *args)[0]
-    both = CommModel(spec).durations_ns(
-        "all_reduce", *args, idle_ns=np.array([10**6]), overlap_ns=np.array([10**9])
-    )
-    assert both[0] == 2 * warm + 100_000
+def test_an_earlier_versions_cold_call_tables_are_read_and_ignored() -> None:
+    old = GOOD + "\n[cold_call]\n500 = -0.0001\n4000 = 0.0004\n\n[cold_call_by_size.65536]\n500 = -0.0003\n"
+    assert ClusterSpec.from_toml(old) == SPEC
+    assert "cold_call" not in SPEC.to_toml()
 
 
 # -- measured points ---------------------------------------------------------------------------
@@ -414,26 +374,6 @@ def test_measured_table_round_trips_and_bad_tables_are_rejected() -> None:
     ]:
         with pytest.raises(ClusterSpecError, match=message):
             replace(SPEC, measured=table)
-
-
-def test_a_per_size_cold_table_prices_small_and_large_calls_apart() -> None:
-    """Measured per size, a call's extra is its size's (log-interpolated between sizes, flat
-    outside them), and the all-sizes figure is not used."""
-    by_size = {512: {"1000": -3e-4, "4000": 2e-4}, 32 * 2**20: {"1000": 1e-4, "4000": 6e-4}}
-    spec = replace(preset("h100-ib"), cold_call={"1000": 5.0}, cold_call_by_size=by_size)
-    assert ClusterSpec.from_toml(spec.to_toml()) == spec
-    sizes = np.array([256, 512, 128 * 2**10, 32 * 2**20, 2**30])  # 128 KiB: halfway in log2
-    assert spec.cold_extra_s(np.full(5, 1e-3), sizes).tolist() == pytest.approx(
-        [-3e-4, -3e-4, -1e-4, 1e-4, 1e-4]
-    )
-    assert spec.cold_extra_s(2.5e-3, 512) == pytest.approx(-5e-5)  # between the gaps of one size
-    assert spec.cold_extra_s(np.array([0.0, 1.0]), 512).tolist() == pytest.approx([0.0, 2e-4])
-    assert spec.cold_reach_s == pytest.approx(4e-3)
-    model, plain = CommModel(spec), CommModel(preset("h100-ib"))
-    ops = np.array(["all_reduce", "all_reduce", "send"])
-    args = (np.array([2**30, 32 * 2**20, 2**30]), np.array([8, 8, 2]), np.ones(3, np.int64))
-    cold = model.durations_ns(ops, *args, idle_ns=np.full(3, 4_000_000))
-    assert (cold - plain.durations_ns(ops, *args)).tolist() == [600_000, 600_000, 0]
 
 
 def test_an_all_to_all_of_known_splits_is_priced_by_its_volumes_on_and_off_node() -> None:

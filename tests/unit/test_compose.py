@@ -50,9 +50,7 @@ def compose(template, *, cfg: GPTConfig, captured: GPTConfig, stage: int) -> Sta
 class FakeComm:
     """Comm model stand-in: 1 µs per KiB, so durations are easy to check."""
 
-    def durations_ns(
-        self, ops, nbytes, group_size, nodes_spanned, idle_ns=None, overlap_ns=None, split_volumes=None
-    ):
+    def durations_ns(self, ops, nbytes, group_size, nodes_spanned, overlap_ns=None, split_volumes=None):
         return (np.asarray(nbytes) // 1024 * 1000).astype(np.int64)
 
 
@@ -230,7 +228,7 @@ def test_an_asynchronous_collectives_post_is_not_compute_it_flies_beside() -> No
     )
     assert nodes[ot.NAME].tolist() == ["all_reduce", gf.POST_NAME, "mm", gf.WAIT_NAME]
     nodes["group_axis"] = ["dp", "", "", ""]
-    _, _, overlap = waiting_columns(nodes, {"tp": 1, "dp": 2, "world": 2}, 0.0, 0.0)
+    _, overlap = waiting_columns(nodes, {"tp": 1, "dp": 2, "world": 2}, 0.0, 0.0)
     assert overlap.tolist() == [300 + 10, 0, 0, 0]  # the mm and its gap, and the wait's gap (0)
 
 

@@ -125,6 +125,7 @@ def _marks(trace: Path) -> list[tuple[Mark, float, float]]:
 def test_traced_iterations_mark_each_layers_forward_and_backward(tmp_path: Path, recompute: bool):
     trace = tmp_path / "trace.json"
     model = Model(3, recompute)
+
     # The block's own hooks (FSDP's unshard before its forward, reshard after) belong to its mark.
     def own_hook(*_: object) -> None:
         torch.cumsum(torch.ones(2), 0)
