@@ -12,8 +12,10 @@ pools more runs) and rebuilds every repeat's graph from its own slice under each
 simulating it as the run did: the simulation rows differ by the spec alone. The built-in GPT's
 cases are built for their own job, a program's at its captured layout. ``NAME=SPEC.toml``
 names a spec; ``--without TABLE`` adds, for every spec, ``NAME-no-TABLE``: the same spec
-without that pricing mechanism (``busy_call``, ``wake_compute``, ``measured``; ``skew``: the simulation's wait for each collective's last
-member), the one-at-a-time switch by which a mechanism shows what it pays; ``--no-table NAME`` adds ``NAME-line``, NAME without its ``measured`` table. Each
+without that pricing mechanism (``busy_call``, ``wake_compute``, ``measured``; ``skew``: the
+simulation's wait for each collective's last member), the one-at-a-time switch by which a
+mechanism shows what it pays; ``--no-table NAME`` adds ``NAME-line``, NAME without its
+``measured`` table. Each
 ``--correction`` builds every spec's graphs with that profiler correction
 (``prism-build-graph --profiler-correction``; default: phase), in columns ``NAME/CORRECTION``
 when there are several. ``--capture paced`` rebuilds from each repeat's paced capture instead

@@ -55,7 +55,6 @@ class LayerMarks:
 
     def __init__(self, marking: Callable[[], bool]) -> None:
         self._marking = marking  # False on other threads and inside a backward pass
-        self._open: dict[int, list[tuple[object, annotate.BackwardRange] | None]] = {}
 
     def install(self, roots: list[torch.nn.Module]) -> list[RemovableHandle]:
         """Hook every layer block under ``roots``; the handles remove the hooks."""
@@ -72,9 +71,9 @@ class LayerMarks:
 
     def _hooks(self, index: int) -> tuple[Callable, Callable]:
         forward, backward = Mark(phase=Phase.FORWARD, layer=index), Mark(phase=Phase.BACKWARD, layer=index)
+        calls: list[tuple[object, annotate.BackwardRange] | None] = []  # the block's open calls
 
         def begins(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-            calls = self._open.setdefault(id(module), [])
             if not (self._marking() and annotate.marks_are_read()):
                 calls.append(None)
                 return
@@ -86,7 +85,6 @@ class LayerMarks:
             calls.append((opened, backward_range))
 
         def ends(module: torch.nn.Module, args: tuple, kwargs: dict, output: object) -> None:
-            calls = self._open.get(id(module))
             call = calls.pop() if calls else None
             if call is None:
                 return

@@ -311,10 +311,10 @@ def compose_stage(
 def waiting_columns(
     nodes: pd.DataFrame, sizes: dict[str, int], noise_cv: float, call_jitter_ns: float
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(SKEW, OVERLAP) of a stage program: each collective's expected arrival skew over
-    groups of ``sizes`` (``prism.graph.sim.noise``), and each asynchronous call's compute and gaps while it is in flight (up to
-    its wait; posts left out: a post is the call's own host work, which runs the call rather than
-    competing with it). What a rank does by itself: a compute node's duration after its arrival,
+    """(SKEW, OVERLAP) of a stage program: each collective's expected arrival skew over groups of
+    ``sizes`` (``prism.graph.sim.noise``), and each asynchronous call's compute and gaps while it
+    is in flight (up to its wait; posts left out: a post is the call's own host work, which runs
+    the call rather than competing with it). What a rank does by itself: a compute node's duration after its arrival,
     plus every gap."""
     is_comm = nodes[ot.IS_COMM].to_numpy(dtype=bool)
     own = np.where(is_comm, 0, nodes[ot.DUR_NS].to_numpy(dtype=np.int64))
