@@ -84,6 +84,44 @@ def attribute_memory(
     )
 
 
+def freed_from(
+    memory: pd.DataFrame,
+    start: np.ndarray,
+    end: np.ndarray,
+    window_start: np.ndarray,
+    allocated_in: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per unit (as ``attribute_memory`` places events), the bytes it frees of blocks that the units
+    where ``allocated_in`` is True allocated: (inside its span, in the gap before it). A free is
+    matched to its block's allocation by address (the latest allocation of that address before
+    it), in the same iteration or an earlier one: what a layer keeps that the program frees later."""
+    n = len(start)
+    if not n or memory.empty:
+        return np.zeros(n, np.int64), np.zeros(n, np.int64)
+    device = pick_device(memory)
+    mem = memory[(memory["device_type"] == device[0]) & (memory["device_id"] == device[1])]
+    t, b, addr = (mem[c].to_numpy() for c in ("ts_ns", "bytes", "addr"))
+    u = np.searchsorted(start, t, side="right") - 1
+    in_unit = (u >= 0) & (t <= end[np.maximum(u, 0)])
+    nxt = np.minimum(u + 1, n - 1)
+    in_gap = ~in_unit & (u + 1 < n) & (t >= window_start[nxt])
+    owner = np.where(in_unit, u, np.where(in_gap, nxt, -1))  # an allocation's unit (its gap's included)
+    order = np.lexsort((t, addr))  # by address, then time: a free follows its allocation
+    prev = np.r_[-1, order[:-1]]
+    same = np.r_[False, addr[order][1:] == addr[order][:-1]]
+    frees = (b[order] < 0) & same & (addr[order] != 0)
+    by, alloc_row = order[frees], prev[frees]
+    matched = (b[alloc_row] == -b[by]) & (owner[alloc_row] >= 0)
+    by, alloc_row = by[matched], alloc_row[matched]
+    from_source = allocated_in[owner[alloc_row]]
+    by = by[from_source]
+    freed = -b[by].astype(np.int64)
+    return (
+        _sum_by(u[by][in_unit[by]], freed[in_unit[by]], n),
+        _sum_by(nxt[by][in_gap[by]], freed[in_gap[by]], n),
+    )
+
+
 def _rise_and_fall(unit: np.ndarray, nbytes: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Per unit (its events in time order): how far its running total rises at its highest above
     where the unit began, and how far it falls from there by the unit's end. A unit that

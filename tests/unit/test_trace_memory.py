@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prism.graph.traces.kineto import restore_unrecorded_frees
-from prism.graph.traces.memory import iteration_memory
+from prism.graph.traces.memory import freed_from, iteration_memory
 
 BASE_NS = 1_700_000_000_000_000_000
 CPU = (0, -1)
@@ -142,3 +142,29 @@ def test_a_device_whose_totals_count_every_thread_is_left_alone() -> None:
     mem = events([(10, 100, 0xA), (20, 50, 0xB), (30, 100, 0xA)])
     mem.loc[2, "total"] = 150
     pd.testing.assert_frame_equal(restore_unrecorded_frees(mem), mem)
+
+
+def test_frees_are_traced_to_the_units_that_allocated_their_blocks() -> None:
+    # Units [0,10] [20,30] of iteration one (from 0), [100,110] [120,130] of iteration two (from 95).
+    start, end = np.array([0, 20, 100, 120]), np.array([10, 30, 110, 130])
+    window = np.array([0, 0, 95, 95])
+    mem = events(
+        [
+            (3, -8, 0xD),  # a block allocated before the profiler started: no unit's
+            (5, 64, 0xA),  # unit 0 keeps a block past its iteration
+            (6, 32, 0xB),  # ... and one it frees in the next unit
+            (15, 16, 0xC),  # the gap before unit 1 allocates (unit 1's)
+            (25, -32, 0xB),
+            (97, -64, 0xA),  # the next iteration frees unit 0's block in the gap before unit 2
+            (105, 64, 0xA),  # unit 2 allocates the address again, unit 3 frees it
+            (125, -64, 0xA),
+            (126, -16, 0xC),
+        ]
+    )
+    of_unit0 = np.array([True, False, True, False])
+    inside, in_gap = freed_from(mem, start, end, window, of_unit0)
+    assert inside.tolist() == [0, 32, 0, 64]
+    assert in_gap.tolist() == [0, 0, 64, 0]
+    # Unit 1's block (allocated in its gap) is freed inside unit 3.
+    inside, in_gap = freed_from(mem, start, end, window, np.array([False, True, False, False]))
+    assert inside.tolist() == [0, 0, 0, 16] and in_gap.tolist() == [0, 0, 0, 0]

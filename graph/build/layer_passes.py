@@ -1,0 +1,173 @@
+"""A program's iteration at another layer count than the one captured, from its layer marks.
+
+The units of one iteration carry the layer block each ran in (``prism.capture.program_layers``;
+-1 outside every block). A **pass** is one walk over the stage's layer stack: its forward
+(each captured layer once, in ascending order) or its backward (descending), one **run** of
+units per layer. A run is a layer's own units and the unmarked ones between them and the next
+layer's (a collective the program issues between two blocks belongs to the block before). A
+program with gradient accumulation makes a forward and a backward pass per microbatch.
+
+Runs near either end of a pass differ from the rest: the first block waits for its own
+parameters where later ones find them prefetched, the last prefetches nothing, and memory freed
+at a pass's edge falls into its first or last runs. The **steady** runs are the inner ones that
+repeat exactly (same units, calls, payloads and memory); a pass for ``layers`` layers keeps the
+captured runs before and after them and repeats one steady run for every layer between. A pass
+with fewer than two alike inner runs has no steady run to repeat: the capture needs more layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from prism.graph.build import op_table as ot
+from prism.graph.build.templates import TemplateError
+
+ORIGIN = "origin"
+"""Column of an expanded iteration: the position of the captured unit each unit copies."""
+
+RUN_SIGNATURE = (ot.NAME, ot.IS_COMM, ot.COMM_OP, ot.GROUP_LABEL, ot.BYTES, ot.ALLOC_BYTES, ot.FREE_BYTES)
+"""What two runs must share, unit by unit, to stand for each other."""
+
+MIN_STEADY = 2
+"""Alike inner runs a pass needs: one inner run alone cannot tell a steady layer from an edge."""
+
+
+@dataclass(frozen=True)
+class LayerPass:
+    """One walk over the layer stack: its runs, as [start, stop) unit positions, in pass order."""
+
+    runs: tuple[tuple[int, int], ...]
+    descending: bool
+    """A backward pass: its first run is the last layer's."""
+    steady: tuple[int, int]
+    """[first, last + 1) of its steady runs, positions in ``runs``."""
+
+    @property
+    def start(self) -> int:
+        return self.runs[0][0]
+
+    @property
+    def stop(self) -> int:
+        return self.runs[-1][1]
+
+    @property
+    def edge_runs(self) -> int:
+        """Runs kept as captured: those before and after the steady ones."""
+        first, last = self.steady
+        return first + len(self.runs) - last
+
+
+def _signature(units: pd.DataFrame, start: int, stop: int) -> tuple:
+    return tuple(map(tuple, units.iloc[start:stop][list(RUN_SIGNATURE)].astype(str).to_numpy()))
+
+
+def _steady(units: pd.DataFrame, runs: list[tuple[int, int]]) -> tuple[int, int] | None:
+    """The longest stretch of alike inner runs (the earliest of equals), or None if none has
+    ``MIN_STEADY`` runs."""
+    inner = range(1, len(runs) - 1)
+    signatures = [_signature(units, *runs[i]) for i in inner]
+    best, first = None, 0
+    for i in range(1, len(signatures) + 1):
+        if i == len(signatures) or signatures[i] != signatures[first]:
+            if i - first >= MIN_STEADY and (best is None or i - first > best[1] - best[0]):
+                best = (first + 1, i + 1)
+            first = i
+    return best
+
+
+def layer_passes(units: pd.DataFrame) -> list[LayerPass]:
+    """The passes of one iteration's units over their layers (none if no unit has a layer).
+
+    Raises TemplateError where the layers do not run as passes: a layer that runs twice in a
+    row, out of order, or a pass that leaves one out (interleaved stages, layers skipped)."""
+    layer = units[ot.LAYER].to_numpy(dtype=np.int64)
+    marked = np.flatnonzero(layer >= 0)
+    if not len(marked):
+        return []
+    stack = np.unique(layer[marked])
+    if stack[-1] - stack[0] + 1 != len(stack):
+        raise TemplateError(
+            f"the stage's layers {stack.tolist()} are not consecutive: cannot change their count"
+        )
+    # A run begins at each marked unit whose layer or phase differs from the marked unit before
+    # it (a forward pass's last layer is the next backward pass's first).
+    phase = units[ot.PHASE].astype(str).to_numpy()[marked]
+    key = layer[marked]
+    begins = marked[np.r_[True, (key[1:] != key[:-1]) | (phase[1:] != phase[:-1])]]
+    ends = np.r_[begins[1:], marked[-1] + 1]
+    # A run that ends a pass stops at its own last unit; the unmarked units after it are not its.
+    last_own = np.array([marked[marked < end][-1] + 1 for end in ends])
+    order = layer[begins]
+    ascending, descending = stack.tolist(), stack[::-1].tolist()
+    passes, at = [], 0
+    while at < len(begins):
+        step = order[at : at + len(stack)].tolist()
+        if step not in (ascending, descending):
+            raise TemplateError(
+                f"the layers run as {order.tolist()}: a pass over layers {stack[0]}-{stack[-1]} in order "
+                "(forward ascending, backward descending) is needed to change their count"
+            )
+        at_end = at + len(stack)
+        runs = [(int(begins[i]), int(ends[i])) for i in range(at, at_end - 1)]
+        runs.append((int(begins[at_end - 1]), int(last_own[at_end - 1])))
+        steady = _steady(units, runs)
+        if steady is None:
+            raise TemplateError(
+                f"a pass over the captured {len(stack)} layers has no {MIN_STEADY} alike inner layers to repeat (the first and "
+                "last layers of a pass differ from the rest): capture with more layers, 5 or more"
+            )
+        passes.append(
+            LayerPass(runs=tuple(runs), descending=step == descending and len(stack) > 1, steady=steady)
+        )
+        at = at_end
+    return passes
+
+
+def expand_layers(units: pd.DataFrame, layers: int) -> pd.DataFrame:
+    """``units`` (one iteration, positions 0..n-1) with every pass walking ``layers`` layers: its
+    edge runs as captured, one steady run repeated between them. Each unit's layer is renumbered
+    from the stage's first; ``ORIGIN`` gives the captured position each unit copies."""
+    units = units.reset_index(drop=True)
+    passes = layer_passes(units)
+    if not passes:
+        raise TemplateError("the capture marks no layer block in the stage's units: cannot change its layers")
+    first = int(units[ot.LAYER][units[ot.LAYER] >= 0].min())
+    need = max(p.edge_runs for p in passes) + 1
+    if layers < need:
+        raise TemplateError(
+            f"--layers {layers}: the captured passes keep {need - 1} edge layers as captured and repeat one "
+            f"between them, so at least {need}"
+        )
+    pieces: list[np.ndarray] = []
+    layer_of: list[np.ndarray] = []
+    at = 0
+    for p in passes:
+        pieces.append(np.arange(at, p.start))
+        layer_of.append(units[ot.LAYER].to_numpy()[at : p.start])
+        lo, hi = p.steady
+        sources = [*range(lo), *([lo] * (layers - p.edge_runs)), *range(hi, len(p.runs))]
+        for position, source in enumerate(sources):
+            a, b = p.runs[source]
+            pieces.append(np.arange(a, b))
+            index = layers - 1 - position if p.descending else position
+            own = units[ot.LAYER].to_numpy()[a:b] >= 0
+            layer_of.append(np.where(own, first + index, -1))
+        at = p.stop
+    pieces.append(np.arange(at, len(units)))
+    layer_of.append(units[ot.LAYER].to_numpy()[at:])
+    origin = np.concatenate(pieces)
+    out = units.iloc[origin].reset_index(drop=True)
+    out[ot.LAYER] = np.concatenate(layer_of).astype(np.int64)
+    out[ORIGIN] = origin
+    return out
+
+
+def kept_per_layer(units: pd.DataFrame, passes: list[LayerPass]) -> int:
+    """Bytes one more layer keeps past the iteration's end: what its steady runs allocate and do
+    not free (0 where a layer frees what it allocates: its activations; a gradient it leaves for
+    the optimizer to free is kept)."""
+    net = (units[ot.ALLOC_BYTES] - units[ot.FREE_BYTES]).to_numpy(dtype=np.int64)
+    return int(sum(net[slice(*p.runs[p.steady[0]])].sum() for p in passes))

@@ -1,0 +1,113 @@
+"""A program's iteration walked at another layer count: passes, steady runs, their repetition."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from prism.graph.build import op_table as ot
+from prism.graph.build.layer_passes import ORIGIN, expand_layers, kept_per_layer, layer_passes
+from prism.graph.build.templates import TemplateError
+
+
+def _unit(name: str, layer: int, phase: str, *, alloc: int = 0, free: int = 0, comm: str = "") -> dict:
+    return {
+        ot.NAME: name, ot.LAYER: layer, ot.PHASE: phase, ot.IS_COMM: bool(comm), ot.COMM_OP: comm,
+        ot.GROUP_LABEL: "dp.0" if comm else "", ot.BYTES: 64 if comm else -1, ot.ALLOC_BYTES: alloc,
+        ot.FREE_BYTES: free,
+    }  # fmt: skip
+
+
+def _forward(layers: int) -> list[dict]:
+    """Each block gathers its parameters; the first finds nothing prefetched (a longer gather),
+    the last frees what the pass allocated before it."""
+    units = []
+    for i in range(layers):
+        units.append(_unit("all_gather", i, "fwd", comm="all_gather", alloc=512 if i == 0 else 256))
+        units.append(_unit("aten::linear", i, "fwd", alloc=100, free=300 if i == layers - 1 else 0))
+        units.append(_unit("between", -1, "fwd"))  # unmarked, between two blocks: the block before's
+    return units
+
+
+def _backward(layers: int) -> list[dict]:
+    """Each block keeps 8 bytes of gradient past the iteration (freed by the program's zero_grad);
+    the first two blocks of the pass free more (the second: a buffer the first prefetched)."""
+    units = []
+    for i in reversed(range(layers)):
+        free = {layers - 1: 150, layers - 2: 70}.get(i, 50)
+        units.append(_unit("AddmmBackward0", i, "bwd", alloc=58, free=free))
+        units.append(_unit("reduce_scatter", i, "bwd", comm="reduce_scatter"))
+    return units
+
+
+def _iteration(layers: int, microbatches: int = 1) -> pd.DataFrame:
+    units = [_unit("aten::embedding", -1, "fwd")]
+    for _ in range(microbatches):
+        units += _forward(layers) + [_unit("loss", -1, "iter")] + _backward(layers)
+    units += [_unit("zero_grad", -1, "iter", free=8 * layers), _unit("aten::add_", -1, "optim")]
+    return pd.DataFrame(units)
+
+
+def _key(frame: pd.DataFrame) -> list[tuple]:
+    return [tuple(row) for row in frame[[ot.NAME, ot.LAYER, ot.PHASE, ot.ALLOC_BYTES]].to_numpy()]
+
+
+def test_an_expanded_iteration_is_the_one_captured_with_more_layers():
+    # What a capture at 8 layers would have recorded, from one at 5 (the zero_grad's free aside).
+    expanded, direct = expand_layers(_iteration(5), 8), _iteration(8)
+    assert _key(expanded) == _key(direct)
+    assert expanded[ot.FREE_BYTES].tolist()[:-2] == direct[ot.FREE_BYTES].tolist()[:-2]
+
+
+def test_each_microbatch_walks_its_own_passes():
+    assert _key(expand_layers(_iteration(5, microbatches=2), 7)) == _key(_iteration(7, microbatches=2))
+    assert len(layer_passes(_iteration(5, microbatches=2))) == 4
+
+
+def test_fewer_layers_keep_the_edge_runs():
+    assert _key(expand_layers(_iteration(6), 5)) == _key(_iteration(5))
+
+
+def test_the_edges_and_the_steady_runs_are_found():
+    forward, backward = layer_passes(_iteration(5))
+    assert (forward.descending, backward.descending) == (False, True)
+    # The forward's first run gathers more, its last frees the pass: runs 1-3 are alike; the
+    # backward's first two differ.
+    assert forward.steady == (1, 4)
+    assert backward.steady == (2, 4)
+    # The unmarked unit after a block is its run's; the one after a pass's last block is not.
+    assert forward.runs[0] == (1, 4) and forward.runs[-1] == (13, 15)
+
+
+def test_origin_names_the_captured_unit_each_copies():
+    captured, expanded = _iteration(5), expand_layers(_iteration(5), 9)
+    assert (captured.iloc[expanded[ORIGIN]][ot.NAME].to_numpy() == expanded[ot.NAME].to_numpy()).all()
+
+
+def test_a_layer_keeps_what_its_steady_runs_do_not_free():
+    units = _iteration(5)
+    assert kept_per_layer(units, layer_passes(units)) == 256 + 100 + 58 - 50
+
+
+def test_too_few_alike_inner_layers_are_refused():
+    with pytest.raises(TemplateError, match="capture with more layers"):
+        expand_layers(_iteration(3), 8)
+
+
+def test_fewer_layers_than_the_edges_are_refused():
+    with pytest.raises(TemplateError, match="at least 4"):
+        expand_layers(_iteration(5), 2)
+
+
+def test_layers_out_of_order_are_refused():
+    units = _iteration(5)
+    swapped = units[ot.LAYER].replace({1: 2, 2: 1})
+    with pytest.raises(TemplateError, match="in order"):
+        expand_layers(units.assign(**{ot.LAYER: swapped}), 8)
+
+
+def test_an_iteration_without_layer_marks_is_refused():
+    units = _iteration(5).assign(**{ot.LAYER: -1})
+    assert layer_passes(units) == []
+    with pytest.raises(TemplateError, match="marks no layer"):
+        expand_layers(units, 8)
