@@ -1,14 +1,22 @@
 """Read from a model and its optimizer what each parameter keeps between iterations
 (``prism.schemas.held_parameters``): the graph builder's basis for the static memory and the
-gradient buckets of a stage the capture did not run."""
+gradient buckets of a stage the capture did not run, or of a program's stage at another layer
+count.
+
+A sharded parameter (a DTensor: FSDP2's, tensor parallel's) counts its local shard, its
+gradient and optimizer state theirs: what this rank holds."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
 
+from prism.capture.program_layers import layer_blocks
 from prism.schemas.held_parameters import HeldParameters
 
 LAYER_NAME = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -20,20 +28,59 @@ def held_parameters(model: nn.Module, optimizer: torch.optim.Optimizer, bucket_b
     """``model``'s parameters in registration order with what each holds now: itself, its
     gradient and every tensor of its ``optimizer`` state. Read after an optimizer step, when the
     state exists."""
+    named = list(model.named_parameters())
+    return _held(
+        [(p, int(m.group(1)) if (m := LAYER_NAME.search(name)) else -1) for name, p in named],
+        [optimizer],
+        bucket_bytes,
+    )
+
+
+def program_parameters(
+    roots: Iterable[nn.Module], optimizers: Iterable[torch.optim.Optimizer]
+) -> HeldParameters:
+    """A program's parameters under its ``roots`` (``prism.capture.program_phases``), in
+    registration order, each in the layer block the layer marks give it
+    (``prism.capture.program_layers``; -1 outside every block), with what it holds now. Its
+    gradient buckets: a DistributedDataParallel root's cap, 0 where none buckets them."""
+    roots = list(roots)
+    in_layer = {
+        id(p): index for root in roots for index, block in layer_blocks(root) for p in block.parameters()
+    }
+    seen: set[int] = set()
+    parameters = []
+    for root in roots:
+        for p in root.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                parameters.append((p, in_layer.get(id(p), -1)))
+    ddp = [r for r in roots if isinstance(r, DistributedDataParallel)]
+    return _held(parameters, list(optimizers), max((int(r.bucket_bytes_cap) for r in ddp), default=0))
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def _held(
+    parameters: list[tuple[torch.Tensor, int]], optimizers: list[torch.optim.Optimizer], bucket_bytes: int
+) -> HeldParameters:
+    """Each of ``parameters`` (with its layer) as it is held now: itself, its gradient and its
+    state in any of ``optimizers``."""
     numels, layers, held = [], [], []
     itemsize = 0
-    for name, p in model.named_parameters():
-        state = optimizer.state.get(p, {})
+    for p, layer in parameters:
+        state = next((opt.state[p] for opt in optimizers if p in opt.state), {})
         tensors = [
             p,
             *([p.grad] if p.grad is not None else []),
             *(v for v in state.values() if torch.is_tensor(v)),
         ]
-        numels.append(p.numel())
-        match = LAYER_NAME.search(name)
-        layers.append(int(match.group(1)) if match else -1)
+        tensors = [_local(t) for t in tensors]
+        numels.append(max(1, _local(p).numel()))
+        layers.append(layer)
         held.append(sum(t.numel() * t.element_size() for t in tensors))
-        itemsize = itemsize or (p.grad if p.grad is not None else p).element_size()
+        itemsize = itemsize or _local(p.grad if p.grad is not None else p).element_size()
     return HeldParameters(
         numels=tuple(numels), layers=tuple(layers), held_bytes=tuple(held), itemsize=itemsize or 1,
         bucket_bytes=bucket_bytes,

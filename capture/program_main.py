@@ -93,7 +93,7 @@ def run_program_rank(
         steps = StepIterations(
             rank=rank, total=total, profiled_from=job.warmup, stop_after_last=not program.run_to_end,
             profiler=prof, clock=clock, timer=timer,
-            cuda=program.device == "cuda", clock_from=clock_from,
+            cuda=program.device == "cuda", clock_from=clock_from, holding=phases.held_parameters,
         )  # fmt: skip
         phases.install()  # before the step hook: an optimizer mark closes before its iteration ends
         hook = register_outer_step_hooks(post=steps)
@@ -114,7 +114,7 @@ def run_program_rank(
     return record_rank(
         files, rank, started=started, device=program.device, windows=timings.windows, blocks=timings.blocks,
         iteration_ns=tuple(timings.iteration_ns), losses=(None,) * len(timings.iteration_ns),
-        parameter_count=timings.parameters, static_bytes=timings.static_bytes,
+        parameter_count=timings.parameters, static_bytes=timings.static_bytes, parameters=timings.held,
         steady_from=steady_from(timings.windows, current_comm_log().calls),
     )  # fmt: skip
 

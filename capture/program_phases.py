@@ -33,9 +33,11 @@ import torch.autograd
 from torch.utils.hooks import RemovableHandle
 
 from prism.capture import annotate
+from prism.capture.held_parameters import program_parameters
 from prism.capture.optimizer_steps import OuterStepHooks, register_outer_step_hooks
 from prism.capture.program_layers import LayerMarks
 from prism.schemas.annotations import Mark, Phase
+from prism.schemas.held_parameters import HeldParameters
 
 
 def root_modules() -> list[torch.nn.Module]:
@@ -68,6 +70,7 @@ class ProgramPhases:
         self._handles: list[RemovableHandle | OuterStepHooks] = []
         self._engine_run_backward: Callable | None = None
         self._rooted = False
+        self._roots: list[torch.nn.Module] = []
 
     def install(self) -> None:
         """Start marking; call before the program runs (and before the capture's own step hook, so
@@ -127,7 +130,7 @@ class ProgramPhases:
         self._close(Phase.OPTIMIZER)
         if not self._rooted:
             self._rooted = True
-            roots = root_modules()
+            roots = self._roots = root_modules()
             for root in roots:
                 self._handles += [
                     root.register_forward_pre_hook(self._forward_begins, prepend=True),
@@ -135,6 +138,14 @@ class ProgramPhases:
                 ]
             if self.marks_layers:
                 self._handles += LayerMarks(lambda: self._mine() and not self._backward_depth).install(roots)
+
+    def held_parameters(self) -> HeldParameters | None:
+        """What the program's parameters hold now, each in its layer block
+        (``prism.capture.held_parameters.program_parameters``); None before its first optimizer step."""
+        if not self._roots:
+            return None
+        optimizers = [obj for obj in gc.get_objects() if issubclass(type(obj), torch.optim.Optimizer)]
+        return program_parameters(self._roots, optimizers)
 
     # -- forward ---------------------------------------------------------------------------------
     def _forward_begins(self, module: torch.nn.Module, args: object) -> None:

@@ -19,6 +19,7 @@ import contextlib
 import enum
 import gc
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -33,6 +34,7 @@ from prism.peers.backend import active_world
 from prism.peers.clock import CommClock
 from prism.peers.standin import cached_pointers
 from prism.schemas.annotations import Mark, Phase
+from prism.schemas.held_parameters import HeldParameters
 
 
 class ProgramStop(BaseException):
@@ -53,6 +55,8 @@ class StepTimings:
     """Parameters the program's optimizers step (counted once, at the first step)."""
     static_bytes: int | None = None
     """Live tensor bytes when the first profiled iteration began (``live_tensor_bytes``)."""
+    held: HeldParameters | None = None
+    """What the program's parameters held then, each in its layer block (the ``holding`` given)."""
 
 
 class Driver(enum.StrEnum):
@@ -80,8 +84,10 @@ class StepIterations:
         cuda: bool,
         clock_from: int = 0,
         timer: PhaseTimer | None = None,
+        holding: Callable[[], HeldParameters | None] | None = None,
     ) -> None:
         self.timings = StepTimings()
+        self._holding = holding  # read with the static bytes
         self._timer = timer  # its spans are taken at each iteration's end
         self._clock_from = clock_from  # iterations before it are not told to the clock
         self.driver = Driver.OPTIMIZER
@@ -152,6 +158,7 @@ class StepIterations:
     def _begin(self, *, own_mark: bool) -> None:
         if self.done == self._profiled_from:
             self.timings.static_bytes = live_tensor_bytes(self._cuda)
+            self.timings.held = self._holding() if self._holding is not None else None
         # The iteration's wall time starts where the clock's does: a hold at its start (the
         # co-simulation catching up in a replay) is time the program took.
         self._began_ns, self._t0 = time.time_ns(), time.perf_counter_ns()

@@ -145,6 +145,12 @@ def check_inputs(options: ReplayOptions) -> ReplayTarget:
     layout = ParallelLayout.from_dict(metadata.layout)
     if gf.PROGRAM_KEY in metadata.model:
         spec = ProgramSpec.from_dict(metadata.model[gf.PROGRAM_KEY])
+        layers = metadata.build_options.get("layers")
+        if layers is not None and not options.program:
+            raise ReplayInputError(
+                f"this graph walks {layers} layers, built from a capture of another layer count: give your program "
+                f"at {layers} layers (-- PROGRAM ARGS)"
+            )
         if options.program:
             spec = replace(spec, argv=tuple(options.program), cwd=str(Path.cwd()))
         if options.device is not None:

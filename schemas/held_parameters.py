@@ -1,9 +1,9 @@
 """What a captured rank's parameters cost it across iterations, one entry a parameter.
 
-Recorded by the capture from the program's own model and optimizer (``prism.capture.held_parameters``)
-in every captured rank's result, so that the graph builder can give a target stage that holds
-other layers than the captured one its static memory and its gradient buckets without knowing
-the model.
+Recorded by the capture from the model and optimizer (``prism.capture.held_parameters``) in
+every captured rank's result, so that the graph builder can give a target stage that holds other
+layers than the captured one its static memory and its gradient buckets without knowing the
+model.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ class HeldParameters:
     itemsize: int
     """Bytes per element of the gradients (what the buckets hold)."""
     bucket_bytes: int
-    """Cap of a data-parallel gradient bucket (``prism.schemas.grad_buckets.plan_buckets``)."""
+    """Cap of a data-parallel gradient bucket (``prism.schemas.grad_buckets.plan_buckets``); a
+    program's: its DistributedDataParallel's cap, 0 where nothing buckets its gradients."""
 
     def __post_init__(self) -> None:
         n = len(self.numels)
@@ -37,8 +38,8 @@ class HeldParameters:
             raise HeldParametersError("numels, layers and held_bytes must have one entry a parameter")
         if min(self.numels, default=1) < 1 or min(self.held_bytes, default=0) < 0:
             raise HeldParametersError("a parameter has at least one element and holds no negative bytes")
-        if self.itemsize < 1 or self.bucket_bytes < 1:
-            raise HeldParametersError("itemsize and bucket_bytes must be positive")
+        if self.itemsize < 1 or self.bucket_bytes < 0:
+            raise HeldParametersError("itemsize must be positive and bucket_bytes not negative")
 
     def in_layer(self, layer: int) -> list[int]:
         """Positions of the parameters of ``layer``."""

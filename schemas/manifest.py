@@ -236,9 +236,10 @@ class RankResult:
     (``prism.schemas.comm_log.CollectiveTime``); the rest of the time in calls is point-to-point.
     Empty in captures made before it was recorded."""
     parameters: HeldParameters | None = None
-    """The built-in GPT's capture: the parameters the rank holds and the bytes each keeps
-    (``prism.schemas.held_parameters``), read from its model and optimizer once it ran. None for
-    a program's and in captures made before it was recorded."""
+    """The parameters the rank holds and the bytes each keeps (``prism.schemas.held_parameters``):
+    the built-in GPT's read from its model and optimizer once it ran, a program's (each in the
+    layer block its layer marks give it) when its profiled iterations began, with ``static_bytes``.
+    None in captures made before it was recorded."""
 
     @property
     def own_iteration_ns(self) -> tuple[int, ...]:

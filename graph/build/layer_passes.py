@@ -17,6 +17,7 @@ with fewer than two alike inner runs has no steady run to repeat: the capture ne
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -171,3 +172,105 @@ def kept_per_layer(units: pd.DataFrame, passes: list[LayerPass]) -> int:
     the optimizer to free is kept)."""
     net = (units[ot.ALLOC_BYTES] - units[ot.FREE_BYTES]).to_numpy(dtype=np.int64)
     return int(sum(net[slice(*p.runs[p.steady[0]])].sum() for p in passes))
+
+
+@dataclass(frozen=True)
+class LayerTarget:
+    """A program's stage at another layer count than the one captured."""
+
+    layers: int
+    """Layers the stage holds."""
+    parameter_ratio: float
+    """The stage's parameter elements at ``layers`` over those captured: what its optimizer step
+    costs grows with them."""
+    freed_of_layer: Callable[[int], tuple[np.ndarray, np.ndarray]]
+    """Per row of the captured rank's op table (by ``SEQ``), what it frees of a layer's blocks,
+    in its span and in its gap (``prism.graph.build.normalize.freed_of_layer``)."""
+
+
+def _kept_frees(
+    units: pd.DataFrame,
+    passes: list[LayerPass],
+    iterations: list[pd.DataFrame],
+    freed: tuple[np.ndarray, np.ndarray],
+) -> np.ndarray:
+    """Per captured position outside every run: what it frees of one steady layer's blocks (the
+    median over the steady iterations), a gap's at the end of the unit before it, as the stage
+    program places a gap's frees."""
+    inside, in_gap = freed
+    per_iteration = []
+    for iteration in iterations[1:] or iterations:
+        seq = iteration[ot.SEQ].to_numpy()
+        at = inside[seq].astype(np.int64)
+        at[:-1] += in_gap[seq][1:]
+        at[0] += in_gap[seq][0]
+        per_iteration.append(at)
+    frees = np.median(per_iteration, axis=0).astype(np.int64)
+    outside = np.ones(len(units), bool)
+    for p in passes:
+        for a, b in p.runs:
+            outside[a:b] = False
+    return np.where(outside, frees, 0)
+
+
+def _mapped_waits(
+    captured: pd.DataFrame, expanded: pd.DataFrame, waits: dict[int, list[int]]
+) -> dict[int, list[int]]:
+    """``waits`` (the unit after which each asynchronous call is waited for) at the expanded
+    positions: a copied call is waited for at its wait's copy, the same distance on where the
+    units there are alike (a steady run's call waited in the next run), else at the captured
+    wait's first copy after it, else at the iteration's end."""
+    waited_at = {call: at for at, calls in waits.items() for call in calls}
+    origin = expanded[ORIGIN].to_numpy()
+    signature = captured[list(RUN_SIGNATURE)].astype(str).agg("|".join, axis=1).to_numpy()
+    out: dict[int, list[int]] = {}
+    for i in np.flatnonzero(np.isin(origin, list(waited_at))):
+        call = int(origin[i])
+        w = waited_at[call]
+        j = i + (w - call)
+        if not (0 <= j < len(origin) and signature[origin[j]] == signature[w]):
+            later = np.flatnonzero((origin == w) & (np.arange(len(origin)) >= i))
+            j = int(later[0]) if len(later) else len(origin) - 1
+        out.setdefault(int(j), []).append(int(i))
+    return out
+
+
+def retarget_units(
+    units: pd.DataFrame,
+    iterations: list[pd.DataFrame],
+    waits: dict[int, list[int]],
+    target: LayerTarget,
+    optimizer: str,
+) -> tuple[pd.DataFrame, dict[int, list[int]]]:
+    """A stage program's units (one iteration, timed) and their waits at ``target``'s layer count:
+    its passes walk the target's layers (``expand_layers``), the units that free what a layer
+    keeps (gradients a ``zero_grad`` drops) free it for every layer, and the units of the
+    ``optimizer`` phase take time and memory in proportion to the parameters."""
+    units = units.reset_index(drop=True)
+    passes = layer_passes(units)
+    expanded = expand_layers(units, target.layers)
+    captured_layers = len(passes[0].runs)
+    in_step = (units[ot.PHASE].astype(str) == optimizer).to_numpy()
+    if (in_step & units[ot.IS_COMM].to_numpy(dtype=bool)).any():
+        raise TemplateError(
+            "the optimizer step makes process-group calls (a sharded optimizer): their payloads follow the "
+            "parameters, which --layers cannot re-plan; capture at the target layer count"
+        )
+    first = passes[0]
+    steady_layer = int(units[ot.LAYER].iloc[first.runs[first.steady[0]][0]])
+    frees = _kept_frees(units, passes, iterations, target.freed_of_layer(steady_layer))
+    kept = kept_per_layer(units, passes)
+    if int(frees.sum()) != kept:
+        raise TemplateError(
+            f"a layer keeps {kept:,} bytes past its runs and the units outside the layers free {int(frees.sum()):,} "
+            "of them: where the rest is freed is not known, so another layer count's memory would be wrong; "
+            "capture at the target layer count"
+        )
+    origin = expanded[ORIGIN].to_numpy()
+    more = target.layers - captured_layers
+    expanded[ot.FREE_BYTES] = expanded[ot.FREE_BYTES].to_numpy() + more * frees[origin]
+    step = in_step[origin]
+    for column in (ot.DUR_NS, ot.GAP_NS, ot.ALLOC_BYTES, ot.FREE_BYTES):
+        values = expanded[column].to_numpy(dtype=np.float64)
+        expanded[column] = np.where(step, np.round(values * target.parameter_ratio), values).astype(np.int64)
+    return expanded, _mapped_waits(units, expanded, waits)

@@ -50,7 +50,7 @@ from prism.graph.traces.kineto import (
     training_spans,
     window_index,
 )
-from prism.graph.traces.memory import attribute_memory
+from prism.graph.traces.memory import attribute_memory, freed_from
 from prism.schemas.annotations import Mark, MarkError, parse_mark
 from prism.schemas.comm_log import CommCall, CommLog, HeldTime, trace_offset_ns
 from prism.schemas.manifest import CaptureFiles, ManifestError, read_manifest
@@ -61,6 +61,7 @@ __all__ = [
     "block_key",
     "block_signatures",
     "et_join_coverage",
+    "freed_of_layer",
     "normalize_capture",
     "normalize_rank",
 ]
@@ -125,6 +126,24 @@ def normalize_rank(capture_dir: str | os.PathLike, rank: int) -> pd.DataFrame:
     df.attrs["memory_device"] = list(mem.device)
     df.attrs["et_join_coverage"] = et_join_coverage(df)
     return df
+
+
+def freed_of_layer(
+    capture_dir: str | os.PathLike, rank: int, ops: pd.DataFrame, layer: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``ops`` (``normalize_rank``'s table of ``rank``), the bytes it frees of blocks the
+    units of ``layer`` allocated, in its span and in the gap before it
+    (``prism.graph.traces.memory.freed_from``): where the program frees what a layer keeps."""
+    trace = read_kineto(CaptureFiles(Path(capture_dir)).kineto(rank))
+    its = find_marks(trace).iterations
+    units = _with_iteration_ends(select_units(training_spans(trace, its)), its)
+    if len(units) != len(ops):
+        raise NormalizeError(f"rank {rank}: the trace's units are not those of the op table given")
+    window = its["start_ns"].to_numpy()[units["window"].to_numpy()]
+    return freed_from(
+        trace.memory, units["start_ns"].to_numpy(), units["end_ns"].to_numpy(), window,
+        ops[T.LAYER].to_numpy() == layer,
+    )  # fmt: skip
 
 
 def _read_comm_log(path: Path, rank: int) -> CommLog:

@@ -1,7 +1,9 @@
 """Build graph.parquet from a capture of the user's own program: one stage program per pipeline
 position, from its captured rank's traces alone (``prism.graph.build.program_stage``), bound to
 every rank of the captured layout, and one more for each stage whose ranks past the first on an
-axis call differently (``prism.schemas.rank_programs``)."""
+axis call differently (``prism.schemas.rank_programs``). A program without pipeline parallelism
+can be built at another layer count than the one captured (``prism.graph.build.layer_passes``):
+its stage walks that many layers and holds their parameters."""
 
 from __future__ import annotations
 
@@ -12,10 +14,12 @@ from pathlib import Path
 
 from prism.graph.build.alike import call_sequence, check_alike
 from prism.graph.build.bind import encode_program
-from prism.graph.build.normalize import normalize_rank
+from prism.graph.build.layer_passes import LayerTarget
+from prism.graph.build.normalize import freed_of_layer, normalize_rank
 from prism.graph.build.profiler_overhead import Correction, calls_are_launches, correction_scale
 from prism.graph.build.program_stage import fitted_scale, program_stage
 from prism.graph.build.rank_variants import Found, find_variants, variant_line
+from prism.graph.build.retarget import stage_parameters
 from prism.graph.build.templates import TemplateError
 from prism.graph.sim.noise import iteration_cv
 from prism.schemas import PRISM_VERSION
@@ -93,6 +97,38 @@ def _received_values(capture_dir, layout) -> dict[str, str]:
     return found
 
 
+def _layer_target(capture_dir, captured: CapturedRank, ops, layers: int) -> tuple[LayerTarget, int]:
+    """A captured rank's stage at ``layers`` layers, and the static bytes it then holds: the
+    captured ones with what its parameters hold at the target count in place of those captured
+    (``prism.graph.build.retarget.stage_parameters``)."""
+    held = captured.result.parameters
+    if held is None:
+        raise TemplateError(
+            f"rank {captured.rank}'s result records no parameters (a capture by an earlier prism): re-capture it "
+            "with this prism to change its layer count"
+        )
+    if held.bucket_bytes:
+        raise TemplateError(
+            "the program buckets its gradients with DistributedDataParallel, whose buckets span layers: --layers "
+            "cannot re-plan them; capture at the target layer count"
+        )
+    blocks = sorted({at for at in held.layers if at >= 0})
+    first = blocks[0] if blocks else 0
+    target = stage_parameters(held, range(first, first + layers))
+    static = int(captured.result.static_bytes) + sum(target.held_bytes) - sum(held.held_bytes)
+    ratio = sum(target.numels) / max(1, sum(held.numels))
+    return (
+        LayerTarget(
+            layers=layers,
+            parameter_ratio=ratio,
+            freed_of_layer=lambda layer: freed_of_layer(
+                capture_dir, captured.rank, ops(captured.rank), layer
+            ),
+        ),
+        static,
+    )
+
+
 def program_stages(
     capture_dir,
     manifest: CaptureManifest,
@@ -101,29 +137,43 @@ def program_stages(
     digest: str,
     options: dict,
     correction: Correction,
+    layers: int | None = None,
 ) -> ProgramStages:
-    """Every stage's program and the graph metadata of a program capture at its own layout."""
+    """Every stage's program and the graph metadata of a program capture at its own layout;
+    with ``layers``, each stage walking that many layers (``prism.graph.build.layer_passes``)."""
     program = manifest.job.program
     layout = program.layout
+    if layers is not None and layout.pp > 1:
+        raise TemplateError(
+            f"--layers with pp={layout.pp}: how a pipelined program splits its layers among stages is its own "
+            "choice; --layers takes programs without pipeline parallelism (capture at the target layer count)"
+        )
     sources = _stage_sources(manifest, layout.pp)
     ops = functools.cache(lambda rank: normalize_rank(capture_dir, rank))
     variants = _variants(manifest, sources, layout, ops)
     programs = [(str(stage), stage, sources[stage]) for stage in range(layout.pp)]
     programs += [(f"{v.stage}.{v.axis}", v.stage, captured) for v, captured, _ in variants]
-    stages, scales = [], {}
+    stages, scales, statics = [], {}, {}
     for key, stage, captured in programs:
         ops_of_stage = ops(captured.rank)
+        retarget, statics[key] = (
+            _layer_target(capture_dir, captured, ops, layers)
+            if layers is not None
+            else (None, int(captured.result.static_bytes))
+        )
         scale = correction_scale(captured.result, manifest.job.warmup, correction, manifest.job.device)
         scale = scale and fitted_scale(ops_of_stage, scale)
         cv = iteration_cv(captured.result.own_iteration_ns, manifest.job.warmup)
         stage_program = program_stage(
             ops_of_stage, rank=captured.rank, stage=stage, layout=layout, scale=scale,
-            launches=calls_are_launches(manifest.job.device), noise_cv=cv,
+            launches=calls_are_launches(manifest.job.device), noise_cv=cv, retarget=retarget,
         )  # fmt: skip
         stages.append(encode_program(stage_program, layout))
         if scale is not None:
             scales[key] = scale.to_dict() | {"noise_cv": round(cv, 6)}
-    static = [int(sources[stage].result.static_bytes) for stage in range(layout.pp)]
+    static = [statics[str(stage)] for stage in range(layout.pp)]
+    if layers is not None:
+        options = {**options, "layers": layers}
     metadata = GraphMetadata(
         layout=layout.to_dict(),
         model={gf.PROGRAM_KEY: program.to_dict()},

@@ -22,8 +22,10 @@ collective's result is used by the next op).
 
 Each unit keeps the layer block it ran in (the capture's layer marks,
 ``prism.capture.program_layers``; -1 outside every block), so that what-ifs and replays can
-delay a program's layers. Graphs of programs keep the captured layout: changing tp, pp or dp
-would also need to know which units belong to which microbatch and the program's schedule.
+delay a program's layers, and a stage can walk another layer count than the one captured
+(``prism.graph.build.layer_passes``). Graphs of programs keep the captured layout: changing tp,
+pp or dp would also need to know which units belong to which microbatch and the program's
+schedule.
 """
 
 from __future__ import annotations
@@ -45,9 +47,10 @@ from prism.graph.build.compose import (
     wait_node,
     waiting_columns,
 )
+from prism.graph.build.layer_passes import LayerTarget, retarget_units
 from prism.graph.build.profiler_overhead import TimeScale, host_kept, own_ns, scaled_times
 from prism.graph.build.templates import GROUP_AXIS, TemplateError
-from prism.schemas.annotations import GLUE, block_kind
+from prism.schemas.annotations import GLUE, Phase, block_kind
 from prism.schemas.layout import ParallelLayout
 
 BACKWARD_OPS = ("autograd::engine::evaluate_function", "torch::autograd::", "torch::distributed::reducer::")
@@ -224,15 +227,20 @@ def program_stage(
     launches: bool = False,
     noise_cv: float = 0.0,
     call_jitter_ns: float = 0.0,
+    retarget: LayerTarget | None = None,
 ) -> StageProgram:
     """The nodes every rank of ``stage`` runs, from the op table ``ops`` of captured ``rank``.
 
     ``scale`` takes compute and gaps to the unprofiled iteration (the captured rank's profiler
     correction, per phase where it has one); ``launches`` (a CUDA capture) keeps each call's
     captured host time, its launch, in the gap before it; ``noise_cv`` and ``call_jitter_ns``
-    give collectives their arrival skew."""
-    units = _units(_iterations(ops), rank, layout, scale, launches)
+    give collectives their arrival skew; ``retarget`` makes the stage walk another layer count
+    (``prism.graph.build.layer_passes``)."""
+    iterations = _iterations(ops)
+    units = _units(iterations, rank, layout, scale, launches)
     waits = _wait_positions(units)
+    if retarget is not None:
+        units, waits = retarget_units(units, iterations, waits, retarget, optimizer=str(Phase.OPTIMIZER))
     pieces, start = [], 0
     for position in sorted(waits):  # a wait node after each unit that ends some calls' flight
         pieces.append(units.iloc[start : position + 1])

@@ -1,7 +1,7 @@
 """What a target stage holds when it holds other layers than the captured rank of its role:
 its parameters, their gradient buckets and its static memory, from the parameters the capture
 recorded (``prism.schemas.held_parameters``). Knows no model: any program whose layer blocks
-are alike and named ``layers.<i>`` gets it.
+are alike gets it (the built-in GPT's named ``layers.<i>``, a program's found by its layer marks).
 
 A stage holds the parameters its role's captured rank held before its first block (the
 first stage's embeddings), one copy of a captured block's for each of its blocks, and those
@@ -36,7 +36,7 @@ def stage_parameters(captured: HeldParameters, layers: range) -> HeldParameters:
     blocks = sorted({at for at in captured.layers if at >= 0})
     if not blocks:
         raise TemplateError(
-            "the captured rank holds no layers.<i> parameters: its stage cannot hold other layers"
+            "the captured rank holds no parameters in layer blocks: its stage cannot hold other layers"
         )
     if list(layers) == blocks:
         return captured

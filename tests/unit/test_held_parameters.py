@@ -8,9 +8,10 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
+import torch
 import torch.distributed as dist
 
-from prism.capture.held_parameters import held_parameters
+from prism.capture.held_parameters import held_parameters, program_parameters
 from prism.capture.workloads.gpt.config import GPTConfig
 from prism.capture.workloads.gpt.params import stage_buckets, static_bytes
 from prism.capture.workloads.gpt.train import GPTWorkload
@@ -71,7 +72,7 @@ def test_blocks_that_differ_or_parameters_between_blocks_keep_the_captured_layer
         stage_parameters(unlike, range(4))
     with pytest.raises(TemplateError, match="between its layer blocks"):
         stage_parameters(record([0, -1, 1], [4, 1, 4]), range(3))
-    with pytest.raises(TemplateError, match="no layers"):
+    with pytest.raises(TemplateError, match="no parameters in layer blocks"):
         stage_parameters(record([-1], [4]), range(3))
     with pytest.raises(HeldParametersError, match="one entry a parameter"):
         HeldParameters(numels=(1, 2), layers=(0,), held_bytes=(4, 8), itemsize=4, bucket_bytes=1)
@@ -105,3 +106,41 @@ def test_each_stage_gets_its_parameters_plus_what_its_roles_device_held_beyond_t
     assert [h.static_bytes for h in cpu] == [static_bytes(target, s) for s in range(4)]
     with pytest.raises(BuildError, match="re-capture it"):
         stage_holdings(manifest(CONFIG, dict.fromkeys(stages), {**held, Role.LAST: None}), shape(CONFIG))
+
+
+class _Program(torch.nn.Module):
+    """A program's model as users write it: an embedding, a stack of blocks, a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(16, 8)
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()) for _ in range(3)
+        )
+        self.head = torch.nn.Linear(8, 16)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def test_a_programs_parameters_are_read_in_its_layer_blocks_with_what_each_holds() -> None:
+    model = _Program()
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.arange(4)).sum().backward()
+    optimizer.step()
+    held = program_parameters([model], [optimizer])
+    assert held.layers == (-1, 0, 0, 1, 1, 2, 2, -1, -1)  # the container rule of the layer marks
+    assert held.numels == tuple(p.numel() for p in model.parameters())
+    # Each holds itself, its gradient and AdamW's two moments (4 bytes an element) and its step.
+    assert held.held_bytes == tuple(16 * p.numel() + 4 for p in model.parameters())
+    assert held.bucket_bytes == 0  # no DistributedDataParallel buckets its gradients
+    model.zero_grad(set_to_none=True)  # read when the profiled iterations begin: what is held then
+    assert program_parameters([model], [optimizer]).held_bytes == tuple(
+        12 * p.numel() + 4 for p in model.parameters()
+    )
+    # The same stage at 5 layers holds two more blocks' worth.
+    at_five = stage_parameters(held, range(5))
+    assert sum(at_five.held_bytes) - sum(held.held_bytes) == 2 * sum(held.held_bytes[1:3])

@@ -1,0 +1,97 @@
+"""A program built at another layer count than the one captured: the graph a capture at that
+count gives, to the byte in memory, and replayed with the program at that count."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from prism.graph.build.cli import app as build_app
+from prism.graph.io.parquet import read_metadata
+from prism.graph.io.validate import validate_graph
+from prism.graph.sim.load import graph_column, load_sim_graph
+from prism.graph.sim.simulate import simulate
+from prism.replay.cli import app as replay_app
+from prism.schemas import graph_format as gf
+from prism.schemas.graph_format import NodeKind
+from tests.integration.programs import captured_and_built, replayed
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+runner = CliRunner()
+
+
+def fsdp2(layers: int) -> tuple[str, ...]:
+    return (str(EXAMPLES / "fsdp2.py"), "--steps", "50", "--hidden", "32", "--layers", str(layers), "--vocab", "64",
+            "--batch", "2", "--seq", "8")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def graphs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """A 5-layer capture's graph, the same capture built at 7 layers, a 7-layer capture's graph."""
+    root = tmp_path_factory.mktemp("layer_count")
+    captured5, graph5 = captured_and_built(root / "five", ("--dp", "4"), fsdp2(5))
+    _, graph7 = captured_and_built(root / "seven", ("--dp", "4"), fsdp2(7))
+    built7 = root / "five-at-seven.parquet"
+    result = runner.invoke(build_app, [str(captured5), "--layers", "7", "-o", str(built7)])
+    assert result.exit_code == 0, result.output
+    assert validate_graph(built7).ok
+    return graph5, built7, graph7
+
+
+def _layer_units(graph: Path) -> list[tuple]:
+    """Rank 0's forward and backward nodes: phase, layer, kind and payload, in program order."""
+    ranks = np.array([0])
+    columns = [graph_column(graph, c, ranks) for c in (gf.PHASE, gf.LAYER, gf.KIND, gf.BYTES)]
+    keep = np.isin(columns[0], ("fwd", "bwd"))
+    return [tuple(row) for row in zip(*(c[keep] for c in columns), strict=True)]
+
+
+def test_the_built_layers_are_those_a_capture_at_that_count_runs(graphs) -> None:
+    graph5, built7, graph7 = graphs
+    assert _layer_units(built7) == _layer_units(graph7)
+    assert _layer_units(built7) != _layer_units(graph5)
+    layers = graph_column(built7, gf.LAYER, np.array([0]))
+    assert set(np.unique(layers)) == {-1, *range(7)}
+    assert read_metadata(built7).build_options["layers"] == 7
+
+
+def test_memory_is_that_of_a_capture_at_that_count_to_the_byte(graphs) -> None:
+    _, built7, graph7 = graphs
+    static = [read_metadata(g).extra[gf.STATIC_BYTES_KEY] for g in (built7, graph7)]
+    assert static[0] == static[1]
+    peaks = [simulate(load_sim_graph(g), iterations=2).peak_bytes for g in (built7, graph7)]
+    assert (peaks[0] == peaks[1]).all()
+    five = simulate(load_sim_graph(graphs[0]), iterations=2).peak_bytes
+    assert (peaks[0] > five).all()
+
+
+def test_the_optimizer_step_grows_with_the_parameters(graphs) -> None:
+    def optimizer_ns(graph: Path) -> int:
+        ranks = np.array([0])
+        phase, kind, dur = (graph_column(graph, c, ranks) for c in (gf.PHASE, gf.KIND, gf.DUR_NS))
+        return int(dur[(phase == "optim") & (kind == NodeKind.COMPUTE)].sum())
+
+    graph5, built7, _ = graphs
+    # 8,416 elements a block and 4,160 outside them (embedding, head): 7 layers hold 36 % more
+    # than 5, and the step takes that much longer.
+    assert 1.2 < optimizer_ns(built7) / optimizer_ns(graph5) < 1.5
+
+
+def test_too_few_layers_for_the_captured_edges_are_refused(graphs, tmp_path: Path) -> None:
+    graph5 = graphs[0]
+    capture = graph5.with_suffix("")
+    result = runner.invoke(build_app, [str(capture), "--layers", "2", "-o", str(tmp_path / "g.parquet")])
+    assert result.exit_code != 0
+    assert "--layers 2" in result.output and "at least" in result.output
+    assert not (tmp_path / "g.parquet").exists()
+
+
+def test_the_built_graph_replays_with_the_program_at_that_count(graphs, tmp_path: Path) -> None:
+    built7 = graphs[1]
+    report = replayed(built7, 0, fsdp2(7), out=tmp_path / "replay")
+    assert report.predicted_peak_bytes > 0
+    refused = runner.invoke(replay_app, [str(built7), "--rank", "0", "-o", str(tmp_path / "r")])
+    assert refused.exit_code != 0 and "give your program at 7 layers" in refused.output
