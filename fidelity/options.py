@@ -35,6 +35,15 @@ def add_case_options(parser: argparse.ArgumentParser) -> None:
             flag(name), type=int, default=None, help=f"{name} degree of --program cases [default: 1]"
         )
     parser.add_argument(
+        "--capture-program", default=None, metavar="PROGRAM",
+        help="the one --program case's slice captures this program instead (the same model at fewer layers), "
+        "its graph built with --build-layers",
+    )  # fmt: skip
+    parser.add_argument(
+        "--build-layers", type=int, default=None, metavar="L",
+        help="build the --capture-program capture at L layers (prism-build-graph --layers), the --program's count",
+    )  # fmt: skip
+    parser.add_argument(
         "--device", choices=("cpu", "cuda"), default="cpu",
         help="where --program cases run (cuda: one GPU per rank; the program must place itself on it)",
     )  # fmt: skip
@@ -68,6 +77,12 @@ def check_case_options(parser: argparse.ArgumentParser, args: argparse.Namespace
         parser.error("--random draws the cases: give it without --case or --program")
     if args.random < 0:
         parser.error("--random must be a number of cases (>= 1)")
+    if (args.capture_program is None) != (args.build_layers is None):
+        parser.error("--capture-program and --build-layers go together")
+    if args.capture_program is not None and len(args.program or ()) != 1:
+        parser.error("--capture-program stands for one --program case: give exactly one --program")
+    if args.build_layers is not None and args.build_layers < 1:
+        parser.error(f"--build-layers must be at least 1, got {args.build_layers}")
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     if args.warmup < MIN_WARMUP:
@@ -97,6 +112,14 @@ def program_cases(args: argparse.Namespace) -> list[ProgramCase]:
     """Each --program at the layout of its degrees (--tp, --dp-replicate, ...: those not given 1) on
     --device (``LayoutError`` for a bad layout)."""
     layout = layout_of({name: getattr(args, name) for name in DEGREES})
+    captured = getattr(args, "capture_program", None)
     return [
-        ProgramCase(argv=tuple(shlex.split(text)), layout=layout, device=args.device) for text in args.program
+        ProgramCase(
+            argv=tuple(shlex.split(text)),
+            layout=layout,
+            device=args.device,
+            captured_argv=tuple(shlex.split(captured)) if captured else None,
+            layers=getattr(args, "build_layers", None),
+        )  # fmt: skip
+        for text in args.program
     ]

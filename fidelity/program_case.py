@@ -8,7 +8,8 @@ Each repeat, in turn:
     tensor bytes when the memory-profiled iterations began + the median of their peak
     ``Total Allocated`` above the level they began at, the first of them left out (the profiler
     sees no free of what was allocated before it started);
-(b) the prediction: ``prism-capture`` of the program at the same layout (one rank per pipeline
+(b) the prediction: ``prism-capture`` of the program (or of the same model at fewer layers, built
+    at the program's count: ``captured_argv``) at the same layout (one rank per pipeline
     position, each alone with its peers virtual; by default beside the world's other ranks run
     as lone captures of their own, ``prism.fidelity.load``, since in the real run they share this
     machine), ``prism-build-graph`` at that layout, and the simulation of every rank's iteration
@@ -73,11 +74,21 @@ class ProgramCase:
     layout: ParallelLayout
     device: str = "cpu"
     """Where the program runs, real and captured alike: cpu, or cuda (one GPU per rank)."""
+    captured_argv: tuple[str, ...] | None = None
+    """What the slice captures instead of ``argv`` (the same model at fewer layers), its graph
+    built at ``layers`` (``prism-build-graph --layers``); None: ``argv`` itself."""
+    layers: int | None = None
+    """The layer count the graph is built at from ``captured_argv``'s capture."""
 
     @property
     def label(self) -> str:
         more = "".join(f" {axis}={n}" for axis, n in self.layout.extra_axes().items())  # cp, ep, ...
-        return f"{shlex.join(self.argv)} (tp={self.layout.tp} pp={self.layout.pp} dp={self.layout.dp}{more})"
+        built = (
+            f" built at {self.layers} layers from {shlex.join(self.captured_argv)}"
+            if self.captured_argv
+            else ""
+        )
+        return f"{shlex.join(self.argv)} (tp={self.layout.tp} pp={self.layout.pp} dp={self.layout.dp}{more}){built}"
 
 
 @dataclass(kw_only=True)
@@ -135,8 +146,10 @@ def measure_real_program(
 def predict_program(
     case: ProgramCase, spec: ClusterSpec, settings: RunSettings, out: Path
 ) -> dict[int, RankRun]:
-    """Capture the program at its layout, build its graph at that layout, simulate every rank."""
-    program = ProgramSpec(argv=case.argv, cwd=os.getcwd(), layout=case.layout, device=case.device)
+    """Capture the program (or ``case.captured_argv``) at its layout, build its graph at that
+    layout (at ``case.layers`` layers), simulate every rank."""
+    argv = case.captured_argv or case.argv
+    program = ProgramSpec(argv=argv, cwd=os.getcwd(), layout=case.layout, device=case.device)
     capture = out / "capture"
     options = CaptureOptions(
         program=program, real=RealMode.ROLES, warmup=settings.warmup, iterations=settings.iterations,
@@ -147,7 +160,13 @@ def predict_program(
     layout = case.layout
     build_graph(
         BuildOptions(
-            capture_dir=capture, out=graph_path, tp=layout.tp, pp=layout.pp, dp=layout.dp, cluster=spec
+            capture_dir=capture,
+            out=graph_path,
+            tp=layout.tp,
+            pp=layout.pp,
+            dp=layout.dp,
+            cluster=spec,
+            layers=case.layers,
         )
     )
     graph = load_sim_graph(graph_path)

@@ -213,23 +213,42 @@ def _kept_frees(
     return np.where(outside, frees, 0)
 
 
+def _alike_calls(passes: list[LayerPass]) -> dict[int, list[int]]:
+    """For each unit of a pass's repeated steady run, the units at the same place of its other
+    steady runs (which its copies stand for)."""
+    alike: dict[int, list[int]] = {}
+    for p in passes:
+        lo, hi = p.steady
+        a, b = p.runs[lo]
+        for offset in range(b - a):
+            alike[a + offset] = [p.runs[r][0] + offset for r in range(lo + 1, hi)]
+    return alike
+
+
 def _mapped_waits(
-    captured: pd.DataFrame, expanded: pd.DataFrame, waits: dict[int, list[int]]
+    captured: pd.DataFrame, expanded: pd.DataFrame, waits: dict[int, list[int]], passes: list[LayerPass]
 ) -> dict[int, list[int]]:
     """``waits`` (the unit after which each asynchronous call is waited for) at the expanded
-    positions: a copied call is waited for at its wait's copy, the same distance on where the
-    units there are alike (a steady run's call waited in the next run), else at the captured
-    wait's first copy after it, else at the iteration's end."""
+    positions. A copied call is waited for as far on as its captured original, or one its copy
+    stands for (the same call of another steady run: the last before the edge runs waits in the
+    first of them), where the units there are those its wait was; else at its captured wait's
+    first copy after it; else at the iteration's end."""
     waited_at = {call: at for at, calls in waits.items() for call in calls}
+    alike = _alike_calls(passes)
     origin = expanded[ORIGIN].to_numpy()
     signature = captured[list(RUN_SIGNATURE)].astype(str).agg("|".join, axis=1).to_numpy()
     out: dict[int, list[int]] = {}
     for i in np.flatnonzero(np.isin(origin, list(waited_at))):
         call = int(origin[i])
-        w = waited_at[call]
-        j = i + (w - call)
-        if not (0 <= j < len(origin) and signature[origin[j]] == signature[w]):
-            later = np.flatnonzero((origin == w) & (np.arange(len(origin)) >= i))
+        j = None
+        for source in [call, *alike.get(call, ())]:
+            w = waited_at.get(source)
+            at = None if w is None else i + (w - source)
+            if at is not None and 0 <= at < len(origin) and signature[origin[at]] == signature[w]:
+                j = at
+                break
+        if j is None:
+            later = np.flatnonzero((origin == waited_at[call]) & (np.arange(len(origin)) >= i))
             j = int(later[0]) if len(later) else len(origin) - 1
         out.setdefault(int(j), []).append(int(i))
     return out
@@ -273,4 +292,4 @@ def retarget_units(
     for column in (ot.DUR_NS, ot.GAP_NS, ot.ALLOC_BYTES, ot.FREE_BYTES):
         values = expanded[column].to_numpy(dtype=np.float64)
         expanded[column] = np.where(step, np.round(values * target.parameter_ratio), values).astype(np.int64)
-    return expanded, _mapped_waits(units, expanded, waits)
+    return expanded, _mapped_waits(units, expanded, waits, passes)

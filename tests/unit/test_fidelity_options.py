@@ -39,6 +39,23 @@ def test_programs_are_split_as_a_shell_would_and_share_the_layout_and_device() -
     assert {c.device for c in cases} == {"cuda"}
 
 
+def test_a_program_can_be_captured_at_fewer_layers_and_built_at_its_own() -> None:
+    args = parse(
+        "--program",
+        "train.py --layers 80",
+        "--capture-program",
+        "train.py --layers 5",
+        "--build-layers",
+        "80",
+    )
+    (case,) = program_cases(args)
+    assert case.argv == ("train.py", "--layers", "80")
+    assert (case.captured_argv, case.layers) == (("train.py", "--layers", "5"), 80)
+    assert "built at 80 layers from train.py --layers 5" in case.label
+    (plain,) = program_cases(parse("--program", "train.py"))
+    assert (plain.captured_argv, plain.layers) == (None, None)
+
+
 def test_a_layout_that_cannot_exist_is_a_layout_error() -> None:
     with pytest.raises(LayoutError, match="dp must be a positive integer"):
         program_cases(parse("--program", "train.py", "--dp", "0"))
@@ -51,6 +68,12 @@ def test_a_layout_that_cannot_exist_is_a_layout_error() -> None:
         (("--random", "2", "--case", "tp=2"), "draws the cases"),
         (("--repeats", "0"), "--repeats must be at least 1"),
         (("--warmup", "1"), "--warmup must be at least"),
+        (("--program", "a.py", "--capture-program", "b.py"), "go together"),
+        (
+            ("--program", "a.py", "--program", "c.py", "--capture-program", "b.py", "--build-layers", "8"),
+            "exactly one",
+        ),
+        (("--program", "a.py", "--capture-program", "b.py", "--build-layers", "0"), "at least 1"),
     ],
 )
 def test_options_that_do_not_go_together_are_one_error(

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from prism.graph.build import op_table as ot
-from prism.graph.build.layer_passes import ORIGIN, expand_layers, kept_per_layer, layer_passes
+from prism.graph.build.layer_passes import (
+    ORIGIN,
+    LayerTarget,
+    expand_layers,
+    kept_per_layer,
+    layer_passes,
+    retarget_units,
+)
 from prism.graph.build.templates import TemplateError
 
 
@@ -23,18 +31,20 @@ def _forward(layers: int) -> list[dict]:
     the last frees what the pass allocated before it."""
     units = []
     for i in range(layers):
-        units.append(_unit("all_gather", i, "fwd", comm="all_gather", alloc=512 if i == 0 else 256))
+        gathered = 512 if i == 0 else 256
+        units.append(_unit("all_gather", i, "fwd", comm="all_gather", alloc=gathered, free=gathered))
         units.append(_unit("aten::linear", i, "fwd", alloc=100, free=300 if i == layers - 1 else 0))
         units.append(_unit("between", -1, "fwd"))  # unmarked, between two blocks: the block before's
     return units
 
 
 def _backward(layers: int) -> list[dict]:
-    """Each block keeps 8 bytes of gradient past the iteration (freed by the program's zero_grad);
-    the first two blocks of the pass free more (the second: a buffer the first prefetched)."""
+    """Each block frees its forward's 100 bytes and keeps 8 bytes of gradient past the iteration
+    (freed by the program's zero_grad); the first two blocks of the pass free more (the second: a
+    buffer the first prefetched)."""
     units = []
     for i in reversed(range(layers)):
-        free = {layers - 1: 150, layers - 2: 70}.get(i, 50)
+        free = {layers - 1: 250, layers - 2: 170}.get(i, 150)
         units.append(_unit("AddmmBackward0", i, "bwd", alloc=58, free=free))
         units.append(_unit("reduce_scatter", i, "bwd", comm="reduce_scatter"))
     return units
@@ -86,7 +96,7 @@ def test_origin_names_the_captured_unit_each_copies():
 
 def test_a_layer_keeps_what_its_steady_runs_do_not_free():
     units = _iteration(5)
-    assert kept_per_layer(units, layer_passes(units)) == 256 + 100 + 58 - 50
+    assert kept_per_layer(units, layer_passes(units)) == 8
 
 
 def test_too_few_alike_inner_layers_are_refused():
@@ -111,3 +121,67 @@ def test_an_iteration_without_layer_marks_is_refused():
     assert layer_passes(units) == []
     with pytest.raises(TemplateError, match="marks no layer"):
         expand_layers(units, 8)
+
+
+def _timed(units: pd.DataFrame) -> pd.DataFrame:
+    return units.assign(**{ot.DUR_NS: 1000, ot.GAP_NS: 100, ot.SEQ: range(len(units))})
+
+
+def _target(
+    units: pd.DataFrame, layers: int, *, freed_at: str = "zero_grad", ratio: float = 1.0
+) -> LayerTarget:
+    """Two profiled iterations of ``units``; the program frees each layer's kept 8 bytes at ``freed_at``."""
+    n = len(units)
+    inside = np.zeros(2 * n, np.int64)
+    inside[n + int(np.flatnonzero(units[ot.NAME] == freed_at)[0])] = 8
+    return LayerTarget(
+        layers=layers, parameter_ratio=ratio, freed_of_layer=lambda layer: (inside, np.zeros_like(inside))
+    )
+
+
+def _two_iterations(units: pd.DataFrame) -> list[pd.DataFrame]:
+    return [units, units.assign(**{ot.SEQ: units[ot.SEQ] + len(units)})]
+
+
+def test_what_a_layer_keeps_is_freed_for_every_layer_where_the_capture_freed_it() -> None:
+    units = _timed(_iteration(5))
+    out, _ = retarget_units(units, _two_iterations(units), {}, _target(units, 9), optimizer="optim")
+    zero_grad = out[out[ot.NAME] == "zero_grad"]
+    assert zero_grad[ot.FREE_BYTES].tolist() == [8 * 9]
+    # The iteration is balanced again: what it allocates it frees.
+    assert (
+        out[ot.ALLOC_BYTES].sum() - out[ot.FREE_BYTES].sum()
+        == units[ot.ALLOC_BYTES].sum() - units[ot.FREE_BYTES].sum()
+    )
+
+
+def test_kept_memory_freed_inside_the_layers_is_refused() -> None:
+    units = _timed(_iteration(5))
+    # Freed inside a layer's run: which layer's copies would free it is not known.
+    target = _target(units, 9, freed_at="AddmmBackward0")
+    with pytest.raises(TemplateError, match="keeps 8 bytes"):
+        retarget_units(units, _two_iterations(units), {}, target, optimizer="optim")
+
+
+def test_the_optimizer_step_scales_with_the_parameters() -> None:
+    units = _timed(_iteration(5))
+    out, _ = retarget_units(
+        units, _two_iterations(units), {}, _target(units, 9, ratio=1.75), optimizer="optim"
+    )
+    step = out[out[ot.PHASE] == "optim"]
+    assert step[[ot.DUR_NS, ot.GAP_NS]].values.tolist() == [[1750, 175]]
+
+
+def test_a_copied_call_is_waited_for_at_its_waits_copy() -> None:
+    units = _timed(_iteration(5))
+    gathers = np.flatnonzero(units[ot.NAME] == "all_gather")
+    # Each block's gather is waited for at the next block's linear (the last one's at the loss).
+    linear = np.flatnonzero(units[ot.NAME] == "aten::linear")
+    loss = int(np.flatnonzero(units[ot.NAME] == "loss")[0])
+    waits = {int(w): [int(g)] for g, w in zip(gathers, [*linear[1:], loss], strict=True)}
+    out, mapped = retarget_units(units, _two_iterations(units), waits, _target(units, 8), optimizer="optim")
+    new_gathers = np.flatnonzero(out[ot.NAME] == "all_gather")
+    new_linear = np.flatnonzero(out[ot.NAME] == "aten::linear")
+    new_loss = int(np.flatnonzero(out[ot.NAME] == "loss")[0])
+    assert {c for calls in mapped.values() for c in calls} == set(new_gathers.tolist())
+    assert mapped == {int(w): [int(g)] for g, w in zip(new_gathers, [*new_linear[1:], new_loss], strict=True)}
