@@ -186,6 +186,31 @@ class LayerTarget:
     freed_of_layer: Callable[[int], tuple[np.ndarray, np.ndarray]]
     """Per row of the captured rank's op table (by ``SEQ``), what it frees of a layer's blocks,
     in its span and in its gap (``prism.graph.build.normalize.freed_of_layer``)."""
+    layer_bytes: int
+    """Bytes of one layer block's parameters as the rank holds them (its gradients' size)."""
+
+
+PASS_PHASES = ("fwd", "bwd")
+"""Phases whose calls are the program's forward and backward work (FSDP's gathers and scatters
+of its root module, tensor parallel's all-reduces): their payloads are those of the activations
+or of the modules they belong to, not of the whole stack."""
+
+
+def _check_glue_calls(units: pd.DataFrame, layer_bytes: int) -> None:
+    """Refuse a call outside the forward and backward passes (between them, in the optimizer
+    step) that carries at least one layer's parameters: a gradient all-reduce made by hand, a
+    sharded optimizer's gathers, whose payloads grow with the layers in a way one capture does not
+    show. A loss's or a gradient norm's all-reduce is far smaller."""
+    outside = ~units[ot.PHASE].astype(str).isin(PASS_PHASES).to_numpy()
+    calls = outside & units[ot.IS_COMM].to_numpy(dtype=bool) & (units[ot.BYTES].to_numpy() >= layer_bytes)
+    if calls.any():
+        at = units[calls].iloc[0]
+        raise TemplateError(
+            f"the program's {at[ot.COMM_OP]} on {at[ot.GROUP_LABEL]} in its {at[ot.PHASE]} phase carries "
+            f"{int(at[ot.BYTES]):,} bytes, at least one layer's parameters ({layer_bytes:,}): its payload grows with "
+            "the layers (gradients synchronized by hand, a sharded optimizer), which --layers cannot re-plan; "
+            "capture at the target layer count"
+        )
 
 
 def _kept_frees(
@@ -270,11 +295,7 @@ def retarget_units(
     expanded = expand_layers(units, target.layers)
     captured_layers = len(passes[0].runs)
     in_step = (units[ot.PHASE].astype(str) == optimizer).to_numpy()
-    if (in_step & units[ot.IS_COMM].to_numpy(dtype=bool)).any():
-        raise TemplateError(
-            "the optimizer step makes process-group calls (a sharded optimizer): their payloads follow the "
-            "parameters, which --layers cannot re-plan; capture at the target layer count"
-        )
+    _check_glue_calls(units, target.layer_bytes)
     first = passes[0]
     steady_layer = int(units[ot.LAYER].iloc[first.runs[first.steady[0]][0]])
     frees = _kept_frees(units, passes, iterations, target.freed_of_layer(steady_layer))

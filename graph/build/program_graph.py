@@ -124,6 +124,7 @@ def _layer_target(capture_dir, captured: CapturedRank, ops, layers: int) -> tupl
             freed_of_layer=lambda layer: freed_of_layer(
                 capture_dir, captured.rank, ops(captured.rank), layer
             ),
+            layer_bytes=sum(held.numels[i] for i in held.in_layer(first)) * held.itemsize,
         ),
         static,
     )

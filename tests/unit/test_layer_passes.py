@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -135,8 +137,9 @@ def _target(
     inside = np.zeros(2 * n, np.int64)
     inside[n + int(np.flatnonzero(units[ot.NAME] == freed_at)[0])] = 8
     return LayerTarget(
-        layers=layers, parameter_ratio=ratio, freed_of_layer=lambda layer: (inside, np.zeros_like(inside))
-    )
+        layers=layers, parameter_ratio=ratio, freed_of_layer=lambda layer: (inside, np.zeros_like(inside)),
+        layer_bytes=64,
+    )  # fmt: skip
 
 
 def _two_iterations(units: pd.DataFrame) -> list[pd.DataFrame]:
@@ -185,3 +188,18 @@ def test_a_copied_call_is_waited_for_at_its_waits_copy() -> None:
     new_loss = int(np.flatnonzero(out[ot.NAME] == "loss")[0])
     assert {c for calls in mapped.values() for c in calls} == set(new_gathers.tolist())
     assert mapped == {int(w): [int(g)] for g, w in zip(new_gathers, [*new_linear[1:], new_loss], strict=True)}
+
+
+def test_a_call_between_the_passes_carrying_a_layers_parameters_is_refused() -> None:
+    units = _timed(_iteration(5))
+    loss = _unit("all_reduce", -1, "iter", comm="all_reduce")  # a loss's: 64 bytes, under a layer's 100
+    with_loss = _timed(pd.concat([units.iloc[:-1], pd.DataFrame([loss]), units.iloc[-1:]], ignore_index=True))
+    target = _target(with_loss, 9)
+    retarget_units(
+        with_loss, _two_iterations(with_loss), {}, replace(target, layer_bytes=100), optimizer="optim"
+    )
+    # The gradients all-reduced by hand after the step: at least one layer's parameters.
+    with pytest.raises(TemplateError, match="all_reduce on dp.0 in its iter phase carries 64 bytes"):
+        retarget_units(
+            with_loss, _two_iterations(with_loss), {}, replace(target, layer_bytes=64), optimizer="optim"
+        )
