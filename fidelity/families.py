@@ -4,7 +4,8 @@ interval and its median error against the floor's.
 One record's error cannot show a few percent on a noisy machine; a method's error repeats across
 the cases of a family and noise does not. A *family* is what a record emulates: the built-in
 GPT's ranks by kind (data, tensor parallel, a pipeline's first or last stage, several at once)
-or one program at one layout (``examples/ddp.py dp=2``, ``torchtitan llama3 cp=2``). For each
+or one program at one layout (``examples/ddp.py dp=2``, ``torchtitan llama3 cp=2``; one built
+from a capture at fewer layers is a family of its own). For each
 family and source (simulation, replay, ...) a row gives the mean signed iteration error with
 its 95 % interval, the median |error|, and the median |error| of the family's real runs against
 real runs (the ``floor`` records of ``benchmarks/noise_floor.py``), and says whether the row
@@ -31,6 +32,9 @@ FLOOR = "floor"
 Z95 = statistics.NormalDist().inv_cdf(0.975)
 
 _LAYOUT = re.compile(r"\(([^()]*)\)\s*$")
+BUILT_AT = re.compile(r" built at \d+ layers from ")
+"""How a program case's label says its graph was built at another layer count than captured
+(``prism.fidelity.program_case.ProgramCase.label``)."""
 
 
 def _degrees(text: str) -> dict[str, int]:
@@ -52,6 +56,8 @@ def family_of(record: dict) -> str:
     degrees = _degrees(layout.group(1)) if layout else {}
     where = " ".join(f"{axis}={size}" for axis, size in degrees.items() if size > 1) or "one rank"
     words = case.split()
+    if BUILT_AT.search(case):  # a program captured at fewer layers, built at its own count
+        where = f"{where} built from fewer layers"
     if words[:2] == ["-m", "torchtitan.train"]:
         model = words[words.index("--module") + 1] if "--module" in words[:-1] else "?"
         return f"torchtitan {model} {where}"

@@ -88,7 +88,7 @@ class ProgramCase:
             if self.captured_argv
             else ""
         )
-        return f"{shlex.join(self.argv)} (tp={self.layout.tp} pp={self.layout.pp} dp={self.layout.dp}{more}){built}"
+        return f"{shlex.join(self.argv)}{built} (tp={self.layout.tp} pp={self.layout.pp} dp={self.layout.dp}{more})"
 
 
 @dataclass(kw_only=True)

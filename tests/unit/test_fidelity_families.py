@@ -34,6 +34,11 @@ def record(
         ("examples/ddp.py --steps 40 (tp=1 pp=1 dp=2)", 0, "examples/ddp.py dp=2"),
         ("examples/cp.py --cp 2 (tp=1 pp=1 dp=1 cp=2)", 1, "examples/cp.py cp=2"),
         ("-m torchtitan.train --module llama3 --config x (tp=1 pp=2 dp=1)", 0, "torchtitan llama3 pp=2"),
+        (
+            "examples/fsdp2.py --layers 10 built at 10 layers from examples/fsdp2.py --layers 5 (tp=1 pp=1 dp=2)",
+            0,
+            "examples/fsdp2.py dp=2 built from fewer layers",
+        ),
     ],
 )
 def test_a_record_belongs_to_what_it_emulates(case: str, rank: int, family: str) -> None:
