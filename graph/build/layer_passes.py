@@ -25,6 +25,7 @@ import pandas as pd
 
 from prism.graph.build import op_table as ot
 from prism.graph.build.templates import TemplateError
+from prism.schemas.annotations import Phase
 
 ORIGIN = "origin"
 """Column of an expanded iteration: the position of the captured unit each unit copies."""
@@ -117,8 +118,8 @@ def layer_passes(units: pd.DataFrame) -> list[LayerPass]:
         steady = _steady(units, runs)
         if steady is None:
             raise TemplateError(
-                f"a pass over the captured {len(stack)} layers has no {MIN_STEADY} alike inner layers to repeat (the first and "
-                "last layers of a pass differ from the rest): capture with more layers, 5 or more"
+                f"a pass over the captured {len(stack)} layers has no {MIN_STEADY} alike inner layers to repeat (the "
+                "first and last layers of a pass differ from the rest): capture with more layers, 5 or more"
             )
         passes.append(
             LayerPass(runs=tuple(runs), descending=step == descending and len(stack) > 1, steady=steady)
@@ -190,7 +191,7 @@ class LayerTarget:
     """Bytes of one layer block's parameters as the rank holds them (its gradients' size)."""
 
 
-PASS_PHASES = ("fwd", "bwd")
+PASS_PHASES = (str(Phase.FORWARD), str(Phase.BACKWARD))
 """Phases whose calls are the program's forward and backward work (FSDP's gathers and scatters
 of its root module, tensor parallel's all-reduces): their payloads are those of the activations
 or of the modules they belong to, not of the whole stack."""
