@@ -195,6 +195,7 @@ def replay_program(case: ProgramCase, settings: RunSettings, out: Path) -> dict[
         graph=out / "graph.parquet", ranks=ranks, out_dir=out / "replay", warmup=settings.warmup,
         iterations=settings.iterations, separately=True,
         host_work=bool(settings.host_ns_per_byte),
+        program=case.argv if case.captured_argv else (),  # a graph built at another count: the program at it
     )  # fmt: skip
     program = ProgramSpec(argv=case.argv, cwd=os.getcwd(), layout=case.layout, device=case.device)
     report = beside_load(settings, partial(run_replay, options), program=program)

@@ -181,9 +181,11 @@ class LayerTarget:
 
     layers: int
     """Layers the stage holds."""
-    parameter_ratio: float
-    """The stage's parameter elements at ``layers`` over those captured: what its optimizer step
-    costs grows with them."""
+    parameter_sources: tuple[int, ...]
+    """For each parameter of the stage at ``layers``, in order, the captured parameter it copies
+    (``prism.graph.build.retarget.parameter_sources``)."""
+    parameter_elements: tuple[int, ...]
+    """Elements of each captured parameter."""
     freed_of_layer: Callable[[int], tuple[np.ndarray, np.ndarray]]
     """Per row of the captured rank's op table (by ``SEQ``), what it frees of a layer's blocks,
     in its span and in its gap (``prism.graph.build.normalize.freed_of_layer``)."""
@@ -310,8 +312,30 @@ def retarget_units(
     origin = expanded[ORIGIN].to_numpy()
     more = target.layers - captured_layers
     expanded[ot.FREE_BYTES] = expanded[ot.FREE_BYTES].to_numpy() + more * frees[origin]
-    step = in_step[origin]
-    for column in (ot.DUR_NS, ot.GAP_NS, ot.ALLOC_BYTES, ot.FREE_BYTES):
-        values = expanded[column].to_numpy(dtype=np.float64)
-        expanded[column] = np.where(step, np.round(values * target.parameter_ratio), values).astype(np.int64)
+    expanded = _optimizer_step(expanded, in_step[origin], target)
     return expanded, _mapped_waits(units, expanded, waits, passes)
+
+
+def _optimizer_step(units: pd.DataFrame, in_step: np.ndarray, target: LayerTarget) -> pd.DataFrame:
+    """The optimizer step's units for the target's parameters. A step that runs the same units
+    for each parameter in turn (torch's for-loop implementations, as on CPU) runs one group a
+    target parameter, each the group of the captured parameter it copies; a step of a few
+    kernels over all of them (foreach, fused) takes time and memory in proportion to the
+    parameter elements."""
+    at = np.flatnonzero(in_step)
+    count = len(target.parameter_elements)
+    if not len(at):
+        return units
+    if len(at) % count == 0 and (np.diff(at) == 1).all():
+        size = len(at) // count
+        names = units[ot.NAME].to_numpy()[at].reshape(count, size)
+        if (names == names[0]).all():
+            groups = [at[i * size : (i + 1) * size] for i in target.parameter_sources]
+            order = np.concatenate([np.arange(at[0]), *groups, np.arange(at[-1] + 1, len(units))])
+            return units.iloc[order].reset_index(drop=True)
+    captured = sum(target.parameter_elements)
+    ratio = sum(target.parameter_elements[i] for i in target.parameter_sources) / max(1, captured)
+    for column in (ot.DUR_NS, ot.GAP_NS, ot.ALLOC_BYTES, ot.FREE_BYTES):
+        values = units[column].to_numpy(dtype=np.float64)
+        units[column] = np.where(in_step, np.round(values * ratio), values).astype(np.int64)
+    return units

@@ -19,7 +19,7 @@ from prism.graph.build.normalize import freed_of_layer, normalize_rank
 from prism.graph.build.profiler_overhead import Correction, calls_are_launches, correction_scale
 from prism.graph.build.program_stage import fitted_scale, program_stage
 from prism.graph.build.rank_variants import Found, find_variants, variant_line
-from prism.graph.build.retarget import stage_parameters
+from prism.graph.build.retarget import parameter_sources, stage_parameters
 from prism.graph.build.templates import TemplateError
 from prism.graph.sim.noise import iteration_cv
 from prism.schemas import PRISM_VERSION
@@ -116,11 +116,11 @@ def _layer_target(capture_dir, captured: CapturedRank, ops, layers: int) -> tupl
     first = blocks[0] if blocks else 0
     target = stage_parameters(held, range(first, first + layers))
     static = int(captured.result.static_bytes) + sum(target.held_bytes) - sum(held.held_bytes)
-    ratio = sum(target.numels) / max(1, sum(held.numels))
     return (
         LayerTarget(
             layers=layers,
-            parameter_ratio=ratio,
+            parameter_sources=tuple(parameter_sources(held, range(first, first + layers))),
+            parameter_elements=held.numels,
             freed_of_layer=lambda layer: freed_of_layer(
                 capture_dir, captured.rank, ops(captured.rank), layer
             ),

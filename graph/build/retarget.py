@@ -31,15 +31,15 @@ class StageHolding:
     """Bytes it keeps between iterations."""
 
 
-def stage_parameters(captured: HeldParameters, layers: range) -> HeldParameters:
-    """The parameters of a stage of ``layers`` whose role's captured rank held ``captured``."""
+def _ordered(captured: HeldParameters, layers: range) -> list[tuple[int, int]]:
+    """(captured parameter, layer) of each parameter of a stage of ``layers``, in order."""
     blocks = sorted({at for at in captured.layers if at >= 0})
     if not blocks:
         raise TemplateError(
             "the captured rank holds no parameters in layer blocks: its stage cannot hold other layers"
         )
     if list(layers) == blocks:
-        return captured
+        return list(enumerate(captured.layers))
     block = captured.in_layer(blocks[0])
     if any(
         [captured.numels[i] for i in captured.in_layer(b)] != [captured.numels[i] for i in block]
@@ -50,14 +50,28 @@ def stage_parameters(captured: HeldParameters, layers: range) -> HeldParameters:
         )
     first = captured.layers.index(blocks[0])
     last = len(captured.layers) - captured.layers[::-1].index(blocks[-1])
-    before, after = range(first), range(last, len(captured.numels))
     if any(captured.layers[i] < 0 for i in range(first, last)):
         raise TemplateError(
             "the captured rank registers parameters between its layer blocks: cannot move its layers"
         )
-    order = (
+    before, after = range(first), range(last, len(captured.numels))
+    return (
         [(i, -1) for i in before] + [(i, layer) for layer in layers for i in block] + [(i, -1) for i in after]
     )
+
+
+def parameter_sources(captured: HeldParameters, layers: range) -> list[int]:
+    """For each parameter of a stage of ``layers`` whose role's captured rank held ``captured``,
+    in order, the captured parameter it copies: those before the first block, one block's for
+    each layer, those after the last."""
+    return [i for i, _ in _ordered(captured, layers)]
+
+
+def stage_parameters(captured: HeldParameters, layers: range) -> HeldParameters:
+    """The parameters of a stage of ``layers`` whose role's captured rank held ``captured``."""
+    order = _ordered(captured, layers)
+    if order == list(enumerate(captured.layers)):
+        return captured
     return HeldParameters(
         numels=tuple(captured.numels[i] for i, _ in order),
         layers=tuple(layer for _, layer in order),

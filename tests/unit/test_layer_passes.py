@@ -130,15 +130,20 @@ def _timed(units: pd.DataFrame) -> pd.DataFrame:
 
 
 def _target(
-    units: pd.DataFrame, layers: int, *, freed_at: str = "zero_grad", ratio: float = 1.0
+    units: pd.DataFrame,
+    layers: int,
+    *,
+    freed_at: str = "zero_grad",
+    elements: tuple[int, ...] = (4,),
+    sources: tuple[int, ...] = (0,),
 ) -> LayerTarget:
     """Two profiled iterations of ``units``; the program frees each layer's kept 8 bytes at ``freed_at``."""
     n = len(units)
     inside = np.zeros(2 * n, np.int64)
     inside[n + int(np.flatnonzero(units[ot.NAME] == freed_at)[0])] = 8
     return LayerTarget(
-        layers=layers, parameter_ratio=ratio, freed_of_layer=lambda layer: (inside, np.zeros_like(inside)),
-        layer_bytes=64,
+        layers=layers, parameter_sources=sources, parameter_elements=elements,
+        freed_of_layer=lambda layer: (inside, np.zeros_like(inside)), layer_bytes=64,
     )  # fmt: skip
 
 
@@ -166,13 +171,29 @@ def test_kept_memory_freed_inside_the_layers_is_refused() -> None:
         retarget_units(units, _two_iterations(units), {}, target, optimizer="optim")
 
 
-def test_the_optimizer_step_scales_with_the_parameters() -> None:
-    units = _timed(_iteration(5))
-    out, _ = retarget_units(
-        units, _two_iterations(units), {}, _target(units, 9, ratio=1.75), optimizer="optim"
-    )
+def test_a_step_of_a_few_kernels_scales_with_the_parameter_elements() -> None:
+    units = _timed(_iteration(5))  # one kernel over three parameters of 10, 20 and 30 elements
+    target = _target(units, 9, elements=(10, 20, 30), sources=(0, 1, 1, 1, 2))
+    out, _ = retarget_units(units, _two_iterations(units), {}, target, optimizer="optim")
     step = out[out[ot.PHASE] == "optim"]
-    assert step[[ot.DUR_NS, ot.GAP_NS]].values.tolist() == [[1750, 175]]
+    assert step[[ot.DUR_NS, ot.GAP_NS]].values.tolist() == [[1667, 167]]  # 100 elements over 60
+
+
+def test_a_step_that_runs_each_parameter_in_turn_runs_each_target_parameters_group() -> None:
+    units = _timed(_iteration(5))
+    step = pd.DataFrame(
+        [
+            _unit(name, -1, "optim", alloc=size)
+            for size in (1, 2, 3)
+            for name in ("aten::mul_", "aten::addcdiv_")
+        ]
+    ).assign(**{ot.DUR_NS: 1000, ot.GAP_NS: 100})
+    units = _timed(pd.concat([units.iloc[:-1], step], ignore_index=True))
+    target = _target(units, 9, elements=(10, 20, 30), sources=(0, 1, 1, 1, 2))
+    out, _ = retarget_units(units, _two_iterations(units), {}, target, optimizer="optim")
+    groups = out[out[ot.PHASE] == "optim"]
+    assert groups[ot.ALLOC_BYTES].tolist() == [1, 1, 2, 2, 2, 2, 2, 2, 3, 3]
+    assert (groups[ot.DUR_NS] == 1000).all()  # each group as captured: no temporaries grown
 
 
 def test_a_copied_call_is_waited_for_at_its_waits_copy() -> None:
