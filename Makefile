@@ -8,7 +8,7 @@ OUT    ?= capture-out
 GRAPH  ?= graph.parquet
 REPLAY ?= replay-out
 
-.PHONY: install demo test test-fast lint results results-programs results-programs-floor results-programs-accumulate results-torchtitan results-torchtitan-mesh results-torchtitan-floor results-mesh results-moe-skew results-scale-mesh results-random results-call-cost results-host-work-gil results-from-traces fetch-traces results-ddp-overlap results-pipeline-p2p results-collective-prices results-seeds results-families fidelity respec gpu-checks figures clean
+.PHONY: install demo test test-fast lint results results-programs results-programs-floor results-programs-accumulate results-program-layers results-torchtitan results-torchtitan-mesh results-torchtitan-floor results-mesh results-moe-skew results-scale-mesh results-random results-call-cost results-host-work-gil results-from-traces fetch-traces results-ddp-overlap results-pipeline-p2p results-collective-prices results-seeds results-families fidelity respec gpu-checks figures clean
 
 install: $(VENV)/.installed-torch-$(TORCH)
 
@@ -121,6 +121,17 @@ results-programs: install
 	    --program "examples/pp.py --pp 2 --schedule ZBVZeroBubble --steps 40"
 	$(RECORD) fidelity_programs_tp -- $(FIDELITY_PROGRAMS) --tp 2 --cluster-spec $(PROGRAM_SPEC) \
 	    --json benchmarks/results/fidelity_programs_tp.json --program "examples/tp_fsdp.py --tp 2 --steps 40"
+
+# A program built at another layer count than captured (prism-build-graph --layers): examples/fsdp2.py
+# at 10 layers captured with 5 and built at 10, then the same program captured at 10 (about 7 min).
+LAYERS_PROGRAM = examples/fsdp2.py --hidden 128 --steps 3000
+LAYERS_RUN = $(BIN)/python benchmarks/fidelity.py --dp 2 --repeats 3 --warmup 12 --window-s 3 --cluster-spec $(PROGRAM_SPEC)
+results-program-layers: install
+	$(RECORD) fidelity_program_layers_built -- $(LAYERS_RUN) --program "$(LAYERS_PROGRAM) --layers 10" \
+	    --capture-program "$(LAYERS_PROGRAM) --layers 5" --build-layers 10 \
+	    --json benchmarks/results/fidelity_program_layers_built.json
+	$(RECORD) fidelity_program_layers_captured -- $(LAYERS_RUN) --program "$(LAYERS_PROGRAM) --layers 10" \
+	    --json benchmarks/results/fidelity_program_layers_captured.json
 
 # Programs that accumulate gradients over microbatches, each against its own torchrun run and
 # then its noise floor, eight repeats: DDP under no_sync with small buckets, and a Hugging Face
