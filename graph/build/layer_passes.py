@@ -216,6 +216,23 @@ def _check_glue_calls(units: pd.DataFrame, layer_bytes: int) -> None:
         )
 
 
+def _steady_layer(units: pd.DataFrame, passes: list[LayerPass]) -> int:
+    """A layer whose runs are steady in every pass, the middlemost: its blocks pass to and from
+    steady neighbours only, so what the units outside the layers free of them is what it keeps."""
+    layer = units[ot.LAYER].to_numpy()
+    common = None
+    for p in passes:
+        lo, hi = p.steady
+        steady = {int(layer[p.runs[r][0]]) for r in range(lo, hi)}
+        common = steady if common is None else common & steady
+    if not common:
+        raise TemplateError(
+            "no layer is steady in every pass (forward and backward): capture with more layers to change their count"
+        )
+    ordered = sorted(common)
+    return ordered[len(ordered) // 2]
+
+
 def _kept_frees(
     units: pd.DataFrame,
     passes: list[LayerPass],
@@ -299,9 +316,7 @@ def retarget_units(
     captured_layers = len(passes[0].runs)
     in_step = (units[ot.PHASE].astype(str) == optimizer).to_numpy()
     _check_glue_calls(units, target.layer_bytes)
-    first = passes[0]
-    steady_layer = int(units[ot.LAYER].iloc[first.runs[first.steady[0]][0]])
-    frees = _kept_frees(units, passes, iterations, target.freed_of_layer(steady_layer))
+    frees = _kept_frees(units, passes, iterations, target.freed_of_layer(_steady_layer(units, passes)))
     kept = kept_per_layer(units, passes)
     if int(frees.sum()) != kept:
         raise TemplateError(

@@ -17,7 +17,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import torch
+from typer.testing import CliRunner
 
+from prism.graph.build.cli import app as build_app
+from prism.graph.io.validate import validate_graph
 from prism.graph.sim.load import load_sim_graph
 from prism.graph.sim.predict import predict
 from prism.graph.sim.simulate import simulate
@@ -146,6 +149,22 @@ def test_steps_cut_at_the_container_optimizer_give_the_graph_its_profiler_steps_
         iterations.append(rank.result.calls[rank.result.steady_from :])
         predicted.append(float(simulate(load_sim_graph(graph), iterations=2).iteration_ns.mean()))
     assert iterations[0] == iterations[1] and len(set(iterations[0])) == 1  # the same calls, each step
+
+
+def test_torchtitan_captured_with_its_six_layers_is_built_at_sixteen(workdir: Path) -> None:
+    """prism-build-graph --layers: the debug model's six layers, FSDP-sharded over 64 ranks, walked
+    sixteen times; its memory and time grow by the layers' part."""
+    capture, graph = torchtitan_captured_and_built(workdir, "fsdp_layers", LLAMA3, {"--dp-shard": 64})
+    built = workdir / "fsdp_layers16.parquet"
+    result = CliRunner().invoke(build_app, [str(capture), "--layers", "16", "-o", str(built)])
+    assert result.exit_code == 0, result.output
+    assert validate_graph(built).ok
+    six, sixteen = (simulate(load_sim_graph(g), iterations=2) for g in (graph, built))
+    assert (sixteen.peak_bytes > six.peak_bytes).all()
+    growth = float(sixteen.iteration_ns.mean() / six.iteration_ns.mean())
+    assert 16 / 6 * 0.7 < growth < 16 / 6, growth  # the layers most of an iteration, not all of it
+    layers = pq.read_table(built, columns=[gf.LAYER]).column(0).to_numpy()
+    assert set(layers) == {-1, *range(16)}
 
 
 @pytest.fixture(scope="module")
