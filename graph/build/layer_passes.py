@@ -62,15 +62,15 @@ class LayerPass:
         return first + len(self.runs) - last
 
 
-def _signature(units: pd.DataFrame, start: int, stop: int) -> tuple:
-    return tuple(map(tuple, units.iloc[start:stop][list(RUN_SIGNATURE)].astype(str).to_numpy()))
+def _unit_signatures(units: pd.DataFrame) -> np.ndarray:
+    """Each unit's ``RUN_SIGNATURE``, as one string."""
+    return units[list(RUN_SIGNATURE)].astype(str).agg("|".join, axis=1).to_numpy()
 
 
-def _steady(units: pd.DataFrame, runs: list[tuple[int, int]]) -> tuple[int, int] | None:
+def _steady(signature: np.ndarray, runs: list[tuple[int, int]]) -> tuple[int, int] | None:
     """The longest stretch of alike inner runs (the earliest of equals), or None if none has
     ``MIN_STEADY`` runs."""
-    inner = range(1, len(runs) - 1)
-    signatures = [_signature(units, *runs[i]) for i in inner]
+    signatures = [tuple(signature[a:b]) for a, b in runs[1:-1]]
     best, first = None, 0
     for i in range(1, len(signatures) + 1):
         if i == len(signatures) or signatures[i] != signatures[first]:
@@ -103,6 +103,7 @@ def layer_passes(units: pd.DataFrame) -> list[LayerPass]:
     # A run that ends a pass stops at its own last unit; the unmarked units after it are not its.
     last_own = np.array([marked[marked < end][-1] + 1 for end in ends])
     order = layer[begins]
+    signature = _unit_signatures(units)
     ascending, descending = stack.tolist(), stack[::-1].tolist()
     passes, at = [], 0
     while at < len(begins):
@@ -115,7 +116,7 @@ def layer_passes(units: pd.DataFrame) -> list[LayerPass]:
         at_end = at + len(stack)
         runs = [(int(begins[i]), int(ends[i])) for i in range(at, at_end - 1)]
         runs.append((int(begins[at_end - 1]), int(last_own[at_end - 1])))
-        steady = _steady(units, runs)
+        steady = _steady(signature, runs)
         if steady is None:
             raise TemplateError(
                 f"a pass over the captured {len(stack)} layers has no {MIN_STEADY} alike inner layers to repeat (the "
@@ -133,7 +134,11 @@ def expand_layers(units: pd.DataFrame, layers: int) -> pd.DataFrame:
     edge runs as captured, one steady run repeated between them. Each unit's layer is renumbered
     from the stage's first; ``ORIGIN`` gives the captured position each unit copies."""
     units = units.reset_index(drop=True)
-    passes = layer_passes(units)
+    return _expanded(units, layer_passes(units), layers)
+
+
+def _expanded(units: pd.DataFrame, passes: list[LayerPass], layers: int) -> pd.DataFrame:
+    """``expand_layers`` of ``units`` whose passes are ``passes``."""
     if not passes:
         raise TemplateError("the capture marks no layer block in the stage's units: cannot change its layers")
     first = int(units[ot.LAYER][units[ot.LAYER] >= 0].min())
@@ -281,7 +286,7 @@ def _mapped_waits(
     waited_at = {call: at for at, calls in waits.items() for call in calls}
     alike = _alike_calls(passes)
     origin = expanded[ORIGIN].to_numpy()
-    signature = captured[list(RUN_SIGNATURE)].astype(str).agg("|".join, axis=1).to_numpy()
+    signature = _unit_signatures(captured)
     out: dict[int, list[int]] = {}
     for i in np.flatnonzero(np.isin(origin, list(waited_at))):
         call = int(origin[i])
@@ -300,21 +305,17 @@ def _mapped_waits(
 
 
 def retarget_units(
-    units: pd.DataFrame,
-    iterations: list[pd.DataFrame],
-    waits: dict[int, list[int]],
-    target: LayerTarget,
-    optimizer: str,
+    units: pd.DataFrame, iterations: list[pd.DataFrame], waits: dict[int, list[int]], target: LayerTarget
 ) -> tuple[pd.DataFrame, dict[int, list[int]]]:
     """A stage program's units (one iteration, timed) and their waits at ``target``'s layer count:
     its passes walk the target's layers (``expand_layers``), the units that free what a layer
-    keeps (gradients a ``zero_grad`` drops) free it for every layer, and the units of the
-    ``optimizer`` phase take time and memory in proportion to the parameters."""
+    keeps (gradients a ``zero_grad`` drops) free it for every layer, and the optimizer step
+    steps the target's parameters (``_optimizer_step``)."""
     units = units.reset_index(drop=True)
     passes = layer_passes(units)
-    expanded = expand_layers(units, target.layers)
+    expanded = _expanded(units, passes, target.layers)
     captured_layers = len(passes[0].runs)
-    in_step = (units[ot.PHASE].astype(str) == optimizer).to_numpy()
+    in_step = (units[ot.PHASE].astype(str) == str(Phase.OPTIMIZER)).to_numpy()
     _check_glue_calls(units, target.layer_bytes)
     frees = _kept_frees(units, passes, iterations, target.freed_of_layer(_steady_layer(units, passes)))
     kept = kept_per_layer(units, passes)

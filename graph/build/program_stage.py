@@ -50,7 +50,7 @@ from prism.graph.build.compose import (
 from prism.graph.build.layer_passes import LayerTarget, retarget_units
 from prism.graph.build.profiler_overhead import TimeScale, host_kept, own_ns, scaled_times
 from prism.graph.build.templates import GROUP_AXIS, TemplateError
-from prism.schemas.annotations import GLUE, Phase, block_kind
+from prism.schemas.annotations import GLUE, block_kind
 from prism.schemas.layout import ParallelLayout
 
 BACKWARD_OPS = ("autograd::engine::evaluate_function", "torch::autograd::", "torch::distributed::reducer::")
@@ -240,7 +240,7 @@ def program_stage(
     units = _units(iterations, rank, layout, scale, launches)
     waits = _wait_positions(units)
     if retarget is not None:
-        units, waits = retarget_units(units, iterations, waits, retarget, optimizer=str(Phase.OPTIMIZER))
+        units, waits = retarget_units(units, iterations, waits, retarget)
     pieces, start = [], 0
     for position in sorted(waits):  # a wait node after each unit that ends some calls' flight
         pieces.append(units.iloc[start : position + 1])

@@ -153,7 +153,7 @@ def _two_iterations(units: pd.DataFrame) -> list[pd.DataFrame]:
 
 def test_what_a_layer_keeps_is_freed_for_every_layer_where_the_capture_freed_it() -> None:
     units = _timed(_iteration(5))
-    out, _ = retarget_units(units, _two_iterations(units), {}, _target(units, 9), optimizer="optim")
+    out, _ = retarget_units(units, _two_iterations(units), {}, _target(units, 9))
     zero_grad = out[out[ot.NAME] == "zero_grad"]
     assert zero_grad[ot.FREE_BYTES].tolist() == [8 * 9]
     # The iteration is balanced again: what it allocates it frees.
@@ -168,13 +168,13 @@ def test_kept_memory_freed_inside_the_layers_is_refused() -> None:
     # Freed inside a layer's run: which layer's copies would free it is not known.
     target = _target(units, 9, freed_at="AddmmBackward0")
     with pytest.raises(TemplateError, match="keeps 8 bytes"):
-        retarget_units(units, _two_iterations(units), {}, target, optimizer="optim")
+        retarget_units(units, _two_iterations(units), {}, target)
 
 
 def test_a_step_of_a_few_kernels_scales_with_the_parameter_elements() -> None:
     units = _timed(_iteration(5))  # one kernel over three parameters of 10, 20 and 30 elements
     target = _target(units, 9, elements=(10, 20, 30), sources=(0, 1, 1, 1, 2))
-    out, _ = retarget_units(units, _two_iterations(units), {}, target, optimizer="optim")
+    out, _ = retarget_units(units, _two_iterations(units), {}, target)
     step = out[out[ot.PHASE] == "optim"]
     assert step[[ot.DUR_NS, ot.GAP_NS]].values.tolist() == [[1667, 167]]  # 100 elements over 60
 
@@ -190,7 +190,7 @@ def test_a_step_that_runs_each_parameter_in_turn_runs_each_target_parameters_gro
     ).assign(**{ot.DUR_NS: 1000, ot.GAP_NS: 100})
     units = _timed(pd.concat([units.iloc[:-1], step], ignore_index=True))
     target = _target(units, 9, elements=(10, 20, 30), sources=(0, 1, 1, 1, 2))
-    out, _ = retarget_units(units, _two_iterations(units), {}, target, optimizer="optim")
+    out, _ = retarget_units(units, _two_iterations(units), {}, target)
     groups = out[out[ot.PHASE] == "optim"]
     assert groups[ot.ALLOC_BYTES].tolist() == [1, 1, 2, 2, 2, 2, 2, 2, 3, 3]
     assert (groups[ot.DUR_NS] == 1000).all()  # each group as captured: no temporaries grown
@@ -203,7 +203,7 @@ def test_a_copied_call_is_waited_for_at_its_waits_copy() -> None:
     linear = np.flatnonzero(units[ot.NAME] == "aten::linear")
     loss = int(np.flatnonzero(units[ot.NAME] == "loss")[0])
     waits = {int(w): [int(g)] for g, w in zip(gathers, [*linear[1:], loss], strict=True)}
-    out, mapped = retarget_units(units, _two_iterations(units), waits, _target(units, 8), optimizer="optim")
+    out, mapped = retarget_units(units, _two_iterations(units), waits, _target(units, 8))
     new_gathers = np.flatnonzero(out[ot.NAME] == "all_gather")
     new_linear = np.flatnonzero(out[ot.NAME] == "aten::linear")
     new_loss = int(np.flatnonzero(out[ot.NAME] == "loss")[0])
@@ -216,11 +216,7 @@ def test_a_call_between_the_passes_carrying_a_layers_parameters_is_refused() -> 
     loss = _unit("all_reduce", -1, "iter", comm="all_reduce")  # a loss's: 64 bytes, under a layer's 100
     with_loss = _timed(pd.concat([units.iloc[:-1], pd.DataFrame([loss]), units.iloc[-1:]], ignore_index=True))
     target = _target(with_loss, 9)
-    retarget_units(
-        with_loss, _two_iterations(with_loss), {}, replace(target, layer_bytes=100), optimizer="optim"
-    )
+    retarget_units(with_loss, _two_iterations(with_loss), {}, replace(target, layer_bytes=100))
     # The gradients all-reduced by hand after the step: at least one layer's parameters.
     with pytest.raises(TemplateError, match="all_reduce on dp.0 in its iter phase carries 64 bytes"):
-        retarget_units(
-            with_loss, _two_iterations(with_loss), {}, replace(target, layer_bytes=64), optimizer="optim"
-        )
+        retarget_units(with_loss, _two_iterations(with_loss), {}, replace(target, layer_bytes=64))
