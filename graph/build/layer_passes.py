@@ -129,19 +129,21 @@ def layer_passes(units: pd.DataFrame) -> list[LayerPass]:
     return passes
 
 
-def expand_layers(units: pd.DataFrame, layers: int) -> pd.DataFrame:
+def expand_layers(units: pd.DataFrame, layers: int, first: int | None = None) -> pd.DataFrame:
     """``units`` (one iteration, positions 0..n-1) with every pass walking ``layers`` layers: its
     edge runs as captured, one steady run repeated between them. Each unit's layer is renumbered
-    from the stage's first; ``ORIGIN`` gives the captured position each unit copies."""
+    from ``first`` (the stage's first captured layer if None); ``ORIGIN`` gives the captured
+    position each unit copies."""
     units = units.reset_index(drop=True)
-    return _expanded(units, layer_passes(units), layers)
+    return _expanded(units, layer_passes(units), layers, first)
 
 
-def _expanded(units: pd.DataFrame, passes: list[LayerPass], layers: int) -> pd.DataFrame:
+def _expanded(units: pd.DataFrame, passes: list[LayerPass], layers: int, first: int | None) -> pd.DataFrame:
     """``expand_layers`` of ``units`` whose passes are ``passes``."""
     if not passes:
         raise TemplateError("the capture marks no layer block in the stage's units: cannot change its layers")
-    first = int(units[ot.LAYER][units[ot.LAYER] >= 0].min())
+    if first is None:
+        first = int(units[ot.LAYER][units[ot.LAYER] >= 0].min())
     need = max(p.edge_runs for p in passes) + 1
     if layers < need:
         raise TemplateError(
@@ -186,6 +188,8 @@ class LayerTarget:
 
     layers: int
     """Layers the stage holds."""
+    first_layer: int
+    """The number of its first layer (its units' ``LAYER``)."""
     parameter_sources: tuple[int, ...]
     """For each parameter of the stage at ``layers``, in order, the captured parameter it copies
     (``prism.graph.build.retarget.parameter_sources``)."""
@@ -256,11 +260,16 @@ def _kept_frees(
         at[0] += in_gap[seq][0]
         per_iteration.append(at)
     frees = np.median(per_iteration, axis=0).astype(np.int64)
-    outside = np.ones(len(units), bool)
+    return np.where(_outside_runs(len(units), passes), frees, 0)
+
+
+def _outside_runs(size: int, passes: list[LayerPass]) -> np.ndarray:
+    """Of ``size`` units, those in no run of ``passes``."""
+    outside = np.ones(size, bool)
     for p in passes:
         for a, b in p.runs:
             outside[a:b] = False
-    return np.where(outside, frees, 0)
+    return outside
 
 
 def _alike_calls(passes: list[LayerPass]) -> dict[int, list[int]]:
@@ -276,17 +285,17 @@ def _alike_calls(passes: list[LayerPass]) -> dict[int, list[int]]:
 
 
 def _mapped_waits(
-    captured: pd.DataFrame, expanded: pd.DataFrame, waits: dict[int, list[int]], passes: list[LayerPass]
+    expanded: pd.DataFrame, waits: dict[int, list[int]], passes: list[LayerPass]
 ) -> dict[int, list[int]]:
     """``waits`` (the unit after which each asynchronous call is waited for) at the expanded
     positions. A copied call is waited for as far on as its captured original, or one its copy
     stands for (the same call of another steady run: the last before the edge runs waits in the
-    first of them), where the units there are those its wait was; else at its captured wait's
+    first of them), where the unit there copies its wait's or one at its place in another
+    steady run; else at its captured wait's
     first copy after it; else at the iteration's end."""
     waited_at = {call: at for at, calls in waits.items() for call in calls}
     alike = _alike_calls(passes)
     origin = expanded[ORIGIN].to_numpy()
-    signature = _unit_signatures(captured)
     out: dict[int, list[int]] = {}
     for i in np.flatnonzero(np.isin(origin, list(waited_at))):
         call = int(origin[i])
@@ -294,7 +303,13 @@ def _mapped_waits(
         for source in [call, *alike.get(call, ())]:
             w = waited_at.get(source)
             at = None if w is None else i + (w - source)
-            if at is not None and 0 <= at < len(origin) and signature[origin[at]] == signature[w]:
+            # The unit there must copy the wait's unit or one at its place in another steady run
+            # (a unit alike in name only, a layer earlier, is not it).
+            if (
+                at is not None
+                and 0 <= at < len(origin)
+                and (origin[at] == w or w in alike.get(origin[at], ()))
+            ):
                 j = at
                 break
         if j is None:
@@ -309,11 +324,12 @@ def retarget_units(
 ) -> tuple[pd.DataFrame, dict[int, list[int]]]:
     """A stage program's units (one iteration, timed) and their waits at ``target``'s layer count:
     its passes walk the target's layers (``expand_layers``), the units that free what a layer
-    keeps (gradients a ``zero_grad`` drops) free it for every layer, and the optimizer step
-    steps the target's parameters (``_optimizer_step``)."""
+    keeps (gradients a ``zero_grad`` drops) free it for every layer, and the units that run for
+    each parameter (``_per_parameter_glue``) and the optimizer step (``_optimizer_step``) run for
+    the target's parameters."""
     units = units.reset_index(drop=True)
     passes = layer_passes(units)
-    expanded = _expanded(units, passes, target.layers)
+    expanded = _expanded(units, passes, target.layers, target.first_layer)
     captured_layers = len(passes[0].runs)
     in_step = (units[ot.PHASE].astype(str) == str(Phase.OPTIMIZER)).to_numpy()
     _check_glue_calls(units, target.layer_bytes)
@@ -328,8 +344,34 @@ def retarget_units(
     origin = expanded[ORIGIN].to_numpy()
     more = target.layers - captured_layers
     expanded[ot.FREE_BYTES] = expanded[ot.FREE_BYTES].to_numpy() + more * frees[origin]
-    expanded = _optimizer_step(expanded, in_step[origin], target)
-    return expanded, _mapped_waits(units, expanded, waits, passes)
+    glue = _outside_runs(len(units), passes) & ~in_step
+    expanded = _per_parameter_glue(expanded, glue[origin], target)
+    expanded = _optimizer_step(expanded, in_step[expanded[ORIGIN].to_numpy()], target)
+    return expanded, _mapped_waits(expanded, waits, passes)
+
+
+def _per_parameter_glue(units: pd.DataFrame, glue: np.ndarray, target: LayerTarget) -> pd.DataFrame:
+    """Units outside the passes that run once for each parameter in turn, one for each target
+    parameter (the unit of the captured parameter it copies): a stretch of ``glue`` units of one
+    name, exactly as many as the captured parameters (a pipeline schedule scaling each gradient
+    by its microbatches, a gradient clip's per-parameter ops)."""
+    count = len(target.parameter_elements)
+    if count < 2:  # a stretch of one unit is no evidence of a loop over parameters
+        return units
+    names = units[ot.NAME].to_numpy()
+    pieces, at, start = [], 0, 0
+    while start < len(units):
+        stop = start + 1
+        while stop < len(units) and glue[stop] == glue[start] and names[stop] == names[start]:
+            stop += 1
+        if glue[start] and stop - start == count:
+            pieces += [np.arange(at, start), start + np.asarray(target.parameter_sources, dtype=np.int64)]
+            at = stop
+        start = stop
+    if not pieces:
+        return units
+    order = np.concatenate([*pieces, np.arange(at, len(units))])
+    return units.iloc[order].reset_index(drop=True)
 
 
 def _optimizer_step(units: pd.DataFrame, in_step: np.ndarray, target: LayerTarget) -> pd.DataFrame:

@@ -1,9 +1,9 @@
 """Build graph.parquet from a capture of the user's own program: one stage program per pipeline
 position, from its captured rank's traces alone (``prism.graph.build.program_stage``), bound to
 every rank of the captured layout, and one more for each stage whose ranks past the first on an
-axis call differently (``prism.schemas.rank_programs``). A program without pipeline parallelism
-can be built at another layer count than the one captured (``prism.graph.build.layer_passes``):
-its stage walks that many layers and holds their parameters."""
+axis call differently (``prism.schemas.rank_programs``). A program can be built at another layer count than
+the one captured (``prism.graph.build.layer_passes``): each stage walks an equal share of them
+and holds their parameters."""
 
 from __future__ import annotations
 
@@ -19,12 +19,13 @@ from prism.graph.build.normalize import freed_of_layer, normalize_rank
 from prism.graph.build.profiler_overhead import Correction, calls_are_launches, correction_scale
 from prism.graph.build.program_stage import fitted_scale, program_stage
 from prism.graph.build.rank_variants import Found, find_variants, variant_line
-from prism.graph.build.retarget import parameter_sources, stage_parameters
+from prism.graph.build.retarget import held_blocks, parameter_sources, stage_parameters
 from prism.graph.build.templates import TemplateError
 from prism.graph.sim.noise import iteration_cv
 from prism.schemas import PRISM_VERSION
 from prism.schemas import graph_format as gf
 from prism.schemas.graph_format import GraphMetadata
+from prism.schemas.held_parameters import HeldParameters
 from prism.schemas.manifest import CapturedRank, CaptureFiles, CaptureManifest
 from prism.schemas.received_values import value_pass_rank
 
@@ -97,34 +98,63 @@ def _received_values(capture_dir, layout) -> dict[str, str]:
     return found
 
 
-def _layer_target(capture_dir, captured: CapturedRank, ops, layers: int) -> tuple[LayerTarget, int]:
-    """A captured rank's stage at ``layers`` layers, and the static bytes it then holds: the
-    captured ones with what its parameters hold at the target count in place of those captured
-    (``prism.graph.build.retarget.stage_parameters``)."""
+def _held(captured: CapturedRank) -> HeldParameters:
     held = captured.result.parameters
     if held is None:
         raise TemplateError(
             f"rank {captured.rank}'s result records no parameters (a capture by an earlier prism): re-capture it "
             "with this prism to change its layer count"
         )
+    return held
+
+
+def _stage_layers(manifest: CaptureManifest, layers: int, pp: int) -> int:
+    """Layers each stage holds at ``layers`` in all: an equal share, as the capture's stages do."""
+    if layers % pp:
+        raise TemplateError(
+            f"--layers {layers} with pp={pp}: every stage holds an equal share of the layers, so a multiple of {pp}"
+        )
+    held = {r.stage: len(held_blocks(_held(r))) for r in manifest.ranks}
+    if len(set(held.values())) > 1:
+        raise TemplateError(
+            f"the captured stages hold {', '.join(f'{n} (stage {s})' for s, n in sorted(held.items()))} layers: "
+            "--layers splits the target's equally among stages, as only a capture of equal stages shows; "
+            "capture at the target layer count"
+        )
+    return layers // pp
+
+
+def _layer_target(
+    capture_dir, captured: CapturedRank, ops, *, stage: int, per_stage: int
+) -> tuple[LayerTarget, int]:
+    """A captured rank's program as pipeline ``stage`` holding ``per_stage`` layers, and the
+    static bytes it then holds: the captured ones with what its parameters hold at the target
+    count in place of those captured (``prism.graph.build.retarget.stage_parameters``). Layers
+    are numbered as the capture numbers them: from 0 in each stage, or across stages (the
+    captured rank's first block is its stage's first layer of the whole stack)."""
+    held = _held(captured)
     if held.bucket_bytes:
         raise TemplateError(
             "the program buckets its gradients with DistributedDataParallel, whose buckets span layers: --layers "
             "cannot re-plan them; capture at the target layer count"
         )
-    blocks = sorted({at for at in held.layers if at >= 0})
+    blocks = held_blocks(held)
     first = blocks[0] if blocks else 0
-    target = stage_parameters(held, range(first, first + layers))
+    if first and first == captured.stage * len(blocks):
+        first = stage * per_stage
+    stack = range(first, first + per_stage)
+    target = stage_parameters(held, stack)
     static = int(captured.result.static_bytes) + sum(target.held_bytes) - sum(held.held_bytes)
     return (
         LayerTarget(
-            layers=layers,
-            parameter_sources=tuple(parameter_sources(held, range(first, first + layers))),
+            layers=per_stage,
+            first_layer=first,
+            parameter_sources=tuple(parameter_sources(held, stack)),
             parameter_elements=held.numels,
             freed_of_layer=lambda layer: freed_of_layer(
                 capture_dir, captured.rank, ops(captured.rank), layer
             ),
-            layer_bytes=sum(held.numels[i] for i in held.in_layer(first)) * held.itemsize,
+            layer_bytes=sum(held.numels[i] for i in held.in_layer(blocks[0])) * held.itemsize,
         ),
         static,
     )
@@ -141,14 +171,10 @@ def program_stages(
     layers: int | None = None,
 ) -> ProgramStages:
     """Every stage's program and the graph metadata of a program capture at its own layout;
-    with ``layers``, each stage walking that many layers (``prism.graph.build.layer_passes``)."""
+    with ``layers``, each stage walking its equal share of them (``prism.graph.build.layer_passes``)."""
     program = manifest.job.program
     layout = program.layout
-    if layers is not None and layout.pp > 1:
-        raise TemplateError(
-            f"--layers with pp={layout.pp}: how a pipelined program splits its layers among stages is its own "
-            "choice; --layers takes programs without pipeline parallelism (capture at the target layer count)"
-        )
+    per_stage = None if layers is None else _stage_layers(manifest, layers, layout.pp)
     sources = _stage_sources(manifest, layout.pp)
     ops = functools.cache(lambda rank: normalize_rank(capture_dir, rank))
     variants = _variants(manifest, sources, layout, ops)
@@ -158,8 +184,8 @@ def program_stages(
     for key, stage, captured in programs:
         ops_of_stage = ops(captured.rank)
         retarget, statics[key] = (
-            _layer_target(capture_dir, captured, ops, layers)
-            if layers is not None
+            _layer_target(capture_dir, captured, ops, stage=stage, per_stage=per_stage)
+            if per_stage is not None
             else (None, int(captured.result.static_bytes))
         )
         scale = correction_scale(captured.result, manifest.job.warmup, correction, manifest.job.device)

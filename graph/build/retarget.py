@@ -31,9 +31,22 @@ class StageHolding:
     """Bytes it keeps between iterations."""
 
 
+def held_blocks(captured: HeldParameters) -> list[int]:
+    """The layer blocks ``captured`` holds, in order. Refused where its blocks run more than once
+    (a rank holding several pipeline stages, each numbering its blocks from 0: interleaved and
+    V-shaped schedules), whose stages one layer stack cannot stand for."""
+    in_blocks = [at for at in captured.layers if at >= 0]
+    if any(b < a for a, b in zip(in_blocks, in_blocks[1:], strict=False)):
+        raise TemplateError(
+            "the captured rank holds its layer blocks in more than one run (several pipeline stages a rank, as "
+            "interleaved and V-shaped schedules place them): its stages cannot hold other layers"
+        )
+    return sorted(set(in_blocks))
+
+
 def _ordered(captured: HeldParameters, layers: range) -> list[tuple[int, int]]:
     """(captured parameter, layer) of each parameter of a stage of ``layers``, in order."""
-    blocks = sorted({at for at in captured.layers if at >= 0})
+    blocks = held_blocks(captured)
     if not blocks:
         raise TemplateError(
             "the captured rank holds no parameters in layer blocks: its stage cannot hold other layers"

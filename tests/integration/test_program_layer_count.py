@@ -96,3 +96,51 @@ def test_the_built_graph_replays_with_the_program_at_that_count(graphs, tmp_path
     assert report.predicted_peak_bytes > 0
     refused = runner.invoke(replay_app, [str(built7), "--rank", "0", "-o", str(tmp_path / "r")])
     assert refused.exit_code != 0 and "give your program at 7 layers" in refused.output
+
+
+def pipelined(layers_per_stage: int) -> tuple[str, ...]:
+    return (str(EXAMPLES / "pp.py"), "--pp", "2", "--schedule", "1F1B", "--steps", "50", "--hidden", "32",
+            "--vocab", "64", "--batch", "4", "--seq", "8", "--layers-per-stage", str(layers_per_stage))  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def pipelined_graphs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """A pipeline of two 5-layer stages captured, built at 12 layers, and two 6-layer stages' graph."""
+    root = tmp_path_factory.mktemp("pipelined_layers")
+    layout = ("--tp", "1", "--pp", "2", "--dp", "1")
+    captured5, _ = captured_and_built(root / "five", layout, pipelined(5), warmup=3)
+    _, graph6 = captured_and_built(root / "six", layout, pipelined(6), warmup=3)
+    built = root / "five-at-twelve.parquet"
+    result = runner.invoke(build_app, [str(captured5), "--layers", "12", "-o", str(built)])
+    assert result.exit_code == 0, result.output
+    assert validate_graph(built).ok
+    return captured5, built, graph6
+
+
+def _stage_units(graph: Path, rank: int) -> list[tuple]:
+    ranks = np.array([rank])
+    columns = [graph_column(graph, c, ranks) for c in (gf.PHASE, gf.LAYER, gf.KIND, gf.BYTES)]
+    return [tuple(row) for row in zip(*columns, strict=True)]
+
+
+@pytest.mark.slow
+def test_each_pipeline_stage_walks_its_share_of_the_layers_as_captured_there(pipelined_graphs) -> None:
+    _, built, graph6 = pipelined_graphs
+    # Every unit of both stages, transfers and optimizer step included, in the schedule's order:
+    # four microbatches' forward and backward passes over six layers a stage.
+    for rank in (0, 1):
+        assert _stage_units(built, rank) == _stage_units(graph6, rank)
+    assert set(np.unique(graph_column(built, gf.LAYER, np.array([1])))) == {-1, *range(6)}
+    static = [read_metadata(g).extra[gf.STATIC_BYTES_KEY] for g in (built, graph6)]
+    assert static[0] == static[1]
+    peaks = [simulate(load_sim_graph(g), iterations=2).peak_bytes for g in (built, graph6)]
+    assert (peaks[0] == peaks[1]).all()
+
+
+@pytest.mark.slow
+def test_a_layer_count_the_stages_cannot_share_equally_is_refused(pipelined_graphs, tmp_path: Path) -> None:
+    capture = pipelined_graphs[0]
+    result = runner.invoke(build_app, [str(capture), "--layers", "13", "-o", str(tmp_path / "g.parquet")])
+    assert result.exit_code != 0
+    assert "multiple of 2" in result.output
+    assert not (tmp_path / "g.parquet").exists()

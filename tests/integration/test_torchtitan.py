@@ -162,7 +162,9 @@ def test_torchtitan_captured_with_its_six_layers_is_built_at_sixteen(workdir: Pa
     six, sixteen = (simulate(load_sim_graph(g), iterations=2) for g in (graph, built))
     assert (sixteen.peak_bytes > six.peak_bytes).all()
     growth = float(sixteen.iteration_ns.mean() / six.iteration_ns.mean())
-    assert 16 / 6 * 0.7 < growth < 16 / 6, growth  # the layers most of an iteration, not all of it
+    # The layers most of an iteration; the repeated layer takes one captured layer's time, a few
+    # percent over or under the captured layers' mean (2.4-2.55 measured against 16 / 6).
+    assert 16 / 6 * 0.7 < growth < 16 / 6 * 1.1, growth
     layers = pq.read_table(built, columns=[gf.LAYER]).column(0).to_numpy()
     assert set(layers) == {-1, *range(16)}
 

@@ -74,6 +74,9 @@ def test_blocks_that_differ_or_parameters_between_blocks_keep_the_captured_layer
         stage_parameters(record([0, -1, 1], [4, 1, 4]), range(3))
     with pytest.raises(TemplateError, match="no parameters in layer blocks"):
         stage_parameters(record([-1], [4]), range(3))
+    # Two pipeline stages on one rank (interleaved schedules), each numbering its blocks from 0.
+    with pytest.raises(TemplateError, match="more than one run"):
+        stage_parameters(record([-1, 0, 1, 0, 1, -1], [10, 4, 4, 4, 4, 3]), range(4))
     with pytest.raises(HeldParametersError, match="one entry a parameter"):
         HeldParameters(numels=(1, 2), layers=(0,), held_bytes=(4, 8), itemsize=4, bucket_bytes=1)
 

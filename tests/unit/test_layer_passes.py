@@ -142,7 +142,7 @@ def _target(
     inside = np.zeros(2 * n, np.int64)
     inside[n + int(np.flatnonzero(units[ot.NAME] == freed_at)[0])] = 8
     return LayerTarget(
-        layers=layers, parameter_sources=sources, parameter_elements=elements,
+        layers=layers, first_layer=0, parameter_sources=sources, parameter_elements=elements,
         freed_of_layer=lambda layer: (inside, np.zeros_like(inside)), layer_bytes=64,
     )  # fmt: skip
 
@@ -196,6 +196,22 @@ def test_a_step_that_runs_each_parameter_in_turn_runs_each_target_parameters_gro
     assert (groups[ot.DUR_NS] == 1000).all()  # each group as captured: no temporaries grown
 
 
+def test_glue_run_once_a_parameter_runs_once_a_target_parameter() -> None:
+    # After the passes, one div_ a parameter (a pipeline schedule scaling each gradient by its
+    # microbatches): the embedding's, then one a block's; at 8 layers the block's is copied for
+    # every block. A stretch of another length is not a loop over parameters and stays.
+    units = _iteration(5)
+    scale = pd.DataFrame([_unit("aten::div_", -1, "iter", alloc=a) for a in (10, 1, 2, 3, 4, 5)])
+    other = pd.DataFrame([_unit("aten::mul_", -1, "iter")] * 3)
+    units = _timed(pd.concat([units.iloc[:-2], scale, other, units.iloc[-2:]], ignore_index=True))
+    target = replace(
+        _target(units, 8), parameter_elements=(10, 4, 4, 4, 4, 4), parameter_sources=(0, *[1] * 8)
+    )
+    out, _ = retarget_units(units, _two_iterations(units), {}, target)
+    assert out[out[ot.NAME] == "aten::div_"][ot.ALLOC_BYTES].tolist() == [10, *[1] * 8]
+    assert (out[ot.NAME] == "aten::mul_").sum() == 3
+
+
 def test_a_copied_call_is_waited_for_at_its_waits_copy() -> None:
     units = _timed(_iteration(5))
     gathers = np.flatnonzero(units[ot.NAME] == "all_gather")
@@ -209,6 +225,20 @@ def test_a_copied_call_is_waited_for_at_its_waits_copy() -> None:
     new_loss = int(np.flatnonzero(out[ot.NAME] == "loss")[0])
     assert {c for calls in mapped.values() for c in calls} == set(new_gathers.tolist())
     assert mapped == {int(w): [int(g)] for g, w in zip(new_gathers, [*new_linear[1:], new_loss], strict=True)}
+
+
+def test_a_call_posted_before_a_pass_is_waited_for_where_the_pass_ends() -> None:
+    # A pipeline stage posts its next receive before a forward pass and waits for it after the
+    # pass's last block: with more layers, still after the last block, not a layer earlier
+    # (whose units look alike).
+    units = _iteration(5)
+    recv = _unit("recv", -1, "fwd", comm="recv")
+    units = _timed(pd.concat([units.iloc[:1], pd.DataFrame([recv]), units.iloc[1:]], ignore_index=True))
+    last_forward = int(np.flatnonzero((units[ot.LAYER] == 4) & (units[ot.PHASE] == "fwd"))[-1])
+    out, mapped = retarget_units(units, _two_iterations(units), {last_forward: [1]}, _target(units, 8))
+    (at,) = mapped
+    assert mapped[at] == [1]
+    assert (out[ot.LAYER].iloc[at], out[ot.NAME].iloc[at]) == (7, "aten::linear")
 
 
 def test_a_call_between_the_passes_carrying_a_layers_parameters_is_refused() -> None:
