@@ -144,3 +144,12 @@ def test_a_layer_count_the_stages_cannot_share_equally_is_refused(pipelined_grap
     assert result.exit_code != 0
     assert "multiple of 2" in result.output
     assert not (tmp_path / "g.parquet").exists()
+
+
+@pytest.mark.slow
+def test_a_built_pipeline_stage_replays_with_the_program_at_that_count(pipelined_graphs, tmp_path: Path) -> None:
+    built = pipelined_graphs[1]
+    report = replayed(built, 1, pipelined(6), out=tmp_path / "replay")
+    assert report.predicted_peak_bytes > 0
+    # The replayed last stage holds what the graph says a 6-layer stage holds.
+    assert report.measured_peak_bytes == report.predicted_peak_bytes
