@@ -147,7 +147,9 @@ def test_a_layer_count_the_stages_cannot_share_equally_is_refused(pipelined_grap
 
 
 @pytest.mark.slow
-def test_a_built_pipeline_stage_replays_with_the_program_at_that_count(pipelined_graphs, tmp_path: Path) -> None:
+def test_a_built_pipeline_stage_replays_with_the_program_at_that_count(
+    pipelined_graphs, tmp_path: Path
+) -> None:
     built = pipelined_graphs[1]
     report = replayed(built, 1, pipelined(6), out=tmp_path / "replay")
     assert report.predicted_peak_bytes > 0
