@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import replace
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
@@ -55,7 +57,21 @@ def program_parameters(
                 seen.add(id(p))
                 parameters.append((p, in_layer.get(id(p), -1)))
     ddp = [r for r in roots if isinstance(r, DistributedDataParallel)]
-    return _held(parameters, list(optimizers), max((int(r.bucket_bytes_cap) for r in ddp), default=0))
+    held = _held(parameters, list(optimizers), max((int(r.bucket_bytes_cap) for r in ddp), default=0))
+    if not ddp:
+        return held
+    return replace(
+        held,
+        first_bucket_bytes=min(_first_bucket_bytes(r) for r in ddp),
+        bucket_copies=any(not r.gradient_as_bucket_view for r in ddp),
+    )
+
+
+def _first_bucket_bytes(module: DistributedDataParallel) -> int:
+    """The cap of the first bucket DDP fills: its own where it records one, else torch's default
+    (1 MiB; every DDP before the cap was configurable used it)."""
+    config = getattr(module, "_bucket_config", None)
+    return int(getattr(config, "first_bucket_bytes_cap", dist._DEFAULT_FIRST_BUCKET_BYTES))
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:

@@ -24,11 +24,14 @@ class Bucket:
     """Elements of the flat buffer."""
 
 
-def plan_buckets(sizes_bytes: Sequence[int], numels: Sequence[int], bucket_bytes: int) -> list[Bucket]:
+def plan_buckets(
+    sizes_bytes: Sequence[int], numels: Sequence[int], bucket_bytes: int, first_bucket_bytes: int = 0
+) -> list[Bucket]:
     """Pack parameters (given by size, in registration order) into buckets, last parameter first.
 
     As DDP does: the last layers' gradients are ready first. A bucket closes once it reaches
-    the cap, so a parameter larger than the cap gets a bucket of its own.
+    the cap (the first one ``first_bucket_bytes``, where given), so a parameter larger than the
+    cap gets a bucket of its own.
     """
     buckets: list[Bucket] = []
     current: list[int] = []
@@ -36,7 +39,7 @@ def plan_buckets(sizes_bytes: Sequence[int], numels: Sequence[int], bucket_bytes
     for i in reversed(range(len(sizes_bytes))):
         current.append(i)
         filled += sizes_bytes[i]
-        if filled >= bucket_bytes:
+        if filled >= (first_bucket_bytes if first_bucket_bytes and not buckets else bucket_bytes):
             buckets.append(
                 Bucket(index=len(buckets), params=tuple(current), numel=sum(numels[j] for j in current))
             )

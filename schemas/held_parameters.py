@@ -31,6 +31,12 @@ class HeldParameters:
     bucket_bytes: int
     """Cap of a data-parallel gradient bucket (``prism.schemas.grad_buckets.plan_buckets``); a
     program's: its DistributedDataParallel's cap, 0 where nothing buckets its gradients."""
+    first_bucket_bytes: int = 0
+    """Cap of the first bucket filled, where smaller than the others' (DDP's default 1 MiB); 0:
+    ``bucket_bytes``."""
+    bucket_copies: bool = False
+    """The buckets hold a copy of every gradient (DDP without ``gradient_as_bucket_view``), so
+    each parameter adds its gradient's bytes again to what the rank keeps."""
 
     def __post_init__(self) -> None:
         n = len(self.numels)
@@ -38,7 +44,7 @@ class HeldParameters:
             raise HeldParametersError("numels, layers and held_bytes must have one entry a parameter")
         if min(self.numels, default=1) < 1 or min(self.held_bytes, default=0) < 0:
             raise HeldParametersError("a parameter has at least one element and holds no negative bytes")
-        if self.itemsize < 1 or self.bucket_bytes < 0:
+        if self.itemsize < 1 or self.bucket_bytes < 0 or self.first_bucket_bytes < 0:
             raise HeldParametersError("itemsize must be positive and bucket_bytes not negative")
 
     def in_layer(self, layer: int) -> list[int]:
@@ -57,6 +63,8 @@ class HeldParameters:
                 held_bytes=tuple(int(x) for x in data["held_bytes"]),
                 itemsize=int(data["itemsize"]),
                 bucket_bytes=int(data["bucket_bytes"]),
+                first_bucket_bytes=int(data.get("first_bucket_bytes", 0)),
+                bucket_copies=bool(data.get("bucket_copies", False)),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise HeldParametersError(f"held parameters: {e}") from e

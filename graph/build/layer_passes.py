@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from prism.graph.build import op_table as ot
+from prism.graph.build.bucket_calls import BucketCaps, insert_bucket_calls, strip_bucket_calls
 from prism.graph.build.templates import TemplateError
 from prism.schemas.annotations import Phase
 
@@ -200,6 +201,13 @@ class LayerTarget:
     in its span and in its gap (``prism.graph.build.normalize.freed_of_layer``)."""
     layer_bytes: int
     """Bytes of one layer block's parameters as the rank holds them (its gradients' size)."""
+    bucket_caps: BucketCaps | None = None
+    """How the program's DistributedDataParallel fills its gradient buckets (None: it has none)."""
+
+    @property
+    def target_elements(self) -> tuple[int, ...]:
+        """Elements of each parameter at the target count."""
+        return tuple(self.parameter_elements[i] for i in self.parameter_sources)
 
 
 PASS_PHASES = (str(Phase.FORWARD), str(Phase.BACKWARD))
@@ -326,8 +334,14 @@ def retarget_units(
     its passes walk the target's layers (``expand_layers``), the units that free what a layer
     keeps (gradients a ``zero_grad`` drops) free it for every layer, and the units that run for
     each parameter (``_per_parameter_glue``) and the optimizer step (``_optimizer_step``) run for
-    the target's parameters."""
+    the target's parameters; DDP's bucket all-reduces are those of the target's buckets
+    (``prism.graph.build.bucket_calls``)."""
     units = units.reset_index(drop=True)
+    caps = target.bucket_caps
+    if caps is not None:
+        units, iterations, waits, stripped = strip_bucket_calls(
+            units, iterations, waits, caps, target.parameter_elements
+        )
     passes = layer_passes(units)
     expanded = _expanded(units, passes, target.layers, target.first_layer)
     captured_layers = len(passes[0].runs)
@@ -347,7 +361,11 @@ def retarget_units(
     glue = _outside_runs(len(units), passes) & ~in_step
     expanded = _per_parameter_glue(expanded, glue[origin], target)
     expanded = _optimizer_step(expanded, in_step[expanded[ORIGIN].to_numpy()], target)
-    return expanded, _mapped_waits(expanded, waits, passes)
+    waits = _mapped_waits(expanded, waits, passes)
+    if caps is None:
+        return expanded, waits
+    anchor = int(np.flatnonzero(expanded[ORIGIN].to_numpy() == stripped.waited_after)[-1])
+    return insert_bucket_calls(expanded, waits, stripped, anchor, caps, target.target_elements)
 
 
 def _per_parameter_glue(units: pd.DataFrame, glue: np.ndarray, target: LayerTarget) -> pd.DataFrame:

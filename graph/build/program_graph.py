@@ -14,6 +14,7 @@ from pathlib import Path
 
 from prism.graph.build.alike import call_sequence, check_alike
 from prism.graph.build.bind import encode_program
+from prism.graph.build.bucket_calls import BucketCaps
 from prism.graph.build.layer_passes import LayerTarget
 from prism.graph.build.normalize import freed_of_layer, normalize_rank
 from prism.graph.build.profiler_overhead import Correction, calls_are_launches, correction_scale
@@ -133,11 +134,6 @@ def _layer_target(
     are numbered as the capture numbers them: from 0 in each stage, or across stages (the
     captured rank's first block is its stage's first layer of the whole stack)."""
     held = _held(captured)
-    if held.bucket_bytes:
-        raise TemplateError(
-            "the program buckets its gradients with DistributedDataParallel, whose buckets span layers: --layers "
-            "cannot re-plan them; capture at the target layer count"
-        )
     blocks = held_blocks(held)
     first = blocks[0] if blocks else 0
     if first and first == captured.stage * len(blocks):
@@ -145,6 +141,15 @@ def _layer_target(
     stack = range(first, first + per_stage)
     target = stage_parameters(held, stack)
     static = int(captured.result.static_bytes) + sum(target.held_bytes) - sum(held.held_bytes)
+    if held.bucket_copies:  # DDP's buckets hold a copy of each gradient
+        static += (sum(target.numels) - sum(held.numels)) * held.itemsize
+    caps = (
+        BucketCaps(
+            bucket_bytes=held.bucket_bytes, first_bucket_bytes=held.first_bucket_bytes, itemsize=held.itemsize
+        )
+        if held.bucket_bytes
+        else None
+    )
     return (
         LayerTarget(
             layers=per_stage,
@@ -155,6 +160,7 @@ def _layer_target(
                 capture_dir, captured.rank, ops(captured.rank), layer
             ),
             layer_bytes=sum(held.numels[i] for i in held.in_layer(blocks[0])) * held.itemsize,
+            bucket_caps=caps,
         ),
         static,
     )

@@ -91,13 +91,18 @@ def stage_parameters(captured: HeldParameters, layers: range) -> HeldParameters:
         held_bytes=tuple(captured.held_bytes[i] for i, _ in order),
         itemsize=captured.itemsize,
         bucket_bytes=captured.bucket_bytes,
+        first_bucket_bytes=captured.first_bucket_bytes,
+        bucket_copies=captured.bucket_copies,
     )
 
 
 def gradient_buckets(parameters: HeldParameters) -> list[Bucket]:
     """The data-parallel gradient buckets of ``parameters``."""
     return plan_buckets(
-        [n * parameters.itemsize for n in parameters.numels], parameters.numels, parameters.bucket_bytes
+        [n * parameters.itemsize for n in parameters.numels],
+        parameters.numels,
+        parameters.bucket_bytes,
+        parameters.first_bucket_bytes,
     )
 
 

@@ -3,6 +3,8 @@ count gives, to the byte in memory, and replayed with the program at that count.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +18,11 @@ from prism.graph.sim.load import graph_column, load_sim_graph
 from prism.graph.sim.simulate import simulate
 from prism.replay.cli import app as replay_app
 from prism.schemas import graph_format as gf
-from prism.schemas.graph_format import NodeKind
+from prism.schemas.graph_format import WAIT_NAME, NodeKind
 from tests.integration.programs import captured_and_built, replayed
 
+REDUCER_SCALE = "torch::distributed::reducer::mul_out"
+"""DDP's copy of a gradient into its bucket: a unit of its own only beside a bucket call."""
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 runner = CliRunner()
 
@@ -28,16 +32,30 @@ def fsdp2(layers: int) -> tuple[str, ...]:
             "--batch", "2", "--seq", "8")  # fmt: skip
 
 
+def built_at(
+    root: Path,
+    layout: tuple[str, ...],
+    program: Callable[[int], tuple[str, ...]],
+    captured: int,
+    target: int,
+    *,
+    warmup: int = 4,
+) -> tuple[Path, Path, Path, Path]:
+    """``program`` at ``captured`` layers captured and built, the capture built at ``target`` layers,
+    and ``program`` at ``target`` captured and built: (capture, its graph, built, direct graph)."""
+    capture, graph = captured_and_built(root / f"at{captured}", layout, program(captured), warmup=warmup)
+    _, direct = captured_and_built(root / f"at{target}", layout, program(target), warmup=warmup)
+    built = root / f"at{captured}-built-at{target}.parquet"
+    result = runner.invoke(build_app, [str(capture), "--layers", str(target), "-o", str(built)])
+    assert result.exit_code == 0, result.output
+    assert validate_graph(built).ok
+    return capture, graph, built, direct
+
+
 @pytest.fixture(scope="module")
 def graphs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     """A 5-layer capture's graph, the same capture built at 7 layers, a 7-layer capture's graph."""
-    root = tmp_path_factory.mktemp("layer_count")
-    captured5, graph5 = captured_and_built(root / "five", ("--dp", "4"), fsdp2(5))
-    _, graph7 = captured_and_built(root / "seven", ("--dp", "4"), fsdp2(7))
-    built7 = root / "five-at-seven.parquet"
-    result = runner.invoke(build_app, [str(captured5), "--layers", "7", "-o", str(built7)])
-    assert result.exit_code == 0, result.output
-    assert validate_graph(built7).ok
+    _, graph5, built7, graph7 = built_at(tmp_path_factory.mktemp("layer_count"), ("--dp", "4"), fsdp2, 5, 7)
     return graph5, built7, graph7
 
 
@@ -98,29 +116,30 @@ def test_the_built_graph_replays_with_the_program_at_that_count(graphs, tmp_path
     assert refused.exit_code != 0 and "give your program at 7 layers" in refused.output
 
 
-def pipelined(layers_per_stage: int) -> tuple[str, ...]:
+def pipelined(layers: int) -> tuple[str, ...]:
+    """``examples/pp.py`` with ``layers`` in all, two stages of half of them."""
     return (str(EXAMPLES / "pp.py"), "--pp", "2", "--schedule", "1F1B", "--steps", "50", "--hidden", "32",
-            "--vocab", "64", "--batch", "4", "--seq", "8", "--layers-per-stage", str(layers_per_stage))  # fmt: skip
+            "--vocab", "64", "--batch", "4", "--seq", "8", "--layers-per-stage", str(layers // 2))  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def pipelined_graphs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     """A pipeline of two 5-layer stages captured, built at 12 layers, and two 6-layer stages' graph."""
-    root = tmp_path_factory.mktemp("pipelined_layers")
     layout = ("--tp", "1", "--pp", "2", "--dp", "1")
-    captured5, _ = captured_and_built(root / "five", layout, pipelined(5), warmup=3)
-    _, graph6 = captured_and_built(root / "six", layout, pipelined(6), warmup=3)
-    built = root / "five-at-twelve.parquet"
-    result = runner.invoke(build_app, [str(captured5), "--layers", "12", "-o", str(built)])
-    assert result.exit_code == 0, result.output
-    assert validate_graph(built).ok
-    return captured5, built, graph6
+    capture, _, built, graph6 = built_at(
+        tmp_path_factory.mktemp("pipelined_layers"), layout, pipelined, 10, 12, warmup=3
+    )
+    return capture, built, graph6
 
 
-def _stage_units(graph: Path, rank: int) -> list[tuple]:
+def _stage_units(graph: Path, rank: int) -> tuple[list[tuple], int]:
+    """A rank's nodes but its waits (phase, layer, kind, payload), and how many waits: where a
+    capture saw the program wait for a receive moves by a unit between two captures (a wait()
+    beside a microsecond's op)."""
     ranks = np.array([rank])
-    columns = [graph_column(graph, c, ranks) for c in (gf.PHASE, gf.LAYER, gf.KIND, gf.BYTES)]
-    return [tuple(row) for row in zip(*columns, strict=True)]
+    columns = [graph_column(graph, c, ranks) for c in (gf.PHASE, gf.LAYER, gf.KIND, gf.BYTES, gf.NAME)]
+    waits = columns[-1] == WAIT_NAME
+    return [tuple(row) for row in zip(*(c[~waits] for c in columns[:-1]), strict=True)], int(waits.sum())
 
 
 @pytest.mark.slow
@@ -151,7 +170,51 @@ def test_a_built_pipeline_stage_replays_with_the_program_at_that_count(
     pipelined_graphs, tmp_path: Path
 ) -> None:
     built = pipelined_graphs[1]
-    report = replayed(built, 1, pipelined(6), out=tmp_path / "replay")
+    report = replayed(built, 1, pipelined(12), out=tmp_path / "replay")
     assert report.predicted_peak_bytes > 0
     # The replayed last stage holds what the graph says a 6-layer stage holds.
     assert report.measured_peak_bytes == report.predicted_peak_bytes
+
+
+def gpt2_ddp(layers: int) -> tuple[str, ...]:
+    return (str(EXAMPLES / "hf_gpt2_ddp.py"), "--steps", "30", "--hidden", "64", "--heads", "2", "--seq", "32",
+            "--batch", "4", "--layers", str(layers))  # fmt: skip
+
+
+def _calls_and_units(graph: Path) -> tuple[list[tuple], Counter]:
+    """Rank 0's calls (kind, phase, layer, bytes) in order, and how many compute units of each name
+    each phase and layer runs (a gradient's accumulation counted once, split around a call or not)."""
+    ranks = np.array([0])
+    phase, layer, kind, size, name = (
+        graph_column(graph, c, ranks) for c in (gf.PHASE, gf.LAYER, gf.KIND, gf.BYTES, gf.NAME)
+    )
+    calls = [
+        (k, p, int(lay), int(b))
+        for p, lay, k, b in zip(phase, layer, kind, size, strict=True)
+        if k != "compute"
+    ]
+    units = Counter(
+        (p, int(lay), "AccumulateGrad" if str(n).endswith("AccumulateGrad") else str(n))
+        for p, lay, k, n in zip(phase, layer, kind, name, strict=True)
+        if k == "compute" and str(n) != REDUCER_SCALE
+    )
+    return calls, units
+
+
+@pytest.mark.slow
+def test_ddp_buckets_are_planned_again_for_the_layer_count(tmp_path: Path) -> None:
+    """Hugging Face's GPT-2 under DistributedDataParallel: its 5 layers fill one bucket (DDP's first
+    cap, 1 MiB, reached only by the embedding), its 8 layers two; built at 8 from the 5-layer
+    capture, the second bucket's all-reduce is made where the 8-layer capture made it, in layer 2's
+    backward, with the same payloads, and memory (DDP's buckets hold a copy of every gradient)
+    is that capture's to the byte."""
+    pytest.importorskip("transformers")
+    _, _, built, graph8 = built_at(tmp_path, ("--dp", "2"), gpt2_ddp, 5, 8)
+    (calls, units), (direct_calls, direct_units) = _calls_and_units(built), _calls_and_units(graph8)
+    assert calls == direct_calls
+    assert [c[2:] for c in calls if c[0] == "collective"] == [(2, 1_065_984), (-1, 804_352)]
+    assert units == direct_units
+    static = [read_metadata(g).extra[gf.STATIC_BYTES_KEY] for g in (built, graph8)]
+    assert static[0] == static[1]
+    peaks = [simulate(load_sim_graph(g), iterations=2).peak_bytes for g in (built, graph8)]
+    assert (peaks[0] == peaks[1]).all()

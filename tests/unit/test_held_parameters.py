@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from prism.capture.held_parameters import held_parameters, program_parameters
 from prism.capture.workloads.gpt.config import GPTConfig
@@ -147,3 +148,22 @@ def test_a_programs_parameters_are_read_in_its_layer_blocks_with_what_each_holds
     # The same stage at 5 layers holds two more blocks' worth.
     at_five = stage_parameters(held, range(5))
     assert sum(at_five.held_bytes) - sum(held.held_bytes) == 2 * sum(held.held_bytes[1:3])
+
+
+@pytest.mark.parametrize(("cap_mb", "first"), [(None, 1 << 20), (0.5, 1 << 19)])
+def test_a_ddp_programs_bucket_caps_are_read_as_ddp_fills_its_buckets(
+    cap_mb: float | None, first: int
+) -> None:
+    """DDP's first bucket is capped at 1 MiB unless the program gives a cap, then at the cap."""
+    activate(VirtualWorld(real_ranks=frozenset({0}), clock=FreeRunningClock()))
+    dist.init_process_group(BACKEND_NAME, rank=0, world_size=2, store=dist.HashStore())
+    try:
+        options = {} if cap_mb is None else {"bucket_cap_mb": cap_mb}
+        model = DistributedDataParallel(_Program(), **options)
+        held = program_parameters([model], [torch.optim.AdamW(model.parameters())])
+    finally:
+        dist.destroy_process_group()
+    assert held.bucket_bytes == (25 << 20 if cap_mb is None else 1 << 19)
+    assert held.first_bucket_bytes == first
+    assert held.bucket_copies  # DDP's buckets copy the gradients unless they are views into them
+    assert HeldParameters.from_dict(held.to_dict()) == held
