@@ -370,25 +370,32 @@ def retarget_units(
 
 def _per_parameter_glue(units: pd.DataFrame, glue: np.ndarray, target: LayerTarget) -> pd.DataFrame:
     """Units outside the passes that run once for each parameter in turn, one for each target
-    parameter (the unit of the captured parameter it copies): a stretch of ``glue`` units of one
-    name, exactly as many as the captured parameters (a pipeline schedule scaling each gradient
-    by its microbatches, a gradient clip's per-parameter ops)."""
+    parameter (the unit of the captured parameter it copies), where the first of them ran: the
+    units of one name in stretches of two or more between two passes, exactly as many as the
+    captured parameters (a pipeline schedule scaling each gradient by its microbatches, a
+    gradient clip's per-parameter ops, DDP's copies out of its buckets, bucket by bucket)."""
     count = len(target.parameter_elements)
     if count < 2:  # a stretch of one unit is no evidence of a loop over parameters
         return units
     names = units[ot.NAME].to_numpy()
-    pieces, at, start = [], 0, 0
-    while start < len(units):
-        stop = start + 1
-        while stop < len(units) and glue[stop] == glue[start] and names[stop] == names[start]:
-            stop += 1
-        if glue[start] and stop - start == count:
-            pieces += [np.arange(at, start), start + np.asarray(target.parameter_sources, dtype=np.int64)]
-            at = stop
-        start = stop
-    if not pieces:
+    edges = np.flatnonzero(np.diff(np.r_[0, glue.astype(np.int8), 0]))
+    sources = np.asarray(target.parameter_sources, dtype=np.int64)
+    order = np.arange(len(units))
+    replaced: dict[int, np.ndarray] = {}  # first position of a per-parameter name: its target units
+    dropped = np.zeros(len(units), bool)
+    for start, stop in zip(edges[::2], edges[1::2], strict=True):
+        segment = names[start:stop]
+        for name in dict.fromkeys(segment):
+            at = start + np.flatnonzero(segment == name)
+            runs = np.split(at, np.flatnonzero(np.diff(at) > 1) + 1)
+            if len(at) == count and all(len(run) >= 2 for run in runs):
+                replaced[int(at[0])] = at[sources]
+                dropped[at] = True
+    if not replaced:
         return units
-    order = np.concatenate([*pieces, np.arange(at, len(units))])
+    order = np.concatenate(
+        [replaced[i] if i in replaced else [i] for i in order if i in replaced or not dropped[i]]
+    )
     return units.iloc[order].reset_index(drop=True)
 
 

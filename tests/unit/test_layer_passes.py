@@ -212,6 +212,26 @@ def test_glue_run_once_a_parameter_runs_once_a_target_parameter() -> None:
     assert (out[ot.NAME] == "aten::mul_").sum() == 3
 
 
+def test_glue_run_once_a_parameter_bucket_by_bucket_runs_once_a_target_parameter() -> None:
+    # DDP's copies out of its buckets after the backward: two ops a parameter, bucket by bucket
+    # (two parameters, then four); at 8 layers one stretch of each, nine parameters long.
+    units = _iteration(5)
+    names = (
+        ["aten::as_strided"] * 2
+        + ["copy_bucket_to_grad"] * 2
+        + ["aten::as_strided"] * 4
+        + ["copy_bucket_to_grad"] * 4
+    )
+    copies = pd.DataFrame([_unit(name, -1, "bwd") for name in names])
+    units = _timed(pd.concat([units.iloc[:-2], copies, units.iloc[-2:]], ignore_index=True))
+    target = replace(
+        _target(units, 8), parameter_elements=(10, 4, 4, 4, 4, 4), parameter_sources=(0, *[1] * 8)
+    )
+    out, _ = retarget_units(units, _two_iterations(units), {}, target)
+    glue = out[out[ot.NAME].isin(["aten::as_strided", "copy_bucket_to_grad"])][ot.NAME].tolist()
+    assert glue == ["aten::as_strided"] * 9 + ["copy_bucket_to_grad"] * 9
+
+
 def test_a_copied_call_is_waited_for_at_its_waits_copy() -> None:
     units = _timed(_iteration(5))
     gathers = np.flatnonzero(units[ot.NAME] == "all_gather")
