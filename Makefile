@@ -123,8 +123,10 @@ results-programs: install
 	    --json benchmarks/results/fidelity_programs_tp.json --program "examples/tp_fsdp.py --tp 2 --steps 40"
 
 # A program built at another layer count than captured (prism-build-graph --layers): examples/fsdp2.py
-# at 10 layers captured with 5 and built at 10, then the same program captured at 10 (about 7 min).
+# and Hugging Face's GPT-2 under DDP at 10 layers, captured with 5 and built at 10, then each
+# captured at 10 (about 12 min).
 LAYERS_PROGRAM = examples/fsdp2.py --hidden 128 --steps 3000
+LAYERS_DDP = examples/hf_gpt2_ddp.py --hidden 128 --steps 3000
 LAYERS_RUN = $(BIN)/python benchmarks/fidelity.py --dp 2 --repeats 3 --warmup 12 --window-s 3 --cluster-spec $(PROGRAM_SPEC)
 results-program-layers: install
 	$(RECORD) fidelity_program_layers_built -- $(LAYERS_RUN) --program "$(LAYERS_PROGRAM) --layers 10" \
@@ -132,6 +134,11 @@ results-program-layers: install
 	    --json benchmarks/results/fidelity_program_layers_built.json
 	$(RECORD) fidelity_program_layers_captured -- $(LAYERS_RUN) --program "$(LAYERS_PROGRAM) --layers 10" \
 	    --json benchmarks/results/fidelity_program_layers_captured.json
+	$(RECORD) fidelity_program_layers_ddp_built -- $(LAYERS_RUN) --program "$(LAYERS_DDP) --layers 10" \
+	    --capture-program "$(LAYERS_DDP) --layers 5" --build-layers 10 \
+	    --json benchmarks/results/fidelity_program_layers_ddp_built.json
+	$(RECORD) fidelity_program_layers_ddp_captured -- $(LAYERS_RUN) --program "$(LAYERS_DDP) --layers 10" \
+	    --json benchmarks/results/fidelity_program_layers_ddp_captured.json
 
 # Programs that accumulate gradients over microbatches, each against its own torchrun run and
 # then its noise floor, eight repeats: DDP under no_sync with small buckets, and a Hugging Face

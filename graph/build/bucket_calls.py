@@ -55,7 +55,7 @@ class StrippedCalls:
     """Position (in the stripped units) of the unit after which the calls were waited for."""
 
 
-def _closing_copies(buckets: list[Bucket], parameters: int) -> list[int]:
+def _filling_gradients(buckets: list[Bucket], parameters: int) -> list[int]:
     """For each bucket, the ordinal of the gradient that fills it (ready last parameter first)."""
     return [parameters - 1 - min(b.params) for b in buckets]
 
@@ -119,7 +119,7 @@ def strip_bucket_calls(
         (int(np.searchsorted(ready, new[c], side="right") - 1), int(units[ot.BYTES].iloc[c])) for c in calls
     ]
     expected = list(
-        zip(_closing_copies(planned, len(numels)), (b.numel * caps.itemsize for b in planned), strict=True)
+        zip(_filling_gradients(planned, len(numels)), (b.numel * caps.itemsize for b in planned), strict=True)
     )
     if made != expected:
         raise TemplateError(
@@ -160,7 +160,7 @@ def insert_bucket_calls(
             "cannot be placed"
         )
     buckets = caps.plan(numels)
-    after = [int(ready[k]) for k in _closing_copies(buckets, len(numels))]
+    after = [int(ready[k]) for k in _filling_gradients(buckets, len(numels))]
     order, rows, inserted = [], [], []
     previous = 0
     for at, bucket in sorted(zip(after, buckets, strict=True), key=lambda pair: pair[0]):

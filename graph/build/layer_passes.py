@@ -364,7 +364,9 @@ def retarget_units(
     waits = _mapped_waits(expanded, waits, passes)
     if caps is None:
         return expanded, waits
-    anchor = int(np.flatnonzero(expanded[ORIGIN].to_numpy() == stripped.waited_after)[-1])
+    # Where the captured calls were waited for: after the copy of that unit, or, where it ran once a
+    # parameter and has no copy, after the last unit copied from before it.
+    anchor = int(np.flatnonzero(expanded[ORIGIN].to_numpy() <= stripped.waited_after)[-1])
     return insert_bucket_calls(expanded, waits, stripped, anchor, caps, target.target_elements)
 
 

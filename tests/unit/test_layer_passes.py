@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from prism.graph.build import op_table as ot
+from prism.graph.build.bucket_calls import READY, WHOLE, BucketCaps
 from prism.graph.build.layer_passes import (
     ORIGIN,
     LayerTarget,
@@ -270,3 +271,45 @@ def test_a_call_between_the_passes_carrying_a_layers_parameters_is_refused() -> 
     # The gradients all-reduced by hand after the step: at least one layer's parameters.
     with pytest.raises(TemplateError, match="all_reduce on dp.0 in its iter phase carries 64 bytes"):
         retarget_units(with_loss, _two_iterations(with_loss), {}, replace(target, layer_bytes=64))
+
+
+def test_ddp_buckets_are_planned_again_and_waited_where_the_capture_waited() -> None:
+    # One parameter a layer (40 bytes) and an embedding (120): DDP's first bucket (cap 100) fills
+    # at the third gradient ready, the rest at the embedding's. The calls were waited for inside the
+    # copies out of the buckets, one a parameter, after the third.
+    units = _iteration(5).assign(**{ot.IS_ASYNC: False})
+    backward = units.index[units[ot.NAME] == "reduce_scatter"]
+    units.loc[backward, ot.NAME] = WHOLE  # each layer's gradient accumulated in its backward run
+    units.loc[backward, [ot.IS_COMM, ot.COMM_OP, ot.GROUP_LABEL, ot.BYTES]] = [False, "", "", -1]
+    call = {ot.IS_COMM: True, ot.IS_ASYNC: True, ot.COMM_OP: "all_reduce", ot.GROUP_LABEL: "dp.0"}
+    split = [_unit(READY, -1, "bwd"), _unit("torch::distributed::reducer::mul_out", -1, "bwd")]
+    ready_at = int(backward[2])  # layer 2's, the third ready
+    bucket0 = [
+        _unit(READY, 2, "bwd"),
+        split[1] | {ot.LAYER: 2},
+        _unit("all_reduce", 2, "bwd") | call | {ot.BYTES: 120},
+    ]
+    bucket1 = [*split, _unit("all_reduce", -1, "bwd") | call | {ot.BYTES: 200}]
+    finalize = [_unit("aten::as_strided", -1, "bwd") for _ in range(6)]
+    end = int(np.flatnonzero(units[ot.PHASE] == "bwd")[-1])
+    units = pd.concat(
+        [units.iloc[:ready_at], pd.DataFrame(bucket0), units.iloc[ready_at + 1 : end + 1], pd.DataFrame(bucket1 + finalize),
+         units.iloc[end + 1 :]], ignore_index=True,
+    ).assign(**{ot.IS_ASYNC: lambda f: f[ot.IS_ASYNC].eq(True)})  # fmt: skip
+    units = _timed(units)
+    calls = np.flatnonzero(units[ot.NAME] == "all_reduce")
+    waited = int(np.flatnonzero(units[ot.NAME] == "aten::as_strided")[2])
+    caps = BucketCaps(bucket_bytes=400, first_bucket_bytes=100, itemsize=4)
+    target = replace(
+        _target(units, 8),
+        parameter_elements=(30, 10, 10, 10, 10, 10),
+        parameter_sources=(0, *[1] * 8),
+        bucket_caps=caps,
+    )
+    out, waits = retarget_units(units, _two_iterations(units), {waited: calls.tolist()}, target)
+    new_calls = np.flatnonzero(out[ot.NAME] == "all_reduce")
+    assert out[ot.BYTES].iloc[new_calls].tolist() == [120, 4 * (5 * 10 + 30)]
+    assert out[ot.LAYER].iloc[new_calls].tolist() == [5, -1]  # the third gradient ready: layer 5's of 8
+    (at,) = waits
+    assert sorted(waits[at]) == new_calls.tolist()
+    assert out[ot.NAME].iloc[at] == "aten::as_strided" and at > new_calls[-1]
