@@ -62,9 +62,10 @@ BLOCKED_CHECK_S = 50e-6
 
 def blocked(tid: int) -> bool | None:
     """Whether thread ``tid`` of this process is blocked on something other than the interpreter:
-    asleep now (the kernel's state S or D) and not run at all over ``BLOCKED_CHECK_S`` with the
-    caller's hold on the interpreter let go (a thread waiting for the interpreter takes it and
-    runs); None where the kernel does not say."""
+    asleep (the kernel's state S or D) before and after ``BLOCKED_CHECK_S`` with the caller's hold
+    on the interpreter let go, and not run at all meanwhile. A thread waiting for the interpreter
+    is woken as it is let go: it runs, or on a busy machine waits for a core (state R, its wait
+    counted only once it runs); None where the kernel does not say."""
     state, before = _state(tid), _run_ns(tid)
     if state is None or before is None:
         return None
@@ -72,7 +73,7 @@ def blocked(tid: int) -> bool | None:
         return False
     time.sleep(BLOCKED_CHECK_S)  # lets go of the interpreter
     after = _run_ns(tid)
-    return None if after is None else after == before
+    return None if after is None else after == before and bool(_state(tid))
 
 
 def _state(tid: int) -> bool | None:

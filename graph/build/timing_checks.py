@@ -9,7 +9,13 @@ with one line, never built.
 from __future__ import annotations
 
 from prism.graph.build.profiler_overhead import Correction, correction_scale
-from prism.schemas.iterations import CUT_HINT, DEFAULT_WARMUP, MIN_WARMUP, implausible_iterations
+from prism.schemas.iterations import (
+    CUT_HINT,
+    DEFAULT_WARMUP,
+    MIN_WARMUP,
+    STEADY_CLEAN,
+    implausible_iterations,
+)
 from prism.schemas.manifest import CaptureManifest
 
 FACTOR_RANGE = (0.02, 2.0)
@@ -43,5 +49,17 @@ def check_timing(manifest: CaptureManifest, correction: Correction) -> None:
             raise UntrustedTiming(
                 f"the capture's rank {captured.rank} ran its unprofiled iterations in {scale.unprofiled_ns / 1e6:.3g} ms "
                 f"and its profiled ones in {scale.profiled_ns / 1e6:.3g} ms: a profiler correction of "
-                f"×{scale.factor:.3g} (plausible: ×{low}-×{high}) means they are not the same work; {CUT_HINT}"
+                f"×{scale.factor:.3g} (plausible: ×{low}-×{high}) means they are not the same work"
+                f"{_few_clean_hint(scale.clean_iterations) if scale.factor > high else ''}; {CUT_HINT}"
             )
+
+
+def _few_clean_hint(clean: int) -> str:
+    """What to say of unprofiled iterations slower than profiled ones: with few clean ones, a
+    busy machine during the warm-up is as likely a cause as other work."""
+    if clean >= STEADY_CLEAN:
+        return ""
+    return (
+        f", or the machine was busy during the {clean} clean warm-up iteration(s): capture with "
+        f"--warmup {DEFAULT_WARMUP} for a median over {STEADY_CLEAN}"
+    )

@@ -93,11 +93,13 @@ def test_sharded_programs_are_captured_at_1024_ranks_and_replayed(
     tp, dp = layout
     extra = ("--tp", str(tp)) if example == "tp_fsdp.py" else ()
     program = (str(EXAMPLES / example), *extra, *TINY_MODEL)
-    options = ("--tp", str(tp), "--pp", "1", "--dp", str(dp), "--warmup", "3", "--iterations", "2")
+    # Three clean warm-up iterations: the profiler correction is their median, which one
+    # iteration slowed by a busy machine does not move.
+    options = ("--tp", str(tp), "--pp", "1", "--dp", str(dp), "--warmup", "5", "--iterations", "2")
     result, out = capture(tmp_path, *options, program=program)
     assert result.exit_code == 0, result.output
     (rank,) = read_manifest(out).ranks
-    assert len(rank.result.iteration_ns) == 5
+    assert len(rank.result.iteration_ns) == 7
     log = read_comm_log(CaptureFiles(out).comm(0))
     calls = {(c.op, c.label) for c in log.calls}
     assert expected <= calls, calls

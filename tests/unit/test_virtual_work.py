@@ -155,11 +155,11 @@ def test_short_sleeps_of_a_thread_that_computes_through_the_call_are_not_a_wait(
     completion, work, _ = virtual_call(note_unseen_waits=True)
     future = work.get_future()
     taken = thread_sleep.probe()
-    due = time.time_ns() + 40_000_000
-    completion.at(due)
-    for _ in range(10):  # short sleeps in the first half of the call's flight
+    for _ in range(10):  # short sleeps in the call's flight, before its time is named
         time.sleep(0.001)
         _busy(0.001)
+    # Named after them, as a slow machine's sleeps may run past any time named before them.
+    completion.at(time.time_ns() + 20_000_000)
     deadline = time.time_ns() + 5_000_000_000
     while not future.done() and time.time_ns() < deadline:
         torch.mm(a, a)  # computing, the interpreter let go inside, as a backward does
