@@ -34,6 +34,7 @@ from prism.capture.preflight import (
 )
 from prism.capture.value_pass import needs_value_pass, value_pass_ranks
 from prism.capture.workloads.gpt.config import GPTConfig
+from prism.peers.host_staged import SHARED_GPU_ENV
 from prism.schemas import PRISM_VERSION
 from prism.schemas.cluster import ClusterSpec
 from prism.schemas.comm_log import read_comm_log
@@ -231,8 +232,14 @@ def _run_batch(options: CaptureOptions, tmp: Path, batch: RankBatch, hooks: Capt
     main = "prism.capture.rank_main" if options.program is None else "prism.capture.program_main"
     job = files.values_job if batch.value_pass else files.job
     log = (lambda r: files.values(r).with_suffix(".log")) if batch.value_pass else files.log
+    devices = local_devices(options.device)
     launches = [
-        RankLaunch(rank=r, argv=rank_command(job, r, tmp, main), log_path=log(r), local_rank=i)
+        RankLaunch(
+            rank=r,
+            argv=rank_command(job, r, tmp, main),
+            log_path=log(r),
+            local_rank=i % devices if devices else i,
+        )
         for i, r in enumerate(batch.ranks)
     ]
     on_event = hooks.batch_starting(
@@ -240,6 +247,8 @@ def _run_batch(options: CaptureOptions, tmp: Path, batch: RankBatch, hooks: Capt
     )
     # Rank processes pin their own thread count; keep OpenMP from oversubscribing before that.
     env = {"OMP_NUM_THREADS": str(options.threads)}
+    if devices is not None and len(batch.ranks) > devices:
+        env[SHARED_GPU_ENV] = "1"
     try:
         run_processes(
             launches,
@@ -289,6 +298,12 @@ def check_axes_called(capture_dir: Path, ranks: tuple[CapturedRank, ...], layout
     reason = unused_axis(layout, used)
     if reason is not None:
         raise CaptureError(reason)
+
+
+def local_devices(device: str) -> int | None:
+    """The GPUs a batch's ranks spread over (ranks run together, a pipeline's stages in the value
+    pass, share them where there are fewer GPUs than ranks); None on CPU: one LOCAL_RANK a rank."""
+    return max(torch.cuda.device_count(), 1) if device == "cuda" else None
 
 
 def device_name(device: str) -> str:

@@ -35,6 +35,7 @@ from torch._C._profiler import _RecordFunctionFast
 from prism.peers.clock import CommClock, PendingCall
 from prism.peers.collectives import CollectivesMixin
 from prism.peers.delegate import CallerReleasesWork, combine, make_backend, track_completion
+from prism.peers.host_staged import HostStagedBackend, gpu_shared
 from prism.peers.host_work import HostWork
 from prism.peers.p2p import PointToPointMixin
 from prism.peers.received_values import ReceivedValues
@@ -257,15 +258,17 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
         if backend is None:
             # NCCL is made on first use: its communicator is lazy anyway, and a CPU-only program
             # never needs one.
-            backend = self._delegates[device.type] = make_backend(
-                device.type,
-                store=self._store,
+            shared = device.type == "cuda" and gpu_shared()  # NCCL takes one member per GPU
+            backend = make_backend(
+                "cpu" if shared else device.type,
+                store=dist.PrefixStore("staged/", self._store) if shared else self._store,
                 rank=self._rank,
                 size=self._size,
                 global_ranks=self._group.ranks,
                 group_name=self._name,
                 timeout=self._timeout,
             )
+            backend = self._delegates[device.type] = HostStagedBackend(backend) if shared else backend
         return backend
 
     def _connect_pairs(self) -> None:
@@ -308,7 +311,11 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
     def _native_coalescing(self, device: torch.device) -> bool:
         # NCCL groups the calls itself; its Works must not be merged through CPU futures, which
         # complete at enqueue time and would drop the stream ordering.
-        return self._mode is GroupMode.DELEGATED and torch.device(device).type == "cuda"
+        return (
+            self._mode is GroupMode.DELEGATED
+            and torch.device(device).type == "cuda"
+            and self._delegate(torch.device(device)).supports_coalescing
+        )
 
 
 def _run_eagerly(cls: type) -> type:
