@@ -40,7 +40,12 @@
 #   torchtitan_*  torchtitan's llama3 debug model, unmodified (python -m torchtitan.train), tensor
 #                 parallel inside FSDP2 (tp=2 dp=4), its tokenizer and data made by
 #                 tests/data/torchtitan/make_assets.py: captured, built, simulated, rank 3
-#                 replayed; skipped where torchtitan is not installed
+#                 replayed; skipped where torchtitan is not installed (torchtitan 0.3.0 needs torch 2.14)
+#   megatron_*    examples/megatron_gpt.py (Megatron-core's GPTModel, DDP, optimizer and schedules),
+#                 tp=2 dp=4; megatron_pp_* at tp=2 pp=2 dp=2 (1F1B); megatron_distopt_* with the
+#                 distributed optimizer: each captured, built, simulated, rank 3 replayed;
+#                 megatron_fidelity at tp=1 against its fully real run (REPEATS, default 3);
+#                 skipped where megatron-core is not installed
 set -u
 OUT=${1:-${OUT:-gpu-checks}}
 ARCHIVE=${2:-}
@@ -53,7 +58,7 @@ OUT=$(cd "$OUT" && pwd)  # absolute: the torchtitan chain runs in a folder of it
 
 archive() {
   [ -n "$ARCHIVE" ] && tar czf "$ARCHIVE" -C "$(dirname "$OUT")" --exclude='*cap' --exclude='replay*' \
-    --exclude='*.parquet' --exclude='fidelity_work' "$(basename "$OUT")" 2>/dev/null
+    --exclude='*.parquet' --exclude='fidelity_*' "$(basename "$OUT")" 2>/dev/null
   return 0
 }
 
@@ -97,26 +102,27 @@ TOGETHER=$([ "$DEVICE" = cpu ] || [ "$("$PY" -c 'import torch; print(torch.cuda.
 step gpt_replay 120 bash -c 'cli "$@"' cli prism.replay.cli "$OUT/gpt.parquet" --rank 0 --rank 3 $TOGETHER --device $DEVICE --warmup 5 --iterations 2 --overwrite -o "$OUT/replay_gpt"
 cp "$OUT/replay_gpt/report.json" "$OUT/gpt_replay_report.json" 2>/dev/null
 
-# program_chain NAME TP DP PROGRAM ARGS...: an unmodified program's slice captured, its graph built
-# and simulated, rank 3 replayed against its virtual peers.
+# program_chain NAME "LAYOUT" PROGRAM ARGS...: an unmodified program's slice captured at LAYOUT
+# (prism's layout options, "--tp 2 --pp 1 --dp 4"), its graph built and simulated, rank 3 replayed
+# against its virtual peers.
 program_chain() {
-  local name=$1 tp=$2 dp=$3; shift 3
-  step "${name}_capture" 150 bash -c 'cli "$@"' cli prism.capture.cli --device $DEVICE --tp "$tp" --pp 1 --dp "$dp" --warmup 5 --iterations 2 --overwrite -o "$OUT/${name}_cap" -- "$@"
-  step "${name}_build" 60 bash -c 'cli "$@"' cli prism.graph.build.cli "$OUT/${name}_cap" --tp "$tp" --pp 1 --dp "$dp" -o "$OUT/$name.parquet"
+  local name=$1; local -a layout; read -r -a layout <<< "$2"; shift 2
+  step "${name}_capture" 150 bash -c 'cli "$@"' cli prism.capture.cli --device $DEVICE "${layout[@]}" --warmup 5 --iterations 2 --overwrite -o "$OUT/${name}_cap" -- "$@"
+  step "${name}_build" 60 bash -c 'cli "$@"' cli prism.graph.build.cli "$OUT/${name}_cap" "${layout[@]}" -o "$OUT/$name.parquet"
   step "${name}_simulate" 60 bash -c 'cli "$@"' cli prism.graph.sim.cli "$OUT/$name.parquet" -o "$OUT/${name}_simulate.json"
   step "${name}_replay" 150 bash -c 'cli "$@"' cli prism.replay.cli "$OUT/$name.parquet" --rank 3 --warmup 5 --iterations 2 --overwrite -o "$OUT/replay_$name"
   cp "$OUT/replay_$name/report.json" "$OUT/${name}_replay_report.json" 2>/dev/null
 }
 
 DDP=(examples/ddp.py --device "$DEVICE" --steps 40 --log-every 1 "${DDP_MODEL[@]}")
-program_chain ddp 1 8 "${DDP[@]}"
+program_chain ddp "--tp 1 --pp 1 --dp 8" "${DDP[@]}"
 step ddp_fidelity 240 "$PY" benchmarks/fidelity.py --device $DEVICE --dp 1 --repeats 3 --warmup 10 \
   --cluster-spec benchmarks/results/fidelity-programs-spec.toml --work-dir "$OUT/fidelity_work" --json "$OUT/ddp_fidelity.json" --program "${DDP[*]}"
-program_chain fsdp 1 8 examples/fsdp2.py --device "$DEVICE" --steps 40 "${DDP_MODEL[@]}"
-program_chain tp_fsdp 2 4 examples/tp_fsdp.py --device "$DEVICE" --tp 2 --steps 40 "${DDP_MODEL[@]}"
-program_chain compile 1 8 examples/compile_ddp.py --device "$DEVICE" --compile-inside --steps 40 "${DDP_MODEL[@]}"
+program_chain fsdp "--tp 1 --pp 1 --dp 8" examples/fsdp2.py --device "$DEVICE" --steps 40 "${DDP_MODEL[@]}"
+program_chain tp_fsdp "--tp 2 --pp 1 --dp 4" examples/tp_fsdp.py --device "$DEVICE" --tp 2 --steps 40 "${DDP_MODEL[@]}"
+program_chain compile "--tp 1 --pp 1 --dp 8" examples/compile_ddp.py --device "$DEVICE" --compile-inside --steps 40 "${DDP_MODEL[@]}"
 if "$PY" -c "import transformers" 2>/dev/null; then
-  program_chain llama 2 4 examples/hf_llama.py --device "$DEVICE" --tp 2 --steps 40 "${DDP_MODEL[@]}"
+  program_chain llama "--tp 2 --pp 1 --dp 4" examples/hf_llama.py --device "$DEVICE" --tp 2 --steps 40 "${DDP_MODEL[@]}"
 else
   echo "llama_*: skipped (transformers is not installed)" | tee -a "$OUT/summary.txt"
 fi
@@ -126,9 +132,22 @@ if "$PY" -c "import torchtitan" 2>/dev/null; then
   TT=(-m torchtitan.train --module llama3 --config llama3_debugmodel --training.seq_len "${TT_SEQ:-1024}"
       --training.local_batch_size 4 --training.steps 40 --metrics.log_freq 10 --training.disable_cuda_graphs
       --parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 4)
-  (cd "$OUT/torchtitan" && program_chain torchtitan 2 4 "${TT[@]}")
+  (cd "$OUT/torchtitan" && program_chain torchtitan "--tp 2 --pp 1 --dp 4" "${TT[@]}")
 else
   echo "torchtitan_*: skipped (torchtitan is not installed)" | tee -a "$OUT/summary.txt"
+fi
+if [ "$DEVICE" != cpu ] && "$PY" -c "import megatron.core" 2>/dev/null; then
+  # Megatron's ranks: tp fastest, then dp, then pp (prism's default order).
+  MEGATRON=(examples/megatron_gpt.py --tp 2 --steps 40 --layers 8 --hidden 1024 --heads 16 --vocab 4096
+            --seq 256 --micro-batch 4 --microbatches 4)
+  program_chain megatron "--tp 2 --pp 1 --dp 4" "${MEGATRON[@]}"
+  program_chain megatron_pp "--tp 2 --pp 2 --dp 2" "${MEGATRON[@]}" --pp 2
+  program_chain megatron_distopt "--tp 2 --pp 1 --dp 4" "${MEGATRON[@]}" --distributed-optimizer
+  step megatron_fidelity 240 "$PY" benchmarks/fidelity.py --device $DEVICE --dp 1 --repeats "${REPEATS:-3}" --warmup 10 \
+    --cluster-spec benchmarks/results/fidelity-programs-spec.toml --work-dir "$OUT/fidelity_megatron" \
+    --json "$OUT/megatron_fidelity.json" --program "${MEGATRON[*]} --tp 1"
+else
+  echo "megatron_*: skipped (megatron-core is not installed, or no CUDA)" | tee -a "$OUT/summary.txt"
 fi
 echo "summary:"; cat "$OUT/summary.txt"
 archive
