@@ -6,7 +6,9 @@
 # OUT: where logs and results go (default gpu-checks/). ARCHIVE: a .tgz refreshed after every
 # step with OUT's logs and results (not the captures' traces), so that what ran is kept even if
 # the whole run is cut short; at the end ARCHIVE's name with -captures before .tgz holds the
-# captures, graphs and replay directories, to look into on another machine. Each step runs on, whatever the one before did, under its own time
+# captures, graphs and replay directories, to look into on another machine. Do not wrap the script
+# in `timeout`: a step's own limit ends its whole process tree, an outer one leaves the running
+# step's processes on the GPU. Each step runs on, whatever the one before did, under its own time
 # limit; its log is OUT/<step>.log and one line per step goes to OUT/summary.txt. On a machine
 # whose python has torch, pandas, pyarrow, numba, typer and rich but not prism, prism is
 # installed first without dependencies (PY=... picks the python). DEVICE=cpu and DDP_MODEL=...
@@ -104,10 +106,11 @@ cp "$OUT/replay_gpt/report.json" "$OUT/gpt_replay_report.json" 2>/dev/null
 
 # program_chain NAME "LAYOUT" PROGRAM ARGS...: an unmodified program's slice captured at LAYOUT
 # (prism's layout options, "--tp 2 --pp 1 --dp 4"), its graph built and simulated, rank 3 replayed
-# against its virtual peers.
+# against its virtual peers. The capture's profiler correction is the median of 8 clean warm-up
+# iterations (with 3, a host-bound program's was unsteady: 4.9-7.6 % iteration cv on the H200).
 program_chain() {
   local name=$1; local -a layout; read -r -a layout <<< "$2"; shift 2
-  step "${name}_capture" 150 bash -c 'cli "$@"' cli prism.capture.cli --device $DEVICE "${layout[@]}" --warmup 5 --iterations 2 --overwrite -o "$OUT/${name}_cap" -- "$@"
+  step "${name}_capture" 150 bash -c 'cli "$@"' cli prism.capture.cli --device $DEVICE "${layout[@]}" --warmup 10 --iterations 2 --overwrite -o "$OUT/${name}_cap" -- "$@"
   step "${name}_build" 60 bash -c 'cli "$@"' cli prism.graph.build.cli "$OUT/${name}_cap" "${layout[@]}" -o "$OUT/$name.parquet"
   step "${name}_simulate" 60 bash -c 'cli "$@"' cli prism.graph.sim.cli "$OUT/$name.parquet" -o "$OUT/${name}_simulate.json"
   step "${name}_replay" 150 bash -c 'cli "$@"' cli prism.replay.cli "$OUT/$name.parquet" --rank 3 --warmup 5 --iterations 2 --overwrite -o "$OUT/replay_$name"
