@@ -210,7 +210,7 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
         # Not torch.profiler.record_function, an op a program's dispatch mode sees: selective
         # activation checkpointing replays it from its cache in the recomputed forward, and the
         # call's mark is lost. The fast record function bypasses the dispatcher (a cpu_op).
-        with _RecordFunctionFast(comm_mark_name(op.value, self._group.label, gseq, nbytes)):
+        with _RecordFunctionFast(comm_mark_name(op.value, self._group.label, self._name, gseq, nbytes)):
             if not on_real:
                 work = self._virtual_work(record, virtual())
             else:

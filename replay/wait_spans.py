@@ -44,13 +44,19 @@ class TraceClock:
 
 def _marked_calls(events: list[dict], log: CommLog) -> list[tuple[dict, CommCall]]:
     """The trace's ``prism:comm`` marks of virtual calls, each with its call."""
-    calls = {(c.label, c.gseq): c for c in log.calls if not c.delegated and c.done_ns > 0}
+    timed = [c for c in log.calls if not c.delegated and c.done_ns > 0]
+    by_group = {(c.group, c.gseq): c for c in timed}
+    by_label = {(c.label, c.gseq): c for c in timed}  # marks that name no process group
     found = []
     for e in events:
         if e.get("ph") != "X" or not str(e.get("name", "")).startswith("prism:comm"):
             continue
         mark = try_parse_mark(e["name"])
-        call = None if mark is None or mark.phase != Phase.COMM else calls.get((mark.group, mark.gseq))
+        if mark is None or mark.phase != Phase.COMM:
+            continue
+        call = (
+            by_label.get((mark.group, mark.gseq)) if mark.pg is None else by_group.get((mark.pg, mark.gseq))
+        )
         if call is not None:
             found.append((e, call))
     return found

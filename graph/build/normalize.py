@@ -356,7 +356,8 @@ def _call_of_mark(
         mark = parse_mark(name)
     except MarkError as e:
         raise NormalizeError(f"{path}: malformed comm mark in the trace: {e}") from e
-    groups = names_of_label.get(mark.group or "", [])
+    # A mark names its process group; one of a capture that did not is found by its label.
+    groups = [mark.pg] if mark.pg is not None else names_of_label.get(mark.group or "", [])
     found = [c for g in groups if (c := calls.get((g, mark.gseq))) is not None]
     if len(found) > 1:  # several groups share the label: the op and size may still tell them apart
         found = [c for c in found if c.op == mark.op and c.bytes == mark.bytes]

@@ -145,16 +145,17 @@ def test_group_label() -> None:
 @given(
     op=st.text(st.characters(exclude_characters="|="), min_size=1, max_size=12),
     group=texts,
+    pg=texts,
     gseq=st.integers(min_value=0, max_value=10**9),
     nbytes=st.integers(min_value=0, max_value=10**12),
 )
-def test_a_calls_mark_named_in_parts_is_the_mark_format_mark_writes(op, group, gseq, nbytes) -> None:
-    mark = Mark(phase=Phase.COMM, op=op, group=group, gseq=gseq, bytes=nbytes)
-    name = comm_mark_name(op, group, gseq, nbytes)
+def test_a_calls_mark_named_in_parts_is_the_mark_format_mark_writes(op, group, pg, gseq, nbytes) -> None:
+    mark = Mark(phase=Phase.COMM, op=op, group=group, pg=pg, gseq=gseq, bytes=nbytes)
+    name = comm_mark_name(op, group, pg, gseq, nbytes)
     assert name == format_mark(mark)
     assert parse_mark(name) == mark
 
 
 def test_a_calls_mark_refuses_what_the_grammar_refuses() -> None:
     with pytest.raises(MarkError):
-        comm_mark_name("all_reduce", "tp|0", 0, 8)
+        comm_mark_name("all_reduce", "tp|0", "3", 0, 8)

@@ -55,11 +55,13 @@ class Capture:
 
     def comm(
         self, ts: float, dur: float, gseq: int, *, group: CommGroup = TP_GROUP, op: str = "all_reduce",
-        waited_at: float | None = None,
+        waited_at: float | None = None, named: bool = True,
     ) -> None:  # fmt: skip
         """A call whose log is on a clock 20 µs behind the trace's; ``waited_at``: where the
-        program waited for it, in the trace's µs."""
-        self.mark(f"prism:comm|op={op}|group={group.label}|gseq={gseq}|bytes=64", ts, dur)
+        program waited for it, in the trace's µs; ``named``: its mark names its process group
+        (as the backend writes it), else only its label (as older captures did)."""
+        pg = f"|pg={group.name}" if named else ""
+        self.mark(f"prism:comm|op={op}|group={group.label}{pg}|gseq={gseq}|bytes=64", ts, dur)
         enter = BASE_NS + int(ts * 1000) - LOG_BEHIND_NS
         self.calls.append(
             CommCall(
@@ -394,12 +396,25 @@ def test_comm_mark_without_log_entry(cap: Capture) -> None:
         normalize_rank(root, RANK)
 
 
-def test_shared_label_is_resolved_by_op_and_bytes_or_refused(cap: Capture) -> None:
+def test_two_groups_of_one_label_are_told_apart_by_name(cap: Capture) -> None:
+    # Megatron makes several groups of the same ranks (data parallel, and its distributed
+    # optimizer's), and reduces alike on each: label, call number, op and bytes all match.
     twin = CommGroup(name="g-twin", label="tp.0", ranks=(4, 5), real_ranks=(5,))
     cap.groups.append(twin)
     cap.mark("prism:iter|iter=0", 0, 100)
     cap.comm(10, 5, gseq=0)
-    cap.comm(20, 5, gseq=0, group=twin, op="send")  # same label and gseq, other op
+    cap.comm(20, 5, gseq=0, group=twin)
+    df = ops(normalize_rank(cap.write(), RANK))
+    assert df[T.GROUP_NAME].tolist() == ["g-tp", "g-twin"]
+    assert df[T.START_NS].is_monotonic_increasing
+
+
+def test_marks_of_an_older_capture_are_resolved_by_op_and_bytes_or_refused(cap: Capture) -> None:
+    twin = CommGroup(name="g-twin", label="tp.0", ranks=(4, 5), real_ranks=(5,))
+    cap.groups.append(twin)
+    cap.mark("prism:iter|iter=0", 0, 100)
+    cap.comm(10, 5, gseq=0, named=False)
+    cap.comm(20, 5, gseq=0, group=twin, op="send", named=False)  # same label and gseq, other op
     df = ops(normalize_rank(cap.write(), RANK))
     assert df[T.GROUP_NAME].tolist() == ["g-tp", "g-twin"]
     cap.calls[1] = CommCall(**{**cap.calls[1].__dict__, "op": "all_reduce"})
