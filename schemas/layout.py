@@ -407,18 +407,24 @@ class ParallelLayout:
                     kinds.append(kind)
         return tuple(kinds)
 
+    def single_rank_axes(self) -> tuple[str, ...]:
+        """The extra axes of degree 1: a one-rank group is labelled by the first of them where tp,
+        dp and pp are all larger (``group_of_ranks``)."""
+        return tuple(a for a in EXTRA_AXES if self.degree(a) == 1)
+
     def group_of_ranks(self, ranks: tuple[int, ...] | list[int]) -> tuple[str, int] | None:
         """(kind, group index) if ``ranks`` is exactly one group of some kind, else None;
         ('world', 0) for all ranks when no single axis spans them.
 
         An axis wins over 'world' (with dp = world size, the DP group is the world and is
         labelled dp), and the world over flattenings. For degenerate axes (degree 1) several axes
-        match a single rank; the first of tp, dp, pp wins so that labels are stable.
+        match a single rank; the first of tp, dp, pp, then cp, dp_replicate, ep, etp wins so that
+        labels are stable (a one-rank group is a group of the layout wherever one axis is 1).
         """
         ranks = tuple(ranks)
         if not ranks:
             return None
-        for axis in AXES:
+        for axis in AXES if len(ranks) > 1 else (*AXES, *self.single_rank_axes()):
             if self.degree(axis) == len(ranks) and self.group(ranks[0], axis) == ranks:
                 return (axis, self.group_index(ranks[0], axis))
         if len(ranks) == self.world_size and ranks == tuple(range(self.world_size)):

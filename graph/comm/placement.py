@@ -24,12 +24,14 @@ class LayoutTables:
     @classmethod
     def build(cls, layout: ParallelLayout, gpus_per_node: int) -> LayoutTables:
         """Vectorised over ranks and groups (a world of millions of ranks in seconds), for every
-        group kind of the layout (tp, dp and pp always)."""
+        group kind of the layout (tp, dp and pp always, and the other axes of degree 1, whose
+        one-rank groups a program may call on)."""
         ranks = np.arange(layout.world_size, dtype=np.int64)
         node = ranks // gpus_per_node
         fine = fine_coords(layout, ranks)
         index, spanned = {}, {}
-        for kind in dict.fromkeys(("tp", "dp", "pp", *(k for k in layout.kinds() if k != WORLD))):
+        kinds = ("tp", "dp", "pp", *(k for k in layout.kinds() if k != WORLD), *layout.single_rank_axes())
+        for kind in dict.fromkeys(kinds):
             gi = group_indices(layout, kind, fine)
             index[kind] = gi.astype(np.int32)
             # Nodes a group spans: its distinct (group, node) pairs.

@@ -82,7 +82,8 @@ def test_the_capture_stops_at_a_group_outside_the_layout_and_passes_the_layouts_
     label = checked_labeler(ParallelLayout(tp=2, pp=1, dp=4))
     assert label((0, 1)) == "tp.0" and label((1, 3, 5, 7)) == "dp.1" and label(tuple(range(8))) == "world"
     assert label((5,)) == "pp.5"  # pp=1: the degenerate axis holds one rank
-    assert checked_labeler(ParallelLayout(tp=2, pp=2, dp=2))((5,)) is None  # one rank calls no peer
+    assert checked_labeler(ParallelLayout(tp=2, pp=2, dp=2))((5,)) == "cp.5"  # an axis of degree 1
+    assert checked_labeler(ParallelLayout(tp=2, pp=2, dp=2, cp=2, dp_replicate=2, ep=2, etp=2))((5,)) is None
     with pytest.raises(
         GroupOutsideLayout,
         match=r"ranks \[0, 1, 2, 3\] \(4 ranks\).*would match: --tp 2 --pp 1 --dp 4 --order dp-tp-pp",
