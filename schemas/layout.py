@@ -407,6 +407,11 @@ class ParallelLayout:
                     kinds.append(kind)
         return tuple(kinds)
 
+    def bound_kinds(self) -> tuple[str, ...]:
+        """Every kind a program's collective can be bound to in a graph: tp, dp and pp always, the
+        kinds of more than one rank, and the extra axes of degree 1 (one-rank groups)."""
+        return tuple(dict.fromkeys(("tp", "dp", "pp", *self.kinds(), *self.single_rank_axes())))
+
     def single_rank_axes(self) -> tuple[str, ...]:
         """The extra axes of degree 1: a one-rank group is labelled by the first of them where tp,
         dp and pp are all larger (``group_of_ranks``)."""

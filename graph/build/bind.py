@@ -42,7 +42,7 @@ SPLITS = "splits"  # an encoded program's relative all-to-all splits: a list per
 def kind_codes(layout: ParallelLayout) -> dict[str, int]:
     """The code of every group kind of ``layout`` in collective ids."""
     codes = dict(AXIS_CODES)
-    for kind in (*layout.kinds(), *layout.single_rank_axes()):
+    for kind in layout.bound_kinds():
         codes.setdefault(kind, len(codes) + 1)
     return codes
 

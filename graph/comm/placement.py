@@ -24,14 +24,12 @@ class LayoutTables:
     @classmethod
     def build(cls, layout: ParallelLayout, gpus_per_node: int) -> LayoutTables:
         """Vectorised over ranks and groups (a world of millions of ranks in seconds), for every
-        group kind of the layout (tp, dp and pp always, and the other axes of degree 1, whose
-        one-rank groups a program may call on)."""
+        kind a collective can be bound to (``ParallelLayout.bound_kinds``)."""
         ranks = np.arange(layout.world_size, dtype=np.int64)
         node = ranks // gpus_per_node
         fine = fine_coords(layout, ranks)
         index, spanned = {}, {}
-        kinds = ("tp", "dp", "pp", *(k for k in layout.kinds() if k != WORLD), *layout.single_rank_axes())
-        for kind in dict.fromkeys(kinds):
+        for kind in (k for k in layout.bound_kinds() if k != WORLD):
             gi = group_indices(layout, kind, fine)
             index[kind] = gi.astype(np.int32)
             # Nodes a group spans: its distinct (group, node) pairs.
