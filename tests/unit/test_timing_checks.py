@@ -36,6 +36,8 @@ def test_two_optimizers_stepped_in_turn_are_implausible_in_the_profiled_iteratio
         ms(3857, 500, 520, 2000, 2100),  # a cold first iteration, a profiler several times slower
         ms(40, 10, 21, 9.5, 10.2, 80),  # a loaded host's doubling, a profiled step 8x the clean ones
         ms(1000, 0.5),  # the first is set-up: never compared
+        # A stall of 36 ms in one profiled 2 ms step: the clean step says which one is whole.
+        ms(40, 1.0, 1.2, 3.0, 38.3, 1.89),
     ],
 )
 def test_a_programs_own_steps_with_noise_and_a_profiler_are_plausible(iterations) -> None:
