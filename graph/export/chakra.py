@@ -136,13 +136,25 @@ def _append(
         last_blocking[stream] = node.id
 
 
-def comm_groups(layout: ParallelLayout) -> dict[str, list[int]]:
-    """Every group of the layout by its ``pg_name`` (ASTRA-sim's communicator-group JSON)."""
+def comm_groups(layout: ParallelLayout, kinds: Iterable[str]) -> dict[str, list[int]]:
+    """Every group of each of ``kinds`` by its ``pg_name`` (ASTRA-sim's communicator-group JSON),
+    with the world. A one-rank group (an axis of degree 1) is listed like any other."""
     return {"world": list(range(layout.world_size))} | {
         group_label(kind, i): list(ranks)
-        for kind in dict.fromkeys(("tp", "dp", "pp", *layout.kinds()))
-        if kind != "world" and layout.degree(kind) > 1
+        for kind in dict.fromkeys(kinds)
+        if kind != "world"
         for i, ranks in enumerate(layout.groups(kind))
+    }
+
+
+def _group_kinds(nodes: Iterable[Node]) -> set[str]:
+    """The kinds of the groups the collectives among ``nodes`` run on."""
+    return {
+        a.string_val.partition(".")[0]
+        for n in nodes
+        if n.type == COMM_COLL_NODE
+        for a in n.attr
+        if a.name == "pg_name"
     }
 
 
@@ -158,6 +170,7 @@ def write_chakra(
         raise ExportError(f"{out_dir} exists and is not an empty directory")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    kinds: set[str] = set()
     try:
         for rank in ranks:
             with open(tmp / f"{prefix}.{rank}.et", "wb") as f:
@@ -168,9 +181,13 @@ def write_chakra(
                     Attr(name="prism_world_size", int64_val=layout.world_size),
                 ])  # fmt: skip
                 encode_message(f, metadata)
-                for node in rank_nodes(path, rank):
+                nodes = rank_nodes(path, rank)
+                kinds |= _group_kinds(nodes)
+                for node in nodes:
                     encode_message(f, node)
-        (tmp / "comm_group.json").write_text(json.dumps(comm_groups(layout), indent=1))
+        # The kinds the written ranks' collectives use, every group of each: a kind of degree 1
+        # (a one-rank group) is listed where a call uses it, and no kind that none does.
+        (tmp / "comm_group.json").write_text(json.dumps(comm_groups(layout, sorted(kinds)), indent=1))
         if out_dir.exists():
             out_dir.rmdir()
         os.replace(tmp, out_dir)

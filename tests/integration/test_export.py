@@ -128,9 +128,7 @@ def test_chakra_traces_read_back_with_mlc_chakra(fuzz_graph: Path, tmp_path: Pat
         "world": [0, 1, 2, 3],
         "dp.0": [0, 1],
         "dp.1": [2, 3],
-        "pp.0": [0, 2],
-        "pp.1": [1, 3],
-    }  # fmt: skip (tp=1 pp=2 dp=2, order tp-dp-pp)
+    }  # fmt: skip (tp=1 pp=2 dp=2, order tp-dp-pp: the all-reduces' groups; stages send and receive)
     sends, recvs = set(), set()
     for rank in range(4):
         metadata, nodes = _read_chakra(out / f"prism.{rank}.et")

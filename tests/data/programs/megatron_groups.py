@@ -1,8 +1,9 @@
 """Megatron-core's process groups on CPU: ``initialize_model_parallel`` with tensor, context,
 expert and pipeline parallelism (its own rank order, tp fastest, then cp, ep, dp, pp), and a small
 torch model whose gradients are all-reduced over each group a Megatron job reduces over (tensor,
-data, data with context, model, context, expert, expert data, tensor-data-context) and sent from
-the first pipeline stage to the last. Megatron's layers need CUDA; its groups do not.
+data, data with context, model, context, expert, expert data, tensor-data-context), over the
+position-embedding group on the first stage (one rank: a group of the mesh wherever an axis is 1),
+and sent from the first pipeline stage to the last. Megatron's layers need CUDA; its groups do not.
 
     torchrun --nproc-per-node 32 megatron_groups.py --tp 2 --cp 2 --ep 2 --pp 2
 """
@@ -54,6 +55,8 @@ def main() -> None:
             dist.send(model.weight.detach()[:8], ps.get_pipeline_model_parallel_next_rank())
         for group in groups:
             dist.all_reduce(model.weight.grad, group=group)
+        if ps.is_rank_in_position_embedding_group():
+            dist.all_reduce(model.bias.grad, group=ps.get_position_embedding_group())
         optimizer.step()
         optimizer.zero_grad()
     ps.destroy_model_parallel()
