@@ -96,7 +96,9 @@ def test_the_optimizer_step_steps_the_target_parameters(graphs) -> None:
     # AdamW on CPU steps each parameter in turn: six a block, three outside the blocks, 45 at
     # 7 layers against 33 at 5, each with the captured ops of the parameter it copies.
     assert len(step(built7)) == len(step(graph7)) == len(step(graph5)) * 45 // 33
-    assert 1.2 < step(built7).sum() / step(graph5).sum() < 1.6
+    # Each op is a captured one's, with its time; the copies add theirs (how much depends on how
+    # long the profiled iterations' ops of the blocks took beside the others: not checked here).
+    assert set(step(built7)) <= set(step(graph5)) and step(built7).sum() > step(graph5).sum()
 
 
 def test_too_few_layers_for_the_captured_edges_are_refused(graphs, tmp_path: Path) -> None:
