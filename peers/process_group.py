@@ -202,6 +202,7 @@ class ProcessGroupPrism(CollectivesMixin, PointToPointMixin, dist.ProcessGroup):
             async_op=async_op,
             delegated=on_real,
             split_bytes=split_bytes,
+            buffer=_storage_address(payload) if op in (CommOp.SEND, CommOp.RECV) else 0,
         )
         # Marked in every iteration, profiled or not. Unmarked, a virtual collective returns a few
         # µs sooner (the record_function), and what the process does while the call's host work
@@ -332,6 +333,17 @@ ProcessGroupPrism = _run_eagerly(ProcessGroupPrism)
 
 
 _SITE_FIELDS = tuple(f.name for f in dataclasses.fields(CallSite))
+
+
+def _storage_address(payload: Sequence[torch.Tensor]) -> int:
+    """The address of the first payload tensor's storage; 0 where it has none to read (meta or
+    fake tensors, tensor subclasses without storage)."""
+    if not payload:
+        return 0
+    try:
+        return int(payload[0].untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):
+        return 0
 
 
 def _pending(record: CallRecord) -> PendingCall:

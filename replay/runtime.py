@@ -145,11 +145,16 @@ def check_inputs(options: ReplayOptions) -> ReplayTarget:
     layout = ParallelLayout.from_dict(metadata.layout)
     if gf.PROGRAM_KEY in metadata.model:
         spec = ProgramSpec.from_dict(metadata.model[gf.PROGRAM_KEY])
-        layers = metadata.build_options.get("layers")
-        if layers is not None and not options.program:
+        retargeted = [
+            f"{metadata.build_options[key]} {key}"
+            for key in ("layers", "microbatches")
+            if metadata.build_options.get(key) is not None
+        ]
+        if retargeted and not options.program:
+            at = " and ".join(retargeted)
             raise ReplayInputError(
-                f"this graph walks {layers} layers, built from a capture of another layer count: give your program "
-                f"at {layers} layers (-- PROGRAM ARGS)"
+                f"this graph runs {at}, built from a capture at another count: give your program at {at} "
+                "(-- PROGRAM ARGS)"
             )
         if options.program:
             spec = replace(spec, argv=tuple(options.program), cwd=str(Path.cwd()))

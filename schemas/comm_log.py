@@ -109,6 +109,10 @@ class CommCall(CallSite):
     split_bytes: tuple[int, ...] | None = None
     """all_to_all: the bytes this rank sends each member, in group-rank order (its own chunk
     included; they sum to ``bytes``); None for every other op."""
+    buffer: int = 0
+    """send / recv: the address of the payload's storage (recv: the buffer received into), so
+    that a build can tell a buffer kept across iterations from one allocated for the call; 0 for
+    every other op and in logs written before it was recorded."""
 
 
 @dataclass(frozen=True, kw_only=True)

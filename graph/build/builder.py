@@ -320,13 +320,11 @@ def _build_program_graph(options: BuildOptions, manifest: CaptureManifest, progr
             f"the capture is of your program at {layout}; a program's graph keeps the captured layout: "
             f"build without {' '.join(differs)} (or capture at the target layout)"
         )
-    if options.microbatches is not None:
-        raise BuildError("--microbatches changes the built-in GPT; a program's graph keeps its own")
     try:
         built = program_stages(
             options.capture_dir, manifest, cluster=options.cluster.to_dict(), digest=_digest(options.capture_dir),
             options={"ranks_per_row_group": _row_group_ranks(options)}, correction=options.profiler_correction,
-            layers=options.layers,
+            layers=options.layers, microbatches=options.microbatches,
         )  # fmt: skip
     except TemplateError as e:
         raise BuildError(str(e)) from e

@@ -139,7 +139,11 @@ def build(
     etp: Annotated[int | None, typer.Option(help=f"{cli_help.ETP_TEXT} {cli_help.BUILD_DEFAULT}")] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="graph.parquet to write.")] = Path("graph.parquet"),
     microbatches: Annotated[
-        int | None, typer.Option(min=1, help="Microbatches per iteration [default: the capture's].")
+        int | None,
+        typer.Option(
+            min=1,
+            help="Microbatches per iteration [default: the capture's]; a program's passes repeat its steady ones.",
+        ),
     ] = None,
     layers: Annotated[
         int | None, typer.Option(min=1, help="Transformer layers [default: the capture's].")

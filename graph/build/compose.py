@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -35,6 +36,9 @@ from prism.schemas.grad_buckets import Bucket
 from prism.schemas.graph_format import POST_NAME, WAIT_NAME
 from prism.schemas.pipeline_schedule import Action, Step, one_f_one_b
 from prism.schemas.pipeline_shape import PipelineShape
+
+if TYPE_CHECKING:
+    from prism.graph.build.microbatch_steps import MicrobatchChange
 
 # Rank-independent columns of a stage program.
 MB, LAYER, GSEQ, P2P_DIR, P2P_SEQ, DEPS, IS_WAIT, SKEW, OVERLAP = (
@@ -72,6 +76,9 @@ class StageProgram:
     """Captured rank whose templates it was built from."""
     nodes: pd.DataFrame
     """Template columns plus MB, LAYER, GSEQ, P2P_DIR, P2P_SEQ, DEPS, IS_WAIT, SKEW, OVERLAP."""
+    microbatches: MicrobatchChange | None = None
+    """A program's stage built at another microbatch count: how its captured steps repeat and
+    what it holds besides."""
 
 
 def _sections(steps: tuple[Step, ...]) -> list[tuple[str, str]]:

@@ -17,8 +17,9 @@ with fewer than two alike inner runs has no steady run to repeat: the capture ne
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
@@ -36,6 +37,17 @@ RUN_SIGNATURE = (ot.NAME, ot.IS_COMM, ot.COMM_OP, ot.GROUP_LABEL, ot.BYTES, ot.A
 
 MIN_STEADY = 2
 """Alike inner runs a pass needs: one inner run alone cannot tell a steady layer from an edge."""
+
+
+class Repeating(Protocol):
+    """Runs of units of which a stretch of alike ones repeats: a pass's layers, a schedule's
+    microbatch steps."""
+
+    @property
+    def runs(self) -> tuple[tuple[int, int], ...]: ...
+
+    @property
+    def steady(self) -> tuple[int, int]: ...
 
 
 @dataclass(frozen=True)
@@ -63,9 +75,9 @@ class LayerPass:
         return first + len(self.runs) - last
 
 
-def _unit_signatures(units: pd.DataFrame) -> np.ndarray:
-    """Each unit's ``RUN_SIGNATURE``, as one string."""
-    return units[list(RUN_SIGNATURE)].astype(str).agg("|".join, axis=1).to_numpy()
+def unit_signatures(units: pd.DataFrame, columns: Sequence[str] = RUN_SIGNATURE) -> np.ndarray:
+    """Each unit's ``columns`` (by default ``RUN_SIGNATURE``), as one string."""
+    return units[list(columns)].astype(str).agg("|".join, axis=1).to_numpy()
 
 
 def _steady(signature: np.ndarray, runs: list[tuple[int, int]]) -> tuple[int, int] | None:
@@ -104,7 +116,7 @@ def layer_passes(units: pd.DataFrame) -> list[LayerPass]:
     # A run that ends a pass stops at its own last unit; the unmarked units after it are not its.
     last_own = np.array([marked[marked < end][-1] + 1 for end in ends])
     order = layer[begins]
-    signature = _unit_signatures(units)
+    signature = unit_signatures(units)
     ascending, descending = stack.tolist(), stack[::-1].tolist()
     passes, at = [], 0
     while at < len(begins):
@@ -280,9 +292,9 @@ def _outside_runs(size: int, passes: list[LayerPass]) -> np.ndarray:
     return outside
 
 
-def _alike_calls(passes: list[LayerPass]) -> dict[int, list[int]]:
-    """For each unit of a pass's repeated steady run, the units at the same place of its other
-    steady runs (which its copies stand for)."""
+def _alike_calls(passes: Sequence[Repeating]) -> dict[int, list[int]]:
+    """For each unit of a repeated steady run, the units at the same place of its other steady
+    runs (which its copies stand for)."""
     alike: dict[int, list[int]] = {}
     for p in passes:
         lo, hi = p.steady
@@ -292,8 +304,8 @@ def _alike_calls(passes: list[LayerPass]) -> dict[int, list[int]]:
     return alike
 
 
-def _mapped_waits(
-    expanded: pd.DataFrame, waits: dict[int, list[int]], passes: list[LayerPass]
+def mapped_waits(
+    expanded: pd.DataFrame, waits: dict[int, list[int]], passes: Sequence[Repeating]
 ) -> dict[int, list[int]]:
     """``waits`` (the unit after which each asynchronous call is waited for) at the expanded
     positions. A copied call is waited for as far on as its captured original, or one its copy
@@ -361,7 +373,7 @@ def retarget_units(
     glue = _outside_runs(len(units), passes) & ~in_step
     expanded = _per_parameter_glue(expanded, glue[origin], target)
     expanded = _optimizer_step(expanded, in_step[expanded[ORIGIN].to_numpy()], target)
-    waits = _mapped_waits(expanded, waits, passes)
+    waits = mapped_waits(expanded, waits, passes)
     if caps is None:
         return expanded, waits
     # Where the captured calls were waited for: after the copy of that unit, or, where it ran once a

@@ -62,6 +62,8 @@ __all__ = [
     "block_signatures",
     "et_join_coverage",
     "freed_of_layer",
+    "freed_of_rows",
+    "memory_addresses",
     "normalize_capture",
     "normalize_rank",
 ]
@@ -132,8 +134,17 @@ def freed_of_layer(
     capture_dir: str | os.PathLike, rank: int, ops: pd.DataFrame, layer: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per row of ``ops`` (``normalize_rank``'s table of ``rank``), the bytes it frees of blocks the
-    units of ``layer`` allocated, in its span and in the gap before it
-    (``prism.graph.traces.memory.freed_from``): where the program frees what a layer keeps."""
+    units of ``layer`` allocated, in its span and in the gap before it: where the program frees
+    what a layer keeps."""
+    return freed_of_rows(capture_dir, rank, ops, ops[T.LAYER].to_numpy() == layer)
+
+
+def freed_of_rows(
+    capture_dir: str | os.PathLike, rank: int, ops: pd.DataFrame, allocated_in: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``ops`` (``normalize_rank``'s table of ``rank``), the bytes it frees of blocks the
+    rows where ``allocated_in`` is True allocated, in its span and in the gap before it
+    (``prism.graph.traces.memory.freed_from``)."""
     trace = read_kineto(CaptureFiles(Path(capture_dir)).kineto(rank))
     its = find_marks(trace).iterations
     units = _with_iteration_ends(select_units(training_spans(trace, its)), its)
@@ -141,9 +152,15 @@ def freed_of_layer(
         raise NormalizeError(f"rank {rank}: the trace's units are not those of the op table given")
     window = its["start_ns"].to_numpy()[units["window"].to_numpy()]
     return freed_from(
-        trace.memory, units["start_ns"].to_numpy(), units["end_ns"].to_numpy(), window,
-        ops[T.LAYER].to_numpy() == layer,
-    )  # fmt: skip
+        trace.memory, units["start_ns"].to_numpy(), units["end_ns"].to_numpy(), window, allocated_in
+    )
+
+
+def memory_addresses(capture_dir: str | os.PathLike, rank: int) -> np.ndarray:
+    """The addresses the allocator's events of ``rank``'s trace name (allocated or freed while the
+    profiler recorded): a block at none of them was held throughout."""
+    memory = read_kineto(CaptureFiles(Path(capture_dir)).kineto(rank)).memory
+    return np.unique(memory["addr"].to_numpy()) if not memory.empty else np.zeros(0, np.int64)
 
 
 def _read_comm_log(path: Path, rank: int) -> CommLog:
@@ -320,6 +337,7 @@ _COMM_DEFAULTS: dict[str, object] = {
     T.IS_ASYNC: False,
     T.FIRST_WAIT_NS: 0,
     T.SPLIT_BYTES: "",
+    T.BUFFER: 0,
 }
 
 
@@ -346,6 +364,7 @@ def _comm_values(call: CommCall, position: int) -> dict[str, object]:
         T.IS_ASYNC: call.async_op,
         T.FIRST_WAIT_NS: call.first_wait_ns,
         T.SPLIT_BYTES: splits,
+        T.BUFFER: call.buffer,
     }
 
 

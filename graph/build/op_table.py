@@ -46,6 +46,7 @@ PEER = "peer"  # global rank of the other side of send/recv/broadcast
 IS_ASYNC = "is_async"  # CommCall.async_op
 FIRST_WAIT_NS = "first_wait_ns"  # CommCall.first_wait_ns, on the trace's clock (0: not waited on)
 SPLIT_BYTES = "split_bytes"  # all_to_all: JSON list, bytes to the member d places after this rank
+BUFFER = "buffer"  # send / recv: address of the payload's storage (CommCall.buffer; 0: not known)
 POST_NS = "post_ns"  # derived by the build: an async transfer's post, host time run after its call
 
 # -- memory (one device: the accelerator when the trace has its events, else the CPU) ---------
@@ -89,6 +90,7 @@ DTYPES: dict[str, str] = {
     IS_ASYNC: "bool",
     FIRST_WAIT_NS: "int64",
     SPLIT_BYTES: "object",
+    BUFFER: "int64",
     ALLOC_BYTES: "int64",
     FREE_BYTES: "int64",
     GAP_ALLOC_BYTES: "int64",

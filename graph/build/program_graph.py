@@ -3,7 +3,7 @@ position, from its captured rank's traces alone (``prism.graph.build.program_sta
 every rank of the captured layout, and one more for each stage whose ranks past the first on an
 axis call differently (``prism.schemas.rank_programs``). A program can be built at another layer count than
 the one captured (``prism.graph.build.layer_passes``): each stage walks an equal share of them
-and holds their parameters."""
+and holds their parameters; or at another microbatch count (``prism.graph.build.microbatch_steps``)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from prism.graph.build.alike import call_sequence, check_alike
 from prism.graph.build.bind import encode_program
 from prism.graph.build.bucket_calls import BucketCaps
 from prism.graph.build.layer_passes import LayerTarget
-from prism.graph.build.normalize import freed_of_layer, normalize_rank
+from prism.graph.build.microbatch_steps import MicrobatchTarget, microbatch_notes
+from prism.graph.build.normalize import freed_of_layer, freed_of_rows, memory_addresses, normalize_rank
 from prism.graph.build.profiler_overhead import Correction, calls_are_launches, correction_scale
 from prism.graph.build.program_stage import fitted_scale, program_stage
 from prism.graph.build.rank_variants import Found, find_variants, variant_line
@@ -175,18 +176,24 @@ def program_stages(
     options: dict,
     correction: Correction,
     layers: int | None = None,
+    microbatches: int | None = None,
 ) -> ProgramStages:
     """Every stage's program and the graph metadata of a program capture at its own layout;
-    with ``layers``, each stage walking its equal share of them (``prism.graph.build.layer_passes``)."""
+    with ``layers``, each stage walking its equal share of them (``prism.graph.build.layer_passes``);
+    with ``microbatches``, each running that many (``prism.graph.build.microbatch_steps``)."""
     program = manifest.job.program
     layout = program.layout
+    if layers is not None and microbatches is not None:
+        raise TemplateError("--layers and --microbatches change a program's graph one at a time: give one")
+    if microbatches is not None and microbatches < 1:
+        raise TemplateError(f"--microbatches {microbatches}: at least 1")
     per_stage = None if layers is None else _stage_layers(manifest, layers, layout.pp)
     sources = _stage_sources(manifest, layout.pp)
     ops = functools.cache(lambda rank: normalize_rank(capture_dir, rank))
     variants = _variants(manifest, sources, layout, ops)
     programs = [(str(stage), stage, sources[stage]) for stage in range(layout.pp)]
     programs += [(f"{v.stage}.{v.axis}", v.stage, captured) for v, captured, _ in variants]
-    stages, scales, statics = [], {}, {}
+    stages, scales, statics, schedules = [], {}, {}, {}
     for key, stage, captured in programs:
         ops_of_stage = ops(captured.rank)
         retarget, statics[key] = (
@@ -200,13 +207,21 @@ def program_stages(
         stage_program = program_stage(
             ops_of_stage, rank=captured.rank, stage=stage, layout=layout, scale=scale,
             launches=calls_are_launches(manifest.job.device), noise_cv=cv, retarget=retarget,
+            microbatches=_microbatch_target(capture_dir, captured, ops, microbatches),
         )  # fmt: skip
+        if stage_program.microbatches is not None:
+            schedules[key] = stage_program.microbatches.schedule
+            statics[key] += stage_program.microbatches.static_bytes
         stages.append(encode_program(stage_program, layout))
         if scale is not None:
             scales[key] = scale.to_dict() | {"noise_cv": round(cv, 6)}
     static = [statics[str(stage)] for stage in range(layout.pp)]
     if layers is not None:
         options = {**options, "layers": layers}
+    notes = ()
+    if microbatches is not None:
+        options = {**options, "microbatches": microbatches}
+        notes = microbatch_notes(schedules, microbatches)
     metadata = GraphMetadata(
         layout=layout.to_dict(),
         model={gf.PROGRAM_KEY: program.to_dict()},
@@ -222,5 +237,17 @@ def program_stages(
             gf.STEADY_FROM_KEY: max(r.result.steady_from or 1 for r in manifest.ranks),
         },
     )
-    notes = tuple(variant_line(v, layout, why) for v, _, why in variants)
+    notes += tuple(variant_line(v, layout, why) for v, _, why in variants)
     return ProgramStages(stages=stages, metadata=metadata, notes=notes)
+
+
+def _microbatch_target(
+    capture_dir, captured: CapturedRank, ops, microbatches: int | None
+) -> MicrobatchTarget | None:
+    if microbatches is None:
+        return None
+    return MicrobatchTarget(
+        microbatches=microbatches,
+        freed_of_rows=lambda rows: freed_of_rows(capture_dir, captured.rank, ops(captured.rank), rows),
+        memory_addresses=lambda: memory_addresses(capture_dir, captured.rank),
+    )

@@ -23,9 +23,10 @@ collective's result is used by the next op).
 Each unit keeps the layer block it ran in (the capture's layer marks,
 ``prism.capture.program_layers``; -1 outside every block), so that what-ifs and replays can
 delay a program's layers, and a stage can walk another layer count than the one captured
-(``prism.graph.build.layer_passes``). Graphs of programs keep the captured layout: changing tp,
-pp or dp would also need to know which units belong to which microbatch and the program's
-schedule.
+(``prism.graph.build.layer_passes``). Its forward and backward passes, a pair a microbatch,
+let it run another microbatch count (``prism.graph.build.microbatch_steps``). Graphs of
+programs keep the captured layout: changing tp, pp or dp would also need the program's schedule
+at the other layout.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from prism.graph.build.compose import (
     waiting_columns,
 )
 from prism.graph.build.layer_passes import LayerTarget, retarget_units
+from prism.graph.build.microbatch_steps import MicrobatchTarget, retarget_microbatches
 from prism.graph.build.profiler_overhead import TimeScale, host_kept, own_ns, scaled_times
 from prism.graph.build.templates import GROUP_AXIS, TemplateError
 from prism.schemas.annotations import GLUE, block_kind
@@ -228,6 +230,7 @@ def program_stage(
     noise_cv: float = 0.0,
     call_jitter_ns: float = 0.0,
     retarget: LayerTarget | None = None,
+    microbatches: MicrobatchTarget | None = None,
 ) -> StageProgram:
     """The nodes every rank of ``stage`` runs, from the op table ``ops`` of captured ``rank``.
 
@@ -235,12 +238,16 @@ def program_stage(
     correction, per phase where it has one); ``launches`` (a CUDA capture) keeps each call's
     captured host time, its launch, in the gap before it; ``noise_cv`` and ``call_jitter_ns``
     give collectives their arrival skew; ``retarget`` makes the stage walk another layer count
-    (``prism.graph.build.layer_passes``)."""
+    (``prism.graph.build.layer_passes``), ``microbatches`` run another microbatch count
+    (``prism.graph.build.microbatch_steps``)."""
     iterations = _iterations(ops)
     units = _units(iterations, rank, layout, scale, launches)
     waits = _wait_positions(units)
     if retarget is not None:
         units, waits = retarget_units(units, iterations, waits, retarget)
+    change = None
+    if microbatches is not None:
+        units, waits, change = retarget_microbatches(units, iterations, waits, microbatches, rows=len(ops))
     pieces, start = [], 0
     for position in sorted(waits):  # a wait node after each unit that ends some calls' flight
         pieces.append(units.iloc[start : position + 1])
@@ -252,4 +259,4 @@ def program_stage(
     nodes = finish_nodes(pieces)
     sizes = {kind: axis_size(layout, kind) for kind in kind_codes(layout)}
     nodes[SKEW], nodes[OVERLAP] = waiting_columns(nodes, sizes, noise_cv, call_jitter_ns)
-    return StageProgram(stage=stage, src_rank=rank, nodes=nodes)
+    return StageProgram(stage=stage, src_rank=rank, nodes=nodes, microbatches=change)

@@ -1,0 +1,346 @@
+"""A program's iteration at another microbatch count than the one captured, from its passes.
+
+A pipeline schedule (or gradient accumulation) runs a forward and a backward **pass** per
+microbatch: a stretch of units the capture marked forward or backward
+(``prism.capture.program_phases``). A **step** is one pass and the units after it up to the next
+pass (the transfers it posts, the loss, the receive the next pass waits for); the units before
+the first pass and after the last one's are the iteration's own, kept as captured.
+
+A schedule with one stage a rank repeats one of two periods while the microbatches grow: a
+forward step and a backward step in turn (1F1B's steady state, gradient accumulation), or, where
+no such pairs repeat, a stretch of forward steps and one of backward steps (GPipe). The
+**steady** period is the longest stretch of at least ``MIN_STEADY`` alike ones (same units,
+calls, peers, payloads and memory); the iteration for ``M`` microbatches keeps every step as
+captured and repeats (or drops) steady periods until it runs ``M`` forward and ``M`` backward
+passes. A stage with too few alike periods (1F1B needs ``pp + 2`` microbatches or more for two)
+has none to repeat: the capture needs more microbatches.
+
+What a period keeps past its steps (the last stage's outputs, kept for the loss) is freed by the
+iteration's own units: they free it for every microbatch, traced by address as the capture
+recorded them. What those units allocate (a batch drawn whole, the outputs merged) is kept as
+captured: the note says how far the peak could move if it grows with the microbatches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from prism.graph.build import op_table as ot
+from prism.graph.build.layer_passes import MIN_STEADY, ORIGIN, RUN_SIGNATURE, mapped_waits, unit_signatures
+from prism.graph.build.templates import TemplateError
+from prism.schemas.annotations import Phase
+
+FORWARD, BACKWARD = str(Phase.FORWARD), str(Phase.BACKWARD)
+STEP_SIGNATURE = (*RUN_SIGNATURE, ot.PEER)
+"""What two steps must share, unit by unit, to stand for each other."""
+
+
+@dataclass(frozen=True)
+class Steps:
+    """One iteration's microbatch steps: [start, stop) unit positions and pass phase, in order."""
+
+    bounds: tuple[tuple[int, int], ...]
+    phases: tuple[str, ...]
+
+    @property
+    def microbatches(self) -> int:
+        return self.phases.count(FORWARD)
+
+
+@dataclass(frozen=True)
+class Period:
+    """A stretch of alike periods of steps (``Repeating``): each run the units of one period."""
+
+    runs: tuple[tuple[int, int], ...]
+    steady: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How an iteration's steps repeat with the microbatches."""
+
+    steps: Steps
+    periods: tuple[Period, ...]
+    """One stretch of forward-backward pairs, or a stretch of forward steps and one of backward
+    steps."""
+
+    outside_bytes: int = 0
+    """What the units outside the steps allocate, the optimizer step's aside."""
+    outside_largest: str = ""
+    """The name of the unit that allocates the most of it."""
+
+    @property
+    def paired(self) -> bool:
+        return len(self.periods) == 1
+
+    @property
+    def repeats(self) -> str:
+        return "forward-backward pairs" if self.paired else "a stretch of forward and one of backward steps"
+
+
+def microbatch_steps(units: pd.DataFrame) -> Steps:
+    """The steps of one iteration's units (positions 0..n-1). Raises TemplateError where the
+    passes are not a forward and a backward per microbatch."""
+    phase = units[ot.PHASE].astype(str).to_numpy()
+    in_pass = np.isin(phase, (FORWARD, BACKWARD))
+    at = np.flatnonzero(in_pass)
+    if not len(at):
+        raise TemplateError("the capture marks no forward or backward pass: cannot change its microbatches")
+    begins = at[np.r_[True, (np.diff(at) > 1) | (phase[at][1:] != phase[at][:-1])]]
+    last = at[-1] + 1
+    stops = np.r_[begins[1:], last]
+    phases = tuple(str(phase[b]) for b in begins)
+    forwards, backwards = phases.count(FORWARD), phases.count(BACKWARD)
+    if forwards != backwards:
+        raise TemplateError(
+            f"the iteration runs {forwards} forward and {backwards} backward passes: a pass per microbatch each "
+            "way is needed to change the microbatches"
+        )
+    return Steps(bounds=tuple((int(a), int(b)) for a, b in zip(begins, stops, strict=True)), phases=phases)
+
+
+def _longest_alike(signatures: list[tuple], members: list[int], step: int) -> list[int]:
+    """The longest stretch of ``members`` (step positions, ``step`` apart where they follow each
+    other) with alike signatures, at least ``MIN_STEADY`` of them (the earliest of equals), or []."""
+    best: list[int] = []
+    first = 0
+    for i in range(1, len(members) + 1):
+        if (
+            i == len(members)
+            or members[i] - members[i - 1] != step
+            or signatures[members[i]] != signatures[members[first]]
+        ):
+            if i - first >= MIN_STEADY and i - first > len(best):
+                best = members[first:i]
+            first = i
+    return best
+
+
+def schedule_of(units: pd.DataFrame) -> Schedule:
+    """The steps of ``units`` and the periods that repeat with the microbatches."""
+    steps = microbatch_steps(units)
+    outside_bytes, largest = _outside_allocation(units, steps)
+    outside = {"outside_bytes": outside_bytes, "outside_largest": largest}
+    signature = unit_signatures(units, STEP_SIGNATURE)
+    of_step = [tuple(signature[a:b]) for a, b in steps.bounds]
+    n = len(steps.bounds)
+    pairs = [(of_step[j], of_step[j + 1]) for j in range(n - 1)]
+    paired: list[int] = []
+    for parity in (0, 1):  # a forward then a backward step, or a backward then a forward
+        starts = [j for j in range(parity, n - 1, 2) if steps.phases[j] != steps.phases[j + 1]]
+        stretch = _longest_alike(pairs, starts, 2)
+        if len(stretch) > len(paired):
+            paired = stretch
+    if paired:
+        runs = tuple((steps.bounds[j][0], steps.bounds[j + 1][1]) for j in paired)
+        return Schedule(steps=steps, periods=(Period(runs=runs, steady=(0, len(runs))),), **outside)
+    periods = []
+    for phase in (FORWARD, BACKWARD):
+        members = [j for j in range(n) if steps.phases[j] == phase]
+        stretch = _longest_alike(of_step, members, 1)
+        if not stretch:
+            raise TemplateError(
+                f"the {steps.microbatches} captured microbatches run no {MIN_STEADY} alike forward-backward pairs "
+                f"and no {MIN_STEADY} alike {phase} steps in a row: nothing repeats to change their count; capture "
+                "with more microbatches (a 1F1B schedule needs pp + 2 or more)"
+            )
+        periods.append(Period(runs=tuple(steps.bounds[j] for j in stretch), steady=(0, len(stretch))))
+    return Schedule(steps=steps, periods=tuple(periods), **outside)
+
+
+def expand_microbatches(units: pd.DataFrame, schedule: Schedule, microbatches: int) -> pd.DataFrame:
+    """``units`` (one iteration, positions 0..n-1) running ``microbatches`` forward and backward
+    passes: each steady stretch with periods repeated after its first one, or dropped from its
+    end; ``ORIGIN`` gives the captured position each unit copies."""
+    more = microbatches - schedule.steps.microbatches
+    fewest = min(len(p.runs) for p in schedule.periods)
+    if more < 1 - fewest:
+        raise TemplateError(
+            f"--microbatches {microbatches}: the capture's {schedule.steps.microbatches} microbatches repeat "
+            f"{fewest} alike periods and at least one stays, so at least {schedule.steps.microbatches - fewest + 1}"
+        )
+    pieces, at = [], 0
+    for period in sorted(schedule.periods, key=lambda p: p.runs[0][0]):
+        start, stop = period.runs[0][0], period.runs[-1][1]
+        pieces.append(np.arange(at, start))
+        kept = len(period.runs) + min(more, 0)
+        runs = [period.runs[0]] * (1 + max(more, 0)) + list(period.runs[1:kept])
+        pieces.extend(np.arange(a, b) for a, b in runs)
+        at = stop
+    pieces.append(np.arange(at, len(units)))
+    origin = np.concatenate(pieces)
+    out = units.iloc[origin].reset_index(drop=True)
+    out[ORIGIN] = origin
+    return out
+
+
+def outside_steps(size: int, steps: Steps) -> np.ndarray:
+    """Of ``size`` units, those before the first step and after the last one."""
+    outside = np.ones(size, bool)
+    outside[steps.bounds[0][0] : steps.bounds[-1][1]] = False
+    return outside
+
+
+@dataclass(frozen=True)
+class MicrobatchTarget:
+    """A program's stage at another microbatch count than the one captured."""
+
+    microbatches: int
+    freed_of_rows: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+    """Per row of the captured rank's op table (by ``SEQ``), what it frees of the blocks the
+    rows given as a mask allocated, in its span and in its gap
+    (``prism.graph.build.normalize.freed_of_rows``)."""
+    memory_addresses: Callable[[], np.ndarray]
+    """The addresses the captured rank's memory events name
+    (``prism.graph.build.normalize.memory_addresses``)."""
+
+
+@dataclass(frozen=True)
+class MicrobatchChange:
+    """What a stage built at another microbatch count reads and holds besides its nodes."""
+
+    schedule: Schedule
+    """How its captured steps repeat."""
+    static_bytes: int
+    """Bytes it holds across iterations beyond the captured rank: per microbatch more, what one
+    keeps into the next iteration and the receive buffers kept for it."""
+
+
+def _period_rows(iterations: list[pd.DataFrame], schedule: Schedule, rows: int) -> np.ndarray:
+    """Of the op table's ``rows``, those of one steady period of each repeated stretch, in the
+    iterations that ran the stage's units."""
+    mask = np.zeros(rows, bool)
+    for iteration in iterations:
+        seq = iteration[ot.SEQ].to_numpy()
+        for period in schedule.periods:
+            a, b = period.runs[period.steady[0]]
+            mask[seq[a:b]] = True
+    return mask
+
+
+def _kept_frees(
+    units: pd.DataFrame,
+    schedule: Schedule,
+    iterations: list[pd.DataFrame],
+    target: MicrobatchTarget,
+    rows: int,
+) -> np.ndarray:
+    """Per captured position outside the steps: what it frees of one steady period's blocks (the
+    median over the steady iterations), a gap's at the end of the unit before it, as the stage
+    program places a gap's frees."""
+    inside, in_gap = target.freed_of_rows(_period_rows(iterations, schedule, rows))
+    per_iteration = []
+    for iteration in iterations[1:] or iterations:
+        seq = iteration[ot.SEQ].to_numpy()
+        at = inside[seq].astype(np.int64)
+        at[:-1] += in_gap[seq][1:]
+        at[0] += in_gap[seq][0]
+        per_iteration.append(at)
+    frees = np.median(per_iteration, axis=0).astype(np.int64)
+    return np.where(outside_steps(len(units), schedule.steps), frees, 0)
+
+
+def kept_per_microbatch(units: pd.DataFrame, schedule: Schedule) -> int:
+    """Bytes one more microbatch keeps past its steps: what its steady periods allocate and do
+    not free."""
+    net = (units[ot.ALLOC_BYTES] - units[ot.FREE_BYTES]).to_numpy(dtype=np.int64)
+    return int(sum(net[slice(*p.runs[p.steady[0]])].sum() for p in schedule.periods))
+
+
+def _outside_allocation(units: pd.DataFrame, steps: Steps) -> tuple[int, str]:
+    """What the iteration's own units allocate outside the optimizer step, and the name of the
+    unit that allocates the most: what stays as captured whatever the microbatches."""
+    outside = outside_steps(len(units), steps)
+    outside &= (units[ot.PHASE].astype(str) != str(Phase.OPTIMIZER)).to_numpy()
+    alloc = np.where(outside, units[ot.ALLOC_BYTES].to_numpy(dtype=np.int64), 0)
+    if not alloc.any():
+        return 0, ""
+    return int(alloc.sum()), str(units[ot.NAME].iloc[int(alloc.argmax())])
+
+
+def microbatch_notes(schedules: dict[str, Schedule], microbatches: int) -> tuple[str, ...]:
+    """What the user should know of the stages built at ``microbatches`` (keyed by program), or a
+    TemplateError where the stages' schedules read differently (too few microbatches captured to
+    tell 1F1B from GPipe on every stage)."""
+    kinds = {key: s.repeats for key, s in schedules.items()}
+    if len(set(kinds.values())) > 1:
+        read = "; ".join(f"stage {key}: {kind}" for key, kind in kinds.items())
+        raise TemplateError(
+            f"the stages' schedules repeat differently ({read}): capture with more microbatches so that each "
+            "stage shows its steady state"
+        )
+    notes = []
+    for key, s in schedules.items():
+        captured = s.steps.microbatches
+        if s.outside_bytes and microbatches != captured:
+            moved = s.outside_bytes * abs(microbatches - captured) // captured
+            notes.append(
+                f"stage {key}: its units outside the microbatch steps allocate {s.outside_bytes:,} bytes as captured "
+                f"(most in {s.outside_largest}); what of it holds the whole batch grows with the microbatches, which "
+                f"the graph does not show: its peak memory may be off by up to {moved:,} bytes"
+            )
+    return tuple(notes)
+
+
+def persistent_receive_bytes(units: pd.DataFrame, schedule: Schedule, addresses: np.ndarray) -> int:
+    """Bytes of the receive buffers a steady period keeps across iterations: those its receives
+    write into that the profiler saw neither allocated nor freed (held throughout, as a pipeline
+    stage keeps one per microbatch), each period its own. Raises TemplateError where periods
+    share such a buffer in part, which one capture cannot scale."""
+    buffer = units[ot.BUFFER].to_numpy(dtype=np.int64)
+    receives = (units[ot.IS_COMM].to_numpy(dtype=bool)) & (units[ot.COMM_OP].astype(str) == "recv").to_numpy()
+    kept = 0
+    for period in schedule.periods:
+        places = [np.flatnonzero(receives[a:b]) + a for a, b in period.runs]
+        if len({len(p) for p in places}) != 1:
+            continue  # alike periods make the same receives: nothing to compare otherwise
+        for offset in range(len(places[0])):
+            at = np.array([p[offset] for p in places])
+            held = buffer[at][(buffer[at] != 0) & ~np.isin(buffer[at], addresses)]
+            if not len(held):
+                continue
+            if len(held) != len(at) or len(np.unique(held)) not in (1, len(at)):
+                raise TemplateError(
+                    f"the steady microbatches receive {int(units[ot.BYTES].iloc[at[0]]):,} bytes into buffers held across "
+                    "iterations, some shared and some not: how many another microbatch count keeps is not known; capture "
+                    "at the target microbatch count"
+                )
+            if len(np.unique(held)) == len(at):  # one buffer a microbatch, not one for all
+                kept += int(units[ot.BYTES].iloc[at[0]])
+    return kept
+
+
+def retarget_microbatches(
+    units: pd.DataFrame,
+    iterations: list[pd.DataFrame],
+    waits: dict[int, list[int]],
+    target: MicrobatchTarget,
+    rows: int,
+) -> tuple[pd.DataFrame, dict[int, list[int]], MicrobatchChange]:
+    """A stage program's units (one iteration, timed) and their waits at ``target``'s microbatch
+    count (``expand_microbatches``); the units outside the steps free what each microbatch keeps
+    for every microbatch. ``rows``: the captured rank's op table's length. Also what it holds
+    across iterations beyond the captured rank."""
+    units = units.reset_index(drop=True)
+    schedule = schedule_of(units)
+    expanded = expand_microbatches(units, schedule, target.microbatches)
+    frees = _kept_frees(units, schedule, iterations, target, rows)
+    kept = kept_per_microbatch(units, schedule)
+    if int(frees.sum()) != kept:
+        raise TemplateError(
+            f"a microbatch keeps {kept:,} bytes past its steps and the units outside them free {int(frees.sum()):,} "
+            "of them: where the rest is freed is not known, so another microbatch count's memory would be wrong; "
+            "capture at the target microbatch count"
+        )
+    more = target.microbatches - schedule.steps.microbatches
+    origin = expanded[ORIGIN].to_numpy()
+    expanded[ot.FREE_BYTES] = expanded[ot.FREE_BYTES].to_numpy() + more * frees[origin]
+    # Freed before the first step: kept from the iteration before, so held as the iteration begins.
+    into_next = int(frees[: schedule.steps.bounds[0][0]].sum())
+    held = into_next + persistent_receive_bytes(units, schedule, target.memory_addresses())
+    change = MicrobatchChange(schedule=schedule, static_bytes=more * held)
+    return expanded, mapped_waits(expanded, waits, schedule.periods), change

@@ -1,0 +1,99 @@
+"""A pipelined program built at another microbatch count than the one captured: the graph a
+capture at that count gives, node for node, with its memory but for the batch the program draws
+whole (which the build's note bounds)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from prism.graph.build.cli import app as build_app
+from prism.graph.io.parquet import read_metadata
+from prism.graph.io.validate import validate_graph
+from prism.graph.sim.load import graph_column, load_sim_graph
+from prism.graph.sim.simulate import simulate
+from prism.replay.cli import app as replay_app
+from prism.schemas import graph_format as gf
+from prism.schemas.graph_format import WAIT_NAME
+from tests.integration.programs import captured_and_built
+
+pytestmark = pytest.mark.slow
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+LAYOUT = ("--tp", "1", "--pp", "2", "--dp", "1")
+SEQ = 8
+runner = CliRunner()
+
+
+def pipelined(schedule: str, microbatches: int) -> tuple[str, ...]:
+    """``examples/pp.py``: two stages, one sample a microbatch."""
+    return (str(EXAMPLES / "pp.py"), "--pp", "2", "--schedule", schedule, "--steps", "50", "--hidden", "32",
+            "--vocab", "64", "--batch", str(microbatches), "--seq", str(SEQ), "--layers-per-stage", "3",
+            "--microbatches", str(microbatches))  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=["1F1B", "GPipe"])
+def graphs(request, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path, str]:
+    """Six microbatches captured and built at eight, eight captured: (graph of 6, built at 8,
+    graph of 8, the build's output)."""
+    root = tmp_path_factory.mktemp(f"microbatches_{request.param}")
+    capture, graph6 = captured_and_built(root / "at6", LAYOUT, pipelined(request.param, 6), warmup=3)
+    _, graph8 = captured_and_built(root / "at8", LAYOUT, pipelined(request.param, 8), warmup=3)
+    built = root / "at6-built-at8.parquet"
+    result = runner.invoke(build_app, [str(capture), "--microbatches", "8", "-o", str(built)])
+    assert result.exit_code == 0, result.output
+    assert validate_graph(built).ok
+    return graph6, built, graph8, result.output
+
+
+def _stage_units(graph: Path, rank: int) -> list[tuple]:
+    """A rank's nodes but its waits (where a capture saw the program wait for a receive moves by a
+    unit between two captures): phase, kind, name, payload, peer."""
+    ranks = np.array([rank])
+    columns = [graph_column(graph, c, ranks) for c in (gf.PHASE, gf.KIND, gf.NAME, gf.BYTES, gf.PEER)]
+    keep = columns[2] != WAIT_NAME
+    return [tuple(row) for row in zip(*(c[keep] for c in columns), strict=True)]
+
+
+def test_each_stage_runs_the_schedule_a_capture_at_that_count_runs(graphs) -> None:
+    graph6, built, graph8, _ = graphs
+    for rank in (0, 1):
+        assert _stage_units(built, rank) == _stage_units(graph8, rank)
+        assert _stage_units(built, rank) != _stage_units(graph6, rank)
+    assert read_metadata(built).build_options["microbatches"] == 8
+
+
+def test_memory_is_a_capture_at_that_counts_but_for_the_batch_drawn_whole(graphs) -> None:
+    graph6, built, graph8, output = graphs
+    # pp.py draws each iteration's batch whole, (batch, seq + 1) int64, and keeps it into the
+    # next: two samples more are 144 bytes the graph keeps as captured, within the note's bound.
+    batch = 2 * (SEQ + 1) * 8
+    static = [np.array(read_metadata(g).extra[gf.STATIC_BYTES_KEY]) for g in (built, graph8)]
+    assert (static[1] - static[0] == batch).all()
+    peaks = [simulate(load_sim_graph(g), iterations=2).peak_bytes for g in (graph6, built, graph8)]
+    assert (np.abs(peaks[2] - peaks[1]) <= 2 * batch).all()
+    # What a capture at 8 holds beyond one at 6 (the outputs kept, a receive buffer a microbatch),
+    # the build holds too.
+    assert (peaks[2] - peaks[0] > 10 * batch).all()
+    assert "grows with the microbatches" in output and "aten::randint" in output
+
+
+def test_the_built_graph_replays_with_the_program_at_that_count_and_not_without(
+    graphs, tmp_path: Path
+) -> None:
+    built = graphs[1]
+    refused = runner.invoke(replay_app, [str(built), "--rank", "0", "-o", str(tmp_path / "r")])
+    assert refused.exit_code != 0 and "give your program at 8 microbatches" in refused.output
+
+
+def test_a_count_the_captured_steady_steps_cannot_reach_is_refused(graphs, tmp_path: Path) -> None:
+    capture = graphs[0].with_suffix("")
+    result = runner.invoke(
+        build_app, [str(capture), "--microbatches", "1", "-o", str(tmp_path / "g.parquet")]
+    )
+    assert result.exit_code != 0
+    assert "--microbatches 1" in result.output and "at least" in result.output
+    assert not (tmp_path / "g.parquet").exists()

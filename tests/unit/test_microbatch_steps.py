@@ -1,0 +1,205 @@
+"""A program's iteration at another microbatch count: its steps, the periods that repeat, their
+repetition, and the memory the iteration's own units free or the stage holds for each microbatch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from prism.graph.build import op_table as ot
+from prism.graph.build.layer_passes import ORIGIN
+from prism.graph.build.microbatch_steps import (
+    MicrobatchTarget,
+    expand_microbatches,
+    microbatch_notes,
+    microbatch_steps,
+    persistent_receive_bytes,
+    retarget_microbatches,
+    schedule_of,
+)
+from prism.graph.build.templates import TemplateError
+
+KEPT = 8  # what each microbatch's loss keeps past its steps
+
+
+def _unit(name: str, phase: str, *, alloc: int = 0, free: int = 0, comm: str = "", buffer: int = 0) -> dict:
+    return {
+        ot.NAME: name, ot.PHASE: phase, ot.IS_COMM: bool(comm), ot.COMM_OP: comm,
+        ot.GROUP_LABEL: "", ot.BYTES: 1024 if comm else -1, ot.ALLOC_BYTES: alloc, ot.FREE_BYTES: free,
+        ot.PEER: 1 if comm else -1, ot.BUFFER: buffer,
+    }  # fmt: skip
+
+
+def _order(schedule: str, stage: int, stages: int, microbatches: int) -> list[tuple[str, int]]:
+    """(pass, microbatch) in the order a stage runs them."""
+    if schedule == "GPipe":
+        return [("F", m) for m in range(microbatches)] + [("B", m) for m in range(microbatches)]
+    warmup = min(stages - stage - 1, microbatches)
+    order = [("F", m) for m in range(warmup)]
+    for m in range(microbatches - warmup):
+        order += [("F", warmup + m), ("B", m)]
+    return order + [("B", m) for m in range(microbatches - warmup, microbatches)]
+
+
+def _iteration(
+    schedule: str, stage: int, microbatches: int, stages: int = 2, merge_at_start: bool = False
+) -> pd.DataFrame:
+    """One iteration of a stage: the batch drawn whole, a step per pass (the last stage's forward
+    keeps its loss until the outputs are merged), the optimizer. The first stage receives each
+    microbatch's gradient into a buffer of its own, held across iterations."""
+    last = stage == stages - 1
+    units = [_unit("aten::randint", "iter", alloc=432), _unit("aten::slice", "iter", free=432)]
+    if merge_at_start:  # the outputs of the iteration before are dropped as this one begins
+        units.append(_unit("aten::merge", "iter", free=KEPT * microbatches))
+    for kind, m in _order(schedule, stage, stages, microbatches):
+        if kind == "F":
+            if stage:
+                units.append(_unit("recv", "iter", comm="recv"))
+            units.append(_unit("aten::linear", "fwd", alloc=100))
+            units.append(_unit("loss", "iter", alloc=KEPT) if last else _unit("send", "iter", comm="send"))
+        else:
+            units.append(_unit("AddmmBackward0", "bwd", free=100))
+            units.append(
+                _unit("send", "iter", comm="send")
+                if stage
+                else _unit("recv", "iter", comm="recv", buffer=7000 + m)
+            )
+    if last and not merge_at_start:
+        units.append(_unit("aten::merge", "iter", free=KEPT * microbatches))
+    units.append(_unit("aten::add_", "optim"))
+    return pd.DataFrame(units)
+
+
+def _shape(units: pd.DataFrame) -> list[tuple]:
+    return list(units[[ot.NAME, ot.PHASE, ot.COMM_OP, ot.ALLOC_BYTES]].itertuples(index=False, name=None))
+
+
+@pytest.mark.parametrize("schedule", ["1F1B", "GPipe"])
+@pytest.mark.parametrize("stage", [0, 1])
+@pytest.mark.parametrize("target", [8, 11, 4])
+def test_a_schedule_at_another_microbatch_count_runs_as_if_captured_there(
+    schedule: str, stage: int, target: int
+) -> None:
+    captured = _iteration(schedule, stage, 6)
+    read = schedule_of(captured)
+    assert read.steps.microbatches == 6 and read.paired == (schedule == "1F1B")
+    expanded = expand_microbatches(captured, read, target)
+    direct = _iteration(schedule, stage, target)
+    # Every unit of the target's iteration, in order, but the merge of the outputs: what the
+    # iteration's own units allocate and free stays as captured.
+    assert _shape(expanded) == _shape(direct)
+    assert (expanded[ot.NAME].to_numpy() == captured[ot.NAME].to_numpy()[expanded[ORIGIN].to_numpy()]).all()
+
+
+def test_steps_are_a_pass_and_the_units_to_the_next() -> None:
+    steps = microbatch_steps(_iteration("1F1B", 1, 3))
+    assert steps.phases == ("fwd", "bwd") * 3
+    # The batch drawn before the first pass is the iteration's; a forward step holds its loss,
+    # the next microbatch's receive belongs to the backward step before it.
+    assert steps.bounds[:3] == ((3, 5), (5, 8), (8, 10))
+
+
+def test_passes_that_are_not_a_forward_and_a_backward_per_microbatch_are_refused() -> None:
+    units = pd.DataFrame(
+        [_unit("a", "fwd"), _unit("send", "iter", comm="send"), _unit("b", "fwd"), _unit("c", "bwd")]
+    )
+    with pytest.raises(TemplateError, match="2 forward and 1 backward passes"):
+        microbatch_steps(units)
+    with pytest.raises(TemplateError, match="no forward or backward pass"):
+        microbatch_steps(pd.DataFrame([_unit("aten::add_", "optim")]))
+
+
+def test_too_few_alike_microbatches_are_refused_with_what_to_capture() -> None:
+    with pytest.raises(TemplateError, match="capture with more microbatches"):
+        schedule_of(_iteration("1F1B", 1, 2))
+    read = schedule_of(_iteration("1F1B", 0, 6))
+    with pytest.raises(TemplateError, match="5 alike periods and at least one stays, so at least 2"):
+        expand_microbatches(_iteration("1F1B", 0, 6), read, 1)
+
+
+def _ops(iterations: list[pd.DataFrame]) -> tuple[pd.DataFrame, list[pd.DataFrame]]:
+    """The op table of several iterations (``SEQ`` its row) and each iteration's rows."""
+    out, at = [], 0
+    for i, units in enumerate(iterations):
+        units = units.copy()
+        units[ot.ITERATION], units[ot.SEQ] = i, np.arange(at, at + len(units))
+        at += len(units)
+        out.append(units)
+    return pd.concat(out, ignore_index=True), out
+
+
+def _target(ops: pd.DataFrame, microbatches: int, held: tuple[int, ...] = ()) -> MicrobatchTarget:
+    """Frees traced as the iterations were built: the merge frees each loss of the iteration
+    (or, merged at the start, of the iteration before)."""
+
+    def freed_of_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        inside = np.zeros(len(ops), np.int64)
+        merges = ops.index[ops[ot.NAME] == "aten::merge"]
+        for _, part in ops.groupby(ot.ITERATION):
+            is_loss = (part[ot.NAME] == "loss").to_numpy()
+            losses = int((rows[part[ot.SEQ].to_numpy()] & is_loss).sum())
+            after = merges[merges > part.index[is_loss].min()]
+            if losses and len(after):  # the first merge after them frees them
+                inside[after[0]] += KEPT * losses
+        return inside, np.zeros(len(ops), np.int64)
+
+    return MicrobatchTarget(
+        microbatches=microbatches, freed_of_rows=freed_of_rows, memory_addresses=lambda: np.array(held)
+    )
+
+
+def test_what_a_microbatch_keeps_is_freed_for_every_microbatch() -> None:
+    ops, iterations = _ops([_iteration("1F1B", 1, 6), _iteration("1F1B", 1, 6)])
+    units = iterations[0].drop(columns=[ot.ITERATION, ot.SEQ])
+    expanded, waits, change = retarget_microbatches(units, iterations, {}, _target(ops, 8), len(ops))
+    merge = expanded[expanded[ot.NAME] == "aten::merge"]
+    assert merge[ot.FREE_BYTES].tolist() == [KEPT * 8]
+    assert waits == {} and change.static_bytes == 0  # freed within the iteration: nothing held
+    running = np.cumsum(expanded[ot.ALLOC_BYTES] - expanded[ot.FREE_BYTES])
+    assert running.iloc[-1] == 0  # what the iteration allocates it frees, at 8 as at 6
+
+
+def test_what_a_microbatch_keeps_into_the_next_iteration_is_held_as_it_begins() -> None:
+    captured = [_iteration("1F1B", 1, 6, merge_at_start=True) for _ in range(3)]
+    ops, iterations = _ops(captured)
+    units = iterations[1].drop(columns=[ot.ITERATION, ot.SEQ])
+    _, _, change = retarget_microbatches(units, iterations[1:], {}, _target(ops, 9), len(ops))
+    assert change.static_bytes == 3 * KEPT
+
+
+def test_a_frees_the_iterations_units_do_not_account_for_is_refused() -> None:
+    ops, iterations = _ops([_iteration("1F1B", 1, 6)])
+    units = iterations[0].drop(columns=[ot.ITERATION, ot.SEQ])
+    nothing = MicrobatchTarget(
+        microbatches=8,
+        freed_of_rows=lambda rows: (np.zeros(len(ops), np.int64),) * 2,
+        memory_addresses=lambda: np.zeros(0),
+    )
+    with pytest.raises(TemplateError, match=f"keeps {KEPT} bytes past its steps"):
+        retarget_microbatches(units, iterations, {}, nothing, len(ops))
+
+
+def test_receive_buffers_held_one_a_microbatch_grow_with_the_microbatches() -> None:
+    units = _iteration("1F1B", 0, 6)
+    read = schedule_of(units)
+    assert persistent_receive_bytes(units, read, np.zeros(0, np.int64)) == 1024
+    # Allocated while the profiler recorded: the step's own memory, already repeated with it.
+    assert persistent_receive_bytes(units, read, np.arange(7000, 7006)) == 0
+    shared = units.assign(**{ot.BUFFER: np.where(units[ot.BUFFER] > 0, 7000, 0)})
+    assert persistent_receive_bytes(shared, read, np.zeros(0, np.int64)) == 0  # one for all: held once
+    mixed = units.copy()
+    mixed.loc[mixed[ot.BUFFER] == 7004, ot.BUFFER] = 7003
+    with pytest.raises(TemplateError, match="some shared and some not"):
+        persistent_receive_bytes(mixed, read, np.zeros(0, np.int64))
+
+
+def test_stages_whose_schedules_read_differently_are_refused_and_outside_allocations_noted() -> None:
+    pipelined = {"0": schedule_of(_iteration("1F1B", 0, 6)), "1": schedule_of(_iteration("1F1B", 1, 6))}
+    (first, second) = microbatch_notes(pipelined, 9)
+    assert first.startswith("stage 0:") and "432 bytes" in first and "aten::randint" in first
+    assert "up to 216 bytes" in first  # 432 x (9 - 6) / 6
+    assert microbatch_notes(pipelined, 6) == ()
+    mixed = {"0": schedule_of(_iteration("GPipe", 0, 6)), "1": pipelined["1"]}
+    with pytest.raises(TemplateError, match="repeat differently"):
+        microbatch_notes(mixed, 8)
