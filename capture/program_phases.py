@@ -12,7 +12,8 @@ capture and its replay mark, on the program's main thread:
   optimizer's inner steps are inside its own);
 - **forward**: every call of a *root module*, a module no other module holds that owns a
   parameter an optimizer steps (the DDP or FSDP wrapper, a compiled module, a pipeline stage's
-  module), outside the backward pass (checkpoint recomputation belongs to backward);
+  module), outside the backward pass (checkpoint recomputation belongs to backward); where a rank
+  has several roots (an interleaved schedule's stages), the mark's ``stage`` is the root's index;
 - **layers**: each block of a root's layer stack, forward and backward, while a trace is recorded
   (``prism.capture.program_layers``).
 
@@ -94,8 +95,8 @@ class ProgramPhases:
     def _mine(self) -> bool:
         return threading.get_ident() == self._thread
 
-    def _enter(self, phase: Phase) -> None:
-        mark = annotate.mark(Mark(phase=phase))
+    def _enter(self, phase: Phase, stage: int | None = None) -> None:
+        mark = annotate.mark(Mark(phase=phase, stage=stage))
         mark.__enter__()
         self._open[phase] = mark
 
@@ -153,7 +154,12 @@ class ProgramPhases:
             return
         self._forward_depth += 1
         if self._forward_depth == 1:
-            self._enter(Phase.FORWARD)
+            # Which root runs, where a rank has several (a schedule's stages on one rank, two
+            # models trained together): their passes are no microbatches of one stage.
+            several = len(self._roots) > 1
+            self._enter(
+                Phase.FORWARD, next(i for i, r in enumerate(self._roots) if r is module) if several else None
+            )
 
     def _forward_ends(self, module: torch.nn.Module, args: object, output: object) -> None:
         if not self._mine() or self._backward_depth or not self._forward_depth:

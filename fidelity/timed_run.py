@@ -81,7 +81,7 @@ class TimedPhases(ProgramPhases):
         self.wall_ns, self.spent_ns = {}, 0
         return taken
 
-    def _enter(self, phase: Phase) -> None:
+    def _enter(self, phase: Phase, stage: int | None = None) -> None:  # timed by phase alone
         began = time.perf_counter_ns()
         self._open[phase] = began
         self.spent_ns += time.perf_counter_ns() - began

@@ -68,7 +68,8 @@ class Mark:
     dir: Direction | None = None
     """Pipeline transfer direction (SEND / RECV)."""
     stage: int | None = None
-    """Pipeline stage the block runs on."""
+    """Pipeline stage the block runs on; a program's forward: which of the rank's root modules
+    runs, where it has several (``prism.capture.program_phases``)."""
     mb: int | None = None
     """Microbatch index within the iteration."""
     layer: int | None = None

@@ -90,6 +90,13 @@ def microbatch_steps(units: pd.DataFrame) -> Steps:
     at = np.flatnonzero(in_pass)
     if not len(at):
         raise TemplateError("the capture marks no forward or backward pass: cannot change its microbatches")
+    roots = np.unique(units[ot.STAGE].to_numpy()[phase == FORWARD]) if ot.STAGE in units else []
+    if len(roots) > 1:
+        raise TemplateError(
+            f"the rank's forward passes run {len(roots)} modules (several pipeline stages a rank, as interleaved and "
+            "V-shaped schedules place them): its passes are not one stage's microbatches; capture at the target "
+            "microbatch count"
+        )
     begins = at[np.r_[True, (np.diff(at) > 1) | (phase[at][1:] != phase[at][:-1])]]
     last = at[-1] + 1
     stops = np.r_[begins[1:], last]

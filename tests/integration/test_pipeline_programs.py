@@ -81,6 +81,17 @@ def test_every_schedule_becomes_a_valid_1024_rank_graph(schedule_graph, schedule
         assert sim.peak_bytes[captured.rank] > captured.result.static_bytes > 0
 
 
+@pytest.mark.parametrize("schedule", ["Interleaved1F1B", "ZBVZeroBubble"])
+def test_several_stages_a_rank_are_not_built_at_another_microbatch_count(
+    schedule_graph, schedule: str, tmp_path: Path
+) -> None:
+    capture, _ = schedule_graph(schedule)
+    out = tmp_path / "g.parquet"
+    result = runner.invoke(build_app, [str(capture), "--microbatches", "8", "-o", str(out)])
+    assert result.exit_code == 2 and "forward passes run 2 modules" in result.output, result.output
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(
     ("schedule", "rank"), [("1F1B", 517), ("ZBVZeroBubble", 9), ("Interleaved1F1B", 521)]
 )

@@ -203,3 +203,13 @@ def test_stages_whose_schedules_read_differently_are_refused_and_outside_allocat
     mixed = {"0": schedule_of(_iteration("GPipe", 0, 6)), "1": pipelined["1"]}
     with pytest.raises(TemplateError, match="repeat differently"):
         microbatch_notes(mixed, 8)
+
+
+def test_forward_passes_of_several_modules_are_no_microbatches_of_one_stage() -> None:
+    units = _iteration("1F1B", 0, 6)
+    forward = (units[ot.PHASE] == "fwd").to_numpy()
+    units[ot.STAGE] = np.where(forward, np.cumsum(forward) % 2, -1)  # an interleaved schedule's two stages
+    with pytest.raises(TemplateError, match="run 2 modules"):
+        microbatch_steps(units)
+    units[ot.STAGE] = np.where(forward, 0, -1)
+    assert microbatch_steps(units).microbatches == 6

@@ -120,3 +120,29 @@ def test_a_real_runs_phases_are_timed_without_marks(monkeypatch):
         assert set(wall_ns) == {"fwd", "bwd", "optim"}
         assert 0 < sum(wall_ns.values()) <= iteration_ns
         assert 0 < spent_ns < sum(wall_ns.values())
+
+
+def test_a_rank_with_several_roots_names_which_one_each_forward_runs(monkeypatch):
+    # A schedule's two stages on one rank: each forward mark says which root runs, so that a
+    # build does not take the two stages' passes for one stage's microbatches.
+    import contextlib
+
+    from prism.capture import program_phases
+
+    marks = []
+    monkeypatch.setattr(
+        program_phases.annotate, "mark", lambda mark: marks.append(mark) or contextlib.nullcontext()
+    )
+    first, second = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+    optimizer = torch.optim.SGD([*first.parameters(), *second.parameters()], lr=0.01)
+    phases = ProgramPhases()
+    phases.install()
+    try:
+        for _ in range(3):
+            second(first(torch.randn(4, 8))).sum().backward()
+            optimizer.step()
+    finally:
+        phases.remove()
+    forwards = [m.stage for m in marks if m.phase == "fwd"]
+    assert len(forwards) == 4 and forwards[:2] == forwards[2:] and sorted(forwards[:2]) == [0, 1]
+    del optimizer
