@@ -401,11 +401,22 @@ class ParallelLayout:
                 # dense kinds and of expert splits aligned with the region's axes. Where a split is
                 # not, a group of the dropped kind goes unlabelled and the capture stops on it
                 # (group_of_ranks checks every label against the group's ranks).
-                key = "all" if self.degree(kind) == self.world_size else self.group(0, kind)
+                key = "all" if self.degree(kind) == self.world_size else self._group_key(kind)
                 if key not in seen:
                     seen.add(key)
                     kinds.append(kind)
         return tuple(kinds)
+
+    def _group_key(self, kind: str) -> frozenset[str] | tuple[int, ...]:
+        """What the group of ``kind`` through rank 0 is, as a set: the dense axes of more than one
+        rank it spans where it is every combination of their indices (any dense kind: no need to
+        list a group of millions of ranks), else its ranks."""
+        axes, _ = self._complement(kind)
+        if kind == WORLD or system_of(axes) is DENSE_AXES:
+            return frozenset(a for a in axes if self._sizes[a] > 1)
+        members = self.group(0, kind)
+        spanned = frozenset(a for a in DENSE_AXES for m in members if self.fine_coords(m)[a])
+        return spanned if len(members) == math.prod(self._sizes[a] for a in spanned) else members
 
     def bound_kinds(self) -> tuple[str, ...]:
         """Every kind a program's collective can be bound to in a graph: tp, dp and pp always, the

@@ -83,6 +83,19 @@ def program_of(layout: ParallelLayout, variants: Sequence[RankVariant], ranks: n
     return out
 
 
+def ranks_per_program(layout: ParallelLayout, variants: Sequence[RankVariant]) -> np.ndarray:
+    """How many ranks run each program (``program_of`` of every rank, counted) without listing the
+    ranks: a stage's ranks hold every index of each of its axes equally often, so a variant from
+    ``first_index`` on takes that share of its stage's."""
+    per_stage = layout.world_size // layout.pp
+    counts = np.array([per_stage] * layout.pp + [0] * len(variants), np.int64)
+    for i, v in enumerate(variants):
+        degree = layout.degree(v.axis)
+        counts[layout.pp + i] = per_stage // degree * (degree - v.first_index)
+        counts[v.stage] -= counts[layout.pp + i]
+    return counts
+
+
 def static_bytes_of_ranks(
     layout: ParallelLayout, stage_static: Sequence[int], variants: Sequence[RankVariant], ranks: np.ndarray
 ) -> np.ndarray:

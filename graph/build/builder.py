@@ -51,7 +51,7 @@ from prism.schemas.layout import ParallelLayout, Role
 from prism.schemas.layout_options import DEGREES, flag, given_differs
 from prism.schemas.manifest import PACED_MODE, CaptureFiles, CaptureManifest, ManifestError, read_manifest
 from prism.schemas.pipeline_shape import PipelineShape, ShapeError
-from prism.schemas.rank_programs import program_of, rank_variants
+from prism.schemas.rank_programs import program_of, rank_variants, ranks_per_program
 from prism.schemas.workload import reshaped
 
 ProgressCallback = Callable[[int, int], None]
@@ -340,9 +340,10 @@ def _checked_write(
     Two dp replicas repeat each other exactly where their ranks run the same programs (every
     replica does, unless a rank variant lies along the fold axis) and the cluster prices their
     calls alike (``LayoutTables.replica_of``); a simulation reads each distinct one once."""
-    program = program_of(layout, rank_variants(metadata), np.arange(layout.world_size))
-    nodes = _nodes(stages, program)
-    check_room(options.out, nodes)  # before the per-rank tables: a world too large stops here
+    variants = rank_variants(metadata)
+    nodes = _nodes(stages, ranks_per_program(layout, variants))
+    check_room(options.out, nodes)  # before any per-rank table: a world too large stops here
+    program = program_of(layout, variants, np.arange(layout.world_size))
     tables = LayoutTables.build(layout, options.cluster.gpus_per_node)
     replica_of = tables.replica_of(program)
     if options.simulated_after:  # the simulation reads the distinct replicas
@@ -376,9 +377,8 @@ def _row_group_ranks(options: BuildOptions) -> int:
     return RANKS_PER_ROW_GROUP if given is None else given
 
 
-def _nodes(stages: list, program: np.ndarray) -> int:
-    """Nodes of the whole graph: each rank's ``program`` (its number in ``stages``)."""
-    ranks = np.bincount(program, minlength=len(stages))
+def _nodes(stages: list, ranks: np.ndarray) -> int:
+    """Nodes of the whole graph: ``ranks[i]`` ranks run ``stages[i]``."""
     return int(sum(int(n) * e.size for n, e in zip(ranks, stages, strict=True)))
 
 

@@ -19,6 +19,7 @@ from prism.schemas.rank_programs import (
     check_variants,
     program_of,
     rank_variants,
+    ranks_per_program,
     static_bytes_of_ranks,
 )
 from tests.unit.test_mesh import meshes
@@ -45,6 +46,9 @@ def test_each_rank_runs_the_variant_of_the_axis_it_is_past_the_first_on(layout: 
         mine = [i for i, v in enumerate(variants) if v.stage == stage and fine[v.axis] >= v.first_index]
         assert found[rank] == (layout.pp + mine[0] if mine else stage)
         assert static[rank] == (1000 + stage if mine else 10 * stage)
+    # Counted without listing the ranks, as a build sizes a graph before it makes one.
+    counted = ranks_per_program(layout, variants)
+    assert counted.tolist() == np.bincount(found, minlength=layout.pp + len(variants)).tolist()
 
 
 def test_a_stage_differing_along_two_axes_is_refused() -> None:
