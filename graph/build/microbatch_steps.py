@@ -2,7 +2,8 @@
 
 A pipeline schedule (or gradient accumulation) runs a forward and a backward **pass** per
 microbatch: a stretch of units the capture marked forward or backward
-(``prism.capture.program_phases``). A **step** is one pass and the units after it up to the next
+(``prism.capture.program_phases``); a microbatch's backward may be several in a row, as many
+each microbatch (a loss computed and backpropagated in chunks before the stage's backward). A **step** is one pass and the units after it up to the next
 pass (the transfers it posts, the loss, the receive the next pass waits for); the units before
 the first pass and after the last one's are the iteration's own, kept as captured.
 
@@ -17,8 +18,10 @@ has none to repeat: the capture needs more microbatches.
 
 What a period keeps past its steps (the last stage's outputs, kept for the loss) is freed by the
 iteration's own units: they free it for every microbatch, traced by address as the capture
-recorded them. What those units allocate (a batch drawn whole, the outputs merged) is kept as
-captured: the note says how far the peak could move if it grows with the microbatches.
+recorded them. The iteration's own units run as captured, whatever the microbatches: a batch
+drawn or loaded whole before the first step, units run once a sample or a microbatch outside the
+steps (a data loader's), the outputs merged after the last; the note bounds how far what is
+allocated before the first step could move the peak.
 """
 
 from __future__ import annotations
@@ -68,9 +71,9 @@ class Schedule:
     """One stretch of forward-backward pairs, or a stretch of forward steps and one of backward
     steps."""
 
-    outside_bytes: int = 0
-    """What the units outside the steps allocate, the optimizer step's aside."""
-    outside_largest: str = ""
+    before_bytes: int = 0
+    """What the units before the first step allocate."""
+    before_largest: str = ""
     """The name of the unit that allocates the most of it."""
 
     @property
@@ -98,16 +101,31 @@ def microbatch_steps(units: pd.DataFrame) -> Steps:
             "microbatch count"
         )
     begins = at[np.r_[True, (np.diff(at) > 1) | (phase[at][1:] != phase[at][:-1])]]
-    last = at[-1] + 1
-    stops = np.r_[begins[1:], last]
-    phases = tuple(str(phase[b]) for b in begins)
-    forwards, backwards = phases.count(FORWARD), phases.count(BACKWARD)
-    if forwards != backwards:
+    passes = [str(phase[b]) for b in begins]
+    forwards, backwards = passes.count(FORWARD), passes.count(BACKWARD)
+    # A microbatch's backward may be several runs of the engine in a row (a loss computed and
+    # backpropagated in chunks before the stage's own backward): as many each microbatch.
+    runs = backwards // max(forwards, 1)
+    kept = []
+    at_pass = 0
+    while at_pass < len(passes):
+        kept.append(at_pass)
+        if passes[at_pass] == BACKWARD and runs > 1:
+            if passes[at_pass : at_pass + runs] != [BACKWARD] * runs:
+                runs = 0  # not in runs of ``runs``: refused below
+                break
+            at_pass += runs
+        else:
+            at_pass += 1
+    if not forwards or runs * forwards != backwards:
         raise TemplateError(
-            f"the iteration runs {forwards} forward and {backwards} backward passes: a pass per microbatch each "
-            "way is needed to change the microbatches"
+            f"the iteration runs {forwards} forward and {backwards} backward passes: a forward pass and as many "
+            "backward ones a microbatch, each microbatch's in a row, are needed to change the microbatches"
         )
-    return Steps(bounds=tuple((int(a), int(b)) for a, b in zip(begins, stops, strict=True)), phases=phases)
+    starts = begins[kept]
+    stops = np.r_[starts[1:], at[-1] + 1]
+    phases = tuple(passes[i] for i in kept)
+    return Steps(bounds=tuple((int(a), int(b)) for a, b in zip(starts, stops, strict=True)), phases=phases)
 
 
 def _longest_alike(signatures: list[tuple], members: list[int], step: int) -> list[int]:
@@ -130,8 +148,8 @@ def _longest_alike(signatures: list[tuple], members: list[int], step: int) -> li
 def schedule_of(units: pd.DataFrame) -> Schedule:
     """The steps of ``units`` and the periods that repeat with the microbatches."""
     steps = microbatch_steps(units)
-    outside_bytes, largest = _outside_allocation(units, steps)
-    outside = {"outside_bytes": outside_bytes, "outside_largest": largest}
+    before_bytes, largest = _before_steps_allocation(units, steps)
+    outside = {"before_bytes": before_bytes, "before_largest": largest}
     signature = unit_signatures(units, STEP_SIGNATURE)
     of_step = [tuple(signature[a:b]) for a, b in steps.bounds]
     n = len(steps.bounds)
@@ -258,12 +276,11 @@ def kept_per_microbatch(units: pd.DataFrame, schedule: Schedule) -> int:
     return int(sum(net[slice(*p.runs[p.steady[0]])].sum() for p in schedule.periods))
 
 
-def _outside_allocation(units: pd.DataFrame, steps: Steps) -> tuple[int, str]:
-    """What the iteration's own units allocate outside the optimizer step, and the name of the
-    unit that allocates the most: what stays as captured whatever the microbatches."""
-    outside = outside_steps(len(units), steps)
-    outside &= (units[ot.PHASE].astype(str) != str(Phase.OPTIMIZER)).to_numpy()
-    alloc = np.where(outside, units[ot.ALLOC_BYTES].to_numpy(dtype=np.int64), 0)
+def _before_steps_allocation(units: pd.DataFrame, steps: Steps) -> tuple[int, str]:
+    """What the units before the first step allocate (the batch, and what the iteration computes
+    from it before its first microbatch), and the name of the unit that allocates the most:
+    kept as captured whatever the microbatches."""
+    alloc = units[ot.ALLOC_BYTES].to_numpy(dtype=np.int64)[: steps.bounds[0][0]]
     if not alloc.any():
         return 0, ""
     return int(alloc.sum()), str(units[ot.NAME].iloc[int(alloc.argmax())])
@@ -283,12 +300,12 @@ def microbatch_notes(schedules: dict[str, Schedule], microbatches: int) -> tuple
     notes = []
     for key, s in schedules.items():
         captured = s.steps.microbatches
-        if s.outside_bytes and microbatches != captured:
-            moved = s.outside_bytes * abs(microbatches - captured) // captured
+        if s.before_bytes and microbatches != captured:
+            moved = s.before_bytes * abs(microbatches - captured) // captured
             notes.append(
-                f"stage {key}: its units outside the microbatch steps allocate {s.outside_bytes:,} bytes as captured "
-                f"(most in {s.outside_largest}); what of it holds the whole batch grows with the microbatches, which "
-                f"the graph does not show: its peak memory may be off by up to {moved:,} bytes"
+                f"stage {key}: what it allocates before its first microbatch is as captured ({s.before_bytes:,} bytes, "
+                f"most in {s.before_largest}); where that is the whole batch's it grows with the microbatches, and the "
+                f"peak memory may be off by up to {moved:,} bytes"
             )
     return tuple(notes)
 

@@ -194,7 +194,7 @@ def test_receive_buffers_held_one_a_microbatch_grow_with_the_microbatches() -> N
         persistent_receive_bytes(mixed, read, np.zeros(0, np.int64))
 
 
-def test_stages_whose_schedules_read_differently_are_refused_and_outside_allocations_noted() -> None:
+def test_stages_whose_schedules_read_differently_are_refused_and_the_batch_noted() -> None:
     pipelined = {"0": schedule_of(_iteration("1F1B", 0, 6)), "1": schedule_of(_iteration("1F1B", 1, 6))}
     (first, second) = microbatch_notes(pipelined, 9)
     assert first.startswith("stage 0:") and "432 bytes" in first and "aten::randint" in first
@@ -213,3 +213,27 @@ def test_forward_passes_of_several_modules_are_no_microbatches_of_one_stage() ->
         microbatch_steps(units)
     units[ot.STAGE] = np.where(forward, 0, -1)
     assert microbatch_steps(units).microbatches == 6
+
+
+def test_a_backward_of_several_runs_a_microbatch_is_one_step() -> None:
+    # A loss computed and backpropagated in chunks before the stage's own backward (torchtitan's
+    # last stage): two runs of the engine a microbatch here (the last chunk's runs on into the
+    # stage's), one step.
+    def chunked(units: pd.DataFrame) -> pd.DataFrame:
+        rows = []
+        for row in units.to_dict("records"):
+            if row[ot.NAME] == "AddmmBackward0":
+                for _ in range(2):
+                    rows += [_unit("aten::linear", "iter"), _unit("CrossEntropyBackward", "bwd")]
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    captured = chunked(_iteration("1F1B", 1, 6))
+    steps = microbatch_steps(captured)
+    assert steps.phases == ("fwd", "bwd") * 6 and steps.microbatches == 6
+    read = schedule_of(captured)
+    assert _shape(expand_microbatches(captured, read, 8)) == _shape(chunked(_iteration("1F1B", 1, 8)))
+    # Runs that do not come as many a microbatch, each microbatch's in a row, are refused.
+    uneven = captured.drop(index=captured.index[captured[ot.NAME] == "CrossEntropyBackward"][:1])
+    with pytest.raises(TemplateError, match="6 forward and 11 backward passes"):
+        microbatch_steps(uneven.reset_index(drop=True))
