@@ -268,9 +268,14 @@ def _kept_frees(
     iterations: list[pd.DataFrame],
     freed: tuple[np.ndarray, np.ndarray],
 ) -> np.ndarray:
-    """Per captured position outside every run: what it frees of one steady layer's blocks (the
-    median over the steady iterations), a gap's at the end of the unit before it, as the stage
-    program places a gap's frees."""
+    """Per captured position outside every run: what it frees of one steady layer's blocks."""
+    return np.where(_outside_runs(len(units), passes), frees_by_position(iterations, freed), 0)
+
+
+def frees_by_position(iterations: list[pd.DataFrame], freed: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Per position of an iteration, what the op table's rows free (``freed``: in their span and
+    in the gap before them, per row by ``SEQ``): the median over the steady iterations, a gap's
+    at the end of the unit before it, as the stage program places a gap's frees."""
     inside, in_gap = freed
     per_iteration = []
     for iteration in iterations[1:] or iterations:
@@ -279,8 +284,7 @@ def _kept_frees(
         at[:-1] += in_gap[seq][1:]
         at[0] += in_gap[seq][0]
         per_iteration.append(at)
-    frees = np.median(per_iteration, axis=0).astype(np.int64)
-    return np.where(_outside_runs(len(units), passes), frees, 0)
+    return np.median(per_iteration, axis=0).astype(np.int64)
 
 
 def _outside_runs(size: int, passes: list[LayerPass]) -> np.ndarray:

@@ -33,7 +33,14 @@ import numpy as np
 import pandas as pd
 
 from prism.graph.build import op_table as ot
-from prism.graph.build.layer_passes import MIN_STEADY, ORIGIN, RUN_SIGNATURE, mapped_waits, unit_signatures
+from prism.graph.build.layer_passes import (
+    MIN_STEADY,
+    ORIGIN,
+    RUN_SIGNATURE,
+    frees_by_position,
+    mapped_waits,
+    unit_signatures,
+)
 from prism.graph.build.templates import TemplateError
 from prism.schemas.annotations import Phase
 
@@ -254,19 +261,10 @@ def _kept_frees(
     target: MicrobatchTarget,
     rows: int,
 ) -> np.ndarray:
-    """Per captured position outside the steps: what it frees of one steady period's blocks (the
-    median over the steady iterations), a gap's at the end of the unit before it, as the stage
-    program places a gap's frees."""
-    inside, in_gap = target.freed_of_rows(_period_rows(iterations, schedule, rows))
-    per_iteration = []
-    for iteration in iterations[1:] or iterations:
-        seq = iteration[ot.SEQ].to_numpy()
-        at = inside[seq].astype(np.int64)
-        at[:-1] += in_gap[seq][1:]
-        at[0] += in_gap[seq][0]
-        per_iteration.append(at)
-    frees = np.median(per_iteration, axis=0).astype(np.int64)
-    return np.where(outside_steps(len(units), schedule.steps), frees, 0)
+    """Per captured position outside the steps: what it frees of one steady period's blocks
+    (``prism.graph.build.layer_passes.frees_by_position``)."""
+    freed = target.freed_of_rows(_period_rows(iterations, schedule, rows))
+    return np.where(outside_steps(len(units), schedule.steps), frees_by_position(iterations, freed), 0)
 
 
 def kept_per_microbatch(units: pd.DataFrame, schedule: Schedule) -> int:
