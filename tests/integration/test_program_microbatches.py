@@ -18,7 +18,7 @@ from prism.graph.sim.simulate import simulate
 from prism.replay.cli import app as replay_app
 from prism.schemas import graph_format as gf
 from prism.schemas.graph_format import WAIT_NAME
-from tests.integration.programs import captured_and_built
+from tests.integration.programs import captured_and_built, replayed
 
 pytestmark = pytest.mark.slow
 
@@ -36,9 +36,9 @@ def pipelined(schedule: str, microbatches: int) -> tuple[str, ...]:
 
 
 @pytest.fixture(scope="module", params=["1F1B", "GPipe"])
-def graphs(request, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path, str]:
+def graphs(request, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path, str, str]:
     """Six microbatches captured and built at eight, eight captured: (graph of 6, built at 8,
-    graph of 8, the build's output)."""
+    graph of 8, the build's output, the schedule)."""
     root = tmp_path_factory.mktemp(f"microbatches_{request.param}")
     capture, graph6 = captured_and_built(root / "at6", LAYOUT, pipelined(request.param, 6), warmup=3)
     _, graph8 = captured_and_built(root / "at8", LAYOUT, pipelined(request.param, 8), warmup=3)
@@ -46,7 +46,7 @@ def graphs(request, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pat
     result = runner.invoke(build_app, [str(capture), "--microbatches", "8", "-o", str(built)])
     assert result.exit_code == 0, result.output
     assert validate_graph(built).ok
-    return graph6, built, graph8, result.output
+    return graph6, built, graph8, result.output, request.param
 
 
 def _stage_units(graph: Path, rank: int) -> list[tuple]:
@@ -59,7 +59,7 @@ def _stage_units(graph: Path, rank: int) -> list[tuple]:
 
 
 def test_each_stage_runs_the_schedule_a_capture_at_that_count_runs(graphs) -> None:
-    graph6, built, graph8, _ = graphs
+    graph6, built, graph8, _, _ = graphs
     for rank in (0, 1):
         assert _stage_units(built, rank) == _stage_units(graph8, rank)
         assert _stage_units(built, rank) != _stage_units(graph6, rank)
@@ -67,7 +67,7 @@ def test_each_stage_runs_the_schedule_a_capture_at_that_count_runs(graphs) -> No
 
 
 def test_memory_is_a_capture_at_that_counts_but_for_the_batch_drawn_whole(graphs) -> None:
-    graph6, built, graph8, output = graphs
+    graph6, built, graph8, output, _ = graphs
     # pp.py draws each iteration's batch whole, (batch, seq + 1) int64, and keeps it into the
     # next: two samples more are 144 bytes the graph keeps as captured, within the note's bound.
     batch = 2 * (SEQ + 1) * 8
@@ -86,9 +86,13 @@ def test_memory_is_a_capture_at_that_counts_but_for_the_batch_drawn_whole(graphs
 def test_the_built_graph_replays_with_the_program_at_that_count_and_not_without(
     graphs, tmp_path: Path
 ) -> None:
-    built = graphs[1]
+    _, built, _, _, schedule = graphs
     refused = runner.invoke(replay_app, [str(built), "--rank", "0", "-o", str(tmp_path / "r")])
     assert refused.exit_code != 0 and "give your program at 8 microbatches" in refused.output
+    report = replayed(built, 1, pipelined(schedule, 8), out=tmp_path / "replay")
+    # The last stage run for real at 8 microbatches holds what the graph says, but the batch's
+    # two samples more.
+    assert 0 <= report.measured_peak_bytes - report.predicted_peak_bytes <= 2 * (SEQ + 1) * 8
 
 
 def test_a_count_the_captured_steady_steps_cannot_reach_is_refused(graphs, tmp_path: Path) -> None:
