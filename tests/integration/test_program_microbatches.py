@@ -1,6 +1,6 @@
-"""A pipelined program built at another microbatch count than the one captured: the graph a
-capture at that count gives, node for node, with its memory but for the batch the program draws
-whole (which the build's note bounds)."""
+"""A program built at another microbatch count than the one captured: the graph a capture at
+that count gives, node for node, with its memory (a pipeline's but for the batch it draws whole,
+which the build's note bounds; gradient accumulation's to the byte)."""
 
 from __future__ import annotations
 
@@ -103,3 +103,24 @@ def test_a_count_the_captured_steady_steps_cannot_reach_is_refused(graphs, tmp_p
     assert result.exit_code != 0
     assert "--microbatches 1" in result.output and "at least" in result.output
     assert not (tmp_path / "g.parquet").exists()
+
+
+def accumulating(microbatches: int) -> tuple[str, ...]:
+    """``examples/ddp.py`` stepping once every ``microbatches``, the first ones under ``no_sync``."""
+    return (str(EXAMPLES / "ddp.py"), "--steps", "40", "--hidden", "32", "--layers", "2", "--vocab", "64",
+            "--batch", "2", "--seq", "8", "--accumulate", str(microbatches))  # fmt: skip
+
+
+def test_gradient_accumulation_at_another_count_is_a_capture_at_that_count(tmp_path: Path) -> None:
+    layout = ("--dp", "2")
+    capture, _ = captured_and_built(tmp_path / "at4", layout, accumulating(4), warmup=3)
+    _, graph6 = captured_and_built(tmp_path / "at6", layout, accumulating(6), warmup=3)
+    built = tmp_path / "at4-built-at6.parquet"
+    result = runner.invoke(build_app, [str(capture), "--microbatches", "6", "-o", str(built)])
+    assert result.exit_code == 0, result.output
+    # Each microbatch draws its own batch: no unit outside the steps grows, and the graph is the
+    # 6-microbatch capture's, its bucket all-reduces after the last backward, memory to the byte.
+    for rank in (0, 1):
+        assert _stage_units(built, rank) == _stage_units(graph6, rank)
+    peaks = [simulate(load_sim_graph(g), iterations=2).peak_bytes for g in (built, graph6)]
+    assert (peaks[0] == peaks[1]).all()
