@@ -415,7 +415,9 @@ class ParallelLayout:
         if kind == WORLD or system_of(axes) is DENSE_AXES:
             return frozenset(a for a in axes if self._sizes[a] > 1)
         members = self.group(0, kind)
-        spanned = frozenset(a for a in DENSE_AXES for m in members if self.fine_coords(m)[a])
+        spanned = frozenset(
+            a for m in members for a, i in self.fine_coords(m).items() if i and a in DENSE_AXES
+        )
         return spanned if len(members) == math.prod(self._sizes[a] for a in spanned) else members
 
     def bound_kinds(self) -> tuple[str, ...]:

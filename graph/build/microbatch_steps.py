@@ -66,7 +66,11 @@ class Period:
     """A stretch of alike periods of steps (``Repeating``): each run the units of one period."""
 
     runs: tuple[tuple[int, int], ...]
-    steady: tuple[int, int]
+
+    @property
+    def steady(self) -> tuple[int, int]:
+        """Every run of the stretch is steady: it was found as alike ones."""
+        return 0, len(self.runs)
 
 
 @dataclass(frozen=True)
@@ -169,7 +173,7 @@ def schedule_of(units: pd.DataFrame) -> Schedule:
             paired = stretch
     if paired:
         runs = tuple((steps.bounds[j][0], steps.bounds[j + 1][1]) for j in paired)
-        return Schedule(steps=steps, periods=(Period(runs=runs, steady=(0, len(runs))),), **outside)
+        return Schedule(steps=steps, periods=(Period(runs=runs),), **outside)
     periods = []
     for phase in (FORWARD, BACKWARD):
         members = [j for j in range(n) if steps.phases[j] == phase]
@@ -180,7 +184,7 @@ def schedule_of(units: pd.DataFrame) -> Schedule:
                 f"and no {MIN_STEADY} alike {phase} steps in a row: nothing repeats to change their count; capture "
                 "with more microbatches (a 1F1B schedule needs pp + 2 or more)"
             )
-        periods.append(Period(runs=tuple(steps.bounds[j] for j in stretch), steady=(0, len(stretch))))
+        periods.append(Period(runs=tuple(steps.bounds[j] for j in stretch)))
     return Schedule(steps=steps, periods=tuple(periods), **outside)
 
 

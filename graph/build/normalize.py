@@ -41,6 +41,7 @@ import pandas as pd
 from prism.graph.build import op_table as T
 from prism.graph.traces.et import read_et_inputs
 from prism.graph.traces.kineto import (
+    KinetoTrace,
     Marks,
     NormalizeError,
     find_marks,
@@ -64,6 +65,7 @@ __all__ = [
     "freed_of_layer",
     "freed_of_rows",
     "memory_addresses",
+    "rank_trace",
     "normalize_capture",
     "normalize_rank",
 ]
@@ -136,16 +138,20 @@ def freed_of_layer(
     """Per row of ``ops`` (``normalize_rank``'s table of ``rank``), the bytes it frees of blocks the
     units of ``layer`` allocated, in its span and in the gap before it: where the program frees
     what a layer keeps."""
-    return freed_of_rows(capture_dir, rank, ops, ops[T.LAYER].to_numpy() == layer)
+    return freed_of_rows(rank_trace(capture_dir, rank), rank, ops, ops[T.LAYER].to_numpy() == layer)
+
+
+def rank_trace(capture_dir: str | os.PathLike, rank: int) -> KinetoTrace:
+    """``rank``'s Kineto trace in the capture at ``capture_dir``."""
+    return read_kineto(CaptureFiles(Path(capture_dir)).kineto(rank))
 
 
 def freed_of_rows(
-    capture_dir: str | os.PathLike, rank: int, ops: pd.DataFrame, allocated_in: np.ndarray
+    trace: KinetoTrace, rank: int, ops: pd.DataFrame, allocated_in: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per row of ``ops`` (``normalize_rank``'s table of ``rank``), the bytes it frees of blocks the
-    rows where ``allocated_in`` is True allocated, in its span and in the gap before it
-    (``prism.graph.traces.memory.freed_from``)."""
-    trace = read_kineto(CaptureFiles(Path(capture_dir)).kineto(rank))
+    """Per row of ``ops`` (``normalize_rank``'s table of ``rank``, whose trace is ``trace``), the
+    bytes it frees of blocks the rows where ``allocated_in`` is True allocated, in its span and
+    in the gap before it (``prism.graph.traces.memory.freed_from``)."""
     its = find_marks(trace).iterations
     units = _with_iteration_ends(select_units(training_spans(trace, its)), its)
     if len(units) != len(ops):
@@ -156,10 +162,10 @@ def freed_of_rows(
     )
 
 
-def memory_addresses(capture_dir: str | os.PathLike, rank: int) -> np.ndarray:
-    """The addresses the allocator's events of ``rank``'s trace name (allocated or freed while the
+def memory_addresses(trace: KinetoTrace) -> np.ndarray:
+    """The addresses the allocator's events of ``trace`` name (allocated or freed while the
     profiler recorded): a block at none of them was held throughout."""
-    memory = read_kineto(CaptureFiles(Path(capture_dir)).kineto(rank)).memory
+    memory = trace.memory
     return np.unique(memory["addr"].to_numpy()) if not memory.empty else np.zeros(0, np.int64)
 
 

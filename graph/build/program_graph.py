@@ -17,7 +17,13 @@ from prism.graph.build.bind import encode_program
 from prism.graph.build.bucket_calls import BucketCaps
 from prism.graph.build.layer_passes import LayerTarget
 from prism.graph.build.microbatch_steps import MicrobatchTarget, microbatch_notes
-from prism.graph.build.normalize import freed_of_layer, freed_of_rows, memory_addresses, normalize_rank
+from prism.graph.build.normalize import (
+    freed_of_layer,
+    freed_of_rows,
+    memory_addresses,
+    normalize_rank,
+    rank_trace,
+)
 from prism.graph.build.profiler_overhead import Correction, calls_are_launches, correction_scale
 from prism.graph.build.program_stage import fitted_scale, program_stage
 from prism.graph.build.rank_variants import Found, find_variants, variant_line
@@ -185,8 +191,6 @@ def program_stages(
     layout = program.layout
     if layers is not None and microbatches is not None:
         raise TemplateError("--layers and --microbatches change a program's graph one at a time: give one")
-    if microbatches is not None and microbatches < 1:
-        raise TemplateError(f"--microbatches {microbatches}: at least 1")
     per_stage = None if layers is None else _stage_layers(manifest, layers, layout.pp)
     sources = _stage_sources(manifest, layout.pp)
     ops = functools.cache(lambda rank: normalize_rank(capture_dir, rank))
@@ -246,8 +250,9 @@ def _microbatch_target(
 ) -> MicrobatchTarget | None:
     if microbatches is None:
         return None
+    trace = functools.cache(lambda: rank_trace(capture_dir, captured.rank))  # read once for both
     return MicrobatchTarget(
         microbatches=microbatches,
-        freed_of_rows=lambda rows: freed_of_rows(capture_dir, captured.rank, ops(captured.rank), rows),
-        memory_addresses=lambda: memory_addresses(capture_dir, captured.rank),
+        freed_of_rows=lambda rows: freed_of_rows(trace(), captured.rank, ops(captured.rank), rows),
+        memory_addresses=lambda: memory_addresses(trace()),
     )
