@@ -8,7 +8,6 @@ the clean unprofiled iterations are ``[1 : warmup - 1]``: a run needs ``warmup >
 from __future__ import annotations
 
 import bisect
-import statistics
 from collections.abc import Sequence
 from typing import TypeVar
 
@@ -84,11 +83,11 @@ def _listed(indices: Sequence[int]) -> str:
 
 SHORTEST_SHARE = 0.05
 """An iteration below this share of the longest one run alike (both clean, or both profiled) and
-of the other kind's median is not a training step: no noise makes a program's step 20 times
+of the other kind's longest is not a training step: no noise makes a program's step 20 times
 faster, while cutting at something other than the step (an inner optimizer's step, a second
-optimizer stepped after the first) gives iterations of near-zero length beside whole ones. Noise
-can make a short step 20 times slower (a stall of tens of milliseconds in a 2 ms step): the other
-kind's median tells that long one from a cut that made the short one."""
+optimizer stepped after the first) gives iterations of near-zero length beside whole ones in
+both kinds. Noise can make a short step 20 times slower (a stall of tens of milliseconds in a
+2 ms step), in one kind: the other kind's longest tells that long one from a cut."""
 
 
 def implausible_iterations(iteration_ns: Sequence[int], warmup: int, calls: Sequence[int] = ()) -> str | None:
@@ -96,7 +95,7 @@ def implausible_iterations(iteration_ns: Sequence[int], warmup: int, calls: Sequ
 
     Compares the clean unprofiled iterations' times with each other and the profiled ones' with
     each other (the profiler slows a step several times on CPU), a short one also with the other
-    kind's median (``SHORTEST_SHARE``), and with ``calls`` (process-group
+    kind's longest (``SHORTEST_SHARE``), and with ``calls`` (process-group
     calls begun in each iteration) whether some iterations made calls and others none, as a
     distributed training step always makes one. The first iteration (set-up, cold) is left out."""
     silent = [i for i, n in enumerate(calls) if i > 0 and n == 0]
@@ -114,7 +113,7 @@ def implausible_iterations(iteration_ns: Sequence[int], warmup: int, calls: Sequ
             continue
         (other,) = (t for k, t in kinds.items() if k != kind)
         shortest, longest = min(times), max(times)
-        whole = min(longest, statistics.median(other)) if other else longest
+        whole = min(longest, max(other)) if other else longest
         if shortest < SHORTEST_SHARE * whole:
             listed = ", ".join(f"{ns / 1e6:.3g}" for ns in times[:8])
             return (

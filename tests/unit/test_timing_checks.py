@@ -30,6 +30,12 @@ def test_two_optimizers_stepped_in_turn_are_implausible_in_the_profiled_iteratio
     assert implausible_iterations(ms(900, 500, 510, 505, 2000, 1.0), warmup=4) is not None
 
 
+def test_three_optimizers_stepped_in_turn_are_implausible_though_most_iterations_are_short() -> None:
+    # Two of every three iterations a lone optimizer step, in both kinds: no median is whole.
+    times = ms(90, 0.02, 0.02, 1.0, 0.02, 0.02, 3.0, 0.02, 0.02)
+    assert implausible_iterations(times, warmup=5) is not None
+
+
 @pytest.mark.parametrize(
     "iterations",
     [
