@@ -46,7 +46,8 @@
 #   megatron_*    examples/megatron_gpt.py (Megatron-core's GPTModel, DDP, optimizer and schedules),
 #                 tp=2 dp=4; megatron_pp_* at tp=2 pp=2 dp=2 (1F1B); megatron_distopt_* with the
 #                 distributed optimizer: each captured, built, simulated, rank 3 replayed;
-#                 megatron_fidelity at tp=1 against its fully real run (REPEATS, default 3);
+#                 megatron_fidelity at tp=1 against its fully real run (REPEATS, default 3, under
+#                 FIDELITY_LIMIT seconds, default 300);
 #                 skipped where megatron-core is not installed
 set -u
 OUT=${1:-${OUT:-gpu-checks}}
@@ -146,7 +147,7 @@ if [ "$DEVICE" != cpu ] && "$PY" -c "import megatron.core" 2>/dev/null; then
   program_chain megatron "--tp 2 --pp 1 --dp 4" "${MEGATRON[@]}"
   program_chain megatron_pp "--tp 2 --pp 2 --dp 2" "${MEGATRON[@]}" --pp 2
   program_chain megatron_distopt "--tp 2 --pp 1 --dp 4" "${MEGATRON[@]}" --distributed-optimizer
-  step megatron_fidelity 240 "$PY" benchmarks/fidelity.py --device $DEVICE --dp 1 --repeats "${REPEATS:-3}" --warmup 10 \
+  step megatron_fidelity "${FIDELITY_LIMIT:-300}" "$PY" benchmarks/fidelity.py --device $DEVICE --dp 1 --repeats "${REPEATS:-3}" --warmup 10 \
     --cluster-spec benchmarks/results/fidelity-programs-spec.toml --work-dir "$OUT/fidelity_megatron" \
     --json "$OUT/megatron_fidelity.json" --program "${MEGATRON[*]} --tp 1"
 else
