@@ -81,6 +81,20 @@ step() {
   archive
 }
 
+# keep_iterations WORK NAME: each repeat's iteration times from a fidelity work directory (the real
+# run's rank*.json and the capture's rank*.result.json, a few KiB each), into OUT as
+# NAME_repeatN_real_rankR.json and NAME_repeatN_capture_rankR.json: the archive leaves the work
+# directory out, and these say whether a prediction's spread came from the capture or the real side.
+keep_iterations() {
+  local f rel
+  for f in "$1"/*/repeat*/real/rank*.json "$1"/*/repeat*/capture/logs/rank*.result.json; do
+    [ -f "$f" ] || continue
+    rel=${f#"$1"/*/}
+    rel=${rel//\/real\//_real_}; rel=${rel//\/capture\/logs\//_capture_}; rel=${rel/.result.json/.json}
+    cp "$f" "$OUT/$2_$rel"
+  done
+}
+
 # cli MODULE ARGS...: a prism command line, whether or not its console script is on PATH.
 cli() { "$PY" -c "import sys; from $1 import main; sys.argv[0] = '$1'; sys.exit(main())" "${@:2}"; }
 export -f cli
@@ -122,6 +136,7 @@ DDP=(examples/ddp.py --device "$DEVICE" --steps 40 --log-every 1 "${DDP_MODEL[@]
 program_chain ddp "--tp 1 --pp 1 --dp 8" "${DDP[@]}"
 step ddp_fidelity 240 "$PY" benchmarks/fidelity.py --device $DEVICE --dp 1 --repeats 3 --warmup 10 \
   --cluster-spec benchmarks/results/fidelity-programs-spec.toml --work-dir "$OUT/fidelity_work" --json "$OUT/ddp_fidelity.json" --program "${DDP[*]}"
+keep_iterations "$OUT/fidelity_work" ddp_fidelity
 program_chain fsdp "--tp 1 --pp 1 --dp 8" examples/fsdp2.py --device "$DEVICE" --steps 40 "${DDP_MODEL[@]}"
 program_chain tp_fsdp "--tp 2 --pp 1 --dp 4" examples/tp_fsdp.py --device "$DEVICE" --tp 2 --steps 40 "${DDP_MODEL[@]}"
 program_chain compile "--tp 1 --pp 1 --dp 8" examples/compile_ddp.py --device "$DEVICE" --compile-inside --steps 40 "${DDP_MODEL[@]}"
@@ -150,6 +165,7 @@ if [ "$DEVICE" != cpu ] && "$PY" -c "import megatron.core" 2>/dev/null; then
   step megatron_fidelity "${FIDELITY_LIMIT:-300}" "$PY" benchmarks/fidelity.py --device $DEVICE --dp 1 --repeats "${REPEATS:-3}" --warmup 10 \
     --cluster-spec benchmarks/results/fidelity-programs-spec.toml --work-dir "$OUT/fidelity_megatron" \
     --json "$OUT/megatron_fidelity.json" --program "${MEGATRON[*]} --tp 1"
+  keep_iterations "$OUT/fidelity_megatron" megatron_fidelity
 else
   echo "megatron_*: skipped (megatron-core is not installed, or no CUDA)" | tee -a "$OUT/summary.txt"
 fi
