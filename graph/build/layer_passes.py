@@ -26,6 +26,7 @@ import pandas as pd
 
 from prism.graph.build import op_table as ot
 from prism.graph.build.bucket_calls import BucketCaps, insert_bucket_calls, strip_bucket_calls
+from prism.graph.build.parameter_loops import LoopFrees, optimizer_step, per_parameter_glue
 from prism.graph.build.templates import TemplateError
 from prism.schemas.annotations import Phase
 
@@ -215,6 +216,12 @@ class LayerTarget:
     """Bytes of one layer block's parameters as the rank holds them (its gradients' size)."""
     bucket_caps: BucketCaps | None = None
     """How the program's DistributedDataParallel fills its gradient buckets (None: it has none)."""
+    freed_of_rows: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
+    """The same of the blocks the rows given as a mask allocated
+    (``prism.graph.build.normalize.freed_of_rows``); None: the loops over parameters free what
+    the unit each copies freed."""
+    rows: int = 0
+    """The captured rank's op table's length."""
 
     @property
     def target_elements(self) -> tuple[int, ...]:
@@ -287,6 +294,29 @@ def frees_by_position(iterations: list[pd.DataFrame], freed: tuple[np.ndarray, n
     return np.median(per_iteration, axis=0).astype(np.int64)
 
 
+def _loop_frees(iterations: list[pd.DataFrame], target: LayerTarget) -> LoopFrees | None:
+    """What the units of a loop over parameters (its groups, each unit a copy of a captured one
+    outside the passes: its ``ORIGIN``) free of the group before it's blocks, traced by
+    address: the blocks of every other group at once, each parity in turn (a group frees
+    nothing a later one allocates)."""
+    if target.freed_of_rows is None:
+        return None
+    freed_of_rows = target.freed_of_rows
+
+    def freed(positions: np.ndarray) -> np.ndarray:
+        mask = np.zeros(target.rows, bool)
+        for iteration in iterations:
+            mask[iteration[ot.SEQ].to_numpy()[positions]] = True
+        return frees_by_position(iterations, freed_of_rows(mask))
+
+    def traced(units: pd.DataFrame, groups: np.ndarray) -> np.ndarray:
+        captured = units[ORIGIN].to_numpy()[groups]
+        even, odd = (freed(captured[parity::2].ravel())[captured] for parity in (0, 1))
+        return np.where((np.arange(len(groups)) % 2 == 0)[:, None], odd, even)
+
+    return traced
+
+
 def _outside_runs(size: int, passes: list[LayerPass]) -> np.ndarray:
     """Of ``size`` units, those in no run of ``passes``."""
     outside = np.ones(size, bool)
@@ -349,9 +379,9 @@ def retarget_units(
     """A stage program's units (one iteration, timed) and their waits at ``target``'s layer count:
     its passes walk the target's layers (``expand_layers``), the units that free what a layer
     keeps (gradients a ``zero_grad`` drops) free it for every layer, and the units that run for
-    each parameter (``_per_parameter_glue``) and the optimizer step (``_optimizer_step``) run for
-    the target's parameters; DDP's bucket all-reduces are those of the target's buckets
-    (``prism.graph.build.bucket_calls``)."""
+    each parameter and the optimizer step run for the target's parameters
+    (``prism.graph.build.parameter_loops``); DDP's bucket all-reduces are those of the target's
+    buckets (``prism.graph.build.bucket_calls``)."""
     units = units.reset_index(drop=True)
     caps = target.bucket_caps
     if caps is not None:
@@ -375,8 +405,10 @@ def retarget_units(
     more = target.layers - captured_layers
     expanded[ot.FREE_BYTES] = expanded[ot.FREE_BYTES].to_numpy() + more * frees[origin]
     glue = _outside_runs(len(units), passes) & ~in_step
-    expanded = _per_parameter_glue(expanded, glue[origin], target)
-    expanded = _optimizer_step(expanded, in_step[expanded[ORIGIN].to_numpy()], target)
+    sources, elements = target.parameter_sources, target.parameter_elements
+    traced = _loop_frees(iterations, target)
+    expanded = per_parameter_glue(expanded, glue[origin], sources, len(elements), traced)
+    expanded = optimizer_step(expanded, in_step[expanded[ORIGIN].to_numpy()], sources, elements, traced)
     waits = mapped_waits(expanded, waits, passes)
     if caps is None:
         return expanded, waits
@@ -384,59 +416,3 @@ def retarget_units(
     # parameter and has no copy, after the last unit copied from before it.
     anchor = int(np.flatnonzero(expanded[ORIGIN].to_numpy() <= stripped.waited_after)[-1])
     return insert_bucket_calls(expanded, waits, stripped, anchor, caps, target.target_elements)
-
-
-def _per_parameter_glue(units: pd.DataFrame, glue: np.ndarray, target: LayerTarget) -> pd.DataFrame:
-    """Units outside the passes that run once for each parameter in turn, one for each target
-    parameter (the unit of the captured parameter it copies), where the first of them ran: the
-    units of one name in stretches of two or more between two passes, exactly as many as the
-    captured parameters (a pipeline schedule scaling each gradient by its microbatches, a
-    gradient clip's per-parameter ops, DDP's copies out of its buckets, bucket by bucket)."""
-    count = len(target.parameter_elements)
-    if count < 2:  # a stretch of one unit is no evidence of a loop over parameters
-        return units
-    names = units[ot.NAME].to_numpy()
-    edges = np.flatnonzero(np.diff(np.r_[0, glue.astype(np.int8), 0]))
-    sources = np.asarray(target.parameter_sources, dtype=np.int64)
-    order = np.arange(len(units))
-    replaced: dict[int, np.ndarray] = {}  # first position of a per-parameter name: its target units
-    dropped = np.zeros(len(units), bool)
-    for start, stop in zip(edges[::2], edges[1::2], strict=True):
-        segment = names[start:stop]
-        for name in dict.fromkeys(segment):
-            at = start + np.flatnonzero(segment == name)
-            runs = np.split(at, np.flatnonzero(np.diff(at) > 1) + 1)
-            if len(at) == count and all(len(run) >= 2 for run in runs):
-                replaced[int(at[0])] = at[sources]
-                dropped[at] = True
-    if not replaced:
-        return units
-    order = np.concatenate(
-        [replaced[i] if i in replaced else [i] for i in order if i in replaced or not dropped[i]]
-    )
-    return units.iloc[order].reset_index(drop=True)
-
-
-def _optimizer_step(units: pd.DataFrame, in_step: np.ndarray, target: LayerTarget) -> pd.DataFrame:
-    """The optimizer step's units for the target's parameters. A step that runs the same units
-    for each parameter in turn (torch's for-loop implementations, as on CPU) runs one group a
-    target parameter, each the group of the captured parameter it copies; a step of a few
-    kernels over all of them (foreach, fused) takes time and memory in proportion to the
-    parameter elements."""
-    at = np.flatnonzero(in_step)
-    count = len(target.parameter_elements)
-    if not len(at):
-        return units
-    if len(at) % count == 0 and (np.diff(at) == 1).all():
-        size = len(at) // count
-        names = units[ot.NAME].to_numpy()[at].reshape(count, size)
-        if (names == names[0]).all():
-            groups = [at[i * size : (i + 1) * size] for i in target.parameter_sources]
-            order = np.concatenate([np.arange(at[0]), *groups, np.arange(at[-1] + 1, len(units))])
-            return units.iloc[order].reset_index(drop=True)
-    captured = sum(target.parameter_elements)
-    ratio = sum(target.parameter_elements[i] for i in target.parameter_sources) / max(1, captured)
-    for column in (ot.DUR_NS, ot.GAP_NS, ot.ALLOC_BYTES, ot.FREE_BYTES):
-        values = units[column].to_numpy(dtype=np.float64)
-        units[column] = np.where(in_step, np.round(values * ratio), values).astype(np.int64)
-    return units

@@ -141,6 +141,7 @@ def _layer_target(
     are numbered as the capture numbers them: from 0 in each stage, or across stages (the
     captured rank's first block is its stage's first layer of the whole stack)."""
     held = _held(captured)
+    trace = functools.cache(lambda: rank_trace(capture_dir, captured.rank))  # read once for every loop
     blocks = held_blocks(held)
     first = blocks[0] if blocks else 0
     if first and first == captured.stage * len(blocks):
@@ -166,6 +167,8 @@ def _layer_target(
             freed_of_layer=lambda layer: freed_of_layer(
                 capture_dir, captured.rank, ops(captured.rank), layer
             ),
+            freed_of_rows=lambda rows: freed_of_rows(trace(), captured.rank, ops(captured.rank), rows),
+            rows=len(ops(captured.rank)),
             layer_bytes=sum(held.numels[i] for i in held.in_layer(blocks[0])) * held.itemsize,
             bucket_caps=caps,
         ),

@@ -156,6 +156,16 @@ def test_each_pipeline_stage_walks_its_share_of_the_layers_as_captured_there(pip
     assert static[0] == static[1]
     peaks = [simulate(load_sim_graph(g), iterations=2).peak_bytes for g in (built, graph6)]
     assert (peaks[0] == peaks[1]).all()
+    # Each stage's iteration frees all it allocates, as the capture's does: the schedule's
+    # per-microbatch state, dropped after the last gradient's scaling, is freed once, and each
+    # optimizer group frees the temporaries of the parameter before it, not of its source's.
+    for rank in (0, 1):
+        ranks = np.array([rank])
+        held = [
+            int(graph_column(g, gf.ALLOC_BYTES, ranks).sum() - graph_column(g, gf.FREE_BYTES, ranks).sum())
+            for g in (built, graph6)
+        ]
+        assert held == [0, 0]
 
 
 @pytest.mark.slow
