@@ -246,15 +246,19 @@ class MicrobatchChange:
     keeps into the next iteration and the receive buffers kept for it."""
 
 
-def _period_rows(iterations: list[pd.DataFrame], schedule: Schedule, rows: int) -> np.ndarray:
+def _period_rows(
+    iterations: list[pd.DataFrame], schedule: Schedule, rows: int, captured: np.ndarray
+) -> np.ndarray:
     """Of the op table's ``rows``, those of one steady period of each repeated stretch, in the
-    iterations that ran the stage's units."""
+    iterations that ran the stage's units (``captured``: each unit's captured position, -1 for
+    none)."""
     mask = np.zeros(rows, bool)
     for iteration in iterations:
         seq = iteration[ot.SEQ].to_numpy()
         for period in schedule.periods:
             a, b = period.runs[period.steady[0]]
-            mask[seq[a:b]] = True
+            at = captured[a:b]
+            mask[seq[at[at >= 0]]] = True
     return mask
 
 
@@ -264,11 +268,36 @@ def _kept_frees(
     iterations: list[pd.DataFrame],
     target: MicrobatchTarget,
     rows: int,
+    captured: np.ndarray,
 ) -> np.ndarray:
-    """Per captured position outside the steps: what it frees of one steady period's blocks
-    (``prism.graph.build.layer_passes.frees_by_position``)."""
-    freed = target.freed_of_rows(_period_rows(iterations, schedule, rows))
-    return np.where(outside_steps(len(units), schedule.steps), frees_by_position(iterations, freed), 0)
+    """Per unit outside the steps: what it frees of one steady period's blocks
+    (``prism.graph.build.layer_passes.frees_by_position`` at its captured position)."""
+    freed = target.freed_of_rows(_period_rows(iterations, schedule, rows, captured))
+    by_position = frees_by_position(iterations, freed)
+    first, last = schedule.steps.bounds[0][0], schedule.steps.bounds[-1][1] - 1
+    by_position[captured[first] : captured[last] + 1] = 0  # the captured steps' own
+    return _placed(by_position, captured, outside_steps(len(units), schedule.steps))
+
+
+def _placed(by_position: np.ndarray, captured: np.ndarray, outside: np.ndarray) -> np.ndarray:
+    """``by_position`` (per captured position) on the units ``outside`` the steps: each captured
+    position's on its first copy, or, where it has none (a unit run once a parameter, fewer
+    parameters at another layer count), on the unit before the first that copies a later one
+    (where ``prism.graph.build.parameter_loops`` keeps a loop's own frees), so that each byte is
+    freed once and where it was."""
+    out = np.zeros(len(captured), np.int64)
+    kept = np.flatnonzero(outside & (captured >= 0))
+    if not len(kept):
+        return out
+    order = kept[np.argsort(captured[kept], kind="stable")]
+    sources = captured[order]
+    for position in np.flatnonzero(by_position):
+        i = min(int(np.searchsorted(sources, position, side="left")), len(order) - 1)
+        at = order[i]
+        if sources[i] != position and at > 0 and outside[at - 1]:
+            at -= 1
+        out[at] += by_position[position]
+    return out
 
 
 def kept_per_microbatch(units: pd.DataFrame, schedule: Schedule) -> int:
@@ -349,12 +378,16 @@ def retarget_microbatches(
 ) -> tuple[pd.DataFrame, dict[int, list[int]], MicrobatchChange]:
     """A stage program's units (one iteration, timed) and their waits at ``target``'s microbatch
     count (``expand_microbatches``); the units outside the steps free what each microbatch keeps
-    for every microbatch. ``rows``: the captured rank's op table's length. Also what it holds
-    across iterations beyond the captured rank."""
+    for every microbatch. ``units`` may be at another layer count already (their ``ORIGIN``, the
+    captured positions, finds what they free). ``rows``: the captured rank's op table's length.
+    Also what it holds across iterations beyond the captured rank."""
     units = units.reset_index(drop=True)
+    # Units at another layer count (``prism.graph.build.layer_passes``) name the captured unit
+    # each copies; calls planned for the target (DDP's buckets) copy none.
+    captured = units[ORIGIN].fillna(-1).to_numpy(dtype=np.int64) if ORIGIN in units else np.arange(len(units))
     schedule = schedule_of(units)
     expanded = expand_microbatches(units, schedule, target.microbatches)
-    frees = _kept_frees(units, schedule, iterations, target, rows)
+    frees = _kept_frees(units, schedule, iterations, target, rows, captured)
     kept = kept_per_microbatch(units, schedule)
     if int(frees.sum()) != kept:
         raise TemplateError(
@@ -365,6 +398,11 @@ def retarget_microbatches(
     more = target.microbatches - schedule.steps.microbatches
     origin = expanded[ORIGIN].to_numpy()
     expanded[ot.FREE_BYTES] = expanded[ot.FREE_BYTES].to_numpy() + more * frees[origin]
+    if (expanded[ot.FREE_BYTES].to_numpy() < 0).any():
+        raise TemplateError(
+            f"the units that free what each microbatch keeps free less than {-more} fewer microbatches' worth at this "
+            "layer count: where the rest is freed is not known; capture at the target microbatch count"
+        )
     # Freed before the first step: kept from the iteration before, so held as the iteration begins.
     into_next = int(frees[: schedule.steps.bounds[0][0]].sum())
     held = into_next + persistent_receive_bytes(units, schedule, target.memory_addresses())

@@ -192,8 +192,6 @@ def program_stages(
     with ``microbatches``, each running that many (``prism.graph.build.microbatch_steps``)."""
     program = manifest.job.program
     layout = program.layout
-    if layers is not None and microbatches is not None:
-        raise TemplateError("--layers and --microbatches change a program's graph one at a time: give one")
     per_stage = None if layers is None else _stage_layers(manifest, layers, layout.pp)
     sources = _stage_sources(manifest, layout.pp)
     ops = functools.cache(lambda rank: normalize_rank(capture_dir, rank))

@@ -124,3 +124,40 @@ def test_gradient_accumulation_at_another_count_is_a_capture_at_that_count(tmp_p
         assert _stage_units(built, rank) == _stage_units(graph6, rank)
     peaks = [simulate(load_sim_graph(g), iterations=2).peak_bytes for g in (built, graph6)]
     assert (peaks[0] == peaks[1]).all()
+
+
+def layered(schedule: str, layers: int, microbatches: int) -> tuple[str, ...]:
+    """``examples/pp.py``: two stages of ``layers`` each, one sample a microbatch."""
+    return (str(EXAMPLES / "pp.py"), "--pp", "2", "--schedule", schedule, "--steps", "50", "--hidden", "32",
+            "--vocab", "64", "--batch", str(microbatches), "--seq", str(SEQ), "--layers-per-stage",
+            str(layers), "--microbatches", str(microbatches))  # fmt: skip
+
+
+@pytest.mark.parametrize("schedule", ["1F1B", "GPipe"])
+def test_layers_and_microbatches_change_together_as_a_capture_at_both(schedule: str, tmp_path: Path) -> None:
+    """Two stages of 4 layers and 6 microbatches built at 5 and 8, and the other way round: the
+    other capture's graph node for node, every iteration freeing what it allocates, memory but
+    for the batch drawn whole."""
+    small, graph_small = captured_and_built(tmp_path / "small", LAYOUT, layered(schedule, 4, 6), warmup=3)
+    large, graph_large = captured_and_built(tmp_path / "large", LAYOUT, layered(schedule, 5, 8), warmup=3)
+    batch = 2 * (SEQ + 1) * 8
+    for capture, layers, microbatches, same, sign in (
+        (small, 10, 8, graph_large, -1),
+        (large, 8, 6, graph_small, 1),
+    ):
+        built = tmp_path / f"{capture.name}-built.parquet"
+        result = runner.invoke(
+            build_app,
+            [str(capture), "--layers", str(layers), "--microbatches", str(microbatches), "-o", str(built)],
+        )
+        assert result.exit_code == 0, result.output
+        assert validate_graph(built).ok
+        options = read_metadata(built).build_options
+        assert (options["layers"], options["microbatches"]) == (layers, microbatches)
+        for rank in (0, 1):
+            assert _stage_units(built, rank) == _stage_units(same, rank)
+            ranks = np.array([rank])
+            alloc, free = (int(graph_column(built, c, ranks).sum()) for c in (gf.ALLOC_BYTES, gf.FREE_BYTES))
+            assert alloc == free
+        peaks = [simulate(load_sim_graph(g), iterations=2).peak_bytes for g in (built, same)]
+        assert (peaks[0] - peaks[1] == sign * batch).all()

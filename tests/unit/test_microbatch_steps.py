@@ -160,6 +160,22 @@ def test_what_a_microbatch_keeps_is_freed_for_every_microbatch() -> None:
     assert running.iloc[-1] == 0  # what the iteration allocates it frees, at 8 as at 6
 
 
+def test_at_another_layer_count_a_free_whose_unit_has_no_copy_is_freed_where_the_loop_keeps_it() -> None:
+    """Units at another layer count name the captured unit each copies (``ORIGIN``). Where the
+    unit that freed what the microbatches keep has no copy (one of a loop over parameters, fewer
+    at that count), the loop's unit before the next copied one frees it, once a microbatch."""
+    ops, iterations = _ops([_iteration("1F1B", 1, 6), _iteration("1F1B", 1, 6)])
+    units = iterations[0].drop(columns=[ot.ITERATION, ot.SEQ])
+    merge = int(np.flatnonzero(units[ot.NAME] == "aten::merge")[0])
+    units[ORIGIN] = np.arange(len(units))
+    units.loc[merge, ORIGIN] = merge - 1  # a copy of another unit, still freeing the loop's bytes
+    expanded, _, _ = retarget_microbatches(units, iterations, {}, _target(ops, 8), len(ops))
+    assert expanded[ot.FREE_BYTES].iloc[-2] == KEPT * 8  # the unit before the optimizer's
+    assert (expanded[ot.ALLOC_BYTES] - expanded[ot.FREE_BYTES]).sum() == 0
+    fewer, _, _ = retarget_microbatches(units, iterations, {}, _target(ops, 4), len(ops))
+    assert fewer[ot.FREE_BYTES].iloc[-2] == KEPT * 4
+
+
 def test_what_a_microbatch_keeps_into_the_next_iteration_is_held_as_it_begins() -> None:
     captured = [_iteration("1F1B", 1, 6, merge_at_start=True) for _ in range(3)]
     ops, iterations = _ops(captured)
