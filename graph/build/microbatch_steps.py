@@ -7,14 +7,16 @@ each microbatch (a loss computed and backpropagated in chunks before the stage's
 pass (the transfers it posts, the loss, the receive the next pass waits for); the units before
 the first pass and after the last one's are the iteration's own, kept as captured.
 
-A schedule with one stage a rank repeats one of two periods while the microbatches grow: a
-forward step and a backward step in turn (1F1B's steady state, gradient accumulation), or, where
-no such pairs repeat, a stretch of forward steps and one of backward steps (GPipe). The
-**steady** period is the longest stretch of at least ``MIN_STEADY`` alike ones (same units,
-calls, peers, payloads and memory); the iteration for ``M`` microbatches keeps every step as
-captured and repeats (or drops) steady periods until it runs ``M`` forward and ``M`` backward
-passes. A stage with too few alike periods (1F1B needs ``pp + 2`` microbatches or more for two)
-has none to repeat: the capture needs more microbatches.
+A schedule repeats one of two periods while the microbatches grow: forward and backward steps
+in turn (1F1B's steady state, gradient accumulation: a pair a microbatch; an interleaved
+schedule, several stages a rank, each forward naming its stage: a round of pairs, its stages'
+passes in turn, as many microbatches as the round holds), or, where no such pairs repeat, a
+stretch of forward steps and one of backward steps (GPipe). The **steady** period is the
+stretch of at least ``MIN_STEADY`` alike ones (same units, stages, calls, peers, payloads and
+memory) that covers the most steps; the iteration for ``M`` microbatches keeps every step as
+captured and repeats (or drops) steady periods until it runs ``M`` microbatches' passes. A stage
+with too few alike periods (1F1B needs ``pp + 2`` microbatches or more for two) has none to
+repeat: the capture needs more microbatches.
 
 What a period keeps past its steps (the last stage's outputs, kept for the loss) is freed by the
 iteration's own units: they free it for every microbatch, traced by address as the capture
@@ -55,10 +57,13 @@ class Steps:
 
     bounds: tuple[tuple[int, int], ...]
     phases: tuple[str, ...]
+    roots: int = 1
+    """Modules the rank's forward passes run (an interleaved schedule's stages on one rank): a
+    microbatch runs a forward pass through each."""
 
     @property
     def microbatches(self) -> int:
-        return self.phases.count(FORWARD)
+        return self.phases.count(FORWARD) // self.roots
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,8 @@ class Period:
     """A stretch of alike periods of steps (``Repeating``): each run the units of one period."""
 
     runs: tuple[tuple[int, int], ...]
+    microbatches: int = 1
+    """Microbatches a period runs (an interleaved schedule's round: as many as its stages)."""
 
     @property
     def steady(self) -> tuple[int, int]:
@@ -92,8 +99,21 @@ class Schedule:
         return len(self.periods) == 1
 
     @property
+    def microbatches_a_period(self) -> int:
+        """Microbatches one period of each stretch runs: the counts a build can reach differ from
+        the captured one by multiples of it."""
+        return self.periods[0].microbatches
+
+    @property
     def repeats(self) -> str:
-        return "forward-backward pairs" if self.paired else "a stretch of forward and one of backward steps"
+        if not self.paired:
+            return "a stretch of forward and one of backward steps"
+        each = self.microbatches_a_period
+        return (
+            "forward-backward pairs"
+            if each == 1
+            else f"rounds of {each} microbatches' forward-backward pairs"
+        )
 
 
 def microbatch_steps(units: pd.DataFrame) -> Steps:
@@ -104,13 +124,7 @@ def microbatch_steps(units: pd.DataFrame) -> Steps:
     at = np.flatnonzero(in_pass)
     if not len(at):
         raise TemplateError("the capture marks no forward or backward pass: cannot change its microbatches")
-    roots = np.unique(units[ot.STAGE].to_numpy()[phase == FORWARD]) if ot.STAGE in units else []
-    if len(roots) > 1:
-        raise TemplateError(
-            f"the rank's forward passes run {len(roots)} modules (several pipeline stages a rank, as interleaved and "
-            "V-shaped schedules place them): its passes are not one stage's microbatches; capture at the target "
-            "microbatch count"
-        )
+    roots = len(np.unique(units[ot.STAGE].to_numpy()[phase == FORWARD])) if ot.STAGE in units else 1
     begins = at[np.r_[True, (np.diff(at) > 1) | (phase[at][1:] != phase[at][:-1])]]
     passes = [str(phase[b]) for b in begins]
     forwards, backwards = passes.count(FORWARD), passes.count(BACKWARD)
@@ -128,7 +142,7 @@ def microbatch_steps(units: pd.DataFrame) -> Steps:
             at_pass += runs
         else:
             at_pass += 1
-    if not forwards or runs * forwards != backwards:
+    if not forwards or runs * forwards != backwards or forwards % max(roots, 1):
         raise TemplateError(
             f"the iteration runs {forwards} forward and {backwards} backward passes: a forward pass and as many "
             "backward ones a microbatch, each microbatch's in a row, are needed to change the microbatches"
@@ -136,7 +150,8 @@ def microbatch_steps(units: pd.DataFrame) -> Steps:
     starts = begins[kept]
     stops = np.r_[starts[1:], at[-1] + 1]
     phases = tuple(passes[i] for i in kept)
-    return Steps(bounds=tuple((int(a), int(b)) for a, b in zip(starts, stops, strict=True)), phases=phases)
+    bounds = tuple((int(a), int(b)) for a, b in zip(starts, stops, strict=True))
+    return Steps(bounds=bounds, phases=phases, roots=max(roots, 1))
 
 
 def _longest_alike(signatures: list[tuple], members: list[int], step: int) -> list[int]:
@@ -156,25 +171,49 @@ def _longest_alike(signatures: list[tuple], members: list[int], step: int) -> li
     return best
 
 
+def _paired_periods(of_step: list[tuple], phases: tuple[str, ...]) -> tuple[list[int], int]:
+    """The stretch of alike periods of forward-backward pairs (their first steps) that covers
+    the most steps, and the pairs a period holds (the fewest of equals): one (1F1B's steady
+    state, gradient accumulation), or a round (an interleaved schedule's stages' passes in turn,
+    where single pairs repeat only within a round); ([], 0) if none."""
+    n = len(of_step)
+    best: tuple[list[int], int] = ([], 0)
+    for pairs in range(1, n // (2 * MIN_STEADY) + 1):
+        size = 2 * pairs
+        blocks = [tuple(of_step[j : j + size]) for j in range(n - size + 1)]
+        for offset in range(size):
+            starts = [
+                j
+                for j in range(offset, n - size + 1, size)
+                if all(phases[k] != phases[k + 1] for k in range(j, j + size, 2))
+            ]
+            stretch = _longest_alike(blocks, starts, size)
+            if len(stretch) * pairs > len(best[0]) * best[1]:
+                best = (stretch, pairs)
+    return best
+
+
 def schedule_of(units: pd.DataFrame) -> Schedule:
     """The steps of ``units`` and the periods that repeat with the microbatches."""
     steps = microbatch_steps(units)
     before_bytes, largest = _before_steps_allocation(units, steps)
     outside = {"before_bytes": before_bytes, "before_largest": largest}
-    signature = unit_signatures(units, STEP_SIGNATURE)
+    columns = (*STEP_SIGNATURE, ot.STAGE) if ot.STAGE in units else STEP_SIGNATURE
+    signature = unit_signatures(units, columns)
     of_step = [tuple(signature[a:b]) for a, b in steps.bounds]
-    n = len(steps.bounds)
-    pairs = [(of_step[j], of_step[j + 1]) for j in range(n - 1)]
-    paired: list[int] = []
-    for parity in (0, 1):  # a forward then a backward step, or a backward then a forward
-        starts = [j for j in range(parity, n - 1, 2) if steps.phases[j] != steps.phases[j + 1]]
-        stretch = _longest_alike(pairs, starts, 2)
-        if len(stretch) > len(paired):
-            paired = stretch
-    if paired:
-        runs = tuple((steps.bounds[j][0], steps.bounds[j + 1][1]) for j in paired)
-        return Schedule(steps=steps, periods=(Period(runs=runs),), **outside)
+    starts, pairs = _paired_periods(of_step, steps.phases)
+    if starts:
+        runs = tuple((steps.bounds[j][0], steps.bounds[j + 2 * pairs - 1][1]) for j in starts)
+        return Schedule(
+            steps=steps, periods=(Period(runs=runs, microbatches=pairs // steps.roots),), **outside
+        )
+    if steps.roots > 1:
+        raise TemplateError(
+            f"the rank's forward passes run {steps.roots} modules and no {MIN_STEADY} alike rounds of forward-backward "
+            "pairs repeat: capture with more microbatches, or at the target count"
+        )
     periods = []
+    n = len(steps.bounds)
     for phase in (FORWARD, BACKWARD):
         members = [j for j in range(n) if steps.phases[j] == phase]
         stretch = _longest_alike(of_step, members, 1)
@@ -192,12 +231,14 @@ def expand_microbatches(units: pd.DataFrame, schedule: Schedule, microbatches: i
     """``units`` (one iteration, positions 0..n-1) running ``microbatches`` forward and backward
     passes: each steady stretch with periods repeated after its first one, or dropped from its
     end; ``ORIGIN`` gives the captured position each unit copies."""
-    more = microbatches - schedule.steps.microbatches
+    more = periods_more(schedule, microbatches)
     fewest = min(len(p.runs) for p in schedule.periods)
     if more < 1 - fewest:
+        each = schedule.microbatches_a_period
         raise TemplateError(
             f"--microbatches {microbatches}: the capture's {schedule.steps.microbatches} microbatches repeat "
-            f"{fewest} alike periods and at least one stays, so at least {schedule.steps.microbatches - fewest + 1}"
+            f"{fewest} alike periods and at least one stays, so at least "
+            f"{schedule.steps.microbatches - (fewest - 1) * each}"
         )
     pieces, at = [], 0
     for period in sorted(schedule.periods, key=lambda p: p.runs[0][0]):
@@ -212,6 +253,19 @@ def expand_microbatches(units: pd.DataFrame, schedule: Schedule, microbatches: i
     out = units.iloc[origin].reset_index(drop=True)
     out[ORIGIN] = origin
     return out
+
+
+def periods_more(schedule: Schedule, microbatches: int) -> int:
+    """Periods of each stretch the iteration at ``microbatches`` runs more than the captured one
+    (fewer where negative). Raises TemplateError where the difference is no whole number of
+    periods (an interleaved schedule grows by rounds)."""
+    more, each = microbatches - schedule.steps.microbatches, schedule.microbatches_a_period
+    if more % each:
+        raise TemplateError(
+            f"--microbatches {microbatches}: the schedule repeats rounds of {each} microbatches, so the count "
+            f"differs from the captured {schedule.steps.microbatches} by a multiple of {each}"
+        )
+    return more // each
 
 
 def outside_steps(size: int, steps: Steps) -> np.ndarray:
@@ -395,7 +449,7 @@ def retarget_microbatches(
             "of them: where the rest is freed is not known, so another microbatch count's memory would be wrong; "
             "capture at the target microbatch count"
         )
-    more = target.microbatches - schedule.steps.microbatches
+    more = periods_more(schedule, target.microbatches)
     origin = expanded[ORIGIN].to_numpy()
     expanded[ot.FREE_BYTES] = expanded[ot.FREE_BYTES].to_numpy() + more * frees[origin]
     if (expanded[ot.FREE_BYTES].to_numpy() < 0).any():

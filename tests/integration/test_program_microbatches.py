@@ -161,3 +161,29 @@ def test_layers_and_microbatches_change_together_as_a_capture_at_both(schedule: 
             assert alloc == free
         peaks = [simulate(load_sim_graph(g), iterations=2).peak_bytes for g in (built, same)]
         assert (peaks[0] - peaks[1] == sign * batch).all()
+
+
+def test_an_interleaved_schedule_grows_by_rounds_as_a_capture_at_that_count(tmp_path: Path) -> None:
+    """Interleaved 1F1B, two stages a rank: 8 microbatches captured (its steady state repeats in
+    rounds of 2, one microbatch through both of a rank's stages each) built at 10 and 6 are
+    those captures' graphs node for node, memory but for the batch drawn whole; 9 is no whole
+    number of rounds."""
+    capture, _ = captured_and_built(tmp_path / "at8", LAYOUT, pipelined("Interleaved1F1B", 8), warmup=3)
+    batch = 2 * (SEQ + 1) * 8
+    for microbatches in (10, 6):
+        _, graph = captured_and_built(
+            tmp_path / f"at{microbatches}", LAYOUT, pipelined("Interleaved1F1B", microbatches), warmup=3
+        )
+        built = tmp_path / f"at8-built-at{microbatches}.parquet"
+        result = runner.invoke(
+            build_app, [str(capture), "--microbatches", str(microbatches), "-o", str(built)]
+        )
+        assert result.exit_code == 0, result.output
+        for rank in (0, 1):
+            assert _stage_units(built, rank) == _stage_units(graph, rank)
+        peaks = [simulate(load_sim_graph(g), iterations=2).peak_bytes for g in (built, graph)]
+        assert (np.abs(peaks[0] - peaks[1]) == batch).all()
+    result = runner.invoke(
+        build_app, [str(capture), "--microbatches", "9", "-o", str(tmp_path / "g.parquet")]
+    )
+    assert result.exit_code != 0 and "rounds of 2 microbatches" in result.output

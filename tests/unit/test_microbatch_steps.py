@@ -221,14 +221,58 @@ def test_stages_whose_schedules_read_differently_are_refused_and_the_batch_noted
         microbatch_notes(mixed, 8)
 
 
-def test_forward_passes_of_several_modules_are_no_microbatches_of_one_stage() -> None:
-    units = _iteration("1F1B", 0, 6)
+def _interleaved(rank: int, microbatches: int, stages: int = 2, local: int = 2) -> pd.DataFrame:
+    """One iteration of a rank holding ``local`` stages of an interleaved 1F1B schedule, in the
+    order torch's runs them: rounds of ``stages`` microbatches, warm-up forwards, forward-backward
+    pairs, cool-down backwards; each forward names its stage (``STAGE``)."""
+    per_round = microbatches // max(1, microbatches // stages)
+    warmup = min((local - 1) * per_round + 2 * (stages - 1 - rank), microbatches * local)
+    total = microbatches * local
+    order = [("F", f) for f in range(warmup)]
+    for i in range(total - warmup):
+        order += [("F", warmup + i), ("B", i)]
+    order += [("B", b) for b in range(total - warmup, total)]
+    units = [_unit("aten::randint", "iter", alloc=432), _unit("aten::slice", "iter", free=432)]
+    for kind, step in order:
+        if kind == "F":
+            stage = (step // per_round) % local
+            units += [
+                _unit("recv", "iter", comm="recv"),
+                _unit("aten::linear", "fwd", alloc=100) | {ot.STAGE: stage},
+            ]
+            units.append(_unit("send", "iter", comm="send"))
+        else:
+            units += [_unit("recv", "iter", comm="recv"), _unit("AddmmBackward0", "bwd", free=100)]
+            units.append(_unit("send", "iter", comm="send"))
+    units.append(_unit("aten::add_", "optim"))
+    frame = pd.DataFrame(units)
+    frame[ot.STAGE] = frame[ot.STAGE].fillna(-1).astype(np.int64)
+    return frame
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_an_interleaved_schedule_grows_by_rounds_as_if_captured_there(rank: int) -> None:
+    captured = _interleaved(rank, 6)
+    read = schedule_of(captured)
+    # A microbatch runs a forward through each of the rank's two stages; single pairs repeat
+    # only within a round, so a period is a round: two microbatches, four pairs.
+    assert read.steps.microbatches == 6 and read.steps.roots == 2
+    assert read.microbatches_a_period == 2 and "rounds of 2" in read.repeats
+    for target in (8, 12, 4):
+        expanded = expand_microbatches(captured, read, target)
+        assert _shape(expanded) == _shape(_interleaved(rank, target))
+        assert expanded[ot.STAGE].tolist() == _interleaved(rank, target)[ot.STAGE].tolist()
+    with pytest.raises(TemplateError, match="rounds of 2 microbatches"):
+        expand_microbatches(captured, read, 7)
+
+
+def test_several_modules_whose_passes_repeat_no_round_are_refused() -> None:
+    units = _iteration("GPipe", 0, 6)
     forward = (units[ot.PHASE] == "fwd").to_numpy()
-    units[ot.STAGE] = np.where(forward, np.cumsum(forward) % 2, -1)  # an interleaved schedule's two stages
+    units[ot.STAGE] = np.where(forward, np.cumsum(forward) % 2, -1)  # two models, each forward in turn
+    assert microbatch_steps(units).microbatches == 3
     with pytest.raises(TemplateError, match="run 2 modules"):
-        microbatch_steps(units)
-    units[ot.STAGE] = np.where(forward, 0, -1)
-    assert microbatch_steps(units).microbatches == 6
+        schedule_of(units)
 
 
 def test_a_backward_of_several_runs_a_microbatch_is_one_step() -> None:
