@@ -2,8 +2,9 @@
 
 A pipeline schedule (or gradient accumulation) runs a forward and a backward **pass** per
 microbatch: a stretch of units the capture marked forward or backward
-(``prism.capture.program_phases``); a microbatch's backward may be several in a row, as many
-each microbatch (a loss computed and backpropagated in chunks before the stage's backward). A **step** is one pass and the units after it up to the next
+(``prism.capture.program_phases``); a microbatch's backward may be several runs of the engine
+(a loss computed and backpropagated in chunks before the stage's backward, on the stage that
+computes it). A **step** is one pass and the units after it up to the next
 pass (the transfers it posts, the loss, the receive the next pass waits for); the units before
 the first pass and after the last one's are the iteration's own, kept as captured.
 
@@ -126,32 +127,49 @@ def microbatch_steps(units: pd.DataFrame) -> Steps:
         raise TemplateError("the capture marks no forward or backward pass: cannot change its microbatches")
     roots = len(np.unique(units[ot.STAGE].to_numpy()[phase == FORWARD])) if ot.STAGE in units else 1
     begins = at[np.r_[True, (np.diff(at) > 1) | (phase[at][1:] != phase[at][:-1])]]
+    ends = np.r_[at[np.searchsorted(at, begins[1:]) - 1], at[-1]] + 1
     passes = [str(phase[b]) for b in begins]
     forwards, backwards = passes.count(FORWARD), passes.count(BACKWARD)
-    # A microbatch's backward may be several runs of the engine in a row (a loss computed and
-    # backpropagated in chunks before the stage's own backward): as many each microbatch.
-    runs = backwards // max(forwards, 1)
-    kept = []
-    at_pass = 0
-    while at_pass < len(passes):
-        kept.append(at_pass)
-        if passes[at_pass] == BACKWARD and runs > 1:
-            if passes[at_pass : at_pass + runs] != [BACKWARD] * runs:
-                runs = 0  # not in runs of ``runs``: refused below
-                break
-            at_pass += runs
-        else:
-            at_pass += 1
-    if not forwards or runs * forwards != backwards or forwards % max(roots, 1):
+    kept = _backward_steps(units, passes, begins, ends)
+    if not forwards or [passes[i] for i in kept].count(BACKWARD) != forwards or forwards % max(roots, 1):
         raise TemplateError(
-            f"the iteration runs {forwards} forward and {backwards} backward passes: a forward pass and as many "
-            "backward ones a microbatch, each microbatch's in a row, are needed to change the microbatches"
+            f"the iteration runs {forwards} forward and {backwards} backward passes: a forward pass and a backward "
+            "(one run of the engine, or runs through no layer before the one through the stage's layers) a "
+            "microbatch are needed to change the microbatches"
         )
     starts = begins[kept]
     stops = np.r_[starts[1:], at[-1] + 1]
     phases = tuple(passes[i] for i in kept)
     bounds = tuple((int(a), int(b)) for a, b in zip(starts, stops, strict=True))
     return Steps(bounds=bounds, phases=phases, roots=max(roots, 1))
+
+
+def _backward_steps(
+    units: pd.DataFrame, passes: list[str], begins: np.ndarray, ends: np.ndarray
+) -> list[int]:
+    """The passes that begin a step. A microbatch's backward may be several runs of the engine:
+    runs through no layer block (a loss computed and backpropagated in chunks) belong to the run
+    after them, the stage's own backward through its layers, whatever calls come between (a
+    receive posted for the next step). Where no backward run touches a layer block (a program
+    whose blocks are not marked), runs in a row, as many each microbatch, are one step."""
+    layer = units[ot.LAYER].to_numpy() if ot.LAYER in units else np.full(len(units), -1)
+    touches = [bool((layer[b:e] >= 0).any()) for b, e in zip(begins, ends, strict=True)]
+    backward = [i for i, p in enumerate(passes) if p == BACKWARD]
+    if any(touches[i] for i in backward):
+        return [
+            i for i in range(len(passes)) if not (i in backward and i - 1 in backward and not touches[i - 1])
+        ]
+    runs = len(backward) // max(passes.count(FORWARD), 1)
+    kept, at = [], 0
+    while at < len(passes):
+        kept.append(at)
+        if passes[at] == BACKWARD and runs > 1:
+            if passes[at : at + runs] != [BACKWARD] * runs:
+                return list(range(len(passes)))  # not in runs of ``runs``: as many steps as passes
+            at += runs
+        else:
+            at += 1
+    return kept
 
 
 def _longest_alike(signatures: list[tuple], members: list[int], step: int) -> list[int]:

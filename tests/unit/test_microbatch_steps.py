@@ -293,7 +293,18 @@ def test_a_backward_of_several_runs_a_microbatch_is_one_step() -> None:
     assert steps.phases == ("fwd", "bwd") * 6 and steps.microbatches == 6
     read = schedule_of(captured)
     assert _shape(expand_microbatches(captured, read, 8)) == _shape(chunked(_iteration("1F1B", 1, 8)))
-    # Runs that do not come as many a microbatch, each microbatch's in a row, are refused.
+    # Where no run names a layer block, runs that do not come as many a microbatch are refused.
     uneven = captured.drop(index=captured.index[captured[ot.NAME] == "CrossEntropyBackward"][:1])
+    uneven = uneven.reset_index(drop=True)
     with pytest.raises(TemplateError, match="6 forward and 11 backward passes"):
-        microbatch_steps(uneven.reset_index(drop=True))
+        microbatch_steps(uneven)
+    # Where the stage's own runs go through its layers, the runs through none before each are its
+    # microbatch's, as many or not (an interleaved rank: one of its stages computes the loss) and
+    # whatever calls come between (a receive posted for the next step).
+    layered = uneven.assign(**{ot.LAYER: np.where(uneven[ot.NAME] == "AddmmBackward0", 0, -1)})
+    chunks = layered.index[layered[ot.NAME] == "CrossEntropyBackward"][1::2]
+    recvs = pd.DataFrame(
+        [_unit("recv", "iter", comm="recv") | {ot.LAYER: -1}] * len(chunks), index=chunks + 0.5
+    )
+    layered = pd.concat([layered, recvs]).sort_index().reset_index(drop=True)
+    assert microbatch_steps(layered).phases == ("fwd", "bwd") * 6
