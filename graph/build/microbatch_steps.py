@@ -29,6 +29,7 @@ allocated before the first step could move the peak.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -154,7 +155,7 @@ def _backward_steps(
     whose blocks are not marked), runs in a row, as many each microbatch, are one step."""
     layer = units[ot.LAYER].to_numpy() if ot.LAYER in units else np.full(len(units), -1)
     touches = [bool((layer[b:e] >= 0).any()) for b, e in zip(begins, ends, strict=True)]
-    backward = [i for i, p in enumerate(passes) if p == BACKWARD]
+    backward = {i for i, p in enumerate(passes) if p == BACKWARD}
     if any(touches[i] for i in backward):
         return [
             i for i in range(len(passes)) if not (i in backward and i - 1 in backward and not touches[i - 1])
@@ -211,6 +212,25 @@ def _paired_periods(of_step: list[tuple], phases: tuple[str, ...]) -> tuple[list
     return best
 
 
+def _round(units: pd.DataFrame, run: tuple[int, int], steps: Steps) -> int:
+    """Microbatches a period of forward-backward pairs (``run``) holds: its forward passes, as
+    many through each of the rank's stages. Raises TemplateError where they are not (a period
+    that is no whole round: its count cannot grow by it)."""
+    phase = units[ot.PHASE].astype(str).to_numpy()[run[0] : run[1]]
+    begins = [a - run[0] for a, _ in steps.bounds if run[0] <= a < run[1]]
+    forwards = [a for a in begins if phase[a] == FORWARD]
+    if steps.roots == 1:
+        return len(forwards)
+    stage = units[ot.STAGE].to_numpy()[run[0] : run[1]]
+    through = Counter(int(stage[a]) for a in forwards)
+    if len(through) != steps.roots or len(set(through.values())) != 1:
+        raise TemplateError(
+            f"the rank's forward passes run {steps.roots} modules and its repeating period runs them "
+            f"{dict(sorted(through.items()))} times: no whole round; capture at the target microbatch count"
+        )
+    return len(forwards) // steps.roots
+
+
 def schedule_of(units: pd.DataFrame) -> Schedule:
     """The steps of ``units`` and the periods that repeat with the microbatches."""
     steps = microbatch_steps(units)
@@ -223,7 +243,7 @@ def schedule_of(units: pd.DataFrame) -> Schedule:
     if starts:
         runs = tuple((steps.bounds[j][0], steps.bounds[j + 2 * pairs - 1][1]) for j in starts)
         return Schedule(
-            steps=steps, periods=(Period(runs=runs, microbatches=pairs // steps.roots),), **outside
+            steps=steps, periods=(Period(runs=runs, microbatches=_round(units, runs[0], steps)),), **outside
         )
     if steps.roots > 1:
         raise TemplateError(
@@ -314,7 +334,7 @@ class MicrobatchChange:
     schedule: Schedule
     """How its captured steps repeat."""
     static_bytes: int
-    """Bytes it holds across iterations beyond the captured rank: per microbatch more, what one
+    """Bytes it holds across iterations beyond the captured rank: per period more, what one
     keeps into the next iteration and the receive buffers kept for it."""
 
 
@@ -372,9 +392,9 @@ def _placed(by_position: np.ndarray, captured: np.ndarray, outside: np.ndarray) 
     return out
 
 
-def kept_per_microbatch(units: pd.DataFrame, schedule: Schedule) -> int:
-    """Bytes one more microbatch keeps past its steps: what its steady periods allocate and do
-    not free."""
+def kept_per_period(units: pd.DataFrame, schedule: Schedule) -> int:
+    """Bytes one more period (a microbatch, or a round's) keeps past its steps: what its steady
+    periods allocate and do not free."""
     net = (units[ot.ALLOC_BYTES] - units[ot.FREE_BYTES]).to_numpy(dtype=np.int64)
     return int(sum(net[slice(*p.runs[p.steady[0]])].sum() for p in schedule.periods))
 
@@ -460,7 +480,7 @@ def retarget_microbatches(
     schedule = schedule_of(units)
     expanded = expand_microbatches(units, schedule, target.microbatches)
     frees = _kept_frees(units, schedule, iterations, target, rows, captured)
-    kept = kept_per_microbatch(units, schedule)
+    kept = kept_per_period(units, schedule)
     if int(frees.sum()) != kept:
         raise TemplateError(
             f"a microbatch keeps {kept:,} bytes past its steps and the units outside them free {int(frees.sum()):,} "
@@ -472,8 +492,9 @@ def retarget_microbatches(
     expanded[ot.FREE_BYTES] = expanded[ot.FREE_BYTES].to_numpy() + more * frees[origin]
     if (expanded[ot.FREE_BYTES].to_numpy() < 0).any():
         raise TemplateError(
-            f"the units that free what each microbatch keeps free less than {-more} fewer microbatches' worth at this "
-            "layer count: where the rest is freed is not known; capture at the target microbatch count"
+            f"the units that free what each microbatch keeps free less than "
+            f"{-more * schedule.microbatches_a_period} fewer microbatches' worth at this layer count: where the rest "
+            "is freed is not known; capture at the target microbatch count"
         )
     # Freed before the first step: kept from the iteration before, so held as the iteration begins.
     into_next = int(frees[: schedule.steps.bounds[0][0]].sum())

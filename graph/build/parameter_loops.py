@@ -8,10 +8,11 @@ each target parameter runs the units of the captured parameter it copies.
 Their frees are traced by address where the capture's memory events are at hand (``LoopFrees``):
 what a group frees of its own allocations goes with its copy; what it frees of the group
 before it (a for-loop optimizer's temporaries, dropped when the next parameter's replace them)
-is what the target's predecessor left; anything else it frees (a pipeline schedule's
-per-microbatch state, dropped in the gap after the last parameter's unit, which the stage
-program gives to the unit before it) belongs to the loop, not to a parameter: it is freed once,
-at the same place of the target's loop (on its last unit if it was on the last).
+is what the target's predecessor left. In a loop of one unit a parameter, what a unit frees
+beyond its alike units and beyond anything they allocate (a pipeline schedule's per-microbatch
+state, dropped in the gap after the last parameter's unit, which the stage program gives to the
+unit before it) belongs to the loop, not to a parameter: it is freed once, at the same place of
+the target's loop (on its last unit if it was on the last).
 """
 
 from __future__ import annotations

@@ -133,7 +133,7 @@ def _stage_layers(manifest: CaptureManifest, layers: int, pp: int) -> int:
 
 
 def _layer_target(
-    capture_dir, captured: CapturedRank, ops, *, stage: int, per_stage: int
+    traces, captured: CapturedRank, ops, *, stage: int, per_stage: int
 ) -> tuple[LayerTarget, int]:
     """A captured rank's program as pipeline ``stage`` holding ``per_stage`` layers, and the
     static bytes it then holds: the captured ones with what its parameters hold at the target
@@ -141,7 +141,6 @@ def _layer_target(
     are numbered as the capture numbers them: from 0 in each stage, or across stages (the
     captured rank's first block is its stage's first layer of the whole stack)."""
     held = _held(captured)
-    trace = functools.cache(lambda: rank_trace(capture_dir, captured.rank))  # read once for every loop
     blocks = held_blocks(held)
     first = blocks[0] if blocks else 0
     if first and first == captured.stage * len(blocks):
@@ -165,9 +164,11 @@ def _layer_target(
             parameter_sources=tuple(parameter_sources(held, stack)),
             parameter_elements=held.numels,
             freed_of_layer=lambda layer: freed_of_layer(
-                capture_dir, captured.rank, ops(captured.rank), layer
+                traces(captured.rank), captured.rank, ops(captured.rank), layer
             ),
-            freed_of_rows=lambda rows: freed_of_rows(trace(), captured.rank, ops(captured.rank), rows),
+            freed_of_rows=lambda rows: freed_of_rows(
+                traces(captured.rank), captured.rank, ops(captured.rank), rows
+            ),
             rows=len(ops(captured.rank)),
             layer_bytes=sum(held.numels[i] for i in held.in_layer(blocks[0])) * held.itemsize,
             bucket_caps=caps,
@@ -195,6 +196,8 @@ def program_stages(
     per_stage = None if layers is None else _stage_layers(manifest, layers, layout.pp)
     sources = _stage_sources(manifest, layout.pp)
     ops = functools.cache(lambda rank: normalize_rank(capture_dir, rank))
+    # Each captured rank's trace is read once, for every change that traces frees by address.
+    traces = functools.cache(lambda rank: rank_trace(capture_dir, rank))
     variants = _variants(manifest, sources, layout, ops)
     programs = [(str(stage), stage, sources[stage]) for stage in range(layout.pp)]
     programs += [(f"{v.stage}.{v.axis}", v.stage, captured) for v, captured, _ in variants]
@@ -202,7 +205,7 @@ def program_stages(
     for key, stage, captured in programs:
         ops_of_stage = ops(captured.rank)
         retarget, statics[key] = (
-            _layer_target(capture_dir, captured, ops, stage=stage, per_stage=per_stage)
+            _layer_target(traces, captured, ops, stage=stage, per_stage=per_stage)
             if per_stage is not None
             else (None, int(captured.result.static_bytes))
         )
@@ -212,7 +215,7 @@ def program_stages(
         stage_program = program_stage(
             ops_of_stage, rank=captured.rank, stage=stage, layout=layout, scale=scale,
             launches=calls_are_launches(manifest.job.device), noise_cv=cv, retarget=retarget,
-            microbatches=_microbatch_target(capture_dir, captured, ops, microbatches),
+            microbatches=_microbatch_target(traces, captured, ops, microbatches),
         )  # fmt: skip
         if stage_program.microbatches is not None:
             schedules[key] = stage_program.microbatches.schedule
@@ -247,13 +250,14 @@ def program_stages(
 
 
 def _microbatch_target(
-    capture_dir, captured: CapturedRank, ops, microbatches: int | None
+    traces, captured: CapturedRank, ops, microbatches: int | None
 ) -> MicrobatchTarget | None:
     if microbatches is None:
         return None
-    trace = functools.cache(lambda: rank_trace(capture_dir, captured.rank))  # read once for both
     return MicrobatchTarget(
         microbatches=microbatches,
-        freed_of_rows=lambda rows: freed_of_rows(trace(), captured.rank, ops(captured.rank), rows),
-        memory_addresses=lambda: memory_addresses(trace()),
+        freed_of_rows=lambda rows: freed_of_rows(
+            traces(captured.rank), captured.rank, ops(captured.rank), rows
+        ),
+        memory_addresses=lambda: memory_addresses(traces(captured.rank)),
     )

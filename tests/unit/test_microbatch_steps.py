@@ -266,6 +266,17 @@ def test_an_interleaved_schedule_grows_by_rounds_as_if_captured_there(rank: int)
         expand_microbatches(captured, read, 7)
 
 
+def test_a_period_that_is_no_whole_round_of_the_stages_is_refused() -> None:
+    """Two stages a rank whose repeating pairs all run one of them: a period of them holds no
+    whole microbatch, so no count can grow by it."""
+    units = _iteration("1F1B", 0, 6)
+    forward = (units[ot.PHASE] == "fwd").to_numpy()
+    units[ot.STAGE] = np.where(forward, 0, -1)
+    units.loc[np.flatnonzero(forward)[:2], ot.STAGE] = 1  # the warm-up's forwards run the other stage
+    with pytest.raises(TemplateError, match=r"runs them \{0: 1\} times: no whole round"):
+        schedule_of(units)
+
+
 def test_several_modules_whose_passes_repeat_no_round_are_refused() -> None:
     units = _iteration("GPipe", 0, 6)
     forward = (units[ot.PHASE] == "fwd").to_numpy()
