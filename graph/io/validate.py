@@ -13,6 +13,7 @@ the world (data parallel, ``world``) wait for the end (those checks: ``prism.gra
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -122,7 +123,8 @@ class RowGroupValidator:
     to ``put`` (its ``on_row_group``), without reading them back. The check runs beside the
     writing: numpy's array operations and Parquet's encoder release the GIL, so on a machine with
     two cores or more the build's validation costs little wall time. A context manager: leaving
-    it stops the thread; ``report`` waits for the last row group and gives the verdict.
+    it stops the thread, leaving it on an exception lets the thread go unwaited; ``report`` waits
+    for the last row group and gives the verdict.
     """
 
     def __init__(self, layout: ParallelLayout, model: dict) -> None:
@@ -130,6 +132,7 @@ class RowGroupValidator:
         _check_model(model, layout, self._scan.problems)
         self._queue: queue.Queue[pa.Table | None] = queue.Queue(maxsize=4)  # bounded: memory stays flat
         self._error: BaseException | None = None
+        self._abandoned = threading.Event()
         self._thread = threading.Thread(target=self._run, name="prism-validate", daemon=True)
         self._thread.start()
 
@@ -139,7 +142,10 @@ class RowGroupValidator:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._stop()
+        if exc_type is None:
+            self._stop()
+        else:
+            self._abandon()
 
     def put(self, table: pa.Table) -> None:
         """Check ``table``, the next row group in rank order (queued; returns at once)."""
@@ -159,8 +165,17 @@ class RowGroupValidator:
             self._queue.put(None)
             self._thread.join()
 
+    def _abandon(self) -> None:
+        """Left on an error or a signal: no verdict is wanted, so the thread is not waited for. A
+        signal raised inside the queue's ``notify`` can lose the wakeup that would end the thread
+        (a released waiter left behind, CPython's gh-92530 fixed only in part), and waiting for it
+        would hang the stopped command. The daemon thread ends at its next row group or with the process."""
+        self._abandoned.set()
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(None)
+
     def _run(self) -> None:
-        while (table := self._queue.get()) is not None:
+        while not self._abandoned.is_set() and (table := self._queue.get()) is not None:
             if self._error is None:  # after a failure keep taking, so that put never blocks
                 try:
                     self._scan.chunk(table)

@@ -3,6 +3,7 @@ Ctrl-C does: exit 130, its temporary output removed, earlier output untouched.""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 BIN = Path(sys.executable).parent
+HANG_STACKS = dict(os.environ, PYTHONFAULTHANDLER="1")  # SIGABRT prints every thread's stack
 TINY_GPT = ["--tp", "1", "--pp", "2", "--dp", "4", "--layers", "2", "--hidden", "32", "--heads", "2",
             "--seq-len", "16", "--vocab", "128", "--microbatches", "2"]  # fmt: skip
 
@@ -24,7 +26,13 @@ def _stop_when(proc: subprocess.Popen, ready, sig: int, timeout_s: float = 120) 
         assert time.monotonic() < deadline, "the command never got to the point to stop it at"
         time.sleep(0.05)
     proc.send_signal(sig)
-    proc.communicate(timeout=60)
+    try:
+        proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        pytest.fail(
+            f"still running 60 s after {signal.Signals(sig).name}; its threads:\n{proc.communicate()[1][-6000:]}"
+        )
     return proc.returncode
 
 
@@ -33,7 +41,7 @@ def test_a_stopped_capture_leaves_nothing(tmp_path: Path, sig: int) -> None:
     out = tmp_path / "cap"
     proc = subprocess.Popen(
         [str(BIN / "prism-capture"), *TINY_GPT, "--warmup", "3", "--iterations", "200", "-o", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=HANG_STACKS,
     )  # fmt: skip
     # Stopped while its rank processes run, their output in a temporary directory.
     running = lambda: any(tmp_path.glob(".cap.tmp-*/logs/*.log"))  # noqa: E731
@@ -57,7 +65,7 @@ def test_a_stopped_build_keeps_the_graph_before(tmp_path: Path, capture: Path) -
     graph.write_bytes(b"the graph before")
     proc = subprocess.Popen(
         [str(BIN / "prism-build-graph"), str(capture), "--tp", "1", "--pp", "2", "--dp", "8192", "-o", str(graph)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=HANG_STACKS,
     )  # fmt: skip
     writing = lambda: any(p.name.startswith(".") for p in tmp_path.iterdir())  # noqa: E731 (staged output)
     assert _stop_when(proc, writing, signal.SIGTERM) == 130

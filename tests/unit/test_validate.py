@@ -302,3 +302,32 @@ def test_collectives_and_transfers_are_checked_once_the_scan_has_passed_their_ra
             assert not (scan.p2p.until <= passed).any()
     assert scan.collectives > 0 and scan.p2p_pairs > 0  # some were checked before the end
     assert scan.report(str(path)).ok
+
+
+def test_a_validator_left_on_an_exception_does_not_wait_for_a_wakeup_a_signal_lost() -> None:
+    """A signal raised inside the queue's notify leaves a released waiter at the head of the
+    condition's waiters (gh-92530): the next notify wakes that one, not the waiting thread. Left on
+    the signal's exception, the validator must return at once rather than join a thread never woken."""
+    import threading
+    import time
+
+    from prism.graph.io.validate import RowGroupValidator
+
+    validator = RowGroupValidator(LAYOUT, {})
+    waiters = validator._queue.not_empty._waiters
+    deadline = time.monotonic() + 10
+    while not waiters:  # the thread waits for its first row group
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    stale = threading.Lock()
+    stale.acquire()  # re-acquired by the thread it woke, as after the interrupted notify
+    waiters.appendleft(stale)
+
+    def leave_on_a_signal() -> None:
+        with pytest.raises(KeyboardInterrupt), validator:
+            raise KeyboardInterrupt
+
+    leaving = threading.Thread(target=leave_on_a_signal, daemon=True)
+    leaving.start()
+    leaving.join(timeout=10)
+    assert not leaving.is_alive(), "leaving the validator waited for a thread that is never woken"
