@@ -9,7 +9,9 @@ models. The kernel counts a thread's time on a core and waiting for one
 asleep. Where the kernel does not give these counts (not Linux), nothing is measured and
 nothing is noted. A total does not say whether the thread slept in one stretch (a block on the
 call) or in many short ones (a lock, the interpreter handed to another thread): only a thread
-that is blocked as the call completes (``blocked``) was waiting for it.
+that is blocked as the call completes (``blocked``) was waiting for it. A thread with intra-op
+workers also sleeps at their barrier inside an op, for as long as they wait for a core: told
+apart from a wait by nothing here, which is why a capture's rank runs one intra-op thread.
 """
 
 from __future__ import annotations

@@ -150,8 +150,19 @@ def test_a_handed_out_future_that_completes_while_its_thread_computes_notes_no_w
 @needs_schedstat
 def test_short_sleeps_of_a_thread_that_computes_through_the_call_are_not_a_wait() -> None:
     # DDP's first bucket: the future is taken and the backward goes on; the thread sleeps now and
-    # then (a lock, the interpreter), a few ms in all, but never blocks on the call.
+    # then (a lock, the interpreter), a few ms in all, but never blocks on the call. One intra-op
+    # thread, as a capture's rank runs by default: with more, the thread waits at its workers'
+    # barrier inside torch.mm, asleep for as long as the workers wait for a core.
     a = torch.randn(96, 96)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _compute_through_a_call(a)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _compute_through_a_call(a: torch.Tensor) -> None:
     completion, work, _ = virtual_call(note_unseen_waits=True)
     future = work.get_future()
     taken = thread_sleep.probe()
