@@ -43,21 +43,25 @@ def program_parameters(
 ) -> HeldParameters:
     """A program's parameters under its ``roots`` (``prism.capture.program_phases``), in
     registration order, each in the layer block the layer marks give it
-    (``prism.capture.program_layers``; -1 outside every block), with what it holds now. Its
+    (``prism.capture.program_layers``; -1 outside every block) and, where there are several
+    roots, the root's index as its stage, with what it holds now. Its
     gradient buckets: a DistributedDataParallel root's cap, 0 where none buckets them."""
     roots = list(roots)
     in_layer = {
         id(p): index for root in roots for index, block in layer_blocks(root) for p in block.parameters()
     }
     seen: set[int] = set()
-    parameters = []
-    for root in roots:
+    parameters, stages = [], []
+    for at, root in enumerate(roots):
         for p in root.parameters():
             if id(p) not in seen:
                 seen.add(id(p))
                 parameters.append((p, in_layer.get(id(p), -1)))
+                stages.append(at)
     ddp = [r for r in roots if isinstance(r, DistributedDataParallel)]
     held = _held(parameters, list(optimizers), max((int(r.bucket_bytes_cap) for r in ddp), default=0))
+    if len(roots) > 1:
+        held = replace(held, stages=tuple(stages))
     if not ddp:
         return held
     return replace(

@@ -5,7 +5,9 @@ A program's layer blocks are the children of the outermost ``ModuleList`` or ``M
 under a root module (``prism.capture.program_phases``) whose children are all named by integers:
 torchtitan's and Hugging Face's ``layers.<i>``, a stage's ``blocks.<i>``. Block ``i`` is marked
 ``fwd|layer=i`` over each call and ``bwd|layer=i`` over its backward (``annotate.BackwardRange``),
-``i`` being its name (a pipeline stage that keeps global names gives global layers). A compiled
+``i`` being its name (a pipeline stage that keeps global names gives global layers); where the
+rank has several roots (an interleaved schedule's stages), the marks name the root's index too,
+``stage=s``, as its forward marks do (``prism.capture.program_phases``). A compiled
 module's inside is not searched: hooks there would run inside compiled code; a compiled block
 is marked from outside.
 
@@ -59,9 +61,10 @@ class LayerMarks:
     def install(self, roots: list[torch.nn.Module]) -> list[RemovableHandle]:
         """Hook every layer block under ``roots``; the handles remove the hooks."""
         handles = []
-        for root in roots:
+        several = len(roots) > 1
+        for at, root in enumerate(roots):
             for index, block in layer_blocks(root):
-                begins, ends = self._hooks(index)
+                begins, ends = self._hooks(index, at if several else None)
                 handles += [
                     # First and last: the block's own hooks (FSDP's unshard and reshard) are in its mark.
                     block.register_forward_pre_hook(begins, with_kwargs=True, prepend=True),
@@ -69,8 +72,9 @@ class LayerMarks:
                 ]
         return handles
 
-    def _hooks(self, index: int) -> tuple[Callable, Callable]:
-        forward, backward = Mark(phase=Phase.FORWARD, layer=index), Mark(phase=Phase.BACKWARD, layer=index)
+    def _hooks(self, index: int, stage: int | None) -> tuple[Callable, Callable]:
+        forward = Mark(phase=Phase.FORWARD, stage=stage, layer=index)
+        backward = Mark(phase=Phase.BACKWARD, stage=stage, layer=index)
         calls: list[tuple[object, annotate.BackwardRange] | None] = []  # the block's open calls
 
         def begins(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:

@@ -13,7 +13,8 @@ capture and its replay mark, on the program's main thread:
 - **forward**: every call of a *root module*, a module no other module holds that owns a
   parameter an optimizer steps (the DDP or FSDP wrapper, a compiled module, a pipeline stage's
   module), outside the backward pass (checkpoint recomputation belongs to backward); where a rank
-  has several roots (an interleaved schedule's stages), the mark's ``stage`` is the root's index;
+  has several roots (an interleaved schedule's stages), the mark's ``stage`` is the root's index
+  (roots in the order the optimizer holds their parameters);
 - **layers**: each block of a root's layer stack, forward and backward, while a trace is recorded
   (``prism.capture.program_layers``).
 
@@ -41,20 +42,28 @@ from prism.schemas.annotations import Mark, Phase
 from prism.schemas.held_parameters import HeldParameters
 
 
-def root_modules() -> list[torch.nn.Module]:
+def root_modules(stepped: torch.optim.Optimizer | None = None) -> list[torch.nn.Module]:
     """Live modules that no other live module holds as a child and that own a parameter some live
-    optimizer steps."""
+    optimizer steps, in the order the optimizers hold their parameters (``stepped``'s first: the
+    one the program steps), so that a rank's stages are numbered as its optimizer steps them."""
     # type() and issubclass, not isinstance: a dead weakref.proxy raises on it (torch.compile keeps some)
     objects = [(obj, type(obj)) for obj in gc.get_objects()]
     modules = [obj for obj, kind in objects if issubclass(kind, torch.nn.Module)]
     optimizers = [obj for obj, kind in objects if issubclass(kind, torch.optim.Optimizer)]
-    parameters = {id(p) for opt in optimizers for group in opt.param_groups for p in group["params"]}
+    if stepped is not None:
+        optimizers = [stepped, *(o for o in optimizers if o is not stepped)]
+    order: dict[int, int] = {}
+    for opt in optimizers:
+        for group in opt.param_groups:
+            for p in group["params"]:
+                order.setdefault(id(p), len(order))
     children = {id(child) for module in modules for child in module.children()}
-    return [
+    roots = [
         module
         for module in modules
-        if id(module) not in children and any(id(p) in parameters for p in module.parameters())
+        if id(module) not in children and any(id(p) in order for p in module.parameters())
     ]
+    return sorted(roots, key=lambda m: min(order.get(id(p), len(order)) for p in m.parameters()))
 
 
 class ProgramPhases:
@@ -131,7 +140,7 @@ class ProgramPhases:
         self._close(Phase.OPTIMIZER)
         if not self._rooted:
             self._rooted = True
-            roots = self._roots = root_modules()
+            roots = self._roots = root_modules(optimizer)
             for root in roots:
                 self._handles += [
                     root.register_forward_pre_hook(self._forward_begins, prepend=True),

@@ -37,6 +37,10 @@ class HeldParameters:
     bucket_copies: bool = False
     """The buckets hold a copy of every gradient (DDP without ``gradient_as_bucket_view``), so
     each parameter adds its gradient's bytes again to what the rank keeps."""
+    stages: tuple[int, ...] = ()
+    """Where the rank holds several pipeline stages (an interleaved schedule's), the stage each
+    parameter belongs to, as the rank numbers them (its root modules in the order its optimizer
+    holds their parameters, ``prism.capture.program_phases``); empty where it holds one."""
 
     def __post_init__(self) -> None:
         n = len(self.numels)
@@ -46,6 +50,18 @@ class HeldParameters:
             raise HeldParametersError("a parameter has at least one element and holds no negative bytes")
         if self.itemsize < 1 or self.bucket_bytes < 0 or self.first_bucket_bytes < 0:
             raise HeldParametersError("itemsize must be positive and bucket_bytes not negative")
+        if self.stages and (len(self.stages) != n or min(self.stages) < 0):
+            raise HeldParametersError("stages, where given, has one entry a parameter, none negative")
+
+    def chunks(self) -> list[list[int]]:
+        """Positions of each stage's parameters, stages in the order they first appear (one
+        chunk of every parameter where the rank holds one stage)."""
+        if not self.stages:
+            return [list(range(len(self.numels)))]
+        out: dict[int, list[int]] = {}
+        for i, stage in enumerate(self.stages):
+            out.setdefault(stage, []).append(i)
+        return list(out.values())
 
     def in_layer(self, layer: int) -> list[int]:
         """Positions of the parameters of ``layer``."""
@@ -65,6 +81,7 @@ class HeldParameters:
                 bucket_bytes=int(data["bucket_bytes"]),
                 first_bucket_bytes=int(data.get("first_bucket_bytes", 0)),
                 bucket_copies=bool(data.get("bucket_copies", False)),
+                stages=tuple(int(x) for x in data.get("stages", ())),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise HeldParametersError(f"held parameters: {e}") from e

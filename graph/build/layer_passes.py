@@ -5,7 +5,9 @@ The units of one iteration carry the layer block each ran in (``prism.capture.pr
 (each captured layer once, in ascending order) or its backward (descending), one **run** of
 units per layer. A run is a layer's own units and the unmarked ones between them and the next
 layer's (a collective the program issues between two blocks belongs to the block before). A
-program with gradient accumulation makes a forward and a backward pass per microbatch.
+program with gradient accumulation makes a forward and a backward pass per microbatch. A rank
+that holds several pipeline stages (an interleaved schedule's) has a stack in each, its units
+naming the stage (``ot.STAGE``), and each pass walks one stage's.
 
 Runs near either end of a pass differ from the rest: the first block waits for its own
 parameters where later ones find them prefetched, the last prefetches nothing, and memory freed
@@ -17,7 +19,7 @@ with fewer than two alike inner runs has no steady run to repeat: the capture ne
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -60,6 +62,8 @@ class LayerPass:
     """A backward pass: its first run is the last layer's."""
     steady: tuple[int, int]
     """[first, last + 1) of its steady runs, positions in ``runs``."""
+    stage: int = -1
+    """The stage whose stack it walks, as its units' marks name it (-1 where the rank holds one)."""
 
     @property
     def start(self) -> int:
@@ -94,35 +98,98 @@ def _steady(signature: np.ndarray, runs: list[tuple[int, int]]) -> tuple[int, in
     return best
 
 
+def pass_runs(units: pd.DataFrame) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """The forward and backward passes of one iteration's units, as the capture marked them (a
+    forward call of a root module, a run of the autograd engine): each one's phase, and its first
+    and one-past-last unit positions. A pass ends where units of another phase, or of none,
+    begin."""
+    phase = units[ot.PHASE].astype(str).to_numpy()
+    at = np.flatnonzero(np.isin(phase, PASS_PHASES))
+    if not len(at):
+        return [], np.zeros(0, np.int64), np.zeros(0, np.int64)
+    begins = at[np.r_[True, (np.diff(at) > 1) | (phase[at][1:] != phase[at][:-1])]]
+    ends = np.r_[at[np.searchsorted(at, begins[1:]) - 1], at[-1]] + 1
+    return [str(phase[b]) for b in begins], begins, ends
+
+
+def through_layers(units: pd.DataFrame, begins: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Whether each pass (``pass_runs``' bounds) runs a unit of a layer block."""
+    layer = units[ot.LAYER].to_numpy() if ot.LAYER in units else np.full(len(units), -1)
+    marked_before = np.r_[0, np.cumsum(layer >= 0)]
+    return marked_before[ends] > marked_before[begins]
+
+
+def _check_weight_runs(units: pd.DataFrame) -> None:
+    """Refuse backward runs through no layer that no backward run through the layers follows: a
+    zero-bubble schedule's weight gradients, computed in runs of their own after the input
+    gradients', whose work grows with the layers but names none. (Runs through no layer before
+    the stage's own, a loss backpropagated in chunks, are the loss's.)"""
+    passes, begins, ends = pass_runs(units)
+    if not (units[ot.LAYER].to_numpy() >= 0).any():
+        return  # no layer marks: refused as such
+    touches, backward = through_layers(units, begins, ends), str(Phase.BACKWARD)
+    for i, p in enumerate(passes):
+        if p == backward and not touches[i] and (i + 1 == len(passes) or passes[i + 1] != backward):
+            raise TemplateError(
+                "the backward passes run through no layer after the stage's own (a zero-bubble schedule's weight "
+                "gradients, computed apart from the inputs'): that work grows with the layers but names none, so "
+                "--layers cannot repeat it; capture at the target layer count"
+            )
+
+
+def _stage_of(units: pd.DataFrame) -> np.ndarray:
+    """Each unit's stage as its marks name it (-1 where the rank holds one stage)."""
+    if ot.STAGE not in units:
+        return np.full(len(units), -1, dtype=np.int64)
+    return units[ot.STAGE].to_numpy(dtype=np.int64)
+
+
+def stage_stacks(units: pd.DataFrame) -> dict[int, np.ndarray]:
+    """The layers each stage's units run (one stage, -1, where the rank holds one), each a
+    consecutive stack. Raises TemplateError where one is not."""
+    layer, stage = units[ot.LAYER].to_numpy(dtype=np.int64), _stage_of(units)
+    marked = layer >= 0
+    stacks = {int(s): np.unique(layer[marked & (stage == s)]) for s in np.unique(stage[marked])}
+    for s, stack in stacks.items():
+        if stack[-1] - stack[0] + 1 != len(stack):
+            which = "the stage's" if s < 0 else f"stage {s}'s"
+            raise TemplateError(
+                f"{which} layers {stack.tolist()} are not consecutive: cannot change their count"
+            )
+    return stacks
+
+
 def layer_passes(units: pd.DataFrame) -> list[LayerPass]:
-    """The passes of one iteration's units over their layers (none if no unit has a layer).
+    """The passes of one iteration's units over their layers (none if no unit has a layer); where
+    the rank holds several stages (an interleaved schedule's, its marks name each), a pass walks
+    one stage's stack.
 
     Raises TemplateError where the layers do not run as passes: a layer that runs twice in a
-    row, out of order, or a pass that leaves one out (interleaved stages, layers skipped)."""
+    row, out of order, or a pass that leaves one out (layers skipped)."""
     layer = units[ot.LAYER].to_numpy(dtype=np.int64)
     marked = np.flatnonzero(layer >= 0)
     if not len(marked):
         return []
-    stack = np.unique(layer[marked])
-    if stack[-1] - stack[0] + 1 != len(stack):
-        raise TemplateError(
-            f"the stage's layers {stack.tolist()} are not consecutive: cannot change their count"
-        )
-    # A run begins at each marked unit whose layer or phase differs from the marked unit before
-    # it (a forward pass's last layer is the next backward pass's first).
+    stacks = stage_stacks(units)
+    # A run begins at each marked unit whose stage, layer or phase differs from the marked unit
+    # before it (a forward pass's last layer is the next backward pass's first).
     phase = units[ot.PHASE].astype(str).to_numpy()[marked]
+    stage = _stage_of(units)[marked]
     key = layer[marked]
-    begins = marked[np.r_[True, (key[1:] != key[:-1]) | (phase[1:] != phase[:-1])]]
+    changes = (key[1:] != key[:-1]) | (phase[1:] != phase[:-1]) | (stage[1:] != stage[:-1])
+    begins = marked[np.r_[True, changes]]
     ends = np.r_[begins[1:], marked[-1] + 1]
     # A run that ends a pass stops at its own last unit; the unmarked units after it are not its.
     last_own = np.array([marked[marked < end][-1] + 1 for end in ends])
-    order = layer[begins]
+    order, of_stage = layer[begins], _stage_of(units)[begins]
     signature = unit_signatures(units)
-    ascending, descending = stack.tolist(), stack[::-1].tolist()
     passes, at = [], 0
     while at < len(begins):
+        s = int(of_stage[at])
+        stack = stacks[s]
+        ascending, descending = stack.tolist(), stack[::-1].tolist()
         step = order[at : at + len(stack)].tolist()
-        if step not in (ascending, descending):
+        if step not in (ascending, descending) or (of_stage[at : at + len(stack)] != s).any():
             raise TemplateError(
                 f"the layers run as {order.tolist()}: a pass over layers {stack[0]}-{stack[-1]} in order "
                 "(forward ascending, backward descending) is needed to change their count"
@@ -133,31 +200,64 @@ def layer_passes(units: pd.DataFrame) -> list[LayerPass]:
         steady = _steady(signature, runs)
         if steady is None:
             raise TemplateError(
-                f"a pass over the captured {len(stack)} layers has no {MIN_STEADY} alike inner layers to repeat (the "
-                "first and last layers of a pass differ from the rest): capture with more layers, 5 or more"
+                f"a pass over the captured {len(stack)} layers has no {MIN_STEADY} alike inner layers to repeat"
+                + _unlike(units, runs[1:-1])
             )
         passes.append(
-            LayerPass(runs=tuple(runs), descending=step == descending and len(stack) > 1, steady=steady)
+            LayerPass(
+                runs=tuple(runs), descending=step == descending and len(stack) > 1, steady=steady, stage=s
+            )
         )
         at = at_end
     return passes
 
 
-def expand_layers(units: pd.DataFrame, layers: int, first: int | None = None) -> pd.DataFrame:
+def _unlike(units: pd.DataFrame, inner: list[tuple[int, int]]) -> str:
+    """Why ``inner`` runs are not alike, as the end of a refusal: inner layers that run the same
+    units with other payloads or memory (a router's token counts decide each layer's), or too
+    few layers to tell the edges from the rest."""
+    names = {tuple(units[ot.NAME].iloc[a:b]) for a, b in inner}
+    if len(inner) < MIN_STEADY or len(names) > 1:
+        return (
+            " (the first and last layers of a pass differ from the rest): capture with more layers, 5 or more"
+        )
+    differ = [
+        column
+        for column in RUN_SIGNATURE
+        if len({tuple(units[column].iloc[a:b].astype(str)) for a, b in inner}) > 1
+    ]
+    calls = units.iloc[inner[0][0] : inner[0][1]]
+    calls = sorted(set(calls.loc[calls[ot.IS_COMM].astype(bool), ot.COMM_OP].astype(str)))
+    return (
+        f": its inner layers run the same units but differ in {', '.join(differ)}"
+        + (f" (calls: {', '.join(calls)})" if calls and ot.BYTES in differ else "")
+        + ", so each layer's own data decides them (in a mixture of experts, the tokens routed through it) and none stands for another; "
+        "capture at the target layer count"
+    )
+
+
+def expand_layers(units: pd.DataFrame, layers: int, first: Mapping[int, int] | None = None) -> pd.DataFrame:
     """``units`` (one iteration, positions 0..n-1) with every pass walking ``layers`` layers: its
     edge runs as captured, one steady run repeated between them. Each unit's layer is renumbered
-    from ``first`` (the stage's first captured layer if None); ``ORIGIN`` gives the captured
-    position each unit copies."""
+    from its stage's ``first`` (keyed as ``stage_stacks``; the stage's first captured layer if
+    None); ``ORIGIN`` gives the captured position each unit copies."""
     units = units.reset_index(drop=True)
     return _expanded(units, layer_passes(units), layers, first)
 
 
-def _expanded(units: pd.DataFrame, passes: list[LayerPass], layers: int, first: int | None) -> pd.DataFrame:
+def _expanded(
+    units: pd.DataFrame, passes: list[LayerPass], layers: int, first: Mapping[int, int] | None
+) -> pd.DataFrame:
     """``expand_layers`` of ``units`` whose passes are ``passes``."""
     if not passes:
         raise TemplateError("the capture marks no layer block in the stage's units: cannot change its layers")
+    stacks = stage_stacks(units)
     if first is None:
-        first = int(units[ot.LAYER][units[ot.LAYER] >= 0].min())
+        first = {s: int(stack[0]) for s, stack in stacks.items()}
+    if set(first) != set(stacks):
+        raise TemplateError(
+            f"the stages the units run ({sorted(stacks)}) are not those the target numbers ({sorted(first)})"
+        )
     need = max(p.edge_runs for p in passes) + 1
     if layers < need:
         raise TemplateError(
@@ -177,7 +277,7 @@ def _expanded(units: pd.DataFrame, passes: list[LayerPass], layers: int, first: 
             pieces.append(np.arange(a, b))
             index = layers - 1 - position if p.descending else position
             own = units[ot.LAYER].to_numpy()[a:b] >= 0
-            layer_of.append(np.where(own, first + index, -1))
+            layer_of.append(np.where(own, first[p.stage] + index, -1))
         at = p.stop
     pieces.append(np.arange(at, len(units)))
     layer_of.append(units[ot.LAYER].to_numpy()[at:])
@@ -201,19 +301,24 @@ class LayerTarget:
     """A program's stage at another layer count than the one captured."""
 
     layers: int
-    """Layers the stage holds."""
-    first_layer: int
-    """The number of its first layer (its units' ``LAYER``)."""
+    """Layers the stage holds (in each of its stages, where the rank holds several)."""
+    first_layers: Mapping[int, int]
+    """The number of the first layer (its units' ``LAYER``) of each of the rank's stages, keyed
+    as its marks name them (``stage_stacks``: -1 where it holds one)."""
     parameter_sources: tuple[int, ...]
     """For each parameter of the stage at ``layers``, in order, the captured parameter it copies
     (``prism.graph.build.retarget.parameter_sources``)."""
     parameter_elements: tuple[int, ...]
     """Elements of each captured parameter."""
-    freed_of_layer: Callable[[int], tuple[np.ndarray, np.ndarray]]
-    """Per row of the captured rank's op table (by ``SEQ``), what it frees of a layer's blocks,
-    in its span and in its gap (``prism.graph.build.normalize.freed_of_layer``)."""
+    freed_of_layer: Callable[[int, int], tuple[np.ndarray, np.ndarray]]
+    """Per row of the captured rank's op table (by ``SEQ``), what it frees of the blocks of a
+    stage's layer (stage and layer given), in its span and in its gap
+    (``prism.graph.build.normalize.freed_of_layer``)."""
     layer_bytes: int
     """Bytes of one layer block's parameters as the rank holds them (its gradients' size)."""
+    parameter_stages: tuple[int, ...] = ()
+    """The stage of each captured parameter, keyed as ``first_layers`` (empty where the rank
+    holds one)."""
     bucket_caps: BucketCaps | None = None
     """How the program's DistributedDataParallel fills its gradient buckets (None: it has none)."""
     freed_of_rows: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
@@ -252,31 +357,45 @@ def _check_glue_calls(units: pd.DataFrame, layer_bytes: int) -> None:
         )
 
 
-def _steady_layer(units: pd.DataFrame, passes: list[LayerPass]) -> int:
-    """A layer whose runs are steady in every pass, the middlemost: its blocks pass to and from
-    steady neighbours only, so what the units outside the layers free of them is what it keeps."""
+def _steady_layers(units: pd.DataFrame, passes: list[LayerPass]) -> dict[int, int]:
+    """For each stage, a layer whose runs are steady in every pass over its stack, the
+    middlemost: its blocks pass to and from steady neighbours only, so what the units outside
+    the layers free of them is what it keeps."""
     layer = units[ot.LAYER].to_numpy()
-    common = None
+    common: dict[int, set[int]] = {}
     for p in passes:
         lo, hi = p.steady
         steady = {int(layer[p.runs[r][0]]) for r in range(lo, hi)}
-        common = steady if common is None else common & steady
-    if not common:
+        common[p.stage] = common.get(p.stage, steady) & steady
+    if not all(common.values()):
         raise TemplateError(
             "no layer is steady in every pass (forward and backward): capture with more layers to change their count"
         )
-    ordered = sorted(common)
-    return ordered[len(ordered) // 2]
+    return {s: sorted(c)[len(c) // 2] for s, c in common.items()}
 
 
 def _kept_frees(
     units: pd.DataFrame,
     passes: list[LayerPass],
     iterations: list[pd.DataFrame],
-    freed: tuple[np.ndarray, np.ndarray],
+    target: LayerTarget,
 ) -> np.ndarray:
-    """Per captured position outside every run: what it frees of one steady layer's blocks."""
-    return np.where(_outside_runs(len(units), passes), frees_by_position(iterations, freed), 0)
+    """Per captured position outside every run: what it frees of one steady layer's blocks of
+    each stage (what one more layer in every stage keeps). Raises TemplateError where that is not
+    what a stage's steady layers keep."""
+    outside = _outside_runs(len(units), passes)
+    total = np.zeros(len(units), dtype=np.int64)
+    for s, layer in _steady_layers(units, passes).items():
+        frees = np.where(outside, frees_by_position(iterations, target.freed_of_layer(s, layer)), 0)
+        kept = kept_per_layer(units, [p for p in passes if p.stage == s])
+        if int(frees.sum()) != kept:
+            raise TemplateError(
+                f"a layer keeps {kept:,} bytes past its runs and the units outside the layers free {int(frees.sum()):,} "
+                "of them: where the rest is freed is not known, so another layer count's memory would be wrong; "
+                "capture at the target layer count"
+            )
+        total += frees
+    return total
 
 
 def frees_by_position(iterations: list[pd.DataFrame], freed: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
@@ -388,26 +507,27 @@ def retarget_units(
         units, iterations, waits, stripped = strip_bucket_calls(
             units, iterations, waits, caps, target.parameter_elements
         )
+    _check_weight_runs(units)
     passes = layer_passes(units)
-    expanded = _expanded(units, passes, target.layers, target.first_layer)
+    expanded = _expanded(units, passes, target.layers, target.first_layers)
     captured_layers = len(passes[0].runs)
-    in_step = (units[ot.PHASE].astype(str) == str(Phase.OPTIMIZER)).to_numpy()
-    _check_glue_calls(units, target.layer_bytes)
-    frees = _kept_frees(units, passes, iterations, target.freed_of_layer(_steady_layer(units, passes)))
-    kept = kept_per_layer(units, passes)
-    if int(frees.sum()) != kept:
+    if any(len(p.runs) != captured_layers for p in passes):
         raise TemplateError(
-            f"a layer keeps {kept:,} bytes past its runs and the units outside the layers free {int(frees.sum()):,} "
-            "of them: where the rest is freed is not known, so another layer count's memory would be wrong; "
+            "the rank's stages hold different layer counts: --layers gives each an equal share; "
             "capture at the target layer count"
         )
+    in_step = (units[ot.PHASE].astype(str) == str(Phase.OPTIMIZER)).to_numpy()
+    _check_glue_calls(units, target.layer_bytes)
+    frees = _kept_frees(units, passes, iterations, target)
     origin = expanded[ORIGIN].to_numpy()
     more = target.layers - captured_layers
     expanded[ot.FREE_BYTES] = expanded[ot.FREE_BYTES].to_numpy() + more * frees[origin]
     glue = _outside_runs(len(units), passes) & ~in_step
     sources, elements = target.parameter_sources, target.parameter_elements
     traced = _loop_frees(iterations, target)
-    expanded = per_parameter_glue(expanded, glue[origin], sources, len(elements), traced)
+    expanded = per_parameter_glue(
+        expanded, glue[origin], sources, len(elements), traced, target.parameter_stages
+    )
     expanded = optimizer_step(expanded, in_step[expanded[ORIGIN].to_numpy()], sources, elements, traced)
     waits = mapped_waits(expanded, waits, passes)
     if caps is None:

@@ -4,9 +4,10 @@ A pipeline schedule (or gradient accumulation) runs a forward and a backward **p
 microbatch: a stretch of units the capture marked forward or backward
 (``prism.capture.program_phases``); a microbatch's backward may be several runs of the engine
 (a loss computed and backpropagated in chunks before the stage's backward, on the stage that
-computes it). A **step** is one pass and the units after it up to the next
-pass (the transfers it posts, the loss, the receive the next pass waits for); the units before
-the first pass and after the last one's are the iteration's own, kept as captured.
+computes it; a zero-bubble schedule's weight gradients after it). A **step** is one pass and
+the units after it up to the next pass (the transfers it posts, the loss, the receive the next
+pass waits for); the units before the first pass and after the last one's are the iteration's
+own, kept as captured.
 
 A schedule repeats one of two periods while the microbatches grow: forward and backward steps
 in turn (1F1B's steady state, gradient accumulation: a pair a microbatch; an interleaved
@@ -43,6 +44,8 @@ from prism.graph.build.layer_passes import (
     RUN_SIGNATURE,
     frees_by_position,
     mapped_waits,
+    pass_runs,
+    through_layers,
     unit_signatures,
 )
 from prism.graph.build.templates import TemplateError
@@ -122,24 +125,20 @@ def microbatch_steps(units: pd.DataFrame) -> Steps:
     """The steps of one iteration's units (positions 0..n-1). Raises TemplateError where the
     passes are not a forward and a backward per microbatch."""
     phase = units[ot.PHASE].astype(str).to_numpy()
-    in_pass = np.isin(phase, (FORWARD, BACKWARD))
-    at = np.flatnonzero(in_pass)
-    if not len(at):
+    passes, begins, ends = pass_runs(units)
+    if not passes:
         raise TemplateError("the capture marks no forward or backward pass: cannot change its microbatches")
     roots = len(np.unique(units[ot.STAGE].to_numpy()[phase == FORWARD])) if ot.STAGE in units else 1
-    begins = at[np.r_[True, (np.diff(at) > 1) | (phase[at][1:] != phase[at][:-1])]]
-    ends = np.r_[at[np.searchsorted(at, begins[1:]) - 1], at[-1]] + 1
-    passes = [str(phase[b]) for b in begins]
     forwards, backwards = passes.count(FORWARD), passes.count(BACKWARD)
     kept = _backward_steps(units, passes, begins, ends)
     if not forwards or [passes[i] for i in kept].count(BACKWARD) != forwards or forwards % max(roots, 1):
         raise TemplateError(
             f"the iteration runs {forwards} forward and {backwards} backward passes: a forward pass and a backward "
-            "(one run of the engine, or runs through no layer before the one through the stage's layers) a "
-            "microbatch are needed to change the microbatches"
+            "(one run of the engine, or runs through no layer before or after the one through the stage's layers) "
+            "a microbatch are needed to change the microbatches"
         )
     starts = begins[kept]
-    stops = np.r_[starts[1:], at[-1] + 1]
+    stops = np.r_[starts[1:], ends[-1]]
     phases = tuple(passes[i] for i in kept)
     bounds = tuple((int(a), int(b)) for a, b in zip(starts, stops, strict=True))
     return Steps(bounds=bounds, phases=phases, roots=max(roots, 1))
@@ -148,18 +147,25 @@ def microbatch_steps(units: pd.DataFrame) -> Steps:
 def _backward_steps(
     units: pd.DataFrame, passes: list[str], begins: np.ndarray, ends: np.ndarray
 ) -> list[int]:
-    """The passes that begin a step. A microbatch's backward may be several runs of the engine:
-    runs through no layer block (a loss computed and backpropagated in chunks) belong to the run
-    after them, the stage's own backward through its layers, whatever calls come between (a
-    receive posted for the next step). Where no backward run touches a layer block (a program
-    whose blocks are not marked), runs in a row, as many each microbatch, are one step."""
-    layer = units[ot.LAYER].to_numpy() if ot.LAYER in units else np.full(len(units), -1)
-    touches = [bool((layer[b:e] >= 0).any()) for b, e in zip(begins, ends, strict=True)]
+    """The passes that begin a step. A microbatch's backward may be several runs of the engine,
+    whatever calls come between (a receive posted for the next step): a run through no layer
+    block right after a forward pass begins the step the run through the layers after it joins (a
+    loss computed and backpropagated in chunks), one right after a backward run joins that run's
+    step (a zero-bubble schedule's weight gradients, computed after the inputs'). Where no
+    backward run touches a layer block (a program whose blocks are not marked), runs in a row, as
+    many each microbatch, are one step."""
+    touches = through_layers(units, begins, ends)
     backward = {i for i, p in enumerate(passes) if p == BACKWARD}
     if any(touches[i] for i in backward):
-        return [
-            i for i in range(len(passes)) if not (i in backward and i - 1 in backward and not touches[i - 1])
-        ]
+        starts, leading = [], False  # leading: a step of runs through no layer, its layers' run to come
+        for i in range(len(passes)):
+            after_backward = i - 1 in backward
+            if i not in backward or not (after_backward and (leading or not touches[i])):
+                starts.append(i)
+                leading = i in backward and not touches[i]
+            elif touches[i]:
+                leading = False
+        return starts
     runs = len(backward) // max(passes.count(FORWARD), 1)
     kept, at = [], 0
     while at < len(passes):

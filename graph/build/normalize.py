@@ -133,12 +133,13 @@ def normalize_rank(capture_dir: str | os.PathLike, rank: int) -> pd.DataFrame:
 
 
 def freed_of_layer(
-    trace: KinetoTrace, rank: int, ops: pd.DataFrame, layer: int
+    trace: KinetoTrace, rank: int, ops: pd.DataFrame, layer: int, stage: int = -1
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per row of ``ops`` (``normalize_rank``'s table of ``rank``, whose trace is ``trace``), the
-    bytes it frees of blocks the units of ``layer`` allocated, in its span and in the gap before
-    it: where the program frees what a layer keeps."""
-    return freed_of_rows(trace, rank, ops, ops[T.LAYER].to_numpy() == layer)
+    bytes it frees of blocks the units of ``layer`` (of ``stage``, where the rank holds several)
+    allocated, in its span and in the gap before it: where the program frees what a layer keeps."""
+    of = (ops[T.LAYER].to_numpy() == layer) & (ops[T.STAGE].to_numpy() == stage)
+    return freed_of_rows(trace, rank, ops, of)
 
 
 def rank_trace(capture_dir: str | os.PathLike, rank: int) -> KinetoTrace:

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from prism.graph.build import op_table as ot
+from prism.graph.build.templates import TemplateError
 
 LoopFrees = Callable[[pd.DataFrame, np.ndarray], np.ndarray]
 """For a loop's groups of units (rows: one group's positions in the units given, a parameter
@@ -67,47 +68,80 @@ def _loop_memory(
     out[ot.FREE_BYTES] = column
 
 
+def _parameter_sets(
+    sources: Sequence[int], count: int, stages: Sequence[int]
+) -> list[tuple[int | None, int, np.ndarray]]:
+    """The sets of captured parameters a loop may run over: all ``count`` (stage None) and, where
+    the rank holds several stages, each stage's (``stages``: each captured parameter's). Each
+    with its size and the member of the set (its position in it) each target parameter of the
+    set copies."""
+    picks = np.asarray(sources, dtype=np.int64)
+    sets: list[tuple[int | None, int, np.ndarray]] = [(None, count, picks)]
+    of = np.asarray(stages, dtype=np.int64)
+    for stage in dict.fromkeys(stages):
+        members = np.flatnonzero(of == stage)
+        mine = picks[of[picks] == stage]
+        sets.append((int(stage), len(members), np.searchsorted(members, mine)))
+    return sets
+
+
 def per_parameter_glue(
     units: pd.DataFrame,
     glue: np.ndarray,
     sources: Sequence[int],
     count: int,
     traced: LoopFrees | None = None,
+    stages: Sequence[int] = (),
 ) -> pd.DataFrame:
     """Units outside the passes that run once for each parameter in turn (``count`` captured
     parameters), one for each target parameter (the unit of the captured parameter ``sources``
     names), where the first of them ran: the units of one name in stretches of two or more
-    between two passes, exactly as many as the captured parameters."""
-    if count < 2:  # a stretch of one unit is no evidence of a loop over parameters
-        return units
+    between two passes, exactly as many as the captured parameters. Where the rank holds several
+    stages (``stages``: each captured parameter's, as its units' marks name them), a loop may run
+    over one stage's parameters (a pipeline schedule scaling each stage's gradients in turn): as
+    many units as that stage's, the stage whose pass ran last where two stages have as many."""
+    sets = _parameter_sets(sources, count, stages)
     names = units[ot.NAME].to_numpy()
+    stage = units[ot.STAGE].to_numpy() if ot.STAGE in units else np.full(len(units), -1)
     edges = np.flatnonzero(np.diff(np.r_[0, glue.astype(np.int8), 0]))
-    picks = np.asarray(sources, dtype=np.int64)
-    replaced: dict[int, np.ndarray] = {}  # first position of a per-parameter name: its captured units
+    replaced: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # first position of a loop: its units, picks
     dropped = np.zeros(len(units), bool)
     for start, stop in zip(edges[::2], edges[1::2], strict=True):
         segment = names[start:stop]
+        ran = stage[:start][stage[:start] >= 0]
+        last = int(ran[-1]) if len(ran) else None
         for name in dict.fromkeys(segment):
             at = start + np.flatnonzero(segment == name)
             runs = np.split(at, np.flatnonzero(np.diff(at) > 1) + 1)
-            if len(at) == count and all(len(run) >= 2 for run in runs):
-                replaced[int(at[0])] = at
+            if len(at) < 2 or any(len(run) < 2 for run in runs):  # one unit is no evidence of a loop
+                continue
+            fits = [(key, picks) for key, size, picks in sets if size == len(at)]
+            if len(fits) > 1:
+                fits = [(key, picks) for key, picks in fits if key is None or key == last]
+                if len(fits) != 1:  # as many units as two stages' parameters, neither's pass before it
+                    raise TemplateError(
+                        f"{len(at)} {name} units run once a parameter of one of the rank's stages, but of which is not "
+                        "known (several hold as many): capture at the target layer count"
+                    )
+            if fits:
+                replaced[int(at[0])] = (at, fits[0][1])
                 dropped[at] = True
     if not replaced:
         return units
     pieces, loops, size = [], [], 0
     for i in range(len(units)):
         if i in replaced:
-            loops.append((replaced[i], size + np.arange(len(picks))))
-            pieces.append(replaced[i][picks])
+            at, picks = replaced[i]
+            loops.append((at, size + np.arange(len(picks)), picks))
+            pieces.append(at[picks])
         elif not dropped[i]:
             pieces.append([i])
         else:
             continue
         size += len(pieces[-1])
     out = units.iloc[np.concatenate(pieces)].reset_index(drop=True)
-    for at, placed in loops:
-        _loop_memory(out, placed[:, None], units, at[:, None], sources, traced, alike=True)
+    for at, placed, picks in loops:
+        _loop_memory(out, placed[:, None], units, at[:, None], picks, traced, alike=True)
     return out
 
 

@@ -27,7 +27,7 @@ from prism.graph.build.normalize import (
 from prism.graph.build.profiler_overhead import Correction, calls_are_launches, correction_scale
 from prism.graph.build.program_stage import fitted_scale, program_stage
 from prism.graph.build.rank_variants import Found, find_variants, variant_line
-from prism.graph.build.retarget import held_blocks, parameter_sources, stage_parameters
+from prism.graph.build.retarget import first_layer, held_blocks, parameter_sources, stage_parameters
 from prism.graph.build.templates import TemplateError
 from prism.graph.sim.noise import iteration_cv
 from prism.schemas import PRISM_VERSION
@@ -117,36 +117,42 @@ def _held(captured: CapturedRank) -> HeldParameters:
 
 
 def _stage_layers(manifest: CaptureManifest, layers: int, pp: int) -> int:
-    """Layers each stage holds at ``layers`` in all: an equal share, as the capture's stages do."""
-    if layers % pp:
+    """Layers each pipeline stage holds at ``layers`` in all: an equal share, as the capture's
+    stages do (a rank holding several stages, an interleaved schedule's, holds a share in each)."""
+    held = {(r.stage, c): len(b) for r in manifest.ranks for c, b in enumerate(held_blocks(_held(r)))}
+    stages = pp * (1 + max(c for _, c in held))
+    if layers % stages:
         raise TemplateError(
-            f"--layers {layers} with pp={pp}: every stage holds an equal share of the layers, so a multiple of {pp}"
+            f"--layers {layers} with {stages} pipeline stages: every stage holds an equal share of the layers, "
+            f"so a multiple of {stages}"
         )
-    held = {r.stage: len(held_blocks(_held(r))) for r in manifest.ranks}
     if len(set(held.values())) > 1:
+        read = ", ".join(f"{n} (stage {s}{f' part {c}' if c else ''})" for (s, c), n in sorted(held.items()))
         raise TemplateError(
-            f"the captured stages hold {', '.join(f'{n} (stage {s})' for s, n in sorted(held.items()))} layers: "
-            "--layers splits the target's equally among stages, as only a capture of equal stages shows; "
-            "capture at the target layer count"
+            f"the captured stages hold {read} layers: --layers splits the target's equally among stages, "
+            "as only a capture of equal stages shows; capture at the target layer count"
         )
-    return layers // pp
+    return layers // stages
 
 
 def _layer_target(
-    traces, captured: CapturedRank, ops, *, stage: int, per_stage: int
+    traces, captured: CapturedRank, ops, *, stage: int, per_stage: int, pp: int
 ) -> tuple[LayerTarget, int]:
-    """A captured rank's program as pipeline ``stage`` holding ``per_stage`` layers, and the
-    static bytes it then holds: the captured ones with what its parameters hold at the target
-    count in place of those captured (``prism.graph.build.retarget.stage_parameters``). Layers
-    are numbered as the capture numbers them: from 0 in each stage, or across stages (the
-    captured rank's first block is its stage's first layer of the whole stack)."""
+    """A captured rank's program as pipeline ``stage`` holding ``per_stage`` layers (in each of
+    its stages, where it holds several), and the static bytes it then holds: the captured ones
+    with what its parameters hold at the target count in place of those captured
+    (``prism.graph.build.retarget.stage_parameters``). Layers are numbered as the capture numbers
+    them: from 0 in each stage, or across stages (``retarget.first_layer``)."""
     held = _held(captured)
     blocks = held_blocks(held)
-    first = blocks[0] if blocks else 0
-    if first and first == captured.stage * len(blocks):
-        first = stage * per_stage
-    stack = range(first, first + per_stage)
-    target = stage_parameters(held, stack)
+    firsts = [
+        first_layer(
+            b[0] if b else 0, len(b), captured_stage=captured.stage, stage=stage, pp=pp, per_stage=per_stage
+        )
+        for b in blocks
+    ]
+    stacks = [range(first, first + per_stage) for first in firsts]
+    target = stage_parameters(held, stacks)
     static = int(captured.result.static_bytes) + sum(target.held_bytes) - sum(held.held_bytes)
     if held.bucket_copies:  # DDP's buckets hold a copy of each gradient
         static += (sum(target.numels) - sum(held.numels)) * held.itemsize
@@ -157,20 +163,23 @@ def _layer_target(
         if held.bucket_bytes
         else None
     )
+    keys = [held.stages[chunk[0]] for chunk in held.chunks()] if held.stages else [-1]
+    first_block = [i for i in held.chunks()[0] if held.layers[i] == blocks[0][0]] if blocks[0] else []
     return (
         LayerTarget(
             layers=per_stage,
-            first_layer=first,
-            parameter_sources=tuple(parameter_sources(held, stack)),
+            first_layers=dict(zip(keys, firsts, strict=True)),
+            parameter_sources=tuple(parameter_sources(held, stacks)),
             parameter_elements=held.numels,
-            freed_of_layer=lambda layer: freed_of_layer(
-                traces(captured.rank), captured.rank, ops(captured.rank), layer
+            parameter_stages=held.stages,
+            freed_of_layer=lambda stage, layer: freed_of_layer(
+                traces(captured.rank), captured.rank, ops(captured.rank), layer, stage
             ),
             freed_of_rows=lambda rows: freed_of_rows(
                 traces(captured.rank), captured.rank, ops(captured.rank), rows
             ),
             rows=len(ops(captured.rank)),
-            layer_bytes=sum(held.numels[i] for i in held.in_layer(blocks[0])) * held.itemsize,
+            layer_bytes=sum(held.numels[i] for i in first_block) * held.itemsize,
             bucket_caps=caps,
         ),
         static,
@@ -205,7 +214,7 @@ def program_stages(
     for key, stage, captured in programs:
         ops_of_stage = ops(captured.rank)
         retarget, statics[key] = (
-            _layer_target(traces, captured, ops, stage=stage, per_stage=per_stage)
+            _layer_target(traces, captured, ops, stage=stage, per_stage=per_stage, pp=layout.pp)
             if per_stage is not None
             else (None, int(captured.result.static_bytes))
         )

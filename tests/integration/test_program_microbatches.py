@@ -58,6 +58,18 @@ def _stage_units(graph: Path, rank: int) -> list[tuple]:
     return [tuple(row) for row in zip(*(c[keep] for c in columns), strict=True)]
 
 
+def _peaks_beyond(built: Path, graph: Path) -> np.ndarray:
+    """Each stage's simulated peak of ``built`` beyond ``graph``'s, once each stage of ``built``
+    is seen to run ``graph``'s nodes and to free what it allocates."""
+    for rank in (0, 1):
+        assert _stage_units(built, rank) == _stage_units(graph, rank)
+        ranks = np.array([rank])
+        alloc, free = (int(graph_column(built, c, ranks).sum()) for c in (gf.ALLOC_BYTES, gf.FREE_BYTES))
+        assert alloc == free
+    peaks = [simulate(load_sim_graph(g), iterations=2).peak_bytes for g in (built, graph)]
+    return peaks[0] - peaks[1]
+
+
 def test_each_stage_runs_the_schedule_a_capture_at_that_count_runs(graphs) -> None:
     graph6, built, graph8, _, _ = graphs
     for rank in (0, 1):
@@ -154,36 +166,44 @@ def test_layers_and_microbatches_change_together_as_a_capture_at_both(schedule: 
         assert validate_graph(built).ok
         options = read_metadata(built).build_options
         assert (options["layers"], options["microbatches"]) == (layers, microbatches)
-        for rank in (0, 1):
-            assert _stage_units(built, rank) == _stage_units(same, rank)
-            ranks = np.array([rank])
-            alloc, free = (int(graph_column(built, c, ranks).sum()) for c in (gf.ALLOC_BYTES, gf.FREE_BYTES))
-            assert alloc == free
-        peaks = [simulate(load_sim_graph(g), iterations=2).peak_bytes for g in (built, same)]
-        assert (peaks[0] - peaks[1] == sign * batch).all()
+        assert (_peaks_beyond(built, same) == sign * batch).all()
 
 
-def test_an_interleaved_schedule_grows_by_rounds_as_a_capture_at_that_count(tmp_path: Path) -> None:
-    """Interleaved 1F1B, two stages a rank: 8 microbatches captured (its steady state repeats in
-    rounds of 2, one microbatch through both of a rank's stages each) built at 10 and 6 are
-    those captures' graphs node for node, memory but for the batch drawn whole; 9 is no whole
-    number of rounds."""
-    capture, _ = captured_and_built(tmp_path / "at8", LAYOUT, pipelined("Interleaved1F1B", 8), warmup=3)
+def test_an_interleaved_schedule_grows_by_rounds_and_layers_as_a_capture_at_those_counts(
+    tmp_path: Path,
+) -> None:
+    """Interleaved 1F1B, two stages of 4 layers a rank: 8 microbatches captured (its steady
+    state repeats in rounds of 2, one microbatch through both of a rank's stages each) built at
+    6, and at 10 with 5 layers a stage (20 in all), are those captures' graphs node for node,
+    every iteration freeing what it allocates, memory but for the batch drawn whole; 9 is no
+    whole number of rounds."""
+    capture, _ = captured_and_built(tmp_path / "at8", LAYOUT, layered("Interleaved1F1B", 4, 8), warmup=3)
     batch = 2 * (SEQ + 1) * 8
-    for microbatches in (10, 6):
+    for layers, microbatches in ((4, 6), (5, 10)):
         _, graph = captured_and_built(
-            tmp_path / f"at{microbatches}", LAYOUT, pipelined("Interleaved1F1B", microbatches), warmup=3
+            tmp_path / f"at{microbatches}", LAYOUT, layered("Interleaved1F1B", layers, microbatches), warmup=3
         )
         built = tmp_path / f"at8-built-at{microbatches}.parquet"
-        result = runner.invoke(
-            build_app, [str(capture), "--microbatches", str(microbatches), "-o", str(built)]
+        changes = ["--microbatches", str(microbatches)] + (
+            ["--layers", str(4 * layers)] if layers != 4 else []
         )
+        result = runner.invoke(build_app, [str(capture), *changes, "-o", str(built)])
         assert result.exit_code == 0, result.output
-        for rank in (0, 1):
-            assert _stage_units(built, rank) == _stage_units(graph, rank)
-        peaks = [simulate(load_sim_graph(g), iterations=2).peak_bytes for g in (built, graph)]
-        assert (np.abs(peaks[0] - peaks[1]) == batch).all()
+        assert (np.abs(_peaks_beyond(built, graph)) == batch).all()
     result = runner.invoke(
         build_app, [str(capture), "--microbatches", "9", "-o", str(tmp_path / "g.parquet")]
     )
     assert result.exit_code != 0 and "rounds of 2 microbatches" in result.output
+
+
+def test_a_zero_bubble_schedule_grows_by_rounds_as_a_capture_at_that_count(tmp_path: Path) -> None:
+    """Interleaved zero bubble: each backward computes the inputs' gradients through the layers,
+    the weights' in engine runs of their own after it, which go with that microbatch's step. Built
+    from 8 captured microbatches at 10, it is the 10-microbatch capture's graph node for node,
+    memory but for the batch drawn whole."""
+    capture, _ = captured_and_built(tmp_path / "at8", LAYOUT, pipelined("InterleavedZeroBubble", 8), warmup=3)
+    _, graph = captured_and_built(tmp_path / "at10", LAYOUT, pipelined("InterleavedZeroBubble", 10), warmup=3)
+    built = tmp_path / "at8-built-at10.parquet"
+    result = runner.invoke(build_app, [str(capture), "--microbatches", "10", "-o", str(built)])
+    assert result.exit_code == 0, result.output
+    assert (_peaks_beyond(built, graph) == -2 * (SEQ + 1) * 8).all()

@@ -17,7 +17,7 @@ from prism.capture.workloads.gpt.config import GPTConfig
 from prism.capture.workloads.gpt.params import stage_buckets, static_bytes
 from prism.capture.workloads.gpt.train import GPTWorkload
 from prism.graph.build.builder import BuildError, stage_holdings
-from prism.graph.build.retarget import holding, stage_parameters
+from prism.graph.build.retarget import first_layer, holding, stage_parameters
 from prism.graph.build.templates import TemplateError
 from prism.peers import BACKEND_NAME, FreeRunningClock, VirtualWorld, activate
 from prism.schemas.held_parameters import HeldParameters, HeldParametersError
@@ -80,6 +80,41 @@ def test_blocks_that_differ_or_parameters_between_blocks_keep_the_captured_layer
         stage_parameters(record([-1, 0, 1, 0, 1, -1], [10, 4, 4, 4, 4, 3]), range(4))
     with pytest.raises(HeldParametersError, match="one entry a parameter"):
         HeldParameters(numels=(1, 2), layers=(0,), held_bytes=(4, 8), itemsize=4, bucket_bytes=1)
+
+
+def test_each_stage_of_a_rank_that_holds_several_copies_its_own_blocks() -> None:
+    # An interleaved schedule's rank: stage 0 holds the embedding and two blocks, stage 1 two
+    # blocks of another size and the head, each numbering its blocks from 0.
+    held = replace(
+        record([-1, 0, 0, 1, 1, 0, 1, -1], [10, 4, 2, 4, 2, 6, 6, 3]), stages=(0, 0, 0, 0, 0, 1, 1, 1)
+    )
+    assert held.chunks() == [[0, 1, 2, 3, 4], [5, 6, 7]]
+    assert stage_parameters(held, [range(2), range(2)]) == held
+    at_three = stage_parameters(held, [range(3), range(3)])
+    assert at_three.numels == (10, 4, 2, 4, 2, 4, 2, 6, 6, 6, 3)
+    assert at_three.layers == (-1, 0, 0, 1, 1, 2, 2, 0, 1, 2, -1)
+    assert at_three.stages == (0,) * 7 + (1,) * 4
+    # Numbered across the model (stages 0 and 2 of 4, two layers each): each keeps its own numbers.
+    across = replace(held, layers=(-1, 0, 0, 1, 1, 4, 5, -1))
+    assert stage_parameters(across, [range(0, 3), range(6, 9)]).layers == (-1, 0, 0, 1, 1, 2, 2, 6, 7, 8, -1)
+    with pytest.raises(TemplateError, match="holds 2 pipeline stages and the target 1"):
+        stage_parameters(held, range(3))
+    with pytest.raises(HeldParametersError, match="stages"):
+        replace(held, stages=(0, 1))
+
+
+def test_a_stage_numbers_its_layers_as_the_capture_does() -> None:
+    # From 0 in each stage: so at every target stage.
+    assert first_layer(0, 4, captured_stage=1, stage=3, pp=4, per_stage=6) == 0
+    # Across the model, one stage a rank: the target stage's share.
+    assert first_layer(8, 4, captured_stage=2, stage=2, pp=4, per_stage=6) == 12
+    assert first_layer(4, 4, captured_stage=1, stage=2, pp=4, per_stage=6) == 12
+    # A looped schedule's second stage on rank 1 of 4 is the model's stage 5; rank 2 holds 6.
+    assert first_layer(20, 4, captured_stage=1, stage=2, pp=4, per_stage=6) == 36
+    # A V-shaped schedule's second stage on rank 1 of 4 is the model's stage 6; rank 2 holds 5.
+    assert first_layer(24, 4, captured_stage=1, stage=2, pp=4, per_stage=6) == 30
+    with pytest.raises(TemplateError, match="capture every pipeline stage"):
+        first_layer(8, 4, captured_stage=1, stage=2, pp=4, per_stage=6)
 
 
 def shape(config: GPTConfig) -> PipelineShape:

@@ -77,6 +77,42 @@ def test_each_microbatch_walks_its_own_passes():
     assert len(layer_passes(_iteration(5, microbatches=2))) == 4
 
 
+def _interleaved(layers: int) -> pd.DataFrame:
+    """A rank holding two stages (an interleaved schedule's), their layers numbered from 0 in each
+    (stage 1's blocks allocate more), two microbatches: each stage's forward, then backward in
+    reverse stage order, as its units' marks name them."""
+    units = []
+    for _ in range(2):
+        for stage in (0, 1):
+            units += [
+                u
+                | {
+                    ot.STAGE: stage,
+                    ot.ALLOC_BYTES: u[ot.ALLOC_BYTES] + stage * (u[ot.NAME] == "aten::linear"),
+                }
+                for u in _forward(layers)
+            ]
+        for stage in (1, 0):
+            units += [u | {ot.STAGE: stage} for u in _backward(layers)]
+    units += [_unit("zero_grad", -1, "iter", free=16 * layers) | {ot.STAGE: -1}]
+    return pd.DataFrame(units)
+
+
+def test_each_stage_of_a_rank_that_holds_several_walks_its_own_stack():
+    units = _interleaved(5)
+    passes = layer_passes(units)
+    assert [p.stage for p in passes] == [0, 1, 1, 0] * 2
+    expanded = expand_layers(units, 7, first={0: 0, 1: 7})
+    direct = _interleaved(7)
+    direct[ot.LAYER] = np.where(
+        (direct[ot.STAGE] == 1) & (direct[ot.LAYER] >= 0), direct[ot.LAYER] + 7, direct[ot.LAYER]
+    )
+    assert _key(expanded) == _key(direct)
+    assert expanded[ot.STAGE].tolist() == direct[ot.STAGE].tolist()
+    with pytest.raises(TemplateError, match="stages the units run"):
+        expand_layers(units, 7, first={-1: 0})
+
+
 def test_fewer_layers_keep_the_edge_runs():
     assert _key(expand_layers(_iteration(6), 5)) == _key(_iteration(5))
 
@@ -105,6 +141,16 @@ def test_a_layer_keeps_what_its_steady_runs_do_not_free():
 def test_too_few_alike_inner_layers_are_refused():
     with pytest.raises(TemplateError, match="capture with more layers"):
         expand_layers(_iteration(3), 8)
+
+
+def test_inner_layers_that_allocate_each_by_its_own_data_are_refused_saying_so():
+    # A mixture of experts: every layer runs the same units, but what each allocates follows the
+    # tokens routed through it, so no layer stands for another, however many are captured.
+    units = _iteration(7)
+    forward = (units[ot.PHASE] == "fwd") & (units[ot.NAME] == "aten::linear")
+    routed = units[ot.ALLOC_BYTES].where(~forward, 100 + 4 * units[ot.LAYER])
+    with pytest.raises(TemplateError, match="differ in alloc_bytes.*capture at the target layer count"):
+        expand_layers(units.assign(**{ot.ALLOC_BYTES: routed}), 8)
 
 
 def test_fewer_layers_than_the_edges_are_refused():
@@ -143,8 +189,8 @@ def _target(
     inside = np.zeros(2 * n, np.int64)
     inside[n + int(np.flatnonzero(units[ot.NAME] == freed_at)[0])] = 8
     return LayerTarget(
-        layers=layers, first_layer=0, parameter_sources=sources, parameter_elements=elements,
-        freed_of_layer=lambda layer: (inside, np.zeros_like(inside)), layer_bytes=64,
+        layers=layers, first_layers={-1: 0}, parameter_sources=sources, parameter_elements=elements,
+        freed_of_layer=lambda stage, layer: (inside, np.zeros_like(inside)), layer_bytes=64,
     )  # fmt: skip
 
 
@@ -170,6 +216,26 @@ def test_kept_memory_freed_inside_the_layers_is_refused() -> None:
     target = _target(units, 9, freed_at="AddmmBackward0")
     with pytest.raises(TemplateError, match="keeps 8 bytes"):
         retarget_units(units, _two_iterations(units), {}, target)
+
+
+def test_weight_gradients_run_apart_from_the_layers_are_refused() -> None:
+    # A zero-bubble schedule: each microbatch's weight gradients in runs of the engine after the
+    # input gradients' run through the layers, naming none; a loss backpropagated in chunks before
+    # the stage's own backward is not.
+    def iteration(weights_after: bool) -> pd.DataFrame:
+        units = [_unit("aten::embedding", -1, "fwd"), *_forward(5), _unit("loss", -1, "iter")]
+        run = [_unit("NllLossBackward0", -1, "bwd"), _unit("between", -1, "iter")]
+        units += (
+            (_backward(5) + [_unit("between", -1, "iter")] + run) if weights_after else (run + _backward(5))
+        )
+        units += [_unit("zero_grad", -1, "iter", free=8 * 5), _unit("aten::add_", -1, "optim")]
+        return _timed(pd.DataFrame(units))
+
+    zero_bubble, chunked = iteration(True), iteration(False)
+    with pytest.raises(TemplateError, match="zero-bubble"):
+        retarget_units(zero_bubble, _two_iterations(zero_bubble), {}, _target(zero_bubble, 9))
+    out, _ = retarget_units(chunked, _two_iterations(chunked), {}, _target(chunked, 9))
+    assert (out[ot.NAME] == "NllLossBackward0").sum() == 1 and (out[ot.LAYER] == 8).any()
 
 
 def test_a_step_of_a_few_kernels_scales_with_the_parameter_elements() -> None:

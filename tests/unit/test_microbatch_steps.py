@@ -319,3 +319,41 @@ def test_a_backward_of_several_runs_a_microbatch_is_one_step() -> None:
     )
     layered = pd.concat([layered, recvs]).sort_index().reset_index(drop=True)
     assert microbatch_steps(layered).phases == ("fwd", "bwd") * 6
+
+
+def _zero_bubble(stage: int, microbatches: int, stages: int = 2) -> pd.DataFrame:
+    """A stage of a zero-bubble schedule: each backward computes the input gradients through the
+    layers, then the weight gradients in an engine run of their own that names no layer, deferred
+    to the end for the last microbatches (the cool-down)."""
+
+    def unit(name: str, phase: str, layer: int = -1, **kw) -> dict:
+        return {**_unit(name, phase, **kw), ot.LAYER: layer}
+
+    warmup = min(stages - stage - 1, microbatches)
+    order = [("F", m) for m in range(warmup)]
+    for m in range(microbatches - warmup):
+        order += [("F", warmup + m), ("I", m), ("W", m)]
+    order += [("I", m) for m in range(microbatches - warmup, microbatches)]
+    order += [("W", m) for m in range(microbatches - warmup, microbatches)]
+    units = [unit("aten::randint", "iter", alloc=432)]
+    for kind, _ in order:
+        if kind == "F":
+            units += [unit("aten::linear", "fwd", 0, alloc=100), unit("send", "iter", comm="send")]
+        elif kind == "I":
+            units += [unit("MmBackward0", "bwd", 0, free=60), unit("send", "iter", comm="send")]
+        else:
+            units += [unit("weight_grad", "bwd", alloc=8), unit("aten::add_", "bwd", free=48)]
+    return pd.DataFrame([*units, unit("aten::add_", "optim")])
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+@pytest.mark.parametrize("target", [8, 4])
+def test_a_zero_bubble_schedules_weight_gradients_go_with_their_microbatchs_backward(
+    stage: int, target: int
+) -> None:
+    captured = _zero_bubble(stage, 6)
+    read = schedule_of(captured)
+    assert read.steps.microbatches == 6 and read.paired
+    # Each microbatch's weight-gradient run is part of the step of its inputs' backward.
+    assert read.steps.phases.count("bwd") == 6
+    assert _shape(expand_microbatches(captured, read, target)) == _shape(_zero_bubble(stage, target))

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from prism.graph.build import op_table as ot
 from prism.graph.build.parameter_loops import optimizer_step, per_parameter_glue
+from prism.graph.build.templates import TemplateError
 
 SIZES = (64, 4, 32, 8, 16)
 """Bytes of each captured parameter's temporaries."""
@@ -96,3 +98,17 @@ def test_a_loop_freeing_what_each_unit_replaces_frees_it_with_each_copy() -> Non
     out = per_parameter_glue(units, glue, sources, len(SIZES))
     assert out[ot.FREE_BYTES].to_numpy()[1:-1].tolist() == [SIZES[s] for s in sources]
     assert _balance(out) == 0
+
+
+def test_a_loop_over_one_of_several_stages_parameters_runs_for_that_stages_targets() -> None:
+    # Two stages on a rank, 2 and 3 parameters: a loop of 3 units after stage 1's pass is stage
+    # 1's; a loop as long as two stages' parameters with neither's pass before it is refused.
+    rows = [("backward", "bwd", 0, 0)] + [("aten::div_", "iter", 4, 4)] * 3 + [("aten::add_", "optim", 0, 0)]
+    units = _frame(rows).assign(**{ot.STAGE: [1, -1, -1, -1, -1]})
+    glue = (units[ot.PHASE] == "iter").to_numpy()
+    sources, stages = (0, 1, 2, 3, 3, 4), (0, 0, 1, 1, 1)
+    out = per_parameter_glue(units, glue, sources, len(SIZES), stages=stages)
+    assert out["origin"].tolist() == [0, 1, 2, 2, 3, 4]  # stage 1's targets copy its 2nd, 2nd, 3rd
+    even = _frame(rows[:3] + rows[-1:]).assign(**{ot.STAGE: -1})
+    with pytest.raises(TemplateError, match="of which is not known"):
+        per_parameter_glue(even, (even[ot.PHASE] == "iter").to_numpy(), (0, 1, 2, 3), 4, stages=(0, 0, 1, 1))

@@ -144,5 +144,48 @@ def test_a_rank_with_several_roots_names_which_one_each_forward_runs(monkeypatch
     finally:
         phases.remove()
     forwards = [m.stage for m in marks if m.phase == "fwd"]
-    assert len(forwards) == 4 and forwards[:2] == forwards[2:] and sorted(forwards[:2]) == [0, 1]
+    assert forwards == [0, 1, 0, 1]  # numbered as the optimizer holds their parameters
+    del optimizer
+
+
+class Stage(torch.nn.Module):
+    def __init__(self, blocks: int) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(blocks))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_each_of_several_roots_names_its_layers_and_parameters_by_the_optimizers_order(monkeypatch):
+    # An interleaved schedule's two stages on one rank, made in one order and stepped in the
+    # other: their layer marks and parameters name the stage as the optimizer numbers them, so
+    # that a build can walk each stage's layers and copy each stage's parameters.
+    import contextlib
+
+    from prism.capture import program_phases
+
+    marks = []
+    monkeypatch.setattr(
+        program_phases.annotate, "mark", lambda mark: marks.append(mark) or contextlib.nullcontext()
+    )
+    monkeypatch.setattr(program_phases.annotate, "marks_are_read", lambda: True)
+    made_first, made_second = Stage(2), Stage(3)
+    optimizer = torch.optim.SGD([*made_second.parameters(), *made_first.parameters()], lr=0.01)
+    assert [r for r in root_modules(optimizer) if r in (made_first, made_second)] == [made_second, made_first]
+    phases = ProgramPhases()
+    phases.install()
+    try:
+        for _ in range(2):
+            made_first(made_second(torch.randn(4, 8))).sum().backward()
+            optimizer.step()
+    finally:
+        phases.remove()
+    layer_forwards = [(m.stage, m.layer) for m in marks if m.phase == "fwd" and m.layer is not None]
+    assert layer_forwards == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
+    held = phases.held_parameters()
+    assert held is not None and held.stages == (0,) * 6 + (1,) * 4
+    assert held.layers == (0, 0, 1, 1, 2, 2, 0, 0, 1, 1)
     del optimizer
