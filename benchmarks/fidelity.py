@@ -148,7 +148,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-probe", action="store_true", help="skip the 2-process CPU concurrency probe")
     parser.add_argument(
         "--slice-alone", action="store_true",
-        help="capture each slice rank alone instead of beside the world's other ranks (load-matched)",
+        help="capture each slice rank (and paced capture) alone instead of beside the world's other ranks "
+        "(load-matched)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--replay-alone", action="store_true",
+        help="replay each rank alone instead of beside the world's other ranks (load-matched)",
     )  # fmt: skip
     args = parser.parse_args(argv)
     check_case_options(parser, args)
@@ -173,7 +178,8 @@ def settings_of(args: argparse.Namespace, spec: ClusterSpec, **more: object) -> 
         warmup=args.warmup,
         iterations=args.iterations,
         work_dir=args.work_dir,
-        matched_load=not args.slice_alone,
+        slice_load=not args.slice_alone,
+        replay_load=not args.replay_alone,
         replay=not args.no_replay,
         **measuring_settings(args),
         **more,
@@ -295,7 +301,8 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
                     "warmup": settings.warmup,
                     "iterations": settings.iterations,
                     "sim_iterations": settings.sim_iterations,
-                    "matched_load": settings.matched_load,
+                    "slice_load": settings.slice_load,
+                    "replay_load": settings.replay_load,
                     "paced": settings.paced,
                     "paced_load": settings.paced_load,
                     "bracket": settings.bracket,
@@ -368,6 +375,8 @@ def program_main(
                     "warmup": settings.warmup,
                     "iterations": settings.iterations,
                     "sim_iterations": settings.sim_iterations,
+                    "slice_load": settings.slice_load,
+                    "replay_load": settings.replay_load,
                     "hold_calls": settings.hold_calls is not None,
                     "elapsed_s": round(elapsed, 1),
                     "machine": machine(),

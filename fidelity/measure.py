@@ -69,9 +69,12 @@ class RunSettings:
     """Back-to-back iterations simulated; the last gives the steady state."""
     work_dir: Path | None = None
     """Keep captures and graphs here (one folder per case and repeat); None: a temporary folder."""
-    matched_load: bool = True
-    """Run the world's other ranks beside each slice batch (``prism.fidelity.load.MatchedLoad``), so the
-    captured rank shares the machine as it does in the real run; False: it runs alone."""
+    slice_load: bool = True
+    """Run the world's other ranks beside each slice batch and paced capture
+    (``prism.fidelity.load.MatchedLoad``), so the captured rank shares the machine as it does in
+    the real run; False: it runs alone."""
+    replay_load: bool = True
+    """The same beside each replayed rank; False: it replays alone."""
     replay: bool = True
     """Also replay each role's rank against the graph (``prism-replay``): records of source 'replay'."""
     paced_load: bool = True
@@ -275,7 +278,9 @@ def predict(
         host_ns_per_byte=settings.host_ns_per_byte,
         hold_calls=settings.hold_calls,
     )
-    manifest = beside_load(settings, partial(run_capture, options), config=captured)
+    manifest = beside_load(
+        settings, partial(run_capture, options), loaded=settings.slice_load, config=captured
+    )
     build_case_graph(config, capture, out / "graph.parquet", spec)
     predicted = _simulated(config, out / "graph.parquet", settings)
     slice_parts = {
@@ -323,7 +328,7 @@ def predict_paced(
     load ranks paced by the same graph), build ``out / PACED_GRAPH`` from it and simulate it."""
     capture, pacing = out / "paced", out / "graph.parquet"
     pace = partial(run_paced_capture, pacing, capture, warmup=settings.warmup, iterations=settings.iterations)
-    beside_load(settings, pace, config=config, timed_by=pacing)
+    beside_load(settings, pace, loaded=settings.slice_load, config=config, timed_by=pacing)
     build_case_graph(config, capture, out / PACED_GRAPH, spec)
     return _simulated(config, out / PACED_GRAPH, settings)
 
@@ -332,15 +337,16 @@ def beside_load(
     settings: RunSettings,
     run: Callable[..., T],
     *,
+    loaded: bool,
     config: GPTConfig | None = None,
     program: ProgramSpec | None = None,
     timed_by: Path | None = None,
 ) -> T:
     """``run(hooks=...)``, beside the world's other ranks (``MatchedLoad``: of the built-in GPT's
-    ``config`` or of a user's ``program``, each doing the spec's host work) if
-    ``settings.matched_load``: free-running ones, or, for the GPT, replays of ``timed_by`` (the
-    graph that times the run) if ``settings.paced_load``."""
-    if not settings.matched_load:
+    ``config`` or of a user's ``program``, each doing the spec's host work) if ``loaded`` (the
+    settings' ``slice_load`` or ``replay_load``): free-running ones, or, for the GPT, replays of
+    ``timed_by`` (the graph that times the run) if ``settings.paced_load``."""
+    if not loaded:
         return run(hooks=None)
     paced_by = timed_by if settings.paced_load else None
     with MatchedLoad(
@@ -363,7 +369,13 @@ def replay_roles(
         warmup=settings.warmup, iterations=settings.iterations, separately=True,
         host_work=bool(settings.host_ns_per_byte),
     )  # fmt: skip
-    report = beside_load(settings, partial(run_replay, options), config=config, timed_by=out / graph)
+    report = beside_load(
+        settings,
+        partial(run_replay, options),
+        loaded=settings.replay_load,
+        config=config,
+        timed_by=out / graph,
+    )
     return {
         r.rank: replayed_run(r, static_bytes(config, r.stage), out / "replay", settings.warmup)
         for r in report.ranks

@@ -155,7 +155,7 @@ def predict_program(
         program=program, real=RealMode.ROLES, warmup=settings.warmup, iterations=settings.iterations,
         out_dir=capture, host_ns_per_byte=settings.host_ns_per_byte, hold_calls=settings.hold_calls,
     )  # fmt: skip
-    beside_load(settings, partial(run_capture, options), program=program)
+    beside_load(settings, partial(run_capture, options), loaded=settings.slice_load, program=program)
     graph_path = out / "graph.parquet"
     layout = case.layout
     build_graph(
@@ -198,7 +198,7 @@ def replay_program(case: ProgramCase, settings: RunSettings, out: Path) -> dict[
         program=case.argv if case.captured_argv else (),  # a graph built at another count: the program at it
     )  # fmt: skip
     program = ProgramSpec(argv=case.argv, cwd=os.getcwd(), layout=case.layout, device=case.device)
-    report = beside_load(settings, partial(run_replay, options), program=program)
+    report = beside_load(settings, partial(run_replay, options), loaded=settings.replay_load, program=program)
     static = rank_static_bytes(read_metadata(out / "graph.parquet"), case.layout, ranks)
     return {
         r.rank: replayed_run(r, int(static[ranks.index(r.rank)]), out / "replay", settings.warmup)

@@ -83,3 +83,18 @@ def test_options_that_do_not_go_together_are_one_error(
         parse(*argv)
     assert stop.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "slice_load", "replay_load"),
+    [((), True, True), (("--slice-alone",), False, True), (("--replay-alone",), True, False),
+     (("--slice-alone", "--replay-alone"), False, False)],
+)  # fmt: skip
+def test_the_load_beside_slices_and_beside_replays_is_switched_apart(
+    benchmark_script, flags: tuple[str, ...], slice_load: bool, replay_load: bool
+) -> None:
+    from prism.schemas.cluster import preset
+
+    fidelity = benchmark_script("fidelity")
+    settings = fidelity.settings_of(fidelity.parse_args(["--random", "2", *flags]), preset("h100-ib"))
+    assert (settings.slice_load, settings.replay_load) == (slice_load, replay_load)
