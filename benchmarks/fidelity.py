@@ -291,28 +291,18 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
                 "breakdown": breakdown,
                 "collectives": collectives,
                 "meta": {
-                    "command": shlex.join(
-                        ["python", "benchmarks/fidelity.py", *(sys.argv[1:] if argv is None else argv)]
+                    **_run_meta(
+                        args, argv, settings, sources if args.recalibrate_each else choice.source, elapsed
                     ),
-                    "cluster_spec": sources if args.recalibrate_each else choice.source,
                     "spec": choice.spec.to_dict(),
                     "cases": {"random": args.random, "seed": args.seed} if args.random else "given or fixed",
-                    "repeats": args.repeats,
-                    "warmup": settings.warmup,
-                    "iterations": settings.iterations,
-                    "sim_iterations": settings.sim_iterations,
-                    "slice_load": settings.slice_load,
-                    "replay_load": settings.replay_load,
                     "paced": settings.paced,
                     "paced_load": settings.paced_load,
                     "bracket": settings.bracket,
                     "steal_limit_pct": settings.steal_limit_pct,
                     "steal_tries": settings.steal_tries,
                     "window_s": settings.window_s,
-                    "hold_calls": settings.hold_calls is not None,
                     "concurrency_probe": probes,
-                    "elapsed_s": round(elapsed, 1),
-                    "machine": machine(),
                 },
             },
         )
@@ -366,25 +356,38 @@ def program_main(
                 "records": records,
                 "hook": hooks,
                 **mean_errors(records),
-                "meta": {
-                    "command": shlex.join(
-                        ["python", "benchmarks/fidelity.py", *(sys.argv[1:] if argv is None else argv)]
-                    ),
-                    "cluster_spec": sources if args.recalibrate_each else choice.source,
-                    "repeats": args.repeats,
-                    "warmup": settings.warmup,
-                    "iterations": settings.iterations,
-                    "sim_iterations": settings.sim_iterations,
-                    "slice_load": settings.slice_load,
-                    "replay_load": settings.replay_load,
-                    "hold_calls": settings.hold_calls is not None,
-                    "elapsed_s": round(elapsed, 1),
-                    "machine": machine(),
-                },
+                "meta": _run_meta(
+                    args, argv, settings, sources if args.recalibrate_each else choice.source, elapsed
+                ),
             },
         )
         console.print(f"wrote {args.json}")
     return 0
+
+
+def _run_meta(
+    args: argparse.Namespace,
+    argv: list[str] | None,
+    settings: RunSettings,
+    cluster_spec: object,
+    elapsed: float,
+) -> dict:
+    """What every result file says of the run that wrote it."""
+    return {
+        "command": shlex.join(
+            ["python", "benchmarks/fidelity.py", *(sys.argv[1:] if argv is None else argv)]
+        ),
+        "cluster_spec": cluster_spec,
+        "repeats": args.repeats,
+        "warmup": settings.warmup,
+        "iterations": settings.iterations,
+        "sim_iterations": settings.sim_iterations,
+        "slice_load": settings.slice_load,
+        "replay_load": settings.replay_load,
+        "hold_calls": settings.hold_calls is not None,
+        "elapsed_s": round(elapsed, 1),
+        "machine": machine(),
+    }
 
 
 if __name__ == "__main__":
