@@ -102,12 +102,14 @@ def pass_runs(units: pd.DataFrame) -> tuple[list[str], np.ndarray, np.ndarray]:
     """The forward and backward passes of one iteration's units, as the capture marked them (a
     forward call of a root module, a run of the autograd engine): each one's phase, and its first
     and one-past-last unit positions. A pass ends where units of another phase, or of none,
-    begin."""
+    begin, or another mark does (two runs of the engine in a row: a zero-bubble schedule's last
+    backward passes)."""
     phase = units[ot.PHASE].astype(str).to_numpy()
     at = np.flatnonzero(np.isin(phase, PASS_PHASES))
     if not len(at):
         return [], np.zeros(0, np.int64), np.zeros(0, np.int64)
-    begins = at[np.r_[True, (np.diff(at) > 1) | (phase[at][1:] != phase[at][:-1])]]
+    mark = units[ot.OUTER_MARK].to_numpy()[at] if ot.OUTER_MARK in units else np.zeros(len(at), np.int64)
+    begins = at[np.r_[True, (np.diff(at) > 1) | (phase[at][1:] != phase[at][:-1]) | (mark[1:] != mark[:-1])]]
     ends = np.r_[at[np.searchsorted(at, begins[1:]) - 1], at[-1]] + 1
     return [str(phase[b]) for b in begins], begins, ends
 

@@ -98,6 +98,10 @@ class Schedule:
     """What the units before the first step allocate."""
     before_largest: str = ""
     """The name of the unit that allocates the most of it."""
+    after_bytes: int = 0
+    """What the units after the last step allocate outside the optimizer's step."""
+    after_largest: str = ""
+    """The name of the unit that allocates the most of it."""
 
     @property
     def paired(self) -> bool:
@@ -240,8 +244,12 @@ def _round(units: pd.DataFrame, run: tuple[int, int], steps: Steps) -> int:
 def schedule_of(units: pd.DataFrame) -> Schedule:
     """The steps of ``units`` and the periods that repeat with the microbatches."""
     steps = microbatch_steps(units)
-    before_bytes, largest = _before_steps_allocation(units, steps)
-    outside = {"before_bytes": before_bytes, "before_largest": largest}
+    before_bytes, before_largest = _outside_allocation(units, 0, steps.bounds[0][0])
+    after_bytes, after_largest = _outside_allocation(units, steps.bounds[-1][1], len(units))
+    outside = {
+        "before_bytes": before_bytes, "before_largest": before_largest,
+        "after_bytes": after_bytes, "after_largest": after_largest,
+    }  # fmt: skip
     columns = (*STEP_SIGNATURE, ot.STAGE) if ot.STAGE in units else STEP_SIGNATURE
     signature = unit_signatures(units, columns)
     of_step = [tuple(signature[a:b]) for a, b in steps.bounds]
@@ -377,6 +385,25 @@ def _kept_frees(
     return _placed(by_position, captured, outside_steps(len(units), schedule.steps))
 
 
+def _carried_into_steps(
+    schedule: Schedule,
+    iterations: list[pd.DataFrame],
+    target: MicrobatchTarget,
+    rows: int,
+    captured: np.ndarray,
+) -> int:
+    """What the next iteration's steps free of a steady period's blocks: a buffer a microbatch
+    keeps until it runs again (a V-shaped schedule's inputs handed between a rank's own stages,
+    replaced as the next iteration hands them again), held across iterations, one each period.
+    Nothing where one iteration was traced."""
+    if len(iterations) < 2:
+        return 0
+    freed = target.freed_of_rows(_period_rows(iterations[:1], schedule, rows, captured))
+    by_position = frees_by_position(iterations[1:2], freed)
+    first, last = schedule.steps.bounds[0][0], schedule.steps.bounds[-1][1] - 1
+    return int(by_position[captured[first] : captured[last] + 1].sum())
+
+
 def _placed(by_position: np.ndarray, captured: np.ndarray, outside: np.ndarray) -> np.ndarray:
     """``by_position`` (per captured position) on the units ``outside`` the steps: each captured
     position's on its first copy, or, where it has none (a unit run once a parameter, fewer
@@ -405,14 +432,20 @@ def kept_per_period(units: pd.DataFrame, schedule: Schedule) -> int:
     return int(sum(net[slice(*p.runs[p.steady[0]])].sum() for p in schedule.periods))
 
 
-def _before_steps_allocation(units: pd.DataFrame, steps: Steps) -> tuple[int, str]:
-    """What the units before the first step allocate (the batch, and what the iteration computes
-    from it before its first microbatch), and the name of the unit that allocates the most:
-    kept as captured whatever the microbatches."""
-    alloc = units[ot.ALLOC_BYTES].to_numpy(dtype=np.int64)[: steps.bounds[0][0]]
+def _outside_allocation(units: pd.DataFrame, start: int, stop: int) -> tuple[int, str]:
+    """What the units [start, stop) outside the steps allocate, the optimizer's step aside (the
+    batch and what the iteration computes from it before its first microbatch; the outputs merged
+    after the last), and the name of the unit that allocates the most: kept as captured whatever
+    the microbatches."""
+    outside = units.iloc[start:stop]
+    alloc = np.where(
+        outside[ot.PHASE].astype(str).to_numpy() == str(Phase.OPTIMIZER),
+        0,
+        outside[ot.ALLOC_BYTES].to_numpy(),
+    ).astype(np.int64)
     if not alloc.any():
         return 0, ""
-    return int(alloc.sum()), str(units[ot.NAME].iloc[int(alloc.argmax())])
+    return int(alloc.sum()), str(outside[ot.NAME].iloc[int(alloc.argmax())])
 
 
 def microbatch_notes(schedules: dict[str, Schedule], microbatches: int) -> tuple[str, ...]:
@@ -429,12 +462,20 @@ def microbatch_notes(schedules: dict[str, Schedule], microbatches: int) -> tuple
     notes = []
     for key, s in schedules.items():
         captured = s.steps.microbatches
-        if s.before_bytes and microbatches != captured:
-            moved = s.before_bytes * abs(microbatches - captured) // captured
+        outside = [
+            f"{n:,} bytes {where}, most in {largest}"
+            for n, where, largest in (
+                (s.before_bytes, "before its first microbatch", s.before_largest),
+                (s.after_bytes, "after its last", s.after_largest),
+            )
+            if n
+        ]
+        if outside and microbatches != captured:
+            moved = (s.before_bytes + s.after_bytes) * abs(microbatches - captured) // captured
             notes.append(
-                f"stage {key}: what it allocates before its first microbatch is as captured ({s.before_bytes:,} bytes, "
-                f"most in {s.before_largest}); where that is the whole batch's it grows with the microbatches, and the "
-                f"peak memory may be off by up to {moved:,} bytes"
+                f"stage {key}: what it allocates outside its microbatches is as captured ({'; '.join(outside)}; the "
+                "optimizer's aside); where that is the whole batch's (a batch drawn whole, the outputs merged) it grows "
+                f"with the microbatches, and the peak memory may be off by up to {moved:,} bytes"
             )
     return tuple(notes)
 
@@ -504,6 +545,7 @@ def retarget_microbatches(
         )
     # Freed before the first step: kept from the iteration before, so held as the iteration begins.
     into_next = int(frees[: schedule.steps.bounds[0][0]].sum())
-    held = into_next + persistent_receive_bytes(units, schedule, target.memory_addresses())
+    carried = _carried_into_steps(schedule, iterations, target, rows, captured)
+    held = into_next + carried + persistent_receive_bytes(units, schedule, target.memory_addresses())
     change = MicrobatchChange(schedule=schedule, static_bytes=more * held)
     return expanded, mapped_waits(expanded, waits, schedule.periods), change

@@ -219,6 +219,7 @@ def _add_marks(df: pd.DataFrame, points: np.ndarray, marks: Marks) -> None:
     )
     order = np.argsort(points, kind="stable")
     rows: list[tuple] = [()] * len(points)
+    outer = np.full(len(points), -1, dtype=np.int64)
     opened: list[int] = []
     current = ("iter", *_ABSENT)
     k = 0
@@ -235,9 +236,12 @@ def _add_marks(df: pd.DataFrame, points: np.ndarray, marks: Marks) -> None:
         if changed:
             current = _innermost([marks.blocks[i][2] for i in opened])
         rows[row] = current
+        if opened:
+            outer[row] = opened[0]
     cols = list(zip(*rows, strict=True)) if rows else [()] * (1 + len(_MARK_FIELDS))
     for name, values in zip((T.PHASE, *_MARK_FIELDS), cols, strict=True):
         df[name] = list(values)
+    df[T.OUTER_MARK] = outer  # two passes in a row, one call of a module or run of the engine each
 
 
 def _innermost(stack: list[Mark]) -> tuple:

@@ -33,6 +33,7 @@ LAYER = "layer"
 PART = "part"  # embed / head / loss
 BUCKET = "bucket"
 DIR = "dir"  # pipeline transfer direction, fwd / bwd
+OUTER_MARK = "outer_mark"  # the outermost mark holding the unit, numbered in the rank's trace; -1 in none
 
 # -- comm fields (from the comm log; absent for compute units) --------------------------------
 COMM_OP = "comm_op"
@@ -79,6 +80,7 @@ DTYPES: dict[str, str] = {
     PART: "object",
     BUCKET: "int64",
     DIR: "object",
+    OUTER_MARK: "int64",
     COMM_OP: "object",
     GROUP_NAME: "object",
     GROUP_LABEL: "object",

@@ -4,6 +4,7 @@ which the build's note bounds; gradient accumulation's to the byte)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +71,14 @@ def _peaks_beyond(built: Path, graph: Path) -> np.ndarray:
     return peaks[0] - peaks[1]
 
 
+def _bounds(output: str) -> np.ndarray:
+    """Each stage's bound on its peak memory, from the build's notes."""
+    text = " ".join(output.split())  # the console wraps the notes
+    return np.array(
+        [int(b.replace(",", "")) for b in re.findall(r"may be off by up to ([\d,]+) bytes", text)]
+    )
+
+
 def test_each_stage_runs_the_schedule_a_capture_at_that_count_runs(graphs) -> None:
     graph6, built, graph8, _, _ = graphs
     for rank in (0, 1):
@@ -90,9 +99,9 @@ def test_memory_is_a_capture_at_that_counts_but_for_the_batch_drawn_whole(graphs
     # What a capture at 8 holds beyond one at 6 (the outputs kept, a receive buffer a microbatch),
     # the build holds too.
     assert (peaks[2] - peaks[0] > 10 * batch).all()
-    assert (
-        "before its first microbatch" in output and "aten::randint" in output and "up to 144 bytes" in output
-    )
+    # The note bounds each stage's peak by what it allocates outside its microbatches.
+    assert "before its first microbatch, most in aten::randint" in output
+    assert (np.abs(peaks[2] - peaks[1]) <= _bounds(output)).all()
 
 
 def test_the_built_graph_replays_with_the_program_at_that_count_and_not_without(
@@ -196,13 +205,17 @@ def test_an_interleaved_schedule_grows_by_rounds_and_layers_as_a_capture_at_thos
     assert result.exit_code != 0 and "rounds of 2 microbatches" in result.output
 
 
-def test_a_zero_bubble_schedule_grows_by_rounds_as_a_capture_at_that_count(tmp_path: Path) -> None:
-    """Interleaved zero bubble: each backward computes the inputs' gradients through the layers,
-    the weights' in engine runs of their own after it, which go with that microbatch's step. Built
-    from 8 captured microbatches at 10, it is the 10-microbatch capture's graph node for node,
-    memory but for the batch drawn whole."""
-    capture, _ = captured_and_built(tmp_path / "at8", LAYOUT, pipelined("InterleavedZeroBubble", 8), warmup=3)
-    _, graph = captured_and_built(tmp_path / "at10", LAYOUT, pipelined("InterleavedZeroBubble", 10), warmup=3)
+@pytest.mark.parametrize("schedule", ["InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"])
+def test_a_zero_bubble_schedule_grows_by_rounds_as_a_capture_at_that_count(
+    schedule: str, tmp_path: Path
+) -> None:
+    """Zero bubble: each backward computes the inputs' gradients through the layers, the weights'
+    in engine runs of their own after it, which go with that microbatch's step; the V-shaped
+    schedules end on backward runs in a row and hand each microbatch between a rank's own stages
+    in buffers kept into the next iteration. Built from 8 captured microbatches at 10, each is the
+    10-microbatch capture's graph node for node, memory but for the batch drawn whole."""
+    capture, _ = captured_and_built(tmp_path / "at8", LAYOUT, pipelined(schedule, 8), warmup=3)
+    _, graph = captured_and_built(tmp_path / "at10", LAYOUT, pipelined(schedule, 10), warmup=3)
     built = tmp_path / "at8-built-at10.parquet"
     result = runner.invoke(build_app, [str(capture), "--microbatches", "10", "-o", str(built)])
     assert result.exit_code == 0, result.output

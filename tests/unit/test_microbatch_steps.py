@@ -357,3 +357,59 @@ def test_a_zero_bubble_schedules_weight_gradients_go_with_their_microbatchs_back
     # Each microbatch's weight-gradient run is part of the step of its inputs' backward.
     assert read.steps.phases.count("bwd") == 6
     assert _shape(expand_microbatches(captured, read, target)) == _shape(_zero_bubble(stage, target))
+
+
+def test_backward_runs_in_a_row_are_steps_of_their_own_where_their_marks_say_so() -> None:
+    # A V-shaped schedule's last stage ends on its microbatches' backward runs one after the other,
+    # nothing between: each run its own mark (the outermost holding its units), each a step.
+    captured = _iteration("GPipe", 1, 6)
+    captured = captured[captured[ot.NAME] != "send"].reset_index(drop=True)
+    marked = captured.assign(**{ot.OUTER_MARK: np.arange(len(captured))})
+    assert microbatch_steps(marked).phases == ("fwd",) * 6 + ("bwd",) * 6
+    with pytest.raises(TemplateError, match="6 forward and 1 backward passes"):
+        microbatch_steps(captured)  # one mark for all: one pass
+
+
+HANDED = 2048
+
+
+def test_what_a_microbatch_hands_into_the_next_iteration_is_held_one_each_microbatch() -> None:
+    """A buffer each microbatch's forward makes and the next iteration's same forward replaces
+    (an input handed between a rank's own stages): each step allocates and frees as much, and
+    the iteration holds one a microbatch from the one before."""
+
+    def handed(units: pd.DataFrame) -> pd.DataFrame:
+        rows = []
+        for row in units.to_dict("records"):
+            rows.append(row)
+            if row[ot.NAME] == "aten::linear":
+                rows.append(_unit("handoff", "iter", alloc=HANDED, free=HANDED))
+        return pd.DataFrame(rows)
+
+    ops, iterations = _ops([handed(_iteration("1F1B", 0, 6)) for _ in range(2)])
+
+    def freed_of_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        inside = np.zeros(len(ops), np.int64)
+        handoffs = [part.index[part[ot.NAME] == "handoff"] for _, part in ops.groupby(ot.ITERATION)]
+        for now, after in zip(handoffs[:-1], handoffs[1:], strict=True):
+            inside[after[rows[now]]] += HANDED  # each replaced by its own microbatch's, one iteration on
+        return inside, np.zeros(len(ops), np.int64)
+
+    seen = np.arange(7000, 7006)  # the receive buffers: allocated while traced, nothing held of them
+    target = MicrobatchTarget(microbatches=9, freed_of_rows=freed_of_rows, memory_addresses=lambda: seen)
+    units = iterations[0].drop(columns=[ot.ITERATION, ot.SEQ])
+    _, _, change = retarget_microbatches(units, iterations, {}, target, len(ops))
+    assert change.static_bytes == 3 * HANDED
+    _, _, alone = retarget_microbatches(units, iterations[:1], {}, target, len(ops))
+    assert alone.static_bytes == 0  # one iteration traced: nothing to see handed on
+
+
+def test_what_the_iteration_allocates_after_its_last_microbatch_bounds_the_peak_too() -> None:
+    captured = _iteration("1F1B", 1, 6)
+    optimizer = len(captured) - 1
+    captured.loc[optimizer, ot.ALLOC_BYTES] = 999  # the optimizer's step: not the batch's
+    merged = pd.DataFrame([_unit("aten::cat", "iter", alloc=4096)], index=[optimizer - 0.5])
+    captured = pd.concat([captured, merged]).sort_index().reset_index(drop=True)
+    (note,) = microbatch_notes({"1": schedule_of(captured)}, 9)
+    assert "4,096 bytes after its last, most in aten::cat" in note
+    assert "up to 2,264 bytes" in note  # (432 + 4,096) x (9 - 6) / 6

@@ -250,6 +250,21 @@ def test_innermost_mark_sets_each_field(cap: Capture) -> None:
     assert df.loc[3, T.PEER] == 4 and df.loc[3, T.IS_ASYNC]
 
 
+def test_runs_of_one_phase_in_a_row_are_told_apart_by_their_outermost_mark(cap: Capture) -> None:
+    cap.mark("prism:iter|iter=0", 0, 1000)
+    for start in (10, 200):  # two runs of the engine, nothing between them
+        cap.mark("prism:bwd", start, 190)
+        cap.mark("prism:bwd|layer=0", start + 5, 100)
+        cap.op("aten::mm", start + 10, 10)
+        cap.op("aten::add_", start + 150, 10)
+    cap.op("aten::zero_", 800, 5)
+    df = ops(normalize_rank(cap.write(), RANK)).set_index(T.SEQ)
+    outer = df[T.OUTER_MARK].tolist()
+    assert outer[0] == outer[1] != outer[2] == outer[3] and outer[0] >= 0 and outer[2] >= 0
+    assert outer[4] == -1  # inside no mark
+    assert df[T.PHASE].tolist() == ["bwd"] * 4 + ["iter"]
+
+
 def test_op_straddling_a_hook_mark_belongs_to_the_mark_holding_its_end(cap: Capture) -> None:
     # Gradient hooks close layer 3 and open layer 2 a few µs into layer 2's first autograd op.
     cap.mark("prism:iter|iter=0", 0, 1000)
