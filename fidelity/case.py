@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -43,9 +44,19 @@ class CaseResult:
     """Real gloo collectives of the real runs: latency and skew vs the comm model."""
 
 
+CASE_DIR_CHARS = 120
+"""Longest folder name a case gets from its label: file systems allow 255 bytes, and a program's
+command line (torchtitan's options) runs longer."""
+
+
 def case_dir(work_dir: Path, label: str) -> Path:
-    """Where a case's repeats are kept under ``--work-dir`` (``repeat0``, ``repeat1``, ...)."""
-    return work_dir / label.replace(" ", "_").replace("=", "")
+    """Where a case's repeats are kept under ``--work-dir`` (``repeat0``, ``repeat1``, ...): its
+    label, or where that is too long a name, its start and a digest of the whole."""
+    name = label.replace(" ", "_").replace("=", "")
+    if len(name.encode()) > CASE_DIR_CHARS:
+        digest = hashlib.sha1(label.encode()).hexdigest()[:12]
+        name = f"{name.encode()[: CASE_DIR_CHARS - 13].decode(errors='ignore')}-{digest}"
+    return work_dir / name
 
 
 @contextmanager

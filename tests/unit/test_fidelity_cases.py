@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from prism.fidelity import CaseError, RunSettings, captured_config, case_label, parse_case
-from prism.fidelity.case import repeat_dir
+from prism.fidelity.case import case_dir, repeat_dir
 
 JOB = "tp=1 pp=2 dp=1 layers=8 hidden=64 heads=2 seq=16 mbs=1 microbatches=8"
 
@@ -70,3 +70,16 @@ def test_each_case_keeps_its_repeats_apart_under_one_work_dir(tmp_path: Path) ->
     with repeat_dir(RunSettings(), "any", 0) as temporary:
         assert temporary.is_dir()
     assert not temporary.exists()  # without a work dir nothing is kept
+
+
+def test_a_program_whose_command_line_is_too_long_for_a_folder_name_keeps_its_repeats_apart(tmp_path: Path):
+    long = "-m torchtitan.train " + " ".join(f"--parallelism.option_{i} 2" for i in range(12))
+    kept = RunSettings(work_dir=tmp_path)
+    with (
+        repeat_dir(kept, f"{long} (tp2_pp2)", 0) as first,
+        repeat_dir(kept, f"{long} (tp2_pp2_ep2)", 0) as second,
+    ):
+        pass
+    assert first.is_dir() and second.is_dir() and first != second  # same start, own digests
+    assert first.parent.name.startswith("-m_torchtitan.train_--parallelism.option_0_2")
+    assert case_dir(tmp_path, f"{long} (tp2_pp2)") == first.parent  # found again where it was kept
