@@ -51,7 +51,7 @@ from prism.graph.sim.simulate import simulate
 from prism.graph.traces.memory import iteration_memory
 from prism.replay.cosim import predicted_phase_ns
 from prism.replay.rank_program import RankProgram
-from prism.replay.runtime import ReplayOptions, run_replay
+from prism.replay.runtime import ReplayOptions, least_warmup, run_replay
 from prism.schemas.cluster import ClusterSpec
 from prism.schemas.iterations import clean_unprofiled
 from prism.schemas.layout import ParallelLayout
@@ -191,8 +191,11 @@ def predict_program(
 def replay_program(case: ProgramCase, settings: RunSettings, out: Path) -> dict[int, RankRun]:
     """Replay each rank ``predict_program`` captured against the graph it built in ``out``."""
     ranks = tuple(sorted(r.rank for r in read_manifest(out / "capture").ranks))
+    # The replay's own warm-up: at least what its graph needs (a program whose calls turn steady
+    # late, under a short --warmup).
+    warmup = max(settings.warmup, least_warmup(read_metadata(out / "graph.parquet")))
     options = ReplayOptions(
-        graph=out / "graph.parquet", ranks=ranks, out_dir=out / "replay", warmup=settings.warmup,
+        graph=out / "graph.parquet", ranks=ranks, out_dir=out / "replay", warmup=warmup,
         iterations=settings.iterations, separately=True,
         host_work=bool(settings.host_ns_per_byte),
         program=case.argv if case.captured_argv else (),  # a graph built at another count: the program at it
@@ -201,7 +204,7 @@ def replay_program(case: ProgramCase, settings: RunSettings, out: Path) -> dict[
     report = beside_load(settings, partial(run_replay, options), loaded=settings.replay_load, program=program)
     static = rank_static_bytes(read_metadata(out / "graph.parquet"), case.layout, ranks)
     return {
-        r.rank: replayed_run(r, int(static[ranks.index(r.rank)]), out / "replay", settings.warmup)
+        r.rank: replayed_run(r, int(static[ranks.index(r.rank)]), out / "replay", warmup)
         for r in report.ranks
     }
 

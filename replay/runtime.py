@@ -132,6 +132,15 @@ class ReplayTarget:
         return self.job.layout
 
 
+def least_warmup(metadata: gf.GraphMetadata) -> int:
+    """The fewest warm-up iterations a replay of the graph takes: a program's calls are the graph's
+    from the iteration its capture found them steady, and its steady time needs clean iterations
+    after that."""
+    if gf.PROGRAM_KEY not in metadata.model:
+        return MIN_WARMUP
+    return max(MIN_WARMUP, int(metadata.extra.get(gf.STEADY_FROM_KEY, 1)) + 3)
+
+
 def check_inputs(options: ReplayOptions) -> ReplayTarget:
     """What to replay, or a ReplayInputError saying what is wrong."""
     try:
@@ -209,9 +218,9 @@ def check_inputs(options: ReplayOptions) -> ReplayTarget:
     if options.out_dir.exists() and any(options.out_dir.iterdir()) and not options.overwrite:
         raise ReplayInputError(f"{options.out_dir} is not empty (use --overwrite)")
     clock_from = int(metadata.extra.get(gf.STEADY_FROM_KEY, 1)) if job.workload == PROGRAM else 0
-    if options.warmup < clock_from + 3:
+    if options.warmup < least_warmup(metadata):
         raise ReplayInputError(
-            f"--warmup must be at least {clock_from + 3}: the program's calls are the graph's from "
+            f"--warmup must be at least {least_warmup(metadata)}: the program's calls are the graph's from "
             f"iteration {clock_from} on, and the steady time needs clean iterations after it"
         )
     if options.host_work:  # the spec's host work of virtual collectives, done by every CPU rank
