@@ -7,7 +7,11 @@ capture and its replay mark, on the program's main thread:
 
 - **backward**: every run of the autograd engine (``loss.backward()``, ``torch.autograd.backward``
   or ``grad``: a pipeline schedule's per-microbatch backward, DDP's and FSDP's gradient hooks
-  inside it);
+  inside it); a run from nodes inside the graph to parameters alone (a split-backward schedule's
+  weight pass, ``torch.distributed.pipelining``'s ``stage_backward_weight``: one run per group of
+  parameters) is ``part=weights``, with the layer block (and stage) of its parameters where they
+  share one, while a trace is recorded: its work is that layer's, though no block's backward
+  range opens in it;
 - **optimizer**: every outermost ``Optimizer.step`` (``prism.capture.optimizer_steps``: a container
   optimizer's inner steps are inside its own);
 - **forward**: every call of a *root module*, a module no other module holds that owns a
@@ -32,13 +36,14 @@ from collections.abc import Callable
 
 import torch
 import torch.autograd
+from torch.autograd.graph import GradientEdge
 from torch.utils.hooks import RemovableHandle
 
 from prism.capture import annotate
 from prism.capture.held_parameters import program_parameters
 from prism.capture.optimizer_steps import OuterStepHooks, register_outer_step_hooks
-from prism.capture.program_layers import LayerMarks
-from prism.schemas.annotations import Mark, Phase
+from prism.capture.program_layers import LayerMarks, layer_blocks
+from prism.schemas.annotations import Mark, Part, Phase
 from prism.schemas.held_parameters import HeldParameters
 
 
@@ -66,6 +71,27 @@ def root_modules(stepped: torch.optim.Optimizer | None = None) -> list[torch.nn.
     return sorted(roots, key=lambda m: min(order.get(id(p), len(order)) for p in m.parameters()))
 
 
+def _parameter_of(edge: object) -> object:
+    """The parameter a run's input stands for: itself, or the one whose gradient a
+    ``GradientEdge`` to its accumulator gives (None for any other node)."""
+    if isinstance(edge, GradientEdge):
+        return getattr(edge.node, "variable", None)
+    return edge
+
+
+def parameter_places(roots: list[torch.nn.Module]) -> dict[int, tuple[int | None, int | None]]:
+    """Every parameter of ``roots`` by id: its root's index where there are several (the stage
+    its marks name), and its layer block's index (None outside every block)."""
+    several = len(roots) > 1
+    places: dict[int, tuple[int | None, int | None]] = {}
+    for at, root in enumerate(roots):
+        stage = at if several else None
+        places |= {id(p): (stage, None) for p in root.parameters()}
+        for index, block in layer_blocks(root):
+            places |= {id(p): (stage, index) for p in block.parameters()}
+    return places
+
+
 class ProgramPhases:
     """Opens forward, backward and optimizer marks around a program's own calls (``install``), and
     the marks of its layer blocks (``prism.capture.program_layers``) where ``marks_layers``."""
@@ -81,6 +107,7 @@ class ProgramPhases:
         self._engine_run_backward: Callable | None = None
         self._rooted = False
         self._roots: list[torch.nn.Module] = []
+        self._places: dict[int, tuple[int | None, int | None]] = {}  # parameter id: (stage, layer)
 
     def install(self) -> None:
         """Start marking; call before the program runs (and before the capture's own step hook, so
@@ -104,10 +131,10 @@ class ProgramPhases:
     def _mine(self) -> bool:
         return threading.get_ident() == self._thread
 
-    def _enter(self, phase: Phase, stage: int | None = None) -> None:
-        mark = annotate.mark(Mark(phase=phase, stage=stage))
+    def _enter(self, marked: Mark) -> None:
+        mark = annotate.mark(marked)
         mark.__enter__()
-        self._open[phase] = mark
+        self._open[marked.phase] = mark
 
     def _close(self, phase: Phase) -> None:
         mark = self._open.pop(phase, None)
@@ -121,7 +148,8 @@ class ProgramPhases:
         if not self._mine() or self._backward_depth:  # a nested grad (double backward) is the same pass
             return run(*args, **kwargs)
         self._backward_depth += 1
-        self._enter(Phase.BACKWARD)
+        weights = self._weights_run(args[0], args[4] if len(args) > 4 else ())
+        self._enter(weights or Mark(phase=Phase.BACKWARD))
         try:
             with annotate.closing_block_ranges():
                 return run(*args, **kwargs)
@@ -129,10 +157,28 @@ class ProgramPhases:
             self._close(Phase.BACKWARD)
             self._backward_depth -= 1
 
+    def _weights_run(self, outputs: object, inputs: object) -> Mark | None:
+        """The mark of a run from nodes inside the graph (gradient edges, not tensors) to the
+        program's parameters alone, while marks are read; None for any other run."""
+        if not (self._places and inputs and annotate.marks_are_read()):
+            return None
+        if not all(isinstance(o, GradientEdge) for o in outputs):
+            return None
+        places = {self._places.get(id(_parameter_of(i)), None) for i in inputs}
+        if None in places:
+            return None
+        stages, layers = {s for s, _ in places}, {layer for _, layer in places}
+        return Mark(
+            phase=Phase.BACKWARD,
+            stage=stages.pop() if len(stages) == 1 else None,
+            layer=layers.pop() if len(layers) == 1 else None,
+            part=Part.WEIGHTS,
+        )
+
     # -- optimizer -------------------------------------------------------------------------------
     def _optimizer_begins(self, optimizer: torch.optim.Optimizer, args: object, kwargs: object) -> None:
         if self._mine() and Phase.OPTIMIZER not in self._open:
-            self._enter(Phase.OPTIMIZER)
+            self._enter(Mark(phase=Phase.OPTIMIZER))
 
     def _optimizer_ends(self, optimizer: torch.optim.Optimizer, args: object, kwargs: object) -> None:
         if not self._mine():
@@ -148,6 +194,7 @@ class ProgramPhases:
                 ]
             if self.marks_layers:
                 self._handles += LayerMarks(lambda: self._mine() and not self._backward_depth).install(roots)
+                self._places = parameter_places(roots)
 
     def held_parameters(self) -> HeldParameters | None:
         """What the program's parameters hold now, each in its layer block
@@ -166,9 +213,8 @@ class ProgramPhases:
             # Which root runs, where a rank has several (a schedule's stages on one rank, two
             # models trained together): their passes are no microbatches of one stage.
             several = len(self._roots) > 1
-            self._enter(
-                Phase.FORWARD, next(i for i, r in enumerate(self._roots) if r is module) if several else None
-            )
+            stage = next(i for i, r in enumerate(self._roots) if r is module) if several else None
+            self._enter(Mark(phase=Phase.FORWARD, stage=stage))
 
     def _forward_ends(self, module: torch.nn.Module, args: object, output: object) -> None:
         if not self._mine() or self._backward_depth or not self._forward_depth:

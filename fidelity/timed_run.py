@@ -81,9 +81,9 @@ class TimedPhases(ProgramPhases):
         self.wall_ns, self.spent_ns = {}, 0
         return taken
 
-    def _enter(self, phase: Phase, stage: int | None = None) -> None:  # timed by phase alone
+    def _enter(self, marked: Mark) -> None:  # timed by phase alone
         began = time.perf_counter_ns()
-        self._open[phase] = began
+        self._open[marked.phase] = began
         self.spent_ns += time.perf_counter_ns() - began
 
     def _close(self, phase: Phase) -> None:

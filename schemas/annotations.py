@@ -7,6 +7,7 @@ A mark is ``prism:<phase>`` followed by ``|key=value`` fields in a fixed key ord
     prism:fwd|stage=1|mb=4|layer=9         forward of (global) layer 9 inside it
     prism:fwd|stage=0|mb=4|part=embed      embedding / head / loss parts of a stage
     prism:bwd|stage=1|mb=4|layer=9
+    prism:bwd|layer=9|part=weights         a run of layer 9's parameters' gradients alone
     prism:send|dir=fwd|stage=1|mb=4|peer=17   pipeline transfer posted to rank 17
     prism:recv|dir=bwd|stage=1|mb=4|peer=17
     prism:p2p_wait|stage=1                  waiting for the transfers just posted
@@ -50,11 +51,15 @@ class Direction(enum.StrEnum):
 
 
 class Part(enum.StrEnum):
-    """Non-layer pieces of a stage's forward/backward."""
+    """Pieces of a stage's forward/backward the layer marks do not tell: its non-layer parts, and
+    runs of the weights' gradients apart from the rest of a backward pass."""
 
     EMBED = "embed"
     HEAD = "head"
     LOSS = "loss"
+    WEIGHTS = "weights"
+    """A backward run that computes parameters' gradients alone, from gradients an earlier run
+    left at the nodes between (a split-backward pipeline schedule's weight pass)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -79,6 +79,9 @@ class StageProgram:
     microbatches: MicrobatchChange | None = None
     """A program's stage built at another microbatch count: how its captured steps repeat and
     what it holds besides."""
+    held_bytes: int = 0
+    """A program's stage built at another layer count: what its layers hold across iterations
+    besides the captured static bytes and their parameters'."""
 
 
 def _sections(steps: tuple[Step, ...]) -> list[tuple[str, str]]:

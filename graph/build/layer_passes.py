@@ -7,7 +7,9 @@ units per layer. A run is a layer's own units and the unmarked ones between them
 layer's (a collective the program issues between two blocks belongs to the block before). A
 program with gradient accumulation makes a forward and a backward pass per microbatch. A rank
 that holds several pipeline stages (an interleaved schedule's) has a stack in each, its units
-naming the stage (``ot.STAGE``), and each pass walks one stage's.
+naming the stage (``ot.STAGE``), and each pass walks one stage's. A split backward (a zero-bubble
+schedule's) makes two passes a microbatch: its inputs' gradients, descending, then its weights'
+runs, each marked with its parameters' layer (``Part.WEIGHTS``), in the order the stage holds them.
 
 Runs near either end of a pass differ from the rest: the first block waits for its own
 parameters where later ones find them prefetched, the last prefetches nothing, and memory freed
@@ -30,7 +32,7 @@ from prism.graph.build import op_table as ot
 from prism.graph.build.bucket_calls import BucketCaps, insert_bucket_calls, strip_bucket_calls
 from prism.graph.build.parameter_loops import LoopFrees, optimizer_step, per_parameter_glue
 from prism.graph.build.templates import TemplateError
-from prism.schemas.annotations import Phase
+from prism.schemas.annotations import Part, Phase
 
 ORIGIN = "origin"
 """Column of an expanded iteration: the position of the captured unit each unit copies."""
@@ -121,21 +123,30 @@ def through_layers(units: pd.DataFrame, begins: np.ndarray, ends: np.ndarray) ->
     return marked_before[ends] > marked_before[begins]
 
 
+def weight_runs(units: pd.DataFrame, begins: np.ndarray) -> np.ndarray:
+    """Whether each pass (``pass_runs``' bounds) is a run of parameters' gradients alone (a
+    split backward's weight run, ``Part.WEIGHTS``)."""
+    if ot.PART not in units or not len(begins):
+        return np.zeros(len(begins), dtype=bool)
+    return units[ot.PART].astype(str).to_numpy()[begins] == str(Part.WEIGHTS)
+
+
 def _check_weight_runs(units: pd.DataFrame) -> None:
-    """Refuse backward runs through no layer that no backward run through the layers follows: a
-    zero-bubble schedule's weight gradients, computed in runs of their own after the input
-    gradients', whose work grows with the layers but names none. (Runs through no layer before
-    the stage's own, a loss backpropagated in chunks, are the loss's.)"""
+    """Refuse backward runs through no layer that no backward run through the layers follows and
+    that are no marked weight run: a split backward's weight gradients captured without the
+    marks that name their layers, whose work grows with the layers but names none. (Runs through
+    no layer before the stage's own, a loss backpropagated in chunks, are the loss's; weight runs
+    of parameters in no layer block, a head's, stay as captured.)"""
     passes, begins, ends = pass_runs(units)
     if not (units[ot.LAYER].to_numpy() >= 0).any():
         return  # no layer marks: refused as such
-    touches, backward = through_layers(units, begins, ends), str(Phase.BACKWARD)
+    touches, backward = through_layers(units, begins, ends) | weight_runs(units, begins), str(Phase.BACKWARD)
     for i, p in enumerate(passes):
         if p == backward and not touches[i] and (i + 1 == len(passes) or passes[i + 1] != backward):
             raise TemplateError(
-                "the backward passes run through no layer after the stage's own (a zero-bubble schedule's weight "
-                "gradients, computed apart from the inputs'): that work grows with the layers but names none, so "
-                "--layers cannot repeat it; capture at the target layer count"
+                "the backward passes run through no layer after the stage's own (a split backward's weight "
+                "gradients, captured without the marks that name their layers): that work grows with the layers "
+                "but names none, so --layers cannot repeat it; capture again, or at the target layer count"
             )
 
 
@@ -173,12 +184,20 @@ def layer_passes(units: pd.DataFrame) -> list[LayerPass]:
     if not len(marked):
         return []
     stacks = stage_stacks(units)
-    # A run begins at each marked unit whose stage, layer or phase differs from the marked unit
-    # before it (a forward pass's last layer is the next backward pass's first).
+    # A run begins at each marked unit whose stage, layer, phase or part differs from the marked
+    # unit before it (a forward pass's last layer is the next backward pass's first).
     phase = units[ot.PHASE].astype(str).to_numpy()[marked]
+    part = units[ot.PART].astype(str).to_numpy()[marked] if ot.PART in units else np.full(len(marked), "")
     stage = _stage_of(units)[marked]
     key = layer[marked]
-    changes = (key[1:] != key[:-1]) | (phase[1:] != phase[:-1]) | (stage[1:] != stage[:-1])
+    # A split backward's weight runs follow its input gradients' run: another pass, though both
+    # are backward and the one ends on the layer the other begins with.
+    changes = (
+        (key[1:] != key[:-1])
+        | (phase[1:] != phase[:-1])
+        | (stage[1:] != stage[:-1])
+        | (part[1:] != part[:-1])
+    )
     begins = marked[np.r_[True, changes]]
     ends = np.r_[begins[1:], marked[-1] + 1]
     # A run that ends a pass stops at its own last unit; the unmarked units after it are not its.
@@ -388,16 +407,38 @@ def _kept_frees(
     outside = _outside_runs(len(units), passes)
     total = np.zeros(len(units), dtype=np.int64)
     for s, layer in _steady_layers(units, passes).items():
-        frees = np.where(outside, frees_by_position(iterations, target.freed_of_layer(s, layer)), 0)
+        kept_at = outside | _pass_ends(units, [p for p in passes if p.stage == s], layer)
+        frees = np.where(kept_at, frees_by_position(iterations, target.freed_of_layer(s, layer)), 0)
         kept = kept_per_layer(units, [p for p in passes if p.stage == s])
         if int(frees.sum()) != kept:
             raise TemplateError(
                 f"a layer keeps {kept:,} bytes past its runs and the units outside the layers free {int(frees.sum()):,} "
                 "of them: where the rest is freed is not known, so another layer count's memory would be wrong; "
-                "capture at the target layer count"
+                "capture with more layers (5 or more a stage) or at the target layer count"
             )
         total += frees
     return total
+
+
+def _carried_per_layer(
+    units: pd.DataFrame, passes: list[LayerPass], iterations: list[pd.DataFrame], target: LayerTarget
+) -> int:
+    """What a steady layer's forward of each stage allocates in one iteration and the next
+    iteration frees: activations held across the iteration's end, in the static bytes (a
+    pipeline's last stage whose activations the program's losses keep until its next step). The
+    forward's alone: gradients and optimizer state are the parameters' (``LayerTarget``'s
+    static change). Nothing where one iteration was traced or frees are not traced."""
+    if len(iterations) < 2 or target.freed_of_rows is None:
+        return 0
+    first = iterations[0]
+    layer, stage = first[ot.LAYER].to_numpy(), _stage_of(first)
+    forward = (first[ot.PHASE].astype(str) == str(Phase.FORWARD)).to_numpy()
+    carried = 0
+    for s, steady in _steady_layers(units, passes).items():
+        rows = np.zeros(target.rows, bool)
+        rows[first[ot.SEQ].to_numpy()[(layer == steady) & (stage == s) & forward]] = True
+        carried += int(frees_by_position(iterations[1:2], target.freed_of_rows(rows)).sum())
+    return carried
 
 
 def frees_by_position(iterations: list[pd.DataFrame], freed: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
@@ -436,6 +477,20 @@ def _loop_frees(iterations: list[pd.DataFrame], target: LayerTarget) -> LoopFree
         return np.where((np.arange(len(groups)) % 2 == 0)[:, None], odd, even)
 
     return traced
+
+
+def _pass_ends(units: pd.DataFrame, passes: list[LayerPass], layer: int) -> np.ndarray:
+    """The units of each pass's last run, where it is an edge run two or more layers from
+    ``layer``: copied once, as the units outside the runs are, and no neighbour handing blocks to
+    or from ``layer``. What it frees of ``layer``'s blocks is freed as the pass ends, for every
+    layer (a split backward's weight runs, each layer's leftovers freed as the last one ends)."""
+    ends = np.zeros(len(units), bool)
+    of = units[ot.LAYER].to_numpy()
+    for p in passes:
+        a, b = p.runs[-1]
+        if p.steady[1] < len(p.runs) and abs(int(of[a]) - layer) >= 2:
+            ends[a:b] = True
+    return ends
 
 
 def _outside_runs(size: int, passes: list[LayerPass]) -> np.ndarray:
@@ -496,13 +551,15 @@ def mapped_waits(
 
 def retarget_units(
     units: pd.DataFrame, iterations: list[pd.DataFrame], waits: dict[int, list[int]], target: LayerTarget
-) -> tuple[pd.DataFrame, dict[int, list[int]]]:
-    """A stage program's units (one iteration, timed) and their waits at ``target``'s layer count:
-    its passes walk the target's layers (``expand_layers``), the units that free what a layer
-    keeps (gradients a ``zero_grad`` drops) free it for every layer, and the units that run for
-    each parameter and the optimizer step run for the target's parameters
+) -> tuple[pd.DataFrame, dict[int, list[int]], int]:
+    """A stage program's units (one iteration, timed) and their waits at ``target``'s layer count,
+    and the bytes it holds across iterations besides the captured ones and its parameters': its
+    passes walk the target's layers (``expand_layers``), the units that free what a layer keeps
+    (gradients a ``zero_grad`` drops) free it for every layer, and the units that run for each
+    parameter and the optimizer step run for the target's parameters
     (``prism.graph.build.parameter_loops``); DDP's bucket all-reduces are those of the target's
-    buckets (``prism.graph.build.bucket_calls``)."""
+    buckets (``prism.graph.build.bucket_calls``); what a layer's blocks hold into the next
+    iteration (``_carried_per_layer``) is held for every layer."""
     units = units.reset_index(drop=True)
     caps = target.bucket_caps
     if caps is not None:
@@ -523,6 +580,7 @@ def retarget_units(
     frees = _kept_frees(units, passes, iterations, target)
     origin = expanded[ORIGIN].to_numpy()
     more = target.layers - captured_layers
+    held = more * _carried_per_layer(units, passes, iterations, target)
     expanded[ot.FREE_BYTES] = expanded[ot.FREE_BYTES].to_numpy() + more * frees[origin]
     glue = _outside_runs(len(units), passes) & ~in_step
     sources, elements = target.parameter_sources, target.parameter_elements
@@ -533,8 +591,8 @@ def retarget_units(
     expanded = optimizer_step(expanded, in_step[expanded[ORIGIN].to_numpy()], sources, elements, traced)
     waits = mapped_waits(expanded, waits, passes)
     if caps is None:
-        return expanded, waits
+        return expanded, waits, held
     # Where the captured calls were waited for: after the copy of that unit, or, where it ran once a
     # parameter and has no copy, after the last unit copied from before it.
     anchor = int(np.flatnonzero(expanded[ORIGIN].to_numpy() <= stripped.waited_after)[-1])
-    return insert_bucket_calls(expanded, waits, stripped, anchor, caps, target.target_elements)
+    return (*insert_bucket_calls(expanded, waits, stripped, anchor, caps, target.target_elements), held)

@@ -47,6 +47,7 @@ from prism.graph.build.layer_passes import (
     pass_runs,
     through_layers,
     unit_signatures,
+    weight_runs,
 )
 from prism.graph.build.templates import TemplateError
 from prism.schemas.annotations import Phase
@@ -158,7 +159,8 @@ def _backward_steps(
     step (a zero-bubble schedule's weight gradients, computed after the inputs'). Where no
     backward run touches a layer block (a program whose blocks are not marked), runs in a row, as
     many each microbatch, are one step."""
-    touches = through_layers(units, begins, ends)
+    # A weight run names its parameters' layer, yet joins a step as a run through none would.
+    touches = through_layers(units, begins, ends) & ~weight_runs(units, begins)
     backward = {i for i, p in enumerate(passes) if p == BACKWARD}
     if any(touches[i] for i in backward):
         starts, leading = [], False  # leading: a step of runs through no layer, its layers' run to come

@@ -68,6 +68,16 @@ def _loop_memory(
     out[ot.FREE_BYTES] = column
 
 
+LEADING_INPUTS = 4
+"""Units of a loop's name that may run before it, one for each input of the stage: a split
+backward (``torch.distributed.pipelining``'s ``stage_backward_input``) takes each leaf input's
+gradient node as it then takes each parameter's."""
+
+
+def _set_size(sets: list[tuple[int | None, int, np.ndarray]], key: int | None) -> int:
+    return next(size for k, size, _ in sets if k == key)
+
+
 def _parameter_sets(
     sources: Sequence[int], count: int, stages: Sequence[int]
 ) -> list[tuple[int | None, int, np.ndarray]]:
@@ -99,7 +109,9 @@ def per_parameter_glue(
     between two passes, exactly as many as the captured parameters. Where the rank holds several
     stages (``stages``: each captured parameter's, as its units' marks name them), a loop may run
     over one stage's parameters (a pipeline schedule scaling each stage's gradients in turn): as
-    many units as that stage's, the stage whose pass ran last where two stages have as many."""
+    many units as that stage's, the stage whose pass ran last where two stages have as many. A
+    stretch of one name a few units longer than a set (``LEADING_INPUTS``) is that set's loop
+    after a unit for each of the stage's inputs, which stay as captured."""
     sets = _parameter_sets(sources, count, stages)
     names = units[ot.NAME].to_numpy()
     stage = units[ot.STAGE].to_numpy() if ot.STAGE in units else np.full(len(units), -1)
@@ -116,6 +128,9 @@ def per_parameter_glue(
             if len(at) < 2 or any(len(run) < 2 for run in runs):  # one unit is no evidence of a loop
                 continue
             fits = [(key, picks) for key, size, picks in sets if size == len(at)]
+            if not fits:  # a loop after a unit for each stage input (a split backward's gradient nodes)
+                fits = [(key, picks) for key, size, picks in sets if 0 < len(at) - size <= LEADING_INPUTS]
+                fits = [(key, picks) for key, picks in fits if len(runs) == 1]
             if len(fits) > 1:
                 fits = [(key, picks) for key, picks in fits if key is None or key == last]
                 if len(fits) != 1:  # as many units as two stages' parameters, neither's pass before it
@@ -124,8 +139,9 @@ def per_parameter_glue(
                         "known (several hold as many): capture at the target layer count"
                     )
             if fits:
-                replaced[int(at[0])] = (at, fits[0][1])
-                dropped[at] = True
+                loop = at[len(at) - _set_size(sets, fits[0][0]) :]
+                replaced[int(loop[0])] = (loop, fits[0][1])
+                dropped[loop] = True
     if not replaced:
         return units
     pieces, loops, size = [], [], 0

@@ -226,6 +226,7 @@ def program_stages(
             launches=calls_are_launches(manifest.job.device), noise_cv=cv, retarget=retarget,
             microbatches=_microbatch_target(traces, captured, ops, microbatches),
         )  # fmt: skip
+        statics[key] += stage_program.held_bytes
         if stage_program.microbatches is not None:
             schedules[key] = stage_program.microbatches.schedule
             statics[key] += stage_program.microbatches.static_bytes

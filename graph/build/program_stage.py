@@ -52,7 +52,7 @@ from prism.graph.build.layer_passes import LayerTarget, retarget_units
 from prism.graph.build.microbatch_steps import MicrobatchTarget, retarget_microbatches
 from prism.graph.build.profiler_overhead import TimeScale, host_kept, own_ns, scaled_times
 from prism.graph.build.templates import GROUP_AXIS, TemplateError
-from prism.schemas.annotations import GLUE, block_kind
+from prism.schemas.annotations import GLUE, Part, block_kind
 from prism.schemas.layout import ParallelLayout
 
 BACKWARD_OPS = ("autograd::engine::evaluate_function", "torch::autograd::", "torch::distributed::reducer::")
@@ -187,7 +187,8 @@ def _units(
         _p2p_dir(int(peer), rank, layout) if p else 0 for peer, p in zip(peers, is_p2p, strict=True)
     ]
     units[MB] = -1
-    units[ot.PART] = ""
+    # A program's marks name no model part; a split backward's weight runs keep theirs.
+    units[ot.PART] = np.where(units[ot.PART].astype(str) == str(Part.WEIGHTS), str(Part.WEIGHTS), "")
     return units
 
 
@@ -243,8 +244,9 @@ def program_stage(
     iterations = _iterations(ops)
     units = _units(iterations, rank, layout, scale, launches)
     waits = _wait_positions(units)
+    held = 0
     if retarget is not None:
-        units, waits = retarget_units(units, iterations, waits, retarget)
+        units, waits, held = retarget_units(units, iterations, waits, retarget)
     change = None
     if microbatches is not None:
         units, waits, change = retarget_microbatches(units, iterations, waits, microbatches, rows=len(ops))
@@ -259,4 +261,4 @@ def program_stage(
     nodes = finish_nodes(pieces)
     sizes = {kind: axis_size(layout, kind) for kind in kind_codes(layout)}
     nodes[SKEW], nodes[OVERLAP] = waiting_columns(nodes, sizes, noise_cv, call_jitter_ns)
-    return StageProgram(stage=stage, src_rank=rank, nodes=nodes, microbatches=change)
+    return StageProgram(stage=stage, src_rank=rank, nodes=nodes, microbatches=change, held_bytes=held)

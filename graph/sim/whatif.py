@@ -25,6 +25,7 @@ from prism.graph.sim.noise import work_in_flight
 from prism.graph.sim.simulate import SimGraph
 from prism.peers.comm_model import CommModel
 from prism.schemas import graph_format as gf
+from prism.schemas.annotations import Part
 from prism.schemas.cluster import ClusterSpec
 
 _UNITS_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
@@ -141,12 +142,14 @@ def _slow(graph: SimGraph, slow: tuple[SlowRank, ...], ranks: np.ndarray) -> np.
 
 def _delays(graph: SimGraph, path: Path, delays: tuple[BlockDelay, ...], ranks: np.ndarray) -> np.ndarray:
     gap = graph.gap.copy()
-    phase, layer, mb = (graph_column(path, c, _subset(graph, ranks)) for c in (gf.PHASE, gf.LAYER, gf.MB))
+    columns = (gf.PHASE, gf.LAYER, gf.MB, gf.PART)
+    phase, layer, mb, part = (graph_column(path, c, _subset(graph, ranks)) for c in columns)
     rank = ranks[graph.node_rank()]
     for d in delays:
         mask = phase == d.phase
         if d.layer is not None:
-            mask &= layer == d.layer
+            # The block's own pass, where a replay's delay waits: not a split backward's weight runs.
+            mask &= (layer == d.layer) & (part != str(Part.WEIGHTS))
         if d.rank is not None:
             mask &= rank == d.rank
         if not mask.any():

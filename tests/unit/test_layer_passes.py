@@ -200,7 +200,7 @@ def _two_iterations(units: pd.DataFrame) -> list[pd.DataFrame]:
 
 def test_what_a_layer_keeps_is_freed_for_every_layer_where_the_capture_freed_it() -> None:
     units = _timed(_iteration(5))
-    out, _ = retarget_units(units, _two_iterations(units), {}, _target(units, 9))
+    out, _, _ = retarget_units(units, _two_iterations(units), {}, _target(units, 9))
     zero_grad = out[out[ot.NAME] == "zero_grad"]
     assert zero_grad[ot.FREE_BYTES].tolist() == [8 * 9]
     # The iteration is balanced again: what it allocates it frees.
@@ -218,10 +218,10 @@ def test_kept_memory_freed_inside_the_layers_is_refused() -> None:
         retarget_units(units, _two_iterations(units), {}, target)
 
 
-def test_weight_gradients_run_apart_from_the_layers_are_refused() -> None:
-    # A zero-bubble schedule: each microbatch's weight gradients in runs of the engine after the
-    # input gradients' run through the layers, naming none; a loss backpropagated in chunks before
-    # the stage's own backward is not.
+def test_weight_gradients_run_apart_from_the_layers_unmarked_are_refused() -> None:
+    # A zero-bubble schedule captured without weight marks: each microbatch's weight gradients in
+    # runs of the engine after the input gradients' run through the layers, naming none; a loss
+    # backpropagated in chunks before the stage's own backward is not.
     def iteration(weights_after: bool) -> pd.DataFrame:
         units = [_unit("aten::embedding", -1, "fwd"), *_forward(5), _unit("loss", -1, "iter")]
         run = [_unit("NllLossBackward0", -1, "bwd"), _unit("between", -1, "iter")]
@@ -232,16 +232,42 @@ def test_weight_gradients_run_apart_from_the_layers_are_refused() -> None:
         return _timed(pd.DataFrame(units))
 
     zero_bubble, chunked = iteration(True), iteration(False)
-    with pytest.raises(TemplateError, match="zero-bubble"):
+    with pytest.raises(TemplateError, match="split backward's weight gradients"):
         retarget_units(zero_bubble, _two_iterations(zero_bubble), {}, _target(zero_bubble, 9))
-    out, _ = retarget_units(chunked, _two_iterations(chunked), {}, _target(chunked, 9))
+    out, _, _ = retarget_units(chunked, _two_iterations(chunked), {}, _target(chunked, 9))
     assert (out[ot.NAME] == "NllLossBackward0").sum() == 1 and (out[ot.LAYER] == 8).any()
+
+
+def _split_backward(layers: int) -> list[dict]:
+    """A split backward: the input gradients' run through the layers (descending), then a weight
+    run per linear of each layer, as the stage holds them (ascending), and the head's in none."""
+    weights = [
+        {**_unit("MmBackward0", i, "bwd", alloc=8, free=100 if i else 150), ot.PART: "weights"}
+        for i in range(layers)
+        for _ in range(2)
+    ]
+    return _backward(layers) + weights + [{**_unit("MmBackward0", -1, "bwd"), ot.PART: "weights"}]
+
+
+def test_marked_weight_runs_walk_the_layers_again_and_are_repeated_with_them() -> None:
+    def iteration(layers: int) -> pd.DataFrame:
+        units = [_unit("aten::embedding", -1, "fwd"), *_forward(layers), _unit("loss", -1, "iter")]
+        units += _split_backward(layers) + [_unit("zero_grad", -1, "iter", free=8 * layers)]
+        return pd.DataFrame(units).fillna({ot.PART: ""})
+
+    passes = layer_passes(iteration(5))
+    # Forward, the input gradients' pass and the weights' pass: the last begins on the layer the one
+    # before ends on, and walks up.
+    assert [p.descending for p in passes] == [False, True, False]
+    expanded, direct = expand_layers(iteration(5), 8), iteration(8)
+    assert _key(expanded) == _key(direct)
+    assert expanded[ot.PART].tolist() == direct[ot.PART].tolist()
 
 
 def test_a_step_of_a_few_kernels_scales_with_the_parameter_elements() -> None:
     units = _timed(_iteration(5))  # one kernel over three parameters of 10, 20 and 30 elements
     target = _target(units, 9, elements=(10, 20, 30), sources=(0, 1, 1, 1, 2))
-    out, _ = retarget_units(units, _two_iterations(units), {}, target)
+    out, _, _ = retarget_units(units, _two_iterations(units), {}, target)
     step = out[out[ot.PHASE] == "optim"]
     assert step[[ot.DUR_NS, ot.GAP_NS]].values.tolist() == [[1667, 167]]  # 100 elements over 60
 
@@ -257,7 +283,7 @@ def test_a_step_that_runs_each_parameter_in_turn_runs_each_target_parameters_gro
     ).assign(**{ot.DUR_NS: 1000, ot.GAP_NS: 100})
     units = _timed(pd.concat([units.iloc[:-1], step], ignore_index=True))
     target = _target(units, 9, elements=(10, 20, 30), sources=(0, 1, 1, 1, 2))
-    out, _ = retarget_units(units, _two_iterations(units), {}, target)
+    out, _, _ = retarget_units(units, _two_iterations(units), {}, target)
     groups = out[out[ot.PHASE] == "optim"]
     assert groups[ot.ALLOC_BYTES].tolist() == [1, 1, 2, 2, 2, 2, 2, 2, 3, 3]
     assert (groups[ot.DUR_NS] == 1000).all()  # each group as captured: no temporaries grown
@@ -274,9 +300,22 @@ def test_glue_run_once_a_parameter_runs_once_a_target_parameter() -> None:
     target = replace(
         _target(units, 8), parameter_elements=(10, 4, 4, 4, 4, 4), parameter_sources=(0, *[1] * 8)
     )
-    out, _ = retarget_units(units, _two_iterations(units), {}, target)
+    out, _, _ = retarget_units(units, _two_iterations(units), {}, target)
     assert out[out[ot.NAME] == "aten::div_"][ot.ALLOC_BYTES].tolist() == [10, *[1] * 8]
     assert (out[ot.NAME] == "aten::mul_").sum() == 3
+
+
+def test_a_loop_over_parameters_after_one_unit_for_the_stage_input_keeps_that_unit() -> None:
+    # A split backward takes its stage input's gradient node, then each parameter's: one view_as
+    # for the input, one a parameter, in a row. At 8 layers: the input's, then nine.
+    units = _iteration(5)
+    nodes = pd.DataFrame([_unit("aten::view_as", -1, "iter", alloc=a) for a in (7, 10, 1, 2, 3, 4, 5)])
+    units = _timed(pd.concat([units.iloc[:-2], nodes, units.iloc[-2:]], ignore_index=True))
+    target = replace(
+        _target(units, 8), parameter_elements=(10, 4, 4, 4, 4, 4), parameter_sources=(0, *[1] * 8)
+    )
+    out, _, _ = retarget_units(units, _two_iterations(units), {}, target)
+    assert out[out[ot.NAME] == "aten::view_as"][ot.ALLOC_BYTES].tolist() == [7, 10, *[1] * 8]
 
 
 def test_glue_run_once_a_parameter_bucket_by_bucket_runs_once_a_target_parameter() -> None:
@@ -294,7 +333,7 @@ def test_glue_run_once_a_parameter_bucket_by_bucket_runs_once_a_target_parameter
     target = replace(
         _target(units, 8), parameter_elements=(10, 4, 4, 4, 4, 4), parameter_sources=(0, *[1] * 8)
     )
-    out, _ = retarget_units(units, _two_iterations(units), {}, target)
+    out, _, _ = retarget_units(units, _two_iterations(units), {}, target)
     glue = out[out[ot.NAME].isin(["aten::as_strided", "copy_bucket_to_grad"])][ot.NAME].tolist()
     assert glue == ["aten::as_strided"] * 9 + ["copy_bucket_to_grad"] * 9
 
@@ -306,7 +345,7 @@ def test_a_copied_call_is_waited_for_at_its_waits_copy() -> None:
     linear = np.flatnonzero(units[ot.NAME] == "aten::linear")
     loss = int(np.flatnonzero(units[ot.NAME] == "loss")[0])
     waits = {int(w): [int(g)] for g, w in zip(gathers, [*linear[1:], loss], strict=True)}
-    out, mapped = retarget_units(units, _two_iterations(units), waits, _target(units, 8))
+    out, mapped, _ = retarget_units(units, _two_iterations(units), waits, _target(units, 8))
     new_gathers = np.flatnonzero(out[ot.NAME] == "all_gather")
     new_linear = np.flatnonzero(out[ot.NAME] == "aten::linear")
     new_loss = int(np.flatnonzero(out[ot.NAME] == "loss")[0])
@@ -322,7 +361,7 @@ def test_a_call_posted_before_a_pass_is_waited_for_where_the_pass_ends() -> None
     recv = _unit("recv", -1, "fwd", comm="recv")
     units = _timed(pd.concat([units.iloc[:1], pd.DataFrame([recv]), units.iloc[1:]], ignore_index=True))
     last_forward = int(np.flatnonzero((units[ot.LAYER] == 4) & (units[ot.PHASE] == "fwd"))[-1])
-    out, mapped = retarget_units(units, _two_iterations(units), {last_forward: [1]}, _target(units, 8))
+    out, mapped, _ = retarget_units(units, _two_iterations(units), {last_forward: [1]}, _target(units, 8))
     (at,) = mapped
     assert mapped[at] == [1]
     assert (out[ot.LAYER].iloc[at], out[ot.NAME].iloc[at]) == (7, "aten::linear")
@@ -372,7 +411,7 @@ def test_ddp_buckets_are_planned_again_and_waited_where_the_capture_waited() -> 
         parameter_sources=(0, *[1] * 8),
         bucket_caps=caps,
     )
-    out, waits = retarget_units(units, _two_iterations(units), {waited: calls.tolist()}, target)
+    out, waits, _ = retarget_units(units, _two_iterations(units), {waited: calls.tolist()}, target)
     new_calls = np.flatnonzero(out[ot.NAME] == "all_reduce")
     assert out[ot.BYTES].iloc[new_calls].tolist() == [120, 4 * (5 * 10 + 30)]
     assert out[ot.LAYER].iloc[new_calls].tolist() == [5, -1]  # the third gradient ready: layer 5's of 8

@@ -3,6 +3,7 @@ replay's delay reads them, and nowhere else."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from torch.utils.checkpoint import checkpoint
 from prism.capture import annotate
 from prism.capture.program_layers import layer_blocks
 from prism.capture.program_phases import ProgramPhases
-from prism.schemas.annotations import Mark, Phase, try_parse_mark
+from prism.schemas.annotations import Mark, Part, Phase, try_parse_mark
 
 
 class Block(torch.nn.Module):
@@ -180,3 +181,54 @@ def test_a_block_hook_sees_every_layers_forward_and_backward():
     layers = [(m.phase, m.layer) for m in seen if m.layer is not None]
     fwd, bwd = Phase.FORWARD, Phase.BACKWARD
     assert layers == [(fwd, 0), (fwd, 1), (bwd, 1), (bwd, 0)]
+
+
+class Stage(torch.nn.Module):
+    """A pipeline stage: activations in, its ``layers.<i>``, a head."""
+
+    def __init__(self, layers: int = 3) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(Block() for _ in range(layers))
+        self.head = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x, _ = layer(x)
+        return self.head(x)
+
+
+def test_a_split_backwards_weight_runs_name_the_layer_of_their_parameters(tmp_path: Path):
+    """torch.distributed.pipelining's zero-bubble schedules compute a microbatch's input gradients
+    in one run of the engine and its weights' later, a run per group of parameters: each weight
+    run is marked with the layer block its parameters are in, or none (the head's)."""
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+    stage, trace = Stage(3), tmp_path / "trace.json"
+    optimizer = torch.optim.SGD(stage.parameters(), lr=0.01)
+    phases = ProgramPhases()
+    phases.install()
+    try:
+        for step in range(2):  # roots are found at the first step: the second is traced
+            with profile() if step else contextlib.nullcontext() as prof:
+                x = torch.randn(2, 4, 8, requires_grad=True)
+                loss = stage(x).square().mean()
+                _, groups = stage_backward_input([loss], None, [x], stage.parameters())
+                assert all(p.grad is None for p in stage.parameters())
+                stage_backward_weight(stage.parameters(), groups)
+                assert all(p.grad is not None for p in stage.parameters())
+                optimizer.step()
+                optimizer.zero_grad()
+        prof.export_chrome_trace(str(trace))
+    finally:
+        phases.remove()
+    marks = _marks(trace)
+    weights = sorted((s, m) for m, s, _ in marks if m.part == Part.WEIGHTS)
+    # A run per linear (its weight and bias), in the order the stage holds them; the head's in no layer.
+    assert [m.layer for _, m in weights] == [0, 0, 1, 1, 2, 2, None]
+    assert all(m.phase == Phase.BACKWARD for _, m in weights)
+    # The input gradients' run is the stage's own backward, its blocks' ranges inside it.
+    runs = [m for m, *_ in marks if m.phase == Phase.BACKWARD and m.layer is None and m.part is None]
+    assert len(runs) == 1
+    assert sorted(
+        m.layer for m, *_ in marks if m.phase == Phase.BACKWARD and m.part is None and m.layer is not None
+    ) == [0, 1, 2]
