@@ -8,7 +8,7 @@ OUT    ?= capture-out
 GRAPH  ?= graph.parquet
 REPLAY ?= replay-out
 
-.PHONY: install demo test test-fast lint results results-programs results-programs-floor results-programs-accumulate results-program-layers results-torchtitan results-torchtitan-mesh results-torchtitan-floor results-mesh results-moe-skew results-scale-mesh results-random results-call-cost results-host-work-gil results-from-traces fetch-traces results-ddp-overlap results-pipeline-p2p results-collective-prices results-seeds results-families fidelity respec gpu-checks figures clean
+.PHONY: install demo test test-fast lint results results-programs results-programs-floor results-programs-accumulate results-program-layers results-torchtitan results-torchtitan-mesh results-torchtitan-floor results-torchtitan-4d results-mesh results-moe-skew results-scale-mesh results-random results-call-cost results-host-work-gil results-from-traces fetch-traces results-ddp-overlap results-pipeline-p2p results-collective-prices results-seeds results-families fidelity respec gpu-checks figures clean
 
 install: $(VENV)/.installed-torch-$(TORCH)
 
@@ -192,6 +192,18 @@ results-torchtitan-mesh: install
 	$(TT_FIDELITY) fidelity_torchtitan_cp -- $(TT_RUN) $(TT_CASE_cp) --json $(TT_RESULTS)/fidelity_torchtitan_cp.json
 	$(TT_FIDELITY) fidelity_torchtitan_ep -- $(TT_RUN) --cluster-spec $(CURDIR)/$(MESH_SPEC) $(TT_CASE_ep) \
 	    --json $(TT_RESULTS)/fidelity_torchtitan_ep.json
+
+# Four dimensions at world 8 (about 16 min, nothing else running): DeepSeek-V3's debug mixture of
+# experts with pipelining (1F1B), FSDP, tensor parallel and expert parallel 2 over tp, one repeat of
+# 3 warm-up iterations, the simulation alone (each iteration takes about 30 s: eight ranks on this
+# machine's two cores; a replay adds about 20 min).
+TT_CASE_4d = --pp 2 --dp 2 --tp 2 --ep 2 --program "$(subst steps 30,steps 12,$(TT_DEEPSEEK)) \
+    --parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule 1F1B \
+    --parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 2 --parallelism.expert_parallel_degree 2"
+results-torchtitan-4d: install
+	$(TT_ASSETS)
+	$(TT_FIDELITY) fidelity_torchtitan_4d -- $(CURDIR)/$(BIN)/python $(CURDIR)/benchmarks/fidelity.py --repeats 1 --warmup 3 \
+	    --no-replay --cluster-spec $(CURDIR)/$(MESH_SPEC) $(TT_CASE_4d) --json $(TT_RESULTS)/fidelity_torchtitan_4d.json
 
 # The noise floor of every torchtitan case: its real run against a second real run, three repeats,
 # beside the latest fidelity records (about 30 min).
