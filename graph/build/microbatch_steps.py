@@ -354,20 +354,36 @@ class MicrobatchChange:
     keeps into the next iteration and the receive buffers kept for it."""
 
 
-def _period_rows(
-    iterations: list[pd.DataFrame], schedule: Schedule, rows: int, captured: np.ndarray
+def _period_copies(schedule: Schedule, captured: np.ndarray, positions: int) -> np.ndarray:
+    """Per captured position of an iteration (``positions`` of them), how many units of one
+    steady period of each repeated stretch copy it (``captured``: each unit's captured position,
+    -1 for none): 1 each at the captured layer count; at another, a steady layer's units are
+    copied for each layer the target has and the layers left out copied by none."""
+    copies = np.zeros(positions, np.int64)
+    for period in schedule.periods:
+        a, b = period.runs[period.steady[0]]
+        at = captured[a:b]
+        copies += np.bincount(at[at >= 0], minlength=positions)
+    return copies
+
+
+def _period_frees(
+    iterations: list[pd.DataFrame],
+    traced: list[pd.DataFrame],
+    copies: np.ndarray,
+    target: MicrobatchTarget,
+    rows: int,
 ) -> np.ndarray:
-    """Of the op table's ``rows``, those of one steady period of each repeated stretch, in the
-    iterations that ran the stage's units (``captured``: each unit's captured position, -1 for
-    none)."""
-    mask = np.zeros(rows, bool)
-    for iteration in iterations:
-        seq = iteration[ot.SEQ].to_numpy()
-        for period in schedule.periods:
-            a, b = period.runs[period.steady[0]]
-            at = captured[a:b]
-            mask[seq[at[at >= 0]]] = True
-    return mask
+    """Per captured position of ``iterations``' steady ones, what it frees of the blocks one
+    steady period allocates in ``traced`` (a block allocated where ``copies`` says n units copy
+    it counted n times, as each copy allocates its own; ``frees_by_position``)."""
+    out = np.zeros(len(iterations[0]), np.int64)
+    for n in np.unique(copies[copies > 0]):
+        mask = np.zeros(rows, bool)
+        for iteration in traced:
+            mask[iteration[ot.SEQ].to_numpy()[copies == n]] = True
+        out += int(n) * frees_by_position(iterations, target.freed_of_rows(mask))
+    return out
 
 
 def _kept_frees(
@@ -380,8 +396,8 @@ def _kept_frees(
 ) -> np.ndarray:
     """Per unit outside the steps: what it frees of one steady period's blocks
     (``prism.graph.build.layer_passes.frees_by_position`` at its captured position)."""
-    freed = target.freed_of_rows(_period_rows(iterations, schedule, rows, captured))
-    by_position = frees_by_position(iterations, freed)
+    copies = _period_copies(schedule, captured, len(iterations[0]))
+    by_position = _period_frees(iterations, iterations, copies, target, rows)
     first, last = schedule.steps.bounds[0][0], schedule.steps.bounds[-1][1] - 1
     by_position[captured[first] : captured[last] + 1] = 0  # the captured steps' own
     return _placed(by_position, captured, outside_steps(len(units), schedule.steps))
@@ -400,8 +416,8 @@ def _carried_into_steps(
     Nothing where one iteration was traced."""
     if len(iterations) < 2:
         return 0
-    freed = target.freed_of_rows(_period_rows(iterations[:1], schedule, rows, captured))
-    by_position = frees_by_position(iterations[1:2], freed)
+    copies = _period_copies(schedule, captured, len(iterations[0]))
+    by_position = _period_frees(iterations[1:2], iterations[:1], copies, target, rows)
     first, last = schedule.steps.bounds[0][0], schedule.steps.bounds[-1][1] - 1
     return int(by_position[captured[first] : captured[last] + 1].sum())
 

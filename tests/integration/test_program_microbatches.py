@@ -205,18 +205,24 @@ def test_an_interleaved_schedule_grows_by_rounds_and_layers_as_a_capture_at_thos
     assert result.exit_code != 0 and "rounds of 2 microbatches" in result.output
 
 
-@pytest.mark.parametrize("schedule", ["InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"])
+@pytest.mark.parametrize(
+    ("schedule", "captured_layers", "layers"),
+    [("InterleavedZeroBubble", 3, 3), ("ZBVZeroBubble", 5, 4), ("DualPipeV", 3, 3)],
+)
 def test_a_zero_bubble_schedule_grows_by_rounds_as_a_capture_at_that_count(
-    schedule: str, tmp_path: Path
+    schedule: str, captured_layers: int, layers: int, tmp_path: Path
 ) -> None:
     """Zero bubble: each backward computes the inputs' gradients through the layers, the weights'
     in engine runs of their own after it, which go with that microbatch's step; the V-shaped
     schedules end on backward runs in a row and hand each microbatch between a rank's own stages
-    in buffers kept into the next iteration. Built from 8 captured microbatches at 10, each is the
-    10-microbatch capture's graph node for node, memory but for the batch drawn whole."""
-    capture, _ = captured_and_built(tmp_path / "at8", LAYOUT, pipelined(schedule, 8), warmup=3)
-    _, graph = captured_and_built(tmp_path / "at10", LAYOUT, pipelined(schedule, 10), warmup=3)
+    in buffers kept into the next iteration. Built from 8 captured microbatches at 10 (ZBV from 5
+    layers a stage at 4 too: a steady layer's blocks a microbatch keeps counted once for each
+    layer that copies it), each is the 10-microbatch capture's graph node for node, memory but
+    for the batch drawn whole."""
+    capture, _ = captured_and_built(tmp_path / "at8", LAYOUT, layered(schedule, captured_layers, 8), warmup=3)
+    _, graph = captured_and_built(tmp_path / "at10", LAYOUT, layered(schedule, layers, 10), warmup=3)
     built = tmp_path / "at8-built-at10.parquet"
-    result = runner.invoke(build_app, [str(capture), "--microbatches", "10", "-o", str(built)])
+    changes = ["--layers", str(4 * layers)] if layers != captured_layers else []
+    result = runner.invoke(build_app, [str(capture), "--microbatches", "10", *changes, "-o", str(built)])
     assert result.exit_code == 0, result.output
     assert (_peaks_beyond(built, graph) == -2 * (SEQ + 1) * 8).all()

@@ -176,6 +176,23 @@ def test_at_another_layer_count_a_free_whose_unit_has_no_copy_is_freed_where_the
     assert fewer[ot.FREE_BYTES].iloc[-2] == KEPT * 4
 
 
+def test_at_another_layer_count_a_kept_block_copied_for_each_layer_is_freed_for_each_copy() -> None:
+    """A last stage whose every layer keeps its activations for the loss, built at twice its
+    layers: each microbatch's kept unit is copied (``ORIGIN``: the captured one), the merge frees
+    both copies' bytes (as the layer step leaves it), and the microbatch step counts the block
+    once for each copy, at 8 microbatches as at 6."""
+    ops, iterations = _ops([_iteration("1F1B", 1, 6), _iteration("1F1B", 1, 6)])
+    units = iterations[0].drop(columns=[ot.ITERATION, ot.SEQ])
+    units[ORIGIN] = np.arange(len(units))
+    losses = units[units[ot.NAME] == "loss"]
+    units = pd.concat([units, losses]).sort_index(kind="stable").reset_index(drop=True)
+    merge = units[ot.NAME] == "aten::merge"
+    units.loc[merge, ot.FREE_BYTES] = 2 * KEPT * 6
+    expanded, _, _ = retarget_microbatches(units, iterations, {}, _target(ops, 8), len(ops))
+    assert expanded.loc[expanded[ot.NAME] == "aten::merge", ot.FREE_BYTES].tolist() == [2 * KEPT * 8]
+    assert (expanded[ot.ALLOC_BYTES] - expanded[ot.FREE_BYTES]).sum() == 0
+
+
 def test_what_a_microbatch_keeps_into_the_next_iteration_is_held_as_it_begins() -> None:
     captured = [_iteration("1F1B", 1, 6, merge_at_start=True) for _ in range(3)]
     ops, iterations = _ops(captured)
