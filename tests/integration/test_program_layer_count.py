@@ -188,27 +188,37 @@ def test_a_built_pipeline_stage_replays_with_the_program_at_that_count(
     assert report.measured_peak_bytes == report.predicted_peak_bytes
 
 
-def zero_bubble_v(layers: int) -> tuple[str, ...]:
-    """``examples/pp.py`` under ZBVZeroBubble with ``layers`` in all: four stages of a quarter of
-    them, two a rank, each backward split into the inputs' run and a run per group of weights."""
-    return (str(EXAMPLES / "pp.py"), "--pp", "2", "--schedule", "ZBVZeroBubble", "--steps", "50", "--hidden",
-            "32", "--vocab", "64", "--batch", "4", "--seq", "8", "--layers-per-stage", str(layers // 4))  # fmt: skip
+def zero_bubble(schedule: str) -> Callable[[int], tuple[str, ...]]:
+    """``examples/pp.py`` under a zero-bubble ``schedule`` with a given count of layers in all: four
+    stages of a quarter of them, two a rank, each backward split into the inputs' run and a run per
+    group of weights."""
+
+    def program(layers: int) -> tuple[str, ...]:
+        return (str(EXAMPLES / "pp.py"), "--pp", "2", "--schedule", schedule, "--steps", "50", "--hidden",
+                "32", "--vocab", "64", "--batch", "4", "--seq", "8", "--layers-per-stage", str(layers // 4))  # fmt: skip
+
+    return program
 
 
 @pytest.mark.slow
-def test_a_split_backwards_weight_runs_repeat_with_their_layers(tmp_path: Path) -> None:
-    """ZBVZeroBubble at 5 layers a stage built at 4: each stage's weight runs, marked with their
-    layers, walk 4 layers as its forward and input gradients do, node for node the graph of a
-    capture at 4, its memory to the byte (the last stage's activations, which the program's
-    losses keep into the next step, held for 4 layers)."""
+@pytest.mark.parametrize("schedule", ["ZBVZeroBubble", "DualPipeV", "InterleavedZeroBubble"])
+def test_a_split_backwards_weight_runs_repeat_with_their_layers(tmp_path: Path, schedule: str) -> None:
+    """A zero-bubble schedule at 5 layers a stage built at 4: each stage's weight runs, marked with
+    their layers, walk 4 layers as its forward and input gradients do, node for node the graph of
+    a capture at 4, its memory to the byte (the last stage's activations, which the program's
+    losses keep into the next step, held for 4 layers). V-shaped schedules hold stages r and
+    3 - r on rank r, the interleaved one r and r + 2."""
     layout = ("--tp", "1", "--pp", "2", "--dp", "1")
-    _, _, built, direct = built_at(tmp_path, layout, zero_bubble_v, 20, 16, warmup=3)
+    _, _, built, direct = built_at(tmp_path, layout, zero_bubble(schedule), 20, 16, warmup=3)
     for rank in (0, 1):
         assert _stage_units(built, rank) == _stage_units(direct, rank)
-    parts = graph_column(built, gf.PART, np.array([0]))
-    weights = graph_column(built, gf.LAYER, np.array([0]))[parts == "weights"]
-    # Each of rank 0's two stages numbers its blocks 0-3; its embedding's and head's in none.
-    assert set(weights) == {-1, *range(4)}
+    # Each rank's two stages number their blocks 0-3; the head's weight run (on the rank that holds
+    # the last stage: rank 0 in a V) in none. A first stage's backward is not split.
+    head_rank = 0 if schedule in ("ZBVZeroBubble", "DualPipeV") else 1
+    for rank in (0, 1):
+        parts = graph_column(built, gf.PART, np.array([rank]))
+        weights = graph_column(built, gf.LAYER, np.array([rank]))[parts == "weights"]
+        assert set(weights) == {*range(4), *((-1,) if rank == head_rank else ())}
     static = [read_metadata(g).extra[gf.STATIC_BYTES_KEY] for g in (built, direct)]
     assert static[0] == static[1]
     peaks = [simulate(load_sim_graph(g), iterations=2).peak_bytes for g in (built, direct)]
