@@ -18,8 +18,9 @@ from prism.graph.comm.calibrate import (
     calibrate,
     parse_size,
 )
+from prism.graph.comm.spec_check import CHECK_REPS, DEFAULT_TOLERANCE, MIN_POINTS, SpecDrift, check_spec
 from prism.schemas.cli_command import PrismCommand
-from prism.schemas.cluster import ClusterSpecError, local_path
+from prism.schemas.cluster import ClusterSpecError, load_cluster, local_path
 from prism.schemas.terminal import Table
 from prism.schemas.termination import stop_on_termination
 
@@ -70,8 +71,12 @@ def calibrate_command(
     ).replace(" ", ""),
     ops: Annotated[str, typer.Option(help="Comma-separated ops to time.")] = ",".join(BENCH_OPS),
     reps: Annotated[
-        int, typer.Option(help="Timed repetitions per point (mean latency kept).")
-    ] = DEFAULT.reps,
+        int | None,
+        typer.Option(
+            help=f"Timed repetitions per point (mean latency kept) [default: {DEFAULT.reps}; {CHECK_REPS} with --check].",
+            show_default=False,
+        ),
+    ] = None,
     capture: Annotated[
         list[Path] | None,
         typer.Option(
@@ -119,27 +124,56 @@ def calibrate_command(
             "are then priced from them, not from the α-β line."
         ),
     ] = DEFAULT.measured_table,
+    check: Annotated[
+        str | None,
+        typer.Option(
+            help="Write nothing: time the calls now and compare them with the measured table of this spec ('local' "
+            "or a TOML file written with --table), per op class; exit 1 where one moved beyond --tolerance (time "
+            "to recalibrate). Give the --sizes, --ops and --compute-between-ms it was calibrated with.",
+            metavar="SPEC",
+        ),
+    ] = None,
+    tolerance: Annotated[
+        float,
+        typer.Option(help="With --check: the relative move of an op class's median that makes a spec stale."),
+    ] = DEFAULT_TOLERANCE,
 ) -> None:
     """Time gloo collectives and send/recv among local processes; fit α and β; write the spec."""
     try:
         config = CalibrationConfig(
             sizes=tuple(parse_size(s) for s in sizes.split(",") if s.strip()),
-            max_procs=max_procs, ops=tuple(o.strip() for o in ops.split(",") if o.strip()), reps=reps,
+            max_procs=max_procs, ops=tuple(o.strip() for o in ops.split(",") if o.strip()),
+            reps=reps or (DEFAULT.reps if check is None else CHECK_REPS),
             timeout_s=timeout, comm_logs=tuple(capture or ()), bench=bench, out=out, compute_between_ms=compute_between_ms,
             busy_rounds=busy_rounds, measured_table=table, wake_gaps_ms=_gaps(wake_gaps_ms),
             wake_rounds=wake_rounds,
         )  # fmt: skip
-        if bench:
+        if check is not None:
+            if capture or not bench or busy_rounds or wake_gaps_ms or table or out is not None:
+                raise ValueError(
+                    "--check times the microbenchmark and writes nothing: give it without --capture, --no-bench, "
+                    "--busy-rounds, --wake-gaps-ms, --table and --out"
+                )
+            spec = load_cluster(check)
+            err_console.print(
+                f"[bold]prism-calibrate --check[/] {check}: {config.max_procs} gloo processes, sizes {sizes}"
+            )
+            drift = check_spec(spec, config, tolerance)
+        elif bench:
             err_console.print(f"[bold]prism-calibrate[/] {config.max_procs} gloo processes, sizes {sizes}")
         else:
             err_console.print(
                 f"[bold]prism-calibrate[/] the delegated calls of {len(config.comm_logs)} path(s)"
             )
-        result = calibrate(config)
+        if check is None:
+            result = calibrate(config)
     except (CalibrationError, ClusterSpecError, ValueError, OSError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         err_console.print(f"[bold red]error:[/] {escape(first)}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
+    if check is not None:
+        _report_drift(check, spec.notes, drift)
+        return
     for table in _tables(result):
         console.print(table)
     where = "" if result.path == local_path() else f" (use it with {_env_hint(result.path)})"
@@ -147,6 +181,42 @@ def calibrate_command(
     console.print(
         f"α-β line: median relative error {result.median_rel_error:.0%}{pricing}; wrote {result.path}{where}"
     )
+
+
+def _report_drift(name: str, notes: str, drift: SpecDrift) -> None:
+    """The points against the spec, each class's median move, and what to do; exit 1 if stale."""
+    points = Table(title=f"now vs {name}'s price")
+    for column in ("op", "p", "bytes", "spec µs", "now µs", "now/spec"):
+        points.add_column(column, justify="left" if column == "op" else "right")
+    for c in drift.checks:
+        s = c.sample
+        ratio = f"{s.seconds / c.predicted_s:.2f}" if c.predicted_s > 0 else "-"
+        points.add_row(
+            s.op,
+            str(s.group_size),
+            _human(s.bytes),
+            f"{c.predicted_s * 1e6:.1f}",
+            f"{s.seconds * 1e6:.1f}",
+            ratio,
+        )
+    console.print(points)
+    moves = ", ".join(
+        f"{cls} {r - 1:+.0%}" + ("" if cls in drift.judged else f" (under {MIN_POINTS} points, not judged)")
+        for cls, r in drift.by_class.items()
+    )
+    console.print(
+        f"median move per op class: {moves} (tolerance ±{drift.tolerance:.0%}; the spec: {notes or '-'})"
+    )
+    if not drift.stale:
+        console.print(f"{name} still prices this machine's calls")
+        return
+    err_console.print(
+        f"[bold red]stale:[/] {', '.join(drift.stale)} moved beyond ±{drift.tolerance:.0%} since {name} was "
+        "calibrated; predictions priced by it move with them: recalibrate (prism-calibrate, with the options it "
+        "was made with)",
+        highlight=False, soft_wrap=True,
+    )  # fmt: skip
+    raise typer.Exit(1)
 
 
 def _gaps(text: str, option: str = "--wake-gaps-ms") -> tuple[float, ...]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -31,7 +32,7 @@ from prism.graph.comm.calibrate import (
 )
 from prism.graph.comm.calibrate_cli import app
 from prism.peers.comm_model import CommModel, single_node_terms
-from prism.schemas.cluster import ClusterSpec
+from prism.schemas.cluster import ClusterSpec, preset
 from prism.schemas.comm_log import CommCall, CommGroup, CommLog, write_comm_log
 
 KiB = 1024
@@ -182,6 +183,52 @@ def test_cli_writes_a_spec_that_loads(tmp_path) -> None:
     assert spec.intra_bandwidth_bytes_per_s == spec.inter_bandwidth_bytes_per_s  # one node
     assert set(spec.measured) == {"all_reduce", "broadcast", "p2p"}
     assert [n for n, _ in spec.measured["all_reduce"][2]] == [4 * KiB, 1024 * KiB]
+
+
+def test_check_finds_a_spec_current_and_one_priced_off_stale(tmp_path) -> None:
+    """--check writes nothing and prices the points timed now with the spec's measured table:
+    against points timed a moment before, a spec is current within a generous tolerance; one
+    whose points are a third of them is stale (exit 1) and says to recalibrate."""
+    sizes = (4 * KiB, 64 * KiB, 1024 * KiB)
+    points = run_benchmark(
+        max_procs=2, sizes=sizes, ops=("all_reduce",), reps=5, calls_per_rep=3, warmup=2, timeout_s=30
+    )
+    made = replace(preset("h100-ib"), name="local", measured=measured_table(points))
+    cheap = {
+        c: {p: tuple((n, t / 3) for n, t in pts) for p, pts in g.items()} for c, g in made.measured.items()
+    }
+    spec, off = made.save(tmp_path / "spec.toml"), replace(made, measured=cheap).save(tmp_path / "off.toml")
+    args = [
+        "--max-procs",
+        "2",
+        "--sizes",
+        "4KiB,64KiB,1MiB",
+        "--ops",
+        "all_reduce",
+        "--reps",
+        "5",
+        "--timeout",
+        "30",
+    ]
+    current = CliRunner().invoke(app, [*args, "--check", str(spec), "--tolerance", "2"])
+    assert current.exit_code == 0, current.output
+    said = " ".join(current.output.split())  # the console wraps
+    assert "still prices this machine's calls" in said and "all_reduce" in said
+    stale = CliRunner().invoke(app, [*args, "--check", str(off)])
+    assert stale.exit_code == 1, stale.output
+    said = " ".join(stale.output.split())
+    assert "stale: all_reduce moved beyond ±25%" in said and "recalibrate" in said
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["off.toml", "spec.toml"]
+
+
+def test_check_refuses_what_would_write_a_spec_and_a_spec_without_its_points(tmp_path) -> None:
+    for extra in (["--table"], ["--no-bench"], ["-o", str(tmp_path / "x.toml")], ["--tolerance", "0"]):
+        result = CliRunner().invoke(app, ["--check", "h100-ib", "--sizes", "4KiB", *extra])
+        assert result.exit_code == 2, result.output
+        assert "error:" in result.output
+    assert not (tmp_path / "x.toml").exists()
+    line_only = CliRunner().invoke(app, ["--check", "h100-ib", "--sizes", "4KiB"])
+    assert line_only.exit_code == 2 and "no measured table" in " ".join(line_only.output.split())
 
 
 def test_cli_errors_exit_2(tmp_path) -> None:
