@@ -143,7 +143,7 @@ def calibrate_command(
         config = CalibrationConfig(
             sizes=tuple(parse_size(s) for s in sizes.split(",") if s.strip()),
             max_procs=max_procs, ops=tuple(o.strip() for o in ops.split(",") if o.strip()),
-            reps=reps or (DEFAULT.reps if check is None else CHECK_REPS),
+            reps=reps if reps is not None else (DEFAULT.reps if check is None else CHECK_REPS),
             timeout_s=timeout, comm_logs=tuple(capture or ()), bench=bench, out=out, compute_between_ms=compute_between_ms,
             busy_rounds=busy_rounds, measured_table=table, wake_gaps_ms=_gaps(wake_gaps_ms),
             wake_rounds=wake_rounds,

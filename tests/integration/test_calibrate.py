@@ -232,7 +232,12 @@ def test_check_refuses_what_would_write_a_spec_and_a_spec_without_its_points(tmp
 
 
 def test_cli_errors_exit_2(tmp_path) -> None:
-    for args in (["--sizes", "4 parsecs"], ["--max-procs", "1"], ["--ops", "all_reduce,teleport"]):
+    for args in (
+        ["--sizes", "4 parsecs"],
+        ["--max-procs", "1"],
+        ["--ops", "all_reduce,teleport"],
+        ["--reps", "0"],
+    ):
         result = CliRunner().invoke(app, [*args, "-o", str(tmp_path / "x.toml")])
         assert result.exit_code == 2, result.output
         assert "error:" in result.output
