@@ -37,7 +37,7 @@ class SpecDrift:
     """Each timed point against a spec's price, and what that says of the spec."""
 
     checks: tuple[Check, ...]
-    """Every point timed now, with the spec's prediction."""
+    """Every point timed now that the spec's measured table holds, with the spec's price."""
     tolerance: float
     """The largest relative move of an op class's median that keeps the spec current."""
 
@@ -78,4 +78,17 @@ def check_spec(
         calls_per_rep=config.calls_per_rep, warmup=config.warmup, timeout_s=config.timeout_s,
         compute_between_s=config.compute_between_ms / 1e3,
     )  # fmt: skip
-    return SpecDrift(checks=check_samples(spec, samples), tolerance=tolerance)
+    # Only a point the table holds is compared with what it cost then; any other would be priced
+    # by the line or an interpolation, whose misfit is no drift.
+    held = [s for s in samples if s.bytes in _table_sizes(spec, op_class(s.op), s.group_size)]
+    if not held:
+        raise ValueError(
+            f"the spec {spec.name!r}'s measured table holds none of the points timed: give the --ops, --sizes and "
+            "--max-procs it was calibrated with"
+        )
+    return SpecDrift(checks=check_samples(spec, held), tolerance=tolerance)
+
+
+def _table_sizes(spec: ClusterSpec, cls: str, group_size: int) -> set[int]:
+    """The bytes of the points ``spec``'s measured table holds for ``cls`` at ``group_size``."""
+    return {n for n, _ in spec.measured.get(cls, {}).get(group_size, ())}

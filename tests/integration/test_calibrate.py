@@ -219,6 +219,9 @@ def test_check_finds_a_spec_current_and_one_priced_off_stale(tmp_path) -> None:
     said = " ".join(stale.output.split())
     assert "stale: all_reduce moved beyond ±25%" in said and "recalibrate" in said
     assert sorted(p.name for p in tmp_path.iterdir()) == ["off.toml", "spec.toml"]
+    # Points the table does not hold would be priced by interpolation: not compared.
+    other = CliRunner().invoke(app, [*args[:2], "--sizes", "16KiB", *args[4:], "--check", str(spec)])
+    assert other.exit_code == 2 and "holds none of the points timed" in " ".join(other.output.split())
 
 
 def test_check_refuses_what_would_write_a_spec_and_a_spec_without_its_points(tmp_path) -> None:
