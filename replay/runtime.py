@@ -159,10 +159,12 @@ def check_inputs(options: ReplayOptions) -> ReplayTarget:
             for key in ("layers", "microbatches")
             if metadata.build_options.get(key) is not None
         ]
+        if gf.CAPTURED_LAYOUT_KEY in metadata.build_options:
+            retargeted.append(str(layout).split(" (")[0])
         if retargeted and not options.program:
             at = " and ".join(retargeted)
             raise ReplayInputError(
-                f"this graph runs {at}, built from a capture at another count: give your program at {at} "
+                f"this graph runs {at}, built from a capture that differs: give your program at {at} "
                 "(-- PROGRAM ARGS)"
             )
         if options.program:

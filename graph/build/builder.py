@@ -23,6 +23,7 @@ from prism.graph.build.profiler_overhead import (
     scale_template,
 )
 from prism.graph.build.program_graph import program_stages
+from prism.graph.build.resized_groups import target_layout
 from prism.graph.build.retarget import StageHolding, holding, stage_parameters
 from prism.graph.build.templates import (
     GRAD_SYNC,
@@ -48,7 +49,7 @@ from prism.schemas.comm_log import HeldTime, read_comm_log
 from prism.schemas.graph_format import GraphMetadata
 from prism.schemas.held_parameters import HeldParameters
 from prism.schemas.layout import ParallelLayout, Role
-from prism.schemas.layout_options import DEGREES, flag, given_differs
+from prism.schemas.layout_options import DEGREES, flag
 from prism.schemas.manifest import PACED_MODE, CaptureFiles, CaptureManifest, ManifestError, read_manifest
 from prism.schemas.pipeline_shape import PipelineShape, ShapeError
 from prism.schemas.rank_programs import program_of, rank_variants, ranks_per_program
@@ -90,9 +91,9 @@ class BuildOptions:
     dp: int | None = None
     """Target data-parallel degree; None keeps the capture's."""
     dp_replicate: int | None = None
-    """Target HSDP replicas (a program's: None or the capture's)."""
+    """Target HSDP replicas; None keeps the capture's."""
     dp_shard: int | None = None
-    """Target sharding data-parallel degree (a program's: None or the capture's)."""
+    """Target sharding data-parallel degree; None keeps the capture's."""
     cp: int | None = None
     """Target context-parallel degree (a program's: None or the capture's)."""
     ep: int | None = None
@@ -313,18 +314,12 @@ def stage_holdings(
 
 
 def _build_program_graph(options: BuildOptions, manifest: CaptureManifest, progress) -> BuildResult:
-    layout = manifest.job.program.layout
-    differs = given_differs(options.degrees(), layout)
-    if differs:
-        raise BuildError(
-            f"the capture is of your program at {layout}; a program's graph keeps the captured layout: "
-            f"build without {' '.join(differs)} (or capture at the target layout)"
-        )
     try:
+        layout = target_layout(options.degrees(), manifest.job.program.layout)
         built = program_stages(
             options.capture_dir, manifest, cluster=options.cluster.to_dict(), digest=_digest(options.capture_dir),
             options={"ranks_per_row_group": _row_group_ranks(options)}, correction=options.profiler_correction,
-            layers=options.layers, microbatches=options.microbatches,
+            layers=options.layers, microbatches=options.microbatches, target=layout,
         )  # fmt: skip
     except TemplateError as e:
         raise BuildError(str(e)) from e

@@ -3,13 +3,14 @@ position, from its captured rank's traces alone (``prism.graph.build.program_sta
 every rank of the captured layout, and one more for each stage whose ranks past the first on an
 axis call differently (``prism.schemas.rank_programs``). A program can be built at another layer count than
 the one captured (``prism.graph.build.layer_passes``): each stage walks an equal share of them
-and holds their parameters; or at another microbatch count (``prism.graph.build.microbatch_steps``)."""
+and holds their parameters; or at another microbatch count (``prism.graph.build.microbatch_steps``);
+or bound to another data-parallel degree (``prism.graph.build.resized_groups``)."""
 
 from __future__ import annotations
 
 import base64
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from prism.graph.build.alike import call_sequence, check_alike
@@ -27,6 +28,7 @@ from prism.graph.build.normalize import (
 from prism.graph.build.profiler_overhead import Correction, calls_are_launches, correction_scale
 from prism.graph.build.program_stage import fitted_scale, program_stage
 from prism.graph.build.rank_variants import Found, find_variants, variant_line
+from prism.graph.build.resized_groups import check_resizable
 from prism.graph.build.retarget import first_layer, held_blocks, parameter_sources, stage_parameters
 from prism.graph.build.templates import TemplateError
 from prism.graph.sim.noise import iteration_cv
@@ -34,6 +36,7 @@ from prism.schemas import PRISM_VERSION
 from prism.schemas import graph_format as gf
 from prism.schemas.graph_format import GraphMetadata
 from prism.schemas.held_parameters import HeldParameters
+from prism.schemas.layout import ParallelLayout
 from prism.schemas.manifest import CapturedRank, CaptureFiles, CaptureManifest
 from prism.schemas.received_values import value_pass_rank
 
@@ -196,12 +199,15 @@ def program_stages(
     correction: Correction,
     layers: int | None = None,
     microbatches: int | None = None,
+    target: ParallelLayout | None = None,
 ) -> ProgramStages:
-    """Every stage's program and the graph metadata of a program capture at its own layout;
+    """Every stage's program and the graph metadata of a program capture at its own layout, or
+    bound to ``target``, another data-parallel degree (``prism.graph.build.resized_groups``);
     with ``layers``, each stage walking its equal share of them (``prism.graph.build.layer_passes``);
     with ``microbatches``, each running that many (``prism.graph.build.microbatch_steps``)."""
     program = manifest.job.program
     layout = program.layout
+    target = target or layout
     per_stage = None if layers is None else _stage_layers(manifest, layers, layout.pp)
     sources = _stage_sources(manifest, layout.pp)
     ops = functools.cache(lambda rank: normalize_rank(capture_dir, rank))
@@ -210,6 +216,10 @@ def program_stages(
     variants = _variants(manifest, sources, layout, ops)
     programs = [(str(stage), stage, sources[stage]) for stage in range(layout.pp)]
     programs += [(f"{v.stage}.{v.axis}", v.stage, captured) for v, captured, _ in variants]
+    check_resizable(
+        ((captured.rank, ops(captured.rank)) for _, _, captured in programs),
+        (v.axis for v, _, _ in variants), layout, target,
+    )  # fmt: skip
     stages, scales, statics, schedules = [], {}, {}, {}
     for key, stage, captured in programs:
         ops_of_stage = ops(captured.rank)
@@ -224,25 +234,27 @@ def program_stages(
         stage_program = program_stage(
             ops_of_stage, rank=captured.rank, stage=stage, layout=layout, scale=scale,
             launches=calls_are_launches(manifest.job.device), noise_cv=cv, retarget=retarget,
-            microbatches=_microbatch_target(traces, captured, ops, microbatches),
+            microbatches=_microbatch_target(traces, captured, ops, microbatches), target=target,
         )  # fmt: skip
         statics[key] += stage_program.held_bytes
         if stage_program.microbatches is not None:
             schedules[key] = stage_program.microbatches.schedule
             statics[key] += stage_program.microbatches.static_bytes
-        stages.append(encode_program(stage_program, layout))
+        stages.append(encode_program(stage_program, target))
         if scale is not None:
             scales[key] = scale.to_dict() | {"noise_cv": round(cv, 6)}
     static = [statics[str(stage)] for stage in range(layout.pp)]
     if layers is not None:
         options = {**options, "layers": layers}
+    if target != layout:
+        options = {**options, gf.CAPTURED_LAYOUT_KEY: layout.to_dict()}
     notes = ()
     if microbatches is not None:
         options = {**options, "microbatches": microbatches}
         notes = microbatch_notes(schedules, microbatches)
     metadata = GraphMetadata(
-        layout=layout.to_dict(),
-        model={gf.PROGRAM_KEY: program.to_dict()},
+        layout=target.to_dict(),
+        model={gf.PROGRAM_KEY: replace(program, layout=target).to_dict()},
         cluster=cluster,
         capture_digest=digest,
         build_options=options,

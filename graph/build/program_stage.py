@@ -24,9 +24,9 @@ Each unit keeps the layer block it ran in (the capture's layer marks,
 ``prism.capture.program_layers``; -1 outside every block), so that what-ifs and replays can
 delay a program's layers, and a stage can walk another layer count than the one captured
 (``prism.graph.build.layer_passes``). Its forward and backward passes, a pair a microbatch,
-let it run another microbatch count (``prism.graph.build.microbatch_steps``). Graphs of
-programs keep the captured layout: changing tp, pp or dp would also need the program's schedule
-at the other layout.
+let it run another microbatch count (``prism.graph.build.microbatch_steps``). Its collectives'
+groups may take another size than captured where their calls' bytes do not depend on it
+(``prism.graph.build.resized_groups``: a data-parallel degree); tp, cp, ep and pp stay as captured.
 """
 
 from __future__ import annotations
@@ -232,6 +232,7 @@ def program_stage(
     call_jitter_ns: float = 0.0,
     retarget: LayerTarget | None = None,
     microbatches: MicrobatchTarget | None = None,
+    target: ParallelLayout | None = None,
 ) -> StageProgram:
     """The nodes every rank of ``stage`` runs, from the op table ``ops`` of captured ``rank``.
 
@@ -240,7 +241,8 @@ def program_stage(
     captured host time, its launch, in the gap before it; ``noise_cv`` and ``call_jitter_ns``
     give collectives their arrival skew; ``retarget`` makes the stage walk another layer count
     (``prism.graph.build.layer_passes``), ``microbatches`` run another microbatch count
-    (``prism.graph.build.microbatch_steps``)."""
+    (``prism.graph.build.microbatch_steps``); ``target`` the layout the graph binds it to, where its
+    groups have other sizes than ``layout``'s, the captured one."""
     iterations = _iterations(ops)
     units = _units(iterations, rank, layout, scale, launches)
     waits = _wait_positions(units)
@@ -259,6 +261,7 @@ def program_stage(
         start = position + 1
     pieces.append(units.iloc[start:])
     nodes = finish_nodes(pieces)
-    sizes = {kind: axis_size(layout, kind) for kind in kind_codes(layout)}
+    bound = target or layout
+    sizes = {kind: axis_size(bound, kind) for kind in kind_codes(bound)}
     nodes[SKEW], nodes[OVERLAP] = waiting_columns(nodes, sizes, noise_cv, call_jitter_ns)
     return StageProgram(stage=stage, src_rank=rank, nodes=nodes, microbatches=change, held_bytes=held)

@@ -81,10 +81,15 @@ def test_a_ddp_program_becomes_a_valid_1024_rank_graph_that_simulates(
     assert own[gf.DUR_NS].sum() + nodes[gf.GAP_NS].sum() == pytest.approx(timed, rel=1e-3)
 
 
-def test_a_programs_graph_keeps_its_captured_layout(ddp_capture: Path, tmp_path: Path) -> None:
-    result = _build(ddp_capture, tmp_path / "g.parquet", (1, 1, 2048))
+def test_a_programs_graph_keeps_its_captured_tensor_parallel_degree(
+    ddp_capture: Path, tmp_path: Path
+) -> None:
+    result = _build(ddp_capture, tmp_path / "g.parquet", (2, 1, 1024))
     assert result.exit_code == 2
-    assert "keeps the captured layout: build without --dp 2048" in result.output
+    assert (
+        "keeps its captured tp, pp, cp, ep and etp" in result.output
+        and "build without --tp 2" in result.output
+    )
     assert not (tmp_path / "g.parquet").exists()
 
 
