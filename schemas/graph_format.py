@@ -67,8 +67,9 @@ STREAMS_KEY = "streams"
 """Key of ``GraphMetadata.extra`` for a graph whose ranks have several streams: the name of each
 stream number, the same on every rank ("main thread", "thread 2", "cuda stream 7", ...)."""
 CAPTURED_LAYOUT_KEY = "captured_layout"
-"""Key of ``GraphMetadata.build_options`` for a program's graph bound to another data-parallel
-degree than captured (``prism.graph.build.resized_groups``): the captured layout, as ``layout``."""
+"""Key of ``GraphMetadata.build_options`` for a program's graph built at another data-parallel
+degree or pipeline depth than captured (``prism.graph.build.resized_groups``): the captured
+layout, as ``layout``."""
 RECEIVED_VALUES_KEY = "received_values"
 """Key of ``GraphMetadata.extra`` for a pipelined program's graph: per stage (a string key), the
 base64 of its value-pass file (``prism.schemas.received_values``), so that a replay of the

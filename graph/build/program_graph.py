@@ -4,20 +4,23 @@ every rank of the captured layout, and one more for each stage whose ranks past 
 axis call differently (``prism.schemas.rank_programs``). A program can be built at another layer count than
 the one captured (``prism.graph.build.layer_passes``): each stage walks an equal share of them
 and holds their parameters; or at another microbatch count (``prism.graph.build.microbatch_steps``);
-or bound to another data-parallel degree (``prism.graph.build.resized_groups``)."""
+or bound to another data-parallel degree (``prism.graph.build.resized_groups``); or at another
+pipeline depth, each stage a captured one at its place (``prism.graph.build.pipeline_depth``)."""
 
 from __future__ import annotations
 
 import base64
 import functools
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from prism.graph.build import op_table as ot
 from prism.graph.build.alike import call_sequence, check_alike
 from prism.graph.build.bind import encode_program
 from prism.graph.build.bucket_calls import BucketCaps
 from prism.graph.build.layer_passes import LayerTarget
-from prism.graph.build.microbatch_steps import MicrobatchTarget, microbatch_notes
+from prism.graph.build.microbatch_steps import MicrobatchTarget, microbatch_notes, microbatch_steps
 from prism.graph.build.normalize import (
     freed_of_layer,
     freed_of_rows,
@@ -25,6 +28,7 @@ from prism.graph.build.normalize import (
     normalize_rank,
     rank_trace,
 )
+from prism.graph.build.pipeline_depth import ONE_F_ONE_B, schedule_kind, target_warmup, warmup_forwards
 from prism.graph.build.profiler_overhead import Correction, calls_are_launches, correction_scale
 from prism.graph.build.program_stage import fitted_scale, program_stage
 from prism.graph.build.rank_variants import Found, find_variants, variant_line
@@ -38,7 +42,7 @@ from prism.schemas.graph_format import GraphMetadata
 from prism.schemas.held_parameters import HeldParameters
 from prism.schemas.layout import ParallelLayout
 from prism.schemas.manifest import CapturedRank, CaptureFiles, CaptureManifest
-from prism.schemas.received_values import value_pass_rank
+from prism.schemas.received_values import read_received_values, value_pass_rank, write_received_values
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,15 +102,91 @@ def _variants(manifest: CaptureManifest, sources: dict[int, CapturedRank], layou
     return variants
 
 
-def _received_values(capture_dir, layout) -> dict[str, str]:
-    """Each stage's value-pass file, base64, for replays (none without a value pass)."""
+def _received_values(
+    capture_dir, layout: ParallelLayout, target: ParallelLayout, sources: dict[int, CapturedRank]
+) -> dict[str, str]:
+    """Each target stage's value-pass file (its source's captured stage's, its peers renamed to
+    the target's ranks at the same stage offsets), base64, for replays (none without a value pass)."""
     files = CaptureFiles(Path(capture_dir))
     found = {}
-    for stage in range(layout.pp):
-        path = files.values(value_pass_rank(layout, stage))
-        if path.is_file():
-            found[str(stage)] = base64.b64encode(path.read_bytes()).decode("ascii")
+    for stage, source in sources.items():
+        path = files.values(value_pass_rank(layout, source.stage))
+        if not path.is_file():
+            continue
+        data = path.read_bytes()
+        if target != layout:
+            _, received = read_received_values(path)
+            moved = {
+                value_pass_rank(target, stage + layout.stage(peer) - source.stage): values
+                for peer, values in received.items()
+            }
+            with tempfile.TemporaryDirectory() as tmp:
+                write_received_values(Path(tmp) / "values.pt", value_pass_rank(target, stage), moved)
+                data = (Path(tmp) / "values.pt").read_bytes()
+        found[str(stage)] = base64.b64encode(data).decode("ascii")
     return found
+
+
+def _captured_layers(manifest: CaptureManifest) -> int:
+    """The layers of the captured model: each stage's share, as many as there are stages."""
+    held = {(r.stage, c): len(b) for r in manifest.ranks for c, b in enumerate(held_blocks(_held(r)))}
+    stages = manifest.job.program.layout.pp * (1 + max(c for _, c in held))
+    return max(held.values()) * stages
+
+
+def _depth_sources(
+    manifest: CaptureManifest, ops, layout: ParallelLayout, pp: int, microbatches: int | None
+) -> tuple[dict[int, CapturedRank], dict[int, int | None]]:
+    """At ``pp`` stages (``layout``'s the captured ones): the captured rank each stage runs as
+    (the first and last stages the captured first and last, a middle one the captured middle one
+    whose warm-up is nearest its own), and the warm-up forwards each runs
+    (``prism.graph.build.pipeline_depth``)."""
+    captured = {r.stage: r for r in sorted(manifest.ranks, key=lambda r: -r.rank)}
+    steps = {s: microbatch_steps(_first_iteration(ops(r.rank))) for s, r in captured.items()}
+    counts = {st.microbatches for st in steps.values()}
+    if len(counts) != 1:
+        raise TemplateError(f"the captured stages run {sorted(counts)} microbatches: one count is needed")
+    m = counts.pop()
+    kind = schedule_kind({s: warmup_forwards(st) for s, st in steps.items()}, layout.pp, m)
+    target_m = microbatches or m
+    if kind == ONE_F_ONE_B and target_m < pp:
+        raise TemplateError(
+            f"a 1F1B pipeline of {pp} stages needs as many microbatches or more (torch's Schedule1F1B refuses fewer), "
+            f"and the graph runs {target_m}: give --microbatches {pp} or more"
+        )
+    middles = [s for s in captured if 0 < s < layout.pp - 1]
+    sources, warmups = {}, {}
+    for stage in range(pp):
+        warmups[stage] = target_warmup(kind, stage=stage, pp=pp, microbatches=target_m)
+        if stage in (0, pp - 1):
+            sources[stage] = captured[0 if stage == 0 else layout.pp - 1]
+            continue
+        if not middles:
+            raise TemplateError(
+                f"pipeline stage {stage} of {pp} is a middle stage and the capture has none (pp={layout.pp}): capture "
+                "with 3 or more pipeline stages to build a deeper pipeline"
+            )
+        # Under 1F1B a middle stage's warm-up is pp - stage - 1, as is the captured one's.
+        nearest = min(middles, key=lambda s: (abs((layout.pp - s - 1) - (pp - stage - 1)), s))
+        sources[stage] = captured[nearest]
+    return sources, warmups
+
+
+def _layer_shift(captured: CapturedRank, stage: int, pp: int) -> int:
+    """How far the layer numbers of ``captured``'s blocks move where it runs as ``stage`` of ``pp``
+    with as many layers: none where each stage numbers its own from 0, else to the stage's place
+    in the stack (``prism.graph.build.retarget.first_layer``)."""
+    (blocks,) = held_blocks(_held(captured))
+    if not blocks:
+        return 0
+    first = first_layer(
+        blocks[0], len(blocks), captured_stage=captured.stage, stage=stage, pp=pp, per_stage=len(blocks)
+    )
+    return first - blocks[0]
+
+
+def _first_iteration(ops):
+    return ops[ops[ot.ITERATION] == ops[ot.ITERATION].min()].reset_index(drop=True)
 
 
 def _held(captured: CapturedRank) -> HeldParameters:
@@ -208,13 +288,26 @@ def program_stages(
     program = manifest.job.program
     layout = program.layout
     target = target or layout
-    per_stage = None if layers is None else _stage_layers(manifest, layers, layout.pp)
+    pp = target.pp
+    if pp != layout.pp and layers is None:
+        layers = _captured_layers(manifest)
+    per_stage = None if layers is None else _stage_layers(manifest, layers, pp)
+    if per_stage is not None and pp != layout.pp and layers == _captured_layers(manifest) * pp // layout.pp:
+        per_stage = None  # each stage holds as many layers as captured: only its place changes
     sources = _stage_sources(manifest, layout.pp)
     ops = functools.cache(lambda rank: normalize_rank(capture_dir, rank))
     # Each captured rank's trace is read once, for every change that traces frees by address.
     traces = functools.cache(lambda rank: rank_trace(capture_dir, rank))
     variants = _variants(manifest, sources, layout, ops)
-    programs = [(str(stage), stage, sources[stage]) for stage in range(layout.pp)]
+    warmups = dict.fromkeys(range(pp))
+    if pp != layout.pp:
+        if variants:
+            raise TemplateError(
+                "ranks of a stage call differently (rank variants): how they do at another pipeline depth is not "
+                f"known; capture at {target}"
+            )
+        sources, warmups = _depth_sources(manifest, ops, layout, pp, microbatches)
+    programs = [(str(stage), stage, sources[stage]) for stage in range(pp)]
     programs += [(f"{v.stage}.{v.axis}", v.stage, captured) for v, captured, _ in variants]
     check_resizable(
         ((captured.rank, ops(captured.rank)) for _, _, captured in programs),
@@ -224,7 +317,7 @@ def program_stages(
     for key, stage, captured in programs:
         ops_of_stage = ops(captured.rank)
         retarget, statics[key] = (
-            _layer_target(traces, captured, ops, stage=stage, per_stage=per_stage, pp=layout.pp)
+            _layer_target(traces, captured, ops, stage=stage, per_stage=per_stage, pp=pp)
             if per_stage is not None
             else (None, int(captured.result.static_bytes))
         )
@@ -235,6 +328,8 @@ def program_stages(
             ops_of_stage, rank=captured.rank, stage=stage, layout=layout, scale=scale,
             launches=calls_are_launches(manifest.job.device), noise_cv=cv, retarget=retarget,
             microbatches=_microbatch_target(traces, captured, ops, microbatches), target=target,
+            warmup=warmups.get(stage) if key == str(stage) else None,
+            layer_shift=_layer_shift(captured, stage, pp) if per_stage is None and pp != layout.pp else 0,
         )  # fmt: skip
         statics[key] += stage_program.held_bytes
         if stage_program.microbatches is not None:
@@ -243,7 +338,7 @@ def program_stages(
         stages.append(encode_program(stage_program, target))
         if scale is not None:
             scales[key] = scale.to_dict() | {"noise_cv": round(cv, 6)}
-    static = [statics[str(stage)] for stage in range(layout.pp)]
+    static = [statics[str(stage)] for stage in range(pp)]
     if layers is not None:
         options = {**options, "layers": layers}
     if target != layout:
@@ -263,7 +358,7 @@ def program_stages(
             gf.TIME_SCALE_KEY: scales or None,
             gf.STATIC_BYTES_KEY: static,
             gf.RANK_VARIANTS_KEY: [v.to_dict() for v, _, _ in variants],
-            gf.RECEIVED_VALUES_KEY: _received_values(capture_dir, layout),
+            gf.RECEIVED_VALUES_KEY: _received_values(capture_dir, layout, target, sources),
             gf.STEADY_FROM_KEY: max(r.result.steady_from or 1 for r in manifest.ranks),
         },
     )

@@ -24,9 +24,10 @@ Each unit keeps the layer block it ran in (the capture's layer marks,
 ``prism.capture.program_layers``; -1 outside every block), so that what-ifs and replays can
 delay a program's layers, and a stage can walk another layer count than the one captured
 (``prism.graph.build.layer_passes``). Its forward and backward passes, a pair a microbatch,
-let it run another microbatch count (``prism.graph.build.microbatch_steps``). Its collectives'
-groups may take another size than captured where their calls' bytes do not depend on it
-(``prism.graph.build.resized_groups``: a data-parallel degree); tp, cp, ep and pp stay as captured.
+let it run another microbatch count (``prism.graph.build.microbatch_steps``), and 1F1B's warm-up
+of another place in a pipeline of another depth (``prism.graph.build.pipeline_depth``). Its
+collectives' groups may take another size than captured where their calls' bytes do not depend
+on it (``prism.graph.build.resized_groups``); tp, cp and ep stay as captured.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from prism.graph.build.compose import (
 )
 from prism.graph.build.layer_passes import LayerTarget, retarget_units
 from prism.graph.build.microbatch_steps import MicrobatchTarget, retarget_microbatches
+from prism.graph.build.pipeline_depth import change_warmup
 from prism.graph.build.profiler_overhead import TimeScale, host_kept, own_ns, scaled_times
 from prism.graph.build.templates import GROUP_AXIS, TemplateError
 from prism.schemas.annotations import GLUE, Part, block_kind
@@ -233,6 +235,8 @@ def program_stage(
     retarget: LayerTarget | None = None,
     microbatches: MicrobatchTarget | None = None,
     target: ParallelLayout | None = None,
+    warmup: int | None = None,
+    layer_shift: int = 0,
 ) -> StageProgram:
     """The nodes every rank of ``stage`` runs, from the op table ``ops`` of captured ``rank``.
 
@@ -242,9 +246,13 @@ def program_stage(
     give collectives their arrival skew; ``retarget`` makes the stage walk another layer count
     (``prism.graph.build.layer_passes``), ``microbatches`` run another microbatch count
     (``prism.graph.build.microbatch_steps``); ``target`` the layout the graph binds it to, where its
-    groups have other sizes than ``layout``'s, the captured one."""
+    groups have other sizes than ``layout``'s, the captured one; ``warmup`` the forward steps it runs
+    before its first backward's pair at the target's pipeline depth (``prism.graph.build.pipeline_depth``),
+    ``layer_shift`` what its layers' numbers move by there (layers numbered across the stack)."""
     iterations = _iterations(ops)
     units = _units(iterations, rank, layout, scale, launches)
+    if layer_shift:
+        units[ot.LAYER] = np.where(units[ot.LAYER] >= 0, units[ot.LAYER] + layer_shift, units[ot.LAYER])
     waits = _wait_positions(units)
     held = 0
     if retarget is not None:
@@ -252,6 +260,8 @@ def program_stage(
     change = None
     if microbatches is not None:
         units, waits, change = retarget_microbatches(units, iterations, waits, microbatches, rows=len(ops))
+    if warmup is not None:
+        units, waits = change_warmup(units, waits, warmup)
     pieces, start = [], 0
     for position in sorted(waits):  # a wait node after each unit that ends some calls' flight
         pieces.append(units.iloc[start : position + 1])

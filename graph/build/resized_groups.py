@@ -1,21 +1,23 @@
-"""A program's graph at another data-parallel degree than the one captured.
+"""A program's graph at another data-parallel degree or pipeline depth than the one captured.
 
 Every rank of a data-parallel axis runs the same per-rank program whatever the axis's size
 where the program makes no call whose bytes depend on that size: an all-reduce (DDP's
 gradient buckets, HSDP's replica all-reduce, a logged loss), a broadcast, a reduce or a barrier
 sends the same bytes over a group of 2 as over a group of 2,048. Such a program's graph at
 another ``--dp`` (or ``--dp-replicate``, ``--dp-shard``) is its captured stage programs bound to
-the target layout: the same nodes, its collectives priced over the target's groups.
+the target layout: the same nodes, its collectives priced over the target's groups. At another
+``--pp`` each stage runs a captured stage's program at its place in the schedule
+(``prism.graph.build.pipeline_depth``), under the same rule for the groups that change size.
 
 Refused, in one line naming what stops it:
 
 - a call on a resized group that sends a share of its data (all-gather, reduce-scatter,
   all-to-all, gather, scatter: FSDP's shards are a fraction of each parameter per rank, so its
   compute, memory and bytes change with the size);
-- an axis of one rank on one side (a program makes no data-parallel calls without peers);
+- an axis of one rank on one side (a program makes no calls with peers it does not have);
 - ranks at an end of a resized axis that call differently (``--roles axis-ends``), whose calls
   may depend on how many ranks are before them;
-- any other axis changed (tp, cp, ep, etp change per-rank shapes; pp the schedule).
+- any other axis changed (tp, cp, ep, etp change per-rank shapes).
 
 The program's own arguments may name the degree (``--parallelism.data_parallel_replicate_degree``):
 a replay of the graph takes the program as the user runs it at the target.
@@ -32,8 +34,8 @@ from prism.graph.build.templates import TemplateError
 from prism.schemas.layout import LayoutError, ParallelLayout
 from prism.schemas.layout_options import flag, given_differs, layout_of
 
-RESIZABLE = ("dp", "dp_replicate", "dp_shard")
-"""The degree options a program's graph can change."""
+RESIZABLE = ("dp", "dp_replicate", "dp_shard", "pp")
+"""The degree options a program's graph can change (pp: ``prism.graph.build.pipeline_depth``)."""
 SIZE_FREE_CALLS = frozenset({"all_reduce", "broadcast", "reduce", "barrier"})
 """Collectives whose bytes a rank sends do not depend on its group's size."""
 
@@ -44,8 +46,8 @@ def target_layout(given: Mapping[str, int | None], captured: ParallelLayout) -> 
     fixed = given_differs({k: v for k, v in given.items() if k not in RESIZABLE}, captured)
     if fixed:
         raise TemplateError(
-            f"the capture is of your program at {captured}; a program's graph keeps its captured tp, pp, cp, ep "
-            f"and etp (they change its per-rank shapes or its schedule): build without {' '.join(fixed)} "
+            f"the capture is of your program at {captured}; a program's graph keeps its captured tp, cp, ep "
+            f"and etp (they change its per-rank shapes): build without {' '.join(fixed)} "
             "(or capture at the target layout)"
         )
     try:

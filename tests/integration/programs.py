@@ -33,6 +33,14 @@ def captured_and_built(
     return capture, graph
 
 
+def built_with(capture: Path, out: Path, *options: str) -> Path:
+    """``capture`` built into ``out`` with build ``options`` (another layout, layer count, ...), valid."""
+    result = runner.invoke(build_app, [str(capture), *options, "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert validate_graph(out).ok
+    return out
+
+
 def replayed(
     graph: Path, rank: int, program: Sequence[str] = (), *, out: Path | None = None, extra: Sequence[str] = ()
 ) -> RankReport:

@@ -11,12 +11,11 @@ from typer.testing import CliRunner
 
 from prism.graph.build.cli import app as build_app
 from prism.graph.io.parquet import read_metadata
-from prism.graph.io.validate import validate_graph
 from prism.graph.sim.load import graph_column, load_sim_graph
 from prism.graph.sim.simulate import simulate
 from prism.replay.cli import app as replay_app
 from prism.schemas import graph_format as gf
-from tests.integration.programs import captured_and_built, replayed
+from tests.integration.programs import built_with, captured_and_built, replayed
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TINY = ("--steps", "50", "--hidden", "32", "--layers", "2", "--vocab", "64", "--batch", "2", "--seq", "8")
@@ -28,20 +27,13 @@ def hsdp(replicas: int) -> tuple[str, ...]:
     return (str(EXAMPLES / "fsdp2.py"), *TINY, "--replicate", str(replicas))
 
 
-def _built(capture: Path, out: Path, *degrees: str) -> Path:
-    result = runner.invoke(build_app, [str(capture), *degrees, "-o", str(out)])
-    assert result.exit_code == 0, result.output
-    assert validate_graph(out).ok
-    return out
-
-
 @pytest.fixture(scope="module")
 def ddp(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """DDP captured at dp=2 and built at 8, and its graph captured at dp=8."""
     root = tmp_path_factory.mktemp("ddp_dp")
     capture, _ = captured_and_built(root / "at2", ("--dp", "2"), DDP)
     _, direct = captured_and_built(root / "at8", ("--dp", "8"), DDP)
-    return _built(capture, root / "at2-built-at8.parquet", "--dp", "8"), direct
+    return built_with(capture, root / "at2-built-at8.parquet", "--dp", "8"), direct
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +42,7 @@ def hsdp_graphs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, P
     root = tmp_path_factory.mktemp("hsdp_dp")
     capture, _ = captured_and_built(root / "r2", ("--dp-replicate", "2", "--dp-shard", "2"), hsdp(2))
     _, direct = captured_and_built(root / "r8", ("--dp-replicate", "8", "--dp-shard", "2"), hsdp(8))
-    return capture, _built(capture, root / "r2-built-r8.parquet", "--dp-replicate", "8"), direct
+    return capture, built_with(capture, root / "r2-built-r8.parquet", "--dp-replicate", "8"), direct
 
 
 def _nodes(graph: Path, rank: int) -> list[tuple]:

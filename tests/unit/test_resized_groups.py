@@ -32,14 +32,15 @@ def test_no_degree_given_keeps_the_captured_layout() -> None:
     assert target_layout(given(tp=2, pp=2, dp=2), TP_DP) == TP_DP
 
 
-def test_the_data_parallel_degrees_change_and_nothing_else() -> None:
+def test_the_data_parallel_and_pipeline_degrees_change_and_nothing_else() -> None:
     assert target_layout(given(dp=512), TP_DP) == ParallelLayout(tp=2, pp=2, dp=512)
     wider = target_layout(given(dp_replicate=64), HSDP)
     assert (wider.dp_replicate, wider.dp_shard, wider.dp) == (64, 2, 128)
+    assert target_layout(given(pp=4), TP_DP) == ParallelLayout(tp=2, pp=4, dp=2)
     with pytest.raises(TemplateError, match=r"keeps its captured tp.*build without --tp 4"):
         target_layout(given(tp=4, dp=8), TP_DP)
-    with pytest.raises(TemplateError, match="build without --pp 4"):
-        target_layout(given(pp=4), TP_DP)
+    with pytest.raises(TemplateError, match="build without --cp 2"):
+        target_layout(given(cp=2), TP_DP)
 
 
 def test_an_axis_of_one_rank_is_a_different_program() -> None:
