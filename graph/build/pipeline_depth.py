@@ -7,8 +7,10 @@ cool-down backward steps before the last: its steps' phases read
 ``F^(W+1) (B F)^(M-W-1) B^(W+1)`` (a step: a pass and the transfers after it,
 ``prism.graph.build.microbatch_steps``). At another depth or place a stage runs the same steps
 with another ``W``: warm-up steps, pairs and cool-down steps are dropped from their ends, or the
-last of each copied (the first of an iteration's finds no gradient yet), so that it still runs
-``M`` microbatches. GPipe's stages (every forward, then every backward) run the same steps at
+last of each copied, each of those that hold what most of its kind hold (the first backward,
+which allocates the gradients, and a step that frees a buffer another one allocated stay as
+captured), so that it still runs ``M`` microbatches; an iteration that would then hold more or
+less than captured is refused. GPipe's stages (every forward, then every backward) run the same steps at
 any depth. Each step keeps its captured units, calls and memory; a microbatch's activations,
 allocated by its forward and freed by its backward, are then held as long as the target's
 warm-up holds them, and each call is waited for as many units after it as captured.
@@ -16,11 +18,13 @@ warm-up holds them, and each call is waited for as many units after it as captur
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from prism.graph.build import op_table as ot
 from prism.graph.build.layer_passes import ORIGIN
 from prism.graph.build.microbatch_steps import BACKWARD, FORWARD, Steps, microbatch_steps
 from prism.graph.build.templates import TemplateError
@@ -85,17 +89,27 @@ def _parts(steps: Steps, w: int) -> _Parts:
     return _Parts(warm=list(range(w)), turn=w, pairs=pairs, cool=list(range(n - w - 1, n - 1)), last=n - 1)
 
 
-def _resized(items: list, count: int, *, what: str) -> list:
-    """``items`` cut from the end to ``count``, or grown by copies of the last one (the first of
-    an iteration's warm-up and pairs allocates what later ones find: gradients first accumulated)."""
-    if count <= len(items):
-        return items[:count]
+def _resized(items: list, count: int, held: dict, *, what: str) -> list:
+    """``items`` (steps, or pairs of steps) at ``count``: those that hold what most of them hold
+    (``held``: each item's allocations less its frees) dropped from the end, or the last of them
+    copied. An item apart from the others (the first backward, which allocates the gradients;
+    one that frees a buffer another step allocated) is kept as captured."""
+    if count == len(items):
+        return items
     if not items:
         raise TemplateError(
             f"the captured stage runs no {what} to copy for the target's: capture at the target pp, or with more "
             "pipeline stages"
         )
-    return items + [items[-1]] * (count - len(items))
+    counts = Counter(held[i] for i in items)
+    # The most common; of equals, the later (a first item is the one apart where two are captured).
+    usual = max(reversed(items), key=lambda i: counts[held[i]])
+    usual = held[usual]
+    alike = [i for i in items if held[i] == usual]
+    if count > len(items):
+        return items + [alike[-1]] * (count - len(items))
+    dropped = (alike[::-1] + [i for i in items[::-1] if held[i] != usual])[: len(items) - count]
+    return [i for i in items if i not in dropped]
 
 
 def change_warmup(
@@ -115,12 +129,20 @@ def change_warmup(
             f"a 1F1B stage of {m} microbatches runs 0 to {m - 1} warm-up forwards, not {warmup}: give more "
             "microbatches (--microbatches) for this pipeline depth"
         )
-    parts = _parts(steps, w)
-    warm = _resized(parts.warm, warmup, what="warm-up forward step")
-    pairs = _resized(parts.pairs, m - warmup - 1, what="backward-forward pair")
-    cool = _resized(parts.cool, warmup, what="cool-down backward step")
+    parts, bounds = _parts(steps, w), steps.bounds
+    net = (units[ot.ALLOC_BYTES] - units[ot.FREE_BYTES]).to_numpy(dtype=np.int64)
+    held = {i: int(net[slice(*bounds[i])].sum()) for i in range(len(bounds))}
+    held |= {pair: held[pair[0]] + held[pair[1]] for pair in parts.pairs}
+    warm = _resized(parts.warm, warmup, held, what="warm-up forward step")
+    pairs = _resized(parts.pairs, m - warmup - 1, held, what="backward-forward pair")
+    cool = _resized(parts.cool, warmup, held, what="cool-down backward step")
     order = [*warm, parts.turn, *(i for pair in pairs for i in pair), *cool, parts.last]
-    bounds = steps.bounds
+    moved = sum(held[i] for i in order) - sum(held[i] for i in range(len(bounds)))
+    if moved:
+        raise TemplateError(
+            f"the stage's steps at {warmup} warm-up forwards hold {moved:+,} bytes more in an iteration than captured: "
+            "a step frees what another allocated in a way its copies do not repeat; capture at the target pp"
+        )
     pieces = [np.arange(0, bounds[0][0])]
     pieces += [np.arange(*bounds[i]) for i in order]
     pieces.append(np.arange(bounds[-1][1], len(units)))

@@ -1,7 +1,6 @@
 """A pipelined program's graph at another pipeline depth than the one captured: each stage runs
 what a capture at that depth runs (its warm-up as 1F1B places it), memory as captured there but
-for when an async send's buffer is freed
-and a few bytes a stage; refused where the capture cannot tell."""
+for a buffer freed a step late and a few bytes a stage; refused where the capture cannot tell."""
 
 from __future__ import annotations
 
@@ -22,8 +21,8 @@ from tests.integration.programs import built_with, captured_and_built, replayed
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 ACTIVATION = 8 * 32 * 4
-"""Bytes of one microbatch's activation between stages (seq 8 x hidden 32, float32): a send's
-buffer, freed as the send completes, a step earlier or later from one capture to another."""
+"""Bytes of one microbatch's activation between stages (seq 8 x hidden 32, float32): a buffer one
+steady step of the 4-stage capture frees a step late, whose place the copied steps keep."""
 PER_STAGE = 4
 """Bytes the program holds for each stage of its pipeline (the captured count's, as captured)."""
 runner = CliRunner()

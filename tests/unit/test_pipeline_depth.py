@@ -111,3 +111,30 @@ def test_a_warmup_the_microbatches_cannot_hold_or_nothing_to_copy_is_refused() -
         change_warmup(_iteration(ONE_F_ONE_B, 3, 4), {}, 2)
     gpipe = _iteration(GPIPE, 0, 4)
     assert change_warmup(gpipe, {}, 7)[0] is not None
+
+
+def _late_free(units: pd.DataFrame, late: int = 10) -> pd.DataFrame:
+    """``units`` where the third steady backward frees a buffer of ``late`` bytes a step late: the
+    first cool-down backward frees it."""
+    units = units.copy()
+    backwards = np.flatnonzero(units[ot.PHASE] == "bwd")
+    units.loc[backwards[2], ot.FREE_BYTES] -= late
+    units.loc[backwards[-4], ot.FREE_BYTES] += late
+    return units
+
+
+def test_steps_that_free_anothers_buffer_stay_and_the_iteration_holds_what_it_held() -> None:
+    units = _late_free(_iteration(ONE_F_ONE_B, 0, 4))
+    net = units[ot.ALLOC_BYTES].sum() - units[ot.FREE_BYTES].sum()
+    for warmup in (1, 5):
+        moved, _ = change_warmup(units, {}, warmup)
+        assert moved[ot.ALLOC_BYTES].sum() - moved[ot.FREE_BYTES].sum() == net
+        assert (moved[ot.FREE_BYTES] == _late_free(_iteration(ONE_F_ONE_B, 0, 4))[ot.FREE_BYTES].max()).any()
+
+
+def test_a_stage_whose_copies_would_hold_more_than_captured_is_refused() -> None:
+    units = _iteration(ONE_F_ONE_B, 0, 4)
+    units.loc[0, ot.ALLOC_BYTES] = 21  # drawn before the steps, freed by the cool-down, 7 bytes each
+    units.loc[np.flatnonzero(units[ot.PHASE] == "bwd")[-4:-1], ot.FREE_BYTES] += 7
+    with pytest.raises(TemplateError, match=r"hold \+14 bytes more in an iteration than captured"):
+        change_warmup(units, {}, 1)
