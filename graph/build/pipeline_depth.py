@@ -10,10 +10,10 @@ with another ``W``: warm-up steps, pairs and cool-down steps are dropped from th
 last of each copied, each of those that hold what most of its kind hold (the first backward,
 which allocates the gradients, and a step that frees a buffer another one allocated stay as
 captured), so that it still runs ``M`` microbatches; an iteration that would then hold more or
-less than captured is refused. GPipe's stages (every forward, then every backward) run the same steps at
-any depth. Each step keeps its captured units, calls and memory; a microbatch's activations,
-allocated by its forward and freed by its backward, are then held as long as the target's
-warm-up holds them, and each call is waited for as many units after it as captured.
+less than captured is refused. GPipe's stages (every forward, then every backward) run the same
+steps at any depth. Each step keeps its captured units, calls and memory; a microbatch's
+activations, allocated by its forward and freed by its backward, are then held as long as the
+target's warm-up holds them, and each call is waited for as many units after it as captured.
 """
 
 from __future__ import annotations
@@ -77,13 +77,19 @@ class _Parts:
     """A stage's steps (their indices) by role in the schedule."""
 
     warm: list[int]
+    """The ``W`` warm-up forwards."""
     turn: int
+    """The forward the first backward pairs with."""
     pairs: list[tuple[int, int]]
+    """The (backward, forward) pairs of the steady state."""
     cool: list[int]
+    """The ``W`` cool-down backwards."""
     last: int
+    """The last backward."""
 
 
 def _parts(steps: Steps, w: int) -> _Parts:
+    """The roles of the steps of a stage with ``w`` warm-up forwards."""
     n = len(steps.phases)
     pairs = [(i, i + 1) for i in range(w + 1, n - w - 1, 2)]
     return _Parts(warm=list(range(w)), turn=w, pairs=pairs, cool=list(range(n - w - 1, n - 1)), last=n - 1)

@@ -87,8 +87,7 @@ def test_a_programs_graph_keeps_its_captured_tensor_parallel_degree(
     result = _build(ddp_capture, tmp_path / "g.parquet", (2, 1, 1024))
     assert result.exit_code == 2
     assert (
-        "keeps its captured tp, pp, cp, ep and etp" in result.output
-        and "build without --tp 2" in result.output
+        "keeps its captured tp, cp, ep and etp" in result.output and "build without --tp 2" in result.output
     )
     assert not (tmp_path / "g.parquet").exists()
 
