@@ -15,7 +15,6 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from prism.graph.build import op_table as ot
 from prism.graph.build.alike import call_sequence, check_alike
 from prism.graph.build.bind import encode_program
 from prism.graph.build.bucket_calls import BucketCaps
@@ -30,7 +29,7 @@ from prism.graph.build.normalize import (
 )
 from prism.graph.build.pipeline_depth import ONE_F_ONE_B, schedule_kind, target_warmup, warmup_forwards
 from prism.graph.build.profiler_overhead import Correction, calls_are_launches, correction_scale
-from prism.graph.build.program_stage import fitted_scale, program_stage
+from prism.graph.build.program_stage import common_iterations, fitted_scale, program_stage
 from prism.graph.build.rank_variants import Found, find_variants, variant_line
 from prism.graph.build.resized_groups import check_resizable
 from prism.graph.build.retarget import first_layer, held_blocks, parameter_sources, stage_parameters
@@ -127,11 +126,24 @@ def _received_values(
     return found
 
 
-def _captured_layers(manifest: CaptureManifest) -> int:
-    """The layers of the captured model: each stage's share, as many as there are stages."""
+def _captured_share(manifest: CaptureManifest) -> tuple[dict[tuple[int, int], int], int]:
+    """The layers each captured stage holds ((stage, part) to count: a rank holding several
+    stages, an interleaved schedule's, holds a part in each), and how many parts a rank holds."""
     held = {(r.stage, c): len(b) for r in manifest.ranks for c, b in enumerate(held_blocks(_held(r)))}
-    stages = manifest.job.program.layout.pp * (1 + max(c for _, c in held))
-    return max(held.values()) * stages
+    return held, 1 + max(c for _, c in held)
+
+
+def _captured_layers(manifest: CaptureManifest) -> int:
+    """The layers of the captured model, for another pipeline depth: each stage's share, as many
+    as there are stages. Refused where no stage holds layer blocks (a program without layer
+    marks), whose split over another number of stages is not known."""
+    held, parts = _captured_share(manifest)
+    if not any(held.values()):
+        raise TemplateError(
+            "the capture marks no layer blocks on any stage: how the model splits over another number of pipeline "
+            "stages is not known; capture at the target pp"
+        )
+    return max(held.values()) * manifest.job.program.layout.pp * parts
 
 
 def _depth_sources(
@@ -142,7 +154,7 @@ def _depth_sources(
     whose warm-up is nearest its own), and the warm-up forwards each runs
     (``prism.graph.build.pipeline_depth``)."""
     captured = {r.stage: r for r in sorted(manifest.ranks, key=lambda r: -r.rank)}
-    steps = {s: microbatch_steps(_first_iteration(ops(r.rank))) for s, r in captured.items()}
+    steps = {s: microbatch_steps(common_iterations(ops(r.rank))[0]) for s, r in captured.items()}
     counts = {st.microbatches for st in steps.values()}
     if len(counts) != 1:
         raise TemplateError(f"the captured stages run {sorted(counts)} microbatches: one count is needed")
@@ -185,10 +197,6 @@ def _layer_shift(captured: CapturedRank, stage: int, pp: int) -> int:
     return first - blocks[0]
 
 
-def _first_iteration(ops):
-    return ops[ops[ot.ITERATION] == ops[ot.ITERATION].min()].reset_index(drop=True)
-
-
 def _held(captured: CapturedRank) -> HeldParameters:
     held = captured.result.parameters
     if held is None:
@@ -202,8 +210,8 @@ def _held(captured: CapturedRank) -> HeldParameters:
 def _stage_layers(manifest: CaptureManifest, layers: int, pp: int) -> int:
     """Layers each pipeline stage holds at ``layers`` in all: an equal share, as the capture's
     stages do (a rank holding several stages, an interleaved schedule's, holds a share in each)."""
-    held = {(r.stage, c): len(b) for r in manifest.ranks for c, b in enumerate(held_blocks(_held(r)))}
-    stages = pp * (1 + max(c for _, c in held))
+    held, parts = _captured_share(manifest)
+    stages = pp * parts
     if layers % stages:
         raise TemplateError(
             f"--layers {layers} with {stages} pipeline stages: every stage holds an equal share of the layers, "
@@ -289,10 +297,10 @@ def program_stages(
     layout = program.layout
     target = target or layout
     pp = target.pp
-    if pp != layout.pp and layers is None:
-        layers = _captured_layers(manifest)
+    captured_layers = _captured_layers(manifest) if pp != layout.pp else None
+    layers = captured_layers if layers is None else layers
     per_stage = None if layers is None else _stage_layers(manifest, layers, pp)
-    if per_stage is not None and pp != layout.pp and layers == _captured_layers(manifest) * pp // layout.pp:
+    if captured_layers is not None and layers * layout.pp == captured_layers * pp:
         per_stage = None  # each stage holds as many layers as captured: only its place changes
     sources = _stage_sources(manifest, layout.pp)
     ops = functools.cache(lambda rank: normalize_rank(capture_dir, rank))

@@ -64,7 +64,7 @@ DDP's reducer hooks that run between them."""
 _KEY = (ot.NAME, ot.IS_COMM, ot.COMM_OP, ot.GROUP_LABEL, ot.BYTES, ot.PEER)
 
 
-def _iterations(ops: pd.DataFrame) -> list[pd.DataFrame]:
+def common_iterations(ops: pd.DataFrame) -> list[pd.DataFrame]:
     """The profiled iterations that ran the most common unit sequence."""
     iterations = [it.reset_index(drop=True) for _, it in ops.groupby(ot.ITERATION, sort=True)]
     if not iterations:
@@ -135,7 +135,7 @@ def fitted_scale(ops: pd.DataFrame, scale: TimeScale) -> TimeScale:
     """``scale`` with each phase's factor taken against what the stage program holds of it
     (``TimeScale.fitted``): the mean own time of its units over the profiled iterations, cut as
     the phase timer cuts (``timed_kinds``)."""
-    iterations = _iterations(ops)
+    iterations = common_iterations(ops)
     units = iterations[0][[ot.IS_COMM]].copy()
     units[ot.DUR_NS], units[ot.GAP_NS] = _mean_times(iterations)
     kinds = [GLUE if kind is None else kind for kind in timed_kinds(iterations[0])]
@@ -249,7 +249,7 @@ def program_stage(
     groups have other sizes than ``layout``'s, the captured one; ``warmup`` the forward steps it runs
     before its first backward's pair at the target's pipeline depth (``prism.graph.build.pipeline_depth``),
     ``layer_shift`` what its layers' numbers move by there (layers numbered across the stack)."""
-    iterations = _iterations(ops)
+    iterations = common_iterations(ops)
     units = _units(iterations, rank, layout, scale, launches)
     if layer_shift:
         units[ot.LAYER] = np.where(units[ot.LAYER] >= 0, units[ot.LAYER] + layer_shift, units[ot.LAYER])
