@@ -3,6 +3,8 @@ warm-up moved so that it runs the steps a stage at the target's place runs."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -18,7 +20,9 @@ from prism.graph.build.pipeline_depth import (
     target_warmup,
     warmup_forwards,
 )
+from prism.graph.build.program_graph import _captured_layers
 from prism.graph.build.templates import TemplateError
+from prism.schemas.held_parameters import HeldParameters
 
 ACTIVATION = 100  # what a forward allocates and its backward frees
 
@@ -138,3 +142,33 @@ def test_a_stage_whose_copies_would_hold_more_than_captured_is_refused() -> None
     units.loc[np.flatnonzero(units[ot.PHASE] == "bwd")[-4:-1], ot.FREE_BYTES] += 7
     with pytest.raises(TemplateError, match=r"hold \+14 bytes more in an iteration than captured"):
         change_warmup(units, {}, 1)
+
+
+def _capture(layers_of_stage: list[tuple[int, ...]]) -> SimpleNamespace:
+    """A manifest's view the build reads for the layer share: each captured stage's parameters."""
+    ranks = [
+        SimpleNamespace(
+            stage=stage,
+            rank=stage,
+            result=SimpleNamespace(
+                parameters=HeldParameters(
+                    numels=(4,) * len(layers),
+                    layers=layers,
+                    held_bytes=(16,) * len(layers),
+                    itemsize=4,
+                    bucket_bytes=0,
+                )  # fmt: skip
+            ),
+        )
+        for stage, layers in enumerate(layers_of_stage)
+    ]
+    pp = len(layers_of_stage)
+    return SimpleNamespace(
+        ranks=ranks, job=SimpleNamespace(program=SimpleNamespace(layout=SimpleNamespace(pp=pp)))
+    )
+
+
+def test_another_depth_splits_the_captured_layers_and_needs_their_marks() -> None:
+    assert _captured_layers(_capture([(-1, 0, 0, 1, 1), (0, 0, 1, 1), (0, 1, -1)])) == 6
+    with pytest.raises(TemplateError, match="marks no layer blocks"):
+        _captured_layers(_capture([(-1, -1), (-1,), (-1, -1)]))
